@@ -1,0 +1,40 @@
+"""`gpu-dra-agent` command line: one subcommand per module under agent.commands.
+
+Each command module defines `add_arguments(parser)` and `run(args) -> int`; it is imported only when
+its command runs, so `inventory` does not pay for gRPC and the daemon does not pay for the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "node": ("agent.commands.node", "run the node agent: DRA kubelet plugin and ResourceSlice publisher"),
+    "inventory": ("agent.commands.inventory", "print this node's GPU inventory"),
+    "demo": ("agent.commands.demo", "run the whole driver against the embedded fakes"),
+    "simulate": ("agent.commands.simulate", "run arbiter cycles on a cluster snapshot"),
+    "replay-trace": ("agent.commands.replay_trace", "replay a GPU cluster trace under placement policies"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu-dra-agent", description="Kubernetes DRA driver for NVIDIA GPUs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    raw = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in raw if not a.startswith("-")), None)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+    args = parser.parse_args(raw)
+    code: int = args._run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The agent's own API error tree; the client's ApiException is kept as the cause."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
+
+
+class ApiError(Exception):
+    """An API call failed."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"API error {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(ApiError):
+    """404: the object does not exist."""
+
+
+class Conflict(ApiError):
+    """409: stale resourceVersion or the name is taken."""
+
+
+class Gone(ApiError):
+    """410: the watch's resourceVersion is too old."""
+
+
+class Invalid(ApiError):
+    """422: the object failed validation."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
+
+
+def translate(exc: ApiException) -> ApiError:
+    status = int(exc.status or 0)
+    return _BY_STATUS.get(status, ApiError)(status, str(exc.body or exc.reason))
+
+
+def call(fn: Callable[[], T]) -> T:
+    """Run one client call, raising this module's errors instead of ApiException."""
+    try:
+        return fn()
+    except ApiException as exc:
+        raise translate(exc) from exc
