@@ -1,0 +1,1 @@
+"""Claim preparation: prepare/unprepare state machine, checkpoint, CDI specs, opaque configs."""
