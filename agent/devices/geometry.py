@@ -6,6 +6,7 @@ no profile exceeds its instance limit and the compute slices fit the GPU.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ def is_valid_layout(
         return False
     if sum(i.compute_slices for i in items) > compute_slices:
         return False
-    return all(a.start + a.size <= b.start for a, b in zip(items, items[1:], strict=False))
+    return all(a.start + a.size <= b.start for a, b in itertools.pairwise(items))
 
 
 def free_placements(

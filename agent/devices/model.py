@@ -81,6 +81,24 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class GpuInstance:
+    """A MIG GPU instance that exists now, with or without compute instances: it holds its placement."""
+
+    gpu_instance_id: int
+    gi_profile_id: int
+    profile: str
+    placement: MigPlacement
+
+
+@dataclass(frozen=True)
+class UnavailableGpu:
+    """A GPU NVML lists but discovery had to skip (lost, needs reset): reported, never advertised."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class FabricInfo:
     """An NVLink fabric clique the GPU is attached to (GB200/GH200 multi-node NVLink)."""
 
@@ -113,6 +131,7 @@ class Gpu:
     mig_enabled: bool = False  # current mode
     mig_pending: bool = False  # pending mode (differs from current until reset on Ampere)
     mig_profiles: tuple[MigProfile, ...] = ()
+    gpu_instances: tuple[GpuInstance, ...] = ()  # existing GIs, including those without a MIG device
     nvlink_peers: tuple[str, ...] = ()  # PCI bus ids at the other end of active NVLinks
     fabric: FabricInfo | None = None
     nvlink_domain: str = ""  # filled by topology.assign_nvlink_domains
@@ -145,6 +164,7 @@ class Inventory:
     gpus: tuple[Gpu, ...] = ()
     mig_devices: tuple[MigDevice, ...] = ()
     nvlink_domains: tuple[NvlinkDomain, ...] = ()
+    unavailable_gpus: tuple[UnavailableGpu, ...] = ()
     _by_minor: dict[int, Gpu] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -12,8 +12,9 @@ def assign_nvlink_domains(gpus: Sequence[Gpu]) -> tuple[tuple[Gpu, ...], tuple[N
     """Group GPUs into NVLink domains and stamp each GPU with its domain id.
 
     A fabric clique `<clusterUuid>.<cliqueId>` wins: it names the same domain on every node of the clique.
-    Otherwise the domain is a connected component of the local peer graph, named after its lowest GPU
-    uuid so the id is stable across restarts. A GPU without NVLink is a domain of its own.
+    Otherwise the domain is a connected component of the local peer graph (GPUs linked directly or through
+    the same NVSwitch), named after its lowest GPU uuid so the id is stable across restarts. A GPU
+    without NVLink is a domain of its own.
     """
     by_bus = {g.pci_bus_id.lower(): g for g in gpus}
     parent = {g.uuid: g.uuid for g in gpus}
@@ -24,13 +25,20 @@ def assign_nvlink_domains(gpus: Sequence[Gpu]) -> tuple[tuple[Gpu, ...], tuple[N
             u = parent[u]
         return u
 
+    def union(u: str, v: str) -> None:
+        a, b = find(u), find(v)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
+    # A peer that is not one of our GPUs is an NVSwitch: every GPU linked to the same switch is reachable.
+    first_at_switch: dict[str, str] = {}
     for g in gpus:
         for peer_bus in g.nvlink_peers:
             peer = by_bus.get(peer_bus.lower())
             if peer is not None:
-                a, b = find(g.uuid), find(peer.uuid)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
+                union(g.uuid, peer.uuid)
+            else:
+                union(g.uuid, first_at_switch.setdefault(peer_bus.lower(), g.uuid))
 
     groups: dict[str, list[Gpu]] = {}
     for g in gpus:

@@ -1,0 +1,100 @@
+"""`gpu-dra-agent node`: the per-node daemon. Every flag has an environment fallback for the DaemonSet."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from agent import logs
+from agent.claims.checkpoint import CheckpointCorrupt
+from agent.node import NodeAgent, NodeConfig
+from agent.nvml.errors import NvmlError
+from agent.nvml.source import InvalidNvmlSpec, open_nvml
+
+log = logging.getLogger("agent.node")
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name) or default
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument(
+        "--driver-name", default=_env("DRIVER_NAME", DEFAULT_DRIVER), help="DRA driver name (env DRIVER_NAME)"
+    )
+    p.add_argument("--nvml", default=_env("NVML", "real"), help="real or fake:<machine> (env NVML)")
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="kubeconfig; in-cluster config when absent")
+    p.add_argument("--kubelet-root", default=_env("KUBELET_ROOT", "/var/lib/kubelet"), help="env KUBELET_ROOT")
+    p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory (env CDI_ROOT)")
+    p.add_argument(
+        "--state-dir", default=_env("STATE_DIR", "/var/lib/gpu-dra-agent"), help="checkpoint directory (env STATE_DIR)"
+    )
+    p.add_argument(
+        "--metrics-addr", default=_env("METRICS_ADDR", ":9400"), help="Prometheus [host]:port, empty to disable"
+    )
+    p.add_argument(
+        "--healthcheck-addr",
+        default=_env("HEALTHCHECK_ADDR", ""),
+        help="[host]:port for the gRPC liveness probe, empty to disable (env HEALTHCHECK_ADDR)",
+    )
+    p.add_argument(
+        "--log-format", choices=("json", "text"), default=_env("LOG_FORMAT", "text"), help="env LOG_FORMAT"
+    )
+    p.add_argument(
+        "--partitionable-devices",
+        action="store_true",
+        default=_env("PARTITIONABLE_DEVICES", "") in ("1", "true"),
+        help="publish possible MIG placements with sharedCounters (alpha in 1.34; falls back if dropped)",
+    )
+    p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host or "0.0.0.0", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_format)
+    if not args.node_name:
+        print("gpu-dra-agent node: --node-name (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    config = NodeConfig(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        kubelet_root=Path(args.kubelet_root),
+        cdi_root=Path(args.cdi_root),
+        state_dir=Path(args.state_dir),
+        kubeconfig=args.kubeconfig,
+        partitionable=args.partitionable_devices,
+        resync_interval_s=args.resync_interval,
+        liveness_address=args.healthcheck_addr or None,
+    )
+    try:
+        with open_nvml(args.nvml) as nvml:
+            agent = NodeAgent(config, nvml)
+            if args.metrics_addr:
+                from prometheus_client import start_http_server
+
+                host, port = _split_addr(args.metrics_addr)
+                start_http_server(port, host, registry=agent.metrics.registry)
+
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                agent.stop()
+
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+            agent.run()
+    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt) as exc:
+        print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
+        return 1
+    return 0
