@@ -1,0 +1,365 @@
+"""ResourceSlices (resource.k8s.io/v1) from an Inventory: pure, plain dicts in API JSON shape.
+
+Building is two steps so that "did anything change?" is a cheap comparison: `pool_content` turns the
+inventory into the devices and counter sets the pool should hold (no names, no generation), and
+`resource_slices` wraps that content into API objects for one pool generation.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from agent.devices.names import gpu_device_name, mig_device_name
+
+Json = dict[str, Any]
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices
+# Later API versions allow only 64 devices in a slice that uses counters; stay within that everywhere.
+MAX_DEVICES_WITH_COUNTERS = 64
+MAX_SHARED_COUNTERS_PER_SLICE = 32
+_MAX_NAME = 253
+_PCI = "resource.kubernetes.io/"
+
+
+@dataclass(frozen=True)
+class SliceContent:
+    """What one slice carries, without bookkeeping. Equal tuples of these mean nothing to publish."""
+
+    devices: tuple[Json, ...]
+    shared_counters: tuple[Json, ...] = ()
+
+
+def pool_content(
+    inventory: Inventory, driver: str = DEFAULT_DRIVER, *, partitionable: bool = False
+) -> tuple[SliceContent, ...]:
+    """The pool's devices, grouped into slices, in a stable order.
+
+    Without `partitionable`, a GPU whose MIG mode is on is represented only by its MIG devices. With it,
+    every MIG-capable GPU gets a counter set that its whole-GPU device, its existing MIG devices and every
+    still-possible MIG placement consume, so the scheduler can only pick combinations that fit.
+    """
+    del driver  # attributes are unprefixed, i.e. in the driver's own domain, whatever its name
+    plain: list[Json] = []
+    grouped: list[SliceContent] = []
+    for gpu in inventory.gpus:
+        migs = inventory.mig_devices_of(gpu.minor)
+        if partitionable and gpu.mig_capable and gpu.mig_profiles:
+            grouped.append(_partitioned_gpu(inventory, gpu, migs))
+            continue
+        if not gpu.mig_enabled:
+            plain.append(_gpu_device(inventory, gpu))
+        plain.extend(_mig_device(inventory, gpu, m) for m in migs)
+    plain.sort(key=lambda d: natural_key(d["name"]))
+    chunks = [
+        SliceContent(tuple(plain[i : i + MAX_DEVICES_PER_SLICE]))
+        for i in range(0, len(plain), MAX_DEVICES_PER_SLICE)
+    ]
+    return tuple(sorted([*grouped, *chunks], key=lambda c: natural_key(c.devices[0]["name"])))
+
+
+def resource_slices(
+    content: Sequence[SliceContent],
+    *,
+    node_name: str,
+    driver: str = DEFAULT_DRIVER,
+    generation: int = 1,
+    node_uid: str | None = None,
+) -> list[Json]:
+    """The API objects for one generation of the node's pool (pool name = node name)."""
+    owner = (
+        [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}]
+        if node_uid
+        else []
+    )
+    out = []
+    for i, part in enumerate(content):
+        metadata: Json = {"name": slice_name(node_name, driver, i)}
+        if owner:
+            metadata["ownerReferences"] = owner
+        spec: Json = {
+            "driver": driver,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(content)},
+            "nodeName": node_name,
+            "devices": [dict(d) for d in part.devices],
+        }
+        if part.shared_counters:
+            spec["sharedCounters"] = [dict(c) for c in part.shared_counters]
+        out.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata, "spec": spec})
+    return out
+
+
+def build_resource_slices(
+    inventory: Inventory,
+    node_name: str,
+    driver: str = DEFAULT_DRIVER,
+    *,
+    partitionable: bool = False,
+    node_uid: str | None = None,
+    generation: int = 1,
+) -> list[Json]:
+    """`pool_content` then `resource_slices`, for callers that do no bookkeeping of their own."""
+    content = pool_content(inventory, driver, partitionable=partitionable)
+    return resource_slices(content, node_name=node_name, driver=driver, generation=generation, node_uid=node_uid)
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    """`<node>-<driver with dashes>-<index>`, shortened with a hash to stay a valid DNS subdomain."""
+    suffix = f"-{driver.replace('.', '-')}-{index}"
+    if len(node_name) + len(suffix) <= _MAX_NAME:
+        return node_name + suffix
+    digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+    head = node_name[: _MAX_NAME - len(suffix) - len(digest) - 1].rstrip(".-")
+    return f"{head}-{digest}{suffix}"
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that puts gpu-2 before gpu-10."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
+
+
+def semver(version: str) -> str | None:
+    """A driver-reported version as semver 2.0.0: "9.0" -> "9.0.0", "535.104.05" -> "535.104.5".
+
+    Semver forbids leading zeros, which NVIDIA driver versions have; None when it is not numeric.
+    """
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    return ".".join(str(int(p)) for p in [*parts, "0", "0"][:3])
+
+
+def format_quantity(value: int) -> str:
+    """Bytes and counts as a canonical Kubernetes quantity: the largest exact binary suffix, else plain."""
+    for suffix, power in (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if value and value % (1 << power) == 0:
+            return f"{value >> power}{suffix}"
+    return str(value)
+
+
+_SUFFIX = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "": 1}
+_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?)$")
+
+
+def parse_quantity(text: str) -> float:
+    """A quantity's value, to compare what we wrote with what the server returns in canonical form."""
+    m = _QUANTITY.match(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity")
+    number, exponent, suffix = m.groups()
+    if exponent:
+        return float(number + exponent)
+    if suffix == "m":
+        return float(number) / 1000
+    return float(number) * _SUFFIX[suffix or ""]
+
+
+# --- devices ------------------------------------------------------------------------------------------
+
+
+def _string(value: str) -> Json:
+    return {"string": value}
+
+
+def _int(value: int) -> Json:
+    return {"int": value}
+
+
+def _product_attributes(inventory: Inventory, gpu: Gpu) -> Json:
+    """What a GPU and its MIG devices share: product, versions, PCI placement."""
+    attrs: Json = {
+        "productName": _string(gpu.product_name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+    }
+    for key, raw in (
+        ("cudaComputeCapability", gpu.cuda_compute_capability),
+        ("driverVersion", inventory.driver_version),
+        ("cudaDriverVersion", inventory.cuda_driver_version),
+    ):
+        if (version := semver(raw)) is not None:
+            attrs[key] = {"version": version}
+    attrs[_PCI + "pciBusID"] = _string(gpu.pci_bus_id)
+    if gpu.pcie_root:
+        attrs[_PCI + "pcieRoot"] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs["numaNode"] = _int(gpu.numa_node)
+    return attrs
+
+
+def _gpu_device(inventory: Inventory, gpu: Gpu) -> Json:
+    attrs: Json = {"type": _string("gpu"), "uuid": _string(gpu.uuid), **_product_attributes(inventory, gpu)}
+    if gpu.nvlink_domain:
+        attrs["nvlinkDomain"] = _string(gpu.nvlink_domain)
+    attrs["index"] = _int(gpu.index)
+    attrs["minor"] = _int(gpu.minor)
+    return {
+        "name": gpu_device_name(gpu.minor),
+        "attributes": attrs,
+        "capacity": {"memory": {"value": format_quantity(gpu.memory_bytes)}},
+    }
+
+
+@dataclass(frozen=True)
+class _MigShape:
+    """The sizes a MIG device (existing or possible) is published with."""
+
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+    @classmethod
+    def of(cls, m: MigProfile | MigDevice) -> _MigShape:
+        return cls(m.memory_bytes, m.multiprocessors, m.copy_engines, m.decoders, m.encoders,
+                   m.jpeg_engines, m.ofa_engines)
+
+    def capacity(self) -> Json:
+        values = {
+            "multiprocessors": self.multiprocessors,
+            "copyEngines": self.copy_engines,
+            "decoders": self.decoders,
+            "encoders": self.encoders,
+            "jpegEngines": self.jpeg_engines,
+            "ofaEngines": self.ofa_engines,
+            "memory": self.memory_bytes,
+        }
+        return {k: {"value": format_quantity(v)} for k, v in values.items()}
+
+    def counters(self) -> dict[str, int]:
+        """Counter names are DNS labels, hence the dashes (as NVIDIA's driver names them)."""
+        return {
+            "memory": self.memory_bytes,
+            "multiprocessors": self.multiprocessors,
+            "copy-engines": self.copy_engines,
+            "decoders": self.decoders,
+            "encoders": self.encoders,
+            "jpeg-engines": self.jpeg_engines,
+            "ofa-engines": self.ofa_engines,
+        }
+
+
+def _mig_device(
+    inventory: Inventory, gpu: Gpu, mig: MigDevice | None = None, profile: MigProfile | None = None,
+    placement: MigPlacement | None = None,
+) -> Json:
+    """An existing MIG device (`mig`), or a possible one (`profile` at `placement`)."""
+    source: MigDevice | MigProfile
+    if mig is not None:
+        source, name, gi, start = mig, mig.profile, mig.gi_profile_id, mig.placement.start
+    else:
+        assert profile is not None and placement is not None
+        source, name, gi, start = profile, profile.name, profile.gi_profile_id, placement.start
+    attrs: Json = {"type": _string("mig"), "parentUUID": _string(gpu.uuid), "profile": _string(name)}
+    if mig is not None:
+        attrs["uuid"] = _string(mig.uuid)
+    attrs.update(_product_attributes(inventory, gpu))
+    return {
+        "name": mig_device_name(gpu.minor, name, gi, start),
+        "attributes": attrs,
+        "capacity": _MigShape.of(source).capacity(),
+    }
+
+
+# --- partitionable GPUs -------------------------------------------------------------------------------
+
+
+def counter_set_name(minor: int) -> str:
+    return f"gpu-{minor}-counter-set"
+
+
+def _instance_counter(profile: MigProfile) -> str:
+    return f"profile-{profile.gi_profile_id}-instances"
+
+
+def _limited(profiles: Iterable[MigProfile]) -> list[MigProfile]:
+    """Profiles whose instance limit is lower than their placements allow, so a counter must enforce it."""
+    return [p for p in profiles if p.max_instances < len(p.placements)]
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_budget(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
+    """A budget no valid layout exceeds: per kind, the best sum over non-overlapping placements.
+
+    Memory slices make overlapping placements exclusive; instance counters enforce profile limits.
+    """
+    placements = [(_MigShape.of(p).counters(), pl) for p in profiles for pl in p.placements]
+    slices = max(pl.start + pl.size for _, pl in placements)
+    budget = {}
+    for kind in placements[0][0]:
+        best = [0] * (slices + 1)  # best[s]: the most of `kind` that placements within slices s.. hold
+        for s in range(slices - 1, -1, -1):
+            best[s] = max([best[s + 1]] + [c[kind] + best[pl.start + pl.size] for c, pl in placements if pl.start == s])
+        budget[kind] = best[0]
+    budget.update({f"memory-slice-{i}": 1 for i in range(slices)})
+    budget.update({_instance_counter(p): p.max_instances for p in _limited(profiles)})
+    return budget
+
+
+def _gpu_counters(gpu: Gpu) -> dict[str, int]:
+    budget = dict(_profile_budget(gpu.mig_profiles))
+    budget["memory"] = max(budget["memory"], gpu.memory_bytes)
+    return budget
+
+
+def _consumes(gpu: Gpu, shape: _MigShape, placement: MigPlacement, profile: MigProfile | None) -> Json:
+    counters = {k: v for k, v in shape.counters().items() if v}
+    counters.update({f"memory-slice-{i}": 1 for i in placement.slices})
+    if profile is not None and profile.max_instances < len(profile.placements):
+        counters[_instance_counter(profile)] = 1
+    return {
+        "counterSet": counter_set_name(gpu.minor),
+        "counters": {k: {"value": format_quantity(v)} for k, v in counters.items()},
+    }
+
+
+def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) -> SliceContent:
+    """One GPU as a counter set plus every device that can be carved from it.
+
+    Existing MIG devices are kept; placements overlapping them or any other existing GPU instance are left
+    out (creating them would fail); the whole GPU is offered only while no GPU instance exists, and then
+    consumes every counter.
+    """
+    budget = _gpu_counters(gpu)
+    occupied = [m.placement for m in migs] + [gi.placement for gi in gpu.gpu_instances]
+    devices: list[Json] = []
+    if not occupied:
+        whole = _gpu_device(inventory, gpu)
+        whole["consumesCounters"] = [{
+            "counterSet": counter_set_name(gpu.minor),
+            "counters": {k: {"value": format_quantity(v)} for k, v in budget.items()},
+        }]
+        devices.append(whole)
+    for mig in migs:
+        device = _mig_device(inventory, gpu, mig=mig)
+        device["consumesCounters"] = [_consumes(gpu, _MigShape.of(mig), mig.placement, gpu.profile(mig.profile))]
+        devices.append(device)
+    for profile in gpu.mig_profiles:
+        for placement in profile.placements:
+            if any(placement.overlaps(taken) for taken in occupied):
+                continue
+            device = _mig_device(inventory, gpu, profile=profile, placement=placement)
+            device["consumesCounters"] = [_consumes(gpu, _MigShape.of(profile), placement, profile)]
+            devices.append(device)
+    if len(devices) > MAX_DEVICES_WITH_COUNTERS or len(budget) > MAX_SHARED_COUNTERS_PER_SLICE:
+        raise ValueError(
+            f"GPU {gpu.minor} needs {len(devices)} partitionable devices and {len(budget)} counters; a slice "
+            f"allows {MAX_DEVICES_WITH_COUNTERS} and {MAX_SHARED_COUNTERS_PER_SLICE}"
+        )
+    devices.sort(key=lambda d: natural_key(d["name"]))
+    counter_set = {
+        "name": counter_set_name(gpu.minor),
+        "counters": {k: {"value": format_quantity(v)} for k, v in budget.items()},
+    }
+    return SliceContent(tuple(devices), (counter_set,))

@@ -1,0 +1,246 @@
+"""Keeps this node's ResourceSlices in the API equal to what the inventory says.
+
+`publish` is called when the inventory changes and writes nothing when the pool content is what was last
+published. `resync` re-reads the API and repairs slices deleted or edited behind our back; `run` drives
+both on an interval. Every content change gets a new pool generation, written to every slice of the pool.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.devices.model import Inventory
+from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, parse_quantity, pool_content, resource_slices
+
+log = logging.getLogger(__name__)
+
+
+class SliceStore(Protocol):
+    """The API calls the publisher makes (agent.kube.slices.SliceApi)."""
+
+    def list(self, node_name: str, driver: str) -> list[Json]: ...
+    def create(self, body: Json) -> Json: ...
+    def replace(self, body: Json) -> Json: ...
+    def delete(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    devices: int  # devices in the pool now
+    slices: int
+    generation: int
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.created or self.updated or self.deleted)
+
+
+class CountersDropped(Exception):
+    """The server stored a slice without sharedCounters/consumesCounters (DRAPartitionableDevices off)."""
+
+
+class Publisher:
+    def __init__(
+        self,
+        api_client: Any,
+        node_name: str,
+        driver_name: str = DEFAULT_DRIVER,
+        *,
+        partitionable: bool = False,
+        node_uid: str | None = None,
+        max_attempts: int = 5,
+        backoff_s: float = 0.05,
+        store: SliceStore | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if store is None:
+            from agent.kube.slices import SliceApi
+
+            store = SliceApi(api_client)
+        self._api_client = api_client
+        self._store = store
+        self.node_name = node_name
+        self.driver = driver_name
+        self._partitionable = partitionable
+        self._node_uid = node_uid
+        self._max_attempts = max_attempts
+        self._backoff_s = backoff_s
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._inventory: Inventory | None = None
+        self._published: tuple[SliceContent, ...] | None = None
+        self._generation = 0
+        self._last = PublishResult(0, 0, 0)
+
+    @property
+    def partitionable(self) -> bool:
+        """False once the server was seen dropping counter fields, whatever the flag said."""
+        return self._partitionable
+
+    @property
+    def published_devices(self) -> int:
+        return self._last.devices
+
+    def publish(self, inventory: Inventory) -> PublishResult:
+        """Make the API match `inventory`; no request at all when its content was already published."""
+        with self._lock:
+            self._inventory = inventory
+            content = self._content()
+            if content == self._published:
+                return PublishResult(self._last.devices, self._last.slices, self._last.generation)
+            return self._reconcile(content)
+
+    def resync(self, inventory: Inventory | None = None) -> PublishResult:
+        """Re-read this node's slices and repair whatever differs from the last (or given) inventory."""
+        with self._lock:
+            if inventory is not None:
+                self._inventory = inventory
+            if self._inventory is None:
+                return self._last
+            return self._reconcile(self._content())
+
+    def run(
+        self,
+        stop: threading.Event,
+        inventory_source: Callable[[], Inventory],
+        interval_s: float = 30.0,
+        on_result: Callable[[PublishResult], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """Resync every `interval_s` until `stop` is set; API errors are reported and retried next round."""
+        while not stop.is_set():
+            try:
+                result = self.resync(inventory_source())
+            except ApiError as exc:
+                log.warning("publishing ResourceSlices failed, retrying in %.0fs: %s", interval_s, exc)
+                if on_error:
+                    on_error(exc)
+            else:
+                if on_result:
+                    on_result(result)
+            stop.wait(interval_s)
+
+    # --- internals (called with the lock held) ---------------------------------------------------------
+
+    def _content(self) -> tuple[SliceContent, ...]:
+        assert self._inventory is not None
+        return pool_content(self._inventory, self.driver, partitionable=self._partitionable)
+
+    def _reconcile(self, content: tuple[SliceContent, ...]) -> PublishResult:
+        """One pass of list, compare, write; conflicts re-read at once, server errors back off."""
+        error: ApiError | None = None
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                result = self._apply(content)
+            except (Conflict, NotFound) as exc:
+                log.info("ResourceSlice changed while publishing (%s), re-reading", exc.status)
+                error = exc
+            except CountersDropped:
+                log.warning(
+                    "the API server dropped sharedCounters/consumesCounters from ResourceSlice writes "
+                    "(feature gate DRAPartitionableDevices is off); publishing without partitionable MIG devices"
+                )
+                self._partitionable = False
+                content = self._content()
+                continue
+            except ApiError as exc:
+                if exc.status < 500 and exc.status != 429:
+                    raise
+                error = exc
+                self._sleep(self._backoff_s * 2 ** (attempt - 1))
+            else:
+                self._published, self._last = content, result
+                return result
+        raise error or ApiError(0, "gave up publishing ResourceSlices")
+
+    def _apply(self, content: tuple[SliceContent, ...]) -> PublishResult:
+        existing = {s["metadata"]["name"]: s for s in self._store.list(self.node_name, self.driver)}
+        current = max((_generation(s) for s in existing.values()), default=self._generation)
+        devices = sum(len(c.devices) for c in content)
+        desired = self._slices(content, current)
+        if desired.keys() == existing.keys() and all(
+            _canonical(desired[n]["spec"]) == _canonical(existing[n]["spec"]) for n in desired
+        ):
+            self._generation = current
+            return PublishResult(devices, len(desired), current)
+
+        generation = max(current, self._generation) + 1
+        created = updated = deleted = 0
+        for name, body in self._slices(content, generation).items():
+            if name in existing:
+                body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
+                stored = self._store.replace(body)
+                updated += 1
+            else:
+                stored = self._store.create(body)
+                created += 1
+            self._generation = generation  # written at least once: never reuse it
+            _check_counters_kept(body, stored)
+        for name in existing.keys() - desired.keys():
+            self._store.delete(name)
+            deleted += 1
+        log.info(
+            "published ResourceSlices for pool %s generation %d: %d devices, %d created, %d updated, %d deleted",
+            self.node_name, generation, devices, created, updated, deleted,
+        )
+        return PublishResult(devices, len(desired), generation, created, updated, deleted)
+
+    def _slices(self, content: tuple[SliceContent, ...], generation: int) -> dict[str, Json]:
+        if self._node_uid is None and self._api_client is not None:
+            from agent.kube.nodes import node_uid
+
+            self._node_uid = node_uid(self._api_client, self.node_name)
+        objs = resource_slices(
+            content, node_name=self.node_name, driver=self.driver, generation=generation, node_uid=self._node_uid
+        )
+        return {o["metadata"]["name"]: o for o in objs}
+
+
+def _generation(obj: Json) -> int:
+    return int(obj.get("spec", {}).get("pool", {}).get("generation") or 0)
+
+
+def _check_counters_kept(sent: Json, stored: Json) -> None:
+    def counted(obj: Json) -> tuple[bool, int]:
+        spec = obj.get("spec") or {}
+        return bool(spec.get("sharedCounters")), sum(1 for d in spec.get("devices") or [] if d.get("consumesCounters"))
+
+    if counted(sent) != counted(stored):
+        raise CountersDropped
+
+
+def _prune(value: Any) -> Any:
+    """Drop unset fields: the server omits empty lists, maps and nulls that we may send."""
+    if isinstance(value, dict):
+        pruned = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in (None, {}, [], False)}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def _canonical(spec: Json) -> Json:
+    """A spec in a form where equal meaning compares equal: quantities become numbers."""
+    spec = _prune(copy.deepcopy(spec))
+
+    def numbers(values: dict[str, Any]) -> None:
+        for v in values.values():
+            v["value"] = parse_quantity(str(v["value"]))
+
+    for device in spec.get("devices", []):
+        numbers(device.get("capacity", {}))
+        for use in device.get("consumesCounters", []):
+            numbers(use.get("counters", {}))
+    for counter_set in spec.get("sharedCounters", []):
+        numbers(counter_set.get("counters", {}))
+    return spec
