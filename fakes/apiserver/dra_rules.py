@@ -1,0 +1,373 @@
+"""resource.k8s.io/v1 validation rules the schemas do not carry (limits and formats from Kubernetes 1.34:
+k8s.io/api resource/v1 types.go constants and pkg/apis/resource/validation)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+Causes = list[tuple[str, str]]
+
+MAX_DEVICES_PER_SLICE = 128
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_VALUE_LENGTH = 64
+MAX_SHARED_COUNTERS = 32
+MAX_COUNTERS_PER_DEVICE = 32
+MAX_COUNTER_CONSUMPTIONS_PER_SLICE = 1024
+MAX_TAINTS = 4
+MAX_REQUESTS = 32
+MAX_SUBREQUESTS = 8
+MAX_SELECTORS = 32
+MAX_CONSTRAINTS = 32
+MAX_CONFIGS = 32
+MAX_CEL_LENGTH = 10 * 1024
+MAX_OPAQUE_PARAMETERS = 10 * 1024
+MAX_RESERVED_FOR = 256
+MAX_ALLOCATION_RESULTS = 32
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+PARTITIONABLE_SLICE_FIELDS = ("sharedCounters", "perDeviceNodeSelection")
+PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
+
+
+def dns_label(value: Any) -> str | None:
+    """None when valid, else why not."""
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string"
+    if len(value) > 63:
+        return f"must be no more than 63 characters (is {len(value)})"
+    if not _DNS_LABEL.match(value):
+        return "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', " \
+               "and must start and end with an alphanumeric character"
+    return None
+
+
+def dns_subdomain(value: Any, limit: int = 253) -> str | None:
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string"
+    if len(value) > limit:
+        return f"must be no more than {limit} characters (is {len(value)})"
+    if not _DNS_SUBDOMAIN.match(value):
+        return "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', " \
+               "and must start and end with an alphanumeric character"
+    return None
+
+
+def qualified_name(value: str) -> str | None:
+    """A C identifier of at most 32 characters, optionally prefixed with `<DNS subdomain>/`."""
+    domain, _, ident = value.rpartition("/")
+    if "/" in value:
+        why = dns_subdomain(domain, 63)
+        if why:
+            return f"domain {domain!r}: {why}"
+    if len(ident) > 32:
+        return f"name must be no more than 32 characters (is {len(ident)})"
+    if not _C_IDENTIFIER.match(ident):
+        return "name must be a C identifier (letters, digits, '_', not starting with a digit)"
+    return None
+
+
+def drop_partitionable(obj: dict[str, Any]) -> None:
+    """What a 1.34 server without the DRAPartitionableDevices gate does to a ResourceSlice on write."""
+    spec = obj.get("spec") or {}
+    for name in PARTITIONABLE_SLICE_FIELDS:
+        spec.pop(name, None)
+    for device in spec.get("devices") or []:
+        for name in PARTITIONABLE_DEVICE_FIELDS:
+            device.pop(name, None)
+
+
+def _node_selection(where: str, holder: dict[str, Any], fields: Iterable[str]) -> Causes:
+    given = [f for f in fields if holder.get(f) not in (None, False, "")]
+    out: Causes = []
+    if len(given) != 1:
+        out.append((where, f"exactly one of {', '.join(fields)} is required (given: {', '.join(given) or 'none'})"))
+    if "allNodes" in holder and holder["allNodes"] is False:
+        out.append((f"{where}.allNodes", "must be true when set"))
+    if holder.get("nodeName"):
+        why = dns_subdomain(holder["nodeName"])
+        if why:
+            out.append((f"{where}.nodeName", why))
+    terms = (holder.get("nodeSelector") or {}).get("nodeSelectorTerms")
+    if holder.get("nodeSelector") is not None and len(terms or []) != 1:
+        out.append((f"{where}.nodeSelector.nodeSelectorTerms", "must have exactly one node selector term"))
+    return out
+
+
+def _attribute(where: str, value: Any) -> Causes:
+    if not isinstance(value, dict):
+        return [(where, "must be an object")]
+    set_fields = [k for k in ("int", "bool", "string", "version") if value.get(k) is not None]
+    if len(set_fields) != 1:
+        return [(where, f"exactly one value must be specified (given: {', '.join(set_fields) or 'none'})")]
+    text = value.get("string", value.get("version"))
+    if isinstance(text, str) and len(text) > MAX_ATTRIBUTE_VALUE_LENGTH:
+        return [(where, f"must be no more than {MAX_ATTRIBUTE_VALUE_LENGTH} characters (is {len(text)})")]
+    if "version" in set_fields and not _SEMVER.match(str(value["version"])):
+        return [(f"{where}.version", f"{value['version']!r} must be a semantic version (semver 2.0.0)")]
+    return []
+
+
+def _counters(where: str, counters: Any) -> Causes:
+    if not isinstance(counters, dict) or not counters:
+        return [(where, "at least one counter is required")]
+    return [(f"{where}[{name}]", why) for name in counters if (why := dns_label(name))]
+
+
+def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_sets: dict[str, set[str]]) -> Causes:
+    out: Causes = []
+    why = dns_label(device.get("name"))
+    if why:
+        out.append((f"{where}.name", why))
+    attributes = device.get("attributes") or {}
+    capacity = device.get("capacity") or {}
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        out.append((where, f"the combined number of attributes and capacities must not exceed "
+                           f"{MAX_ATTRIBUTES_AND_CAPACITIES} (is {len(attributes) + len(capacity)})"))
+    for name, value in attributes.items():
+        if (why := qualified_name(name)):
+            out.append((f"{where}.attributes[{name}]", why))
+        out += _attribute(f"{where}.attributes[{name}]", value)
+    for name in capacity:
+        if (why := qualified_name(name)):
+            out.append((f"{where}.capacity[{name}]", why))
+        if name in attributes:
+            out.append((f"{where}.capacity[{name}]", "attribute and capacity names must be unique"))
+    consumed = device.get("consumesCounters") or []
+    seen_sets: set[str] = set()
+    total = 0
+    for i, use in enumerate(consumed):
+        set_name = use.get("counterSet")
+        at = f"{where}.consumesCounters[{i}]"
+        if set_name in seen_sets:
+            out.append((f"{at}.counterSet", f"duplicate counter set {set_name!r}"))
+        seen_sets.add(set_name)
+        if set_name not in counter_sets:
+            out.append((f"{at}.counterSet", f"must reference a counter set in spec.sharedCounters (not {set_name!r})"))
+        else:
+            unknown = set(use.get("counters") or {}) - counter_sets[set_name]
+            out += [(f"{at}.counters[{c}]", f"counter not in counter set {set_name!r}") for c in sorted(unknown)]
+        out += _counters(f"{at}.counters", use.get("counters"))
+        total += len(use.get("counters") or {})
+    if total > MAX_COUNTERS_PER_DEVICE:
+        out.append((f"{where}.consumesCounters",
+                    f"must consume at most {MAX_COUNTERS_PER_DEVICE} counters (is {total})"))
+    if per_device_nodes:
+        out += _node_selection(where, device, ("nodeName", "nodeSelector", "allNodes"))
+    else:
+        out += [(f"{where}.{f}", "may only be set when perDeviceNodeSelection is true")
+                for f in ("nodeName", "nodeSelector", "allNodes") if device.get(f) not in (None, False, "")]
+    taints = device.get("taints") or []
+    if len(taints) > MAX_TAINTS:
+        out.append((f"{where}.taints", f"must have at most {MAX_TAINTS} taints (is {len(taints)})"))
+    for i, taint in enumerate(taints):
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            out.append((f"{where}.taints[{i}].effect", "must be NoSchedule or NoExecute"))
+    return out
+
+
+def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
+    spec = obj.get("spec") or {}
+    out: Causes = []
+    why = dns_subdomain(spec.get("driver"), 63)
+    if why:
+        out.append(("spec.driver", why))
+    pool = spec.get("pool") or {}
+    pool_name = pool.get("name")
+    if not isinstance(pool_name, str) or not pool_name or len(pool_name) > 253:
+        out.append(("spec.pool.name", "required, at most 253 characters"))
+    else:
+        out += [("spec.pool.name", f"segment {seg!r}: {why}") for seg in pool_name.split("/")
+                if (why := dns_subdomain(seg))]
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        out.append(("spec.pool.generation", "must be greater than or equal to 0"))
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] <= 0:
+        out.append(("spec.pool.resourceSliceCount", "must be greater than 0"))
+    out += _node_selection("spec", spec, ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection"))
+    if "perDeviceNodeSelection" in spec and spec["perDeviceNodeSelection"] is False:
+        out.append(("spec.perDeviceNodeSelection", "must be true when set"))
+
+    counter_sets: dict[str, set[str]] = {}
+    shared = spec.get("sharedCounters") or []
+    for i, counter_set in enumerate(shared):
+        name = counter_set.get("name")
+        if (why := dns_label(name)):
+            out.append((f"spec.sharedCounters[{i}].name", why))
+        if name in counter_sets:
+            out.append((f"spec.sharedCounters[{i}].name", f"duplicate counter set name {name!r}"))
+        out += _counters(f"spec.sharedCounters[{i}].counters", counter_set.get("counters"))
+        counter_sets.setdefault(name, set(counter_set.get("counters") or {}))
+    total_shared = sum(len(s.get("counters") or {}) for s in shared)
+    if total_shared > MAX_SHARED_COUNTERS:
+        out.append(("spec.sharedCounters", f"must have at most {MAX_SHARED_COUNTERS} counters over all sets "
+                                           f"(is {total_shared})"))
+
+    devices = spec.get("devices") or []
+    if len(devices) > MAX_DEVICES_PER_SLICE:
+        out.append(("spec.devices", f"must have at most {MAX_DEVICES_PER_SLICE} devices (is {len(devices)})"))
+    names: set[Any] = set()
+    consumptions = 0
+    for i, device in enumerate(devices):
+        out += _device(f"spec.devices[{i}]", device, bool(spec.get("perDeviceNodeSelection")), counter_sets)
+        if device.get("name") in names:
+            out.append((f"spec.devices[{i}].name", f"duplicate device name {device.get('name')!r}"))
+        names.add(device.get("name"))
+        consumptions += sum(len(u.get("counters") or {}) for u in device.get("consumesCounters") or [])
+    if consumptions > MAX_COUNTER_CONSUMPTIONS_PER_SLICE:
+        out.append(("spec.devices", f"must consume at most {MAX_COUNTER_CONSUMPTIONS_PER_SLICE} counters over all "
+                                    f"devices (is {consumptions})"))
+
+    if old is not None:
+        old_spec = old.get("spec") or {}
+        for path, new_value, old_value in (
+            ("spec.driver", spec.get("driver"), old_spec.get("driver")),
+            ("spec.pool.name", pool_name, (old_spec.get("pool") or {}).get("name")),
+            ("spec.nodeName", spec.get("nodeName"), old_spec.get("nodeName")),
+        ):
+            if new_value != old_value:
+                out.append((path, "field is immutable"))
+    return out
+
+
+def duplicate_in_pool(obj: dict[str, Any], others: Iterable[dict[str, Any]]) -> Causes:
+    """Device names clashing with another slice of the same driver, pool and generation."""
+    spec = obj.get("spec") or {}
+    pool = spec.get("pool") or {}
+    mine = {d.get("name") for d in spec.get("devices") or []}
+    out: Causes = []
+    for other in others:
+        other_spec = other.get("spec") or {}
+        other_pool = other_spec.get("pool") or {}
+        if (other_spec.get("driver"), other_pool.get("name"), other_pool.get("generation")) != (
+            spec.get("driver"), pool.get("name"), pool.get("generation")
+        ):
+            continue
+        clash = sorted(mine & {d.get("name") for d in other_spec.get("devices") or []})
+        if clash:
+            out.append(("spec.devices", f"device names {clash} are already in ResourceSlice "
+                                        f"{other['metadata']['name']!r} of pool {pool.get('name')!r}"))
+    return out
+
+
+def _requests(where: str, requests: list[dict[str, Any]]) -> Causes:
+    out: Causes = []
+    if len(requests) > MAX_REQUESTS:
+        out.append((where, f"must have at most {MAX_REQUESTS} requests (is {len(requests)})"))
+    names: set[Any] = set()
+    for i, request in enumerate(requests):
+        at = f"{where}[{i}]"
+        if (why := dns_label(request.get("name"))):
+            out.append((f"{at}.name", why))
+        if request.get("name") in names:
+            out.append((f"{at}.name", f"duplicate request name {request.get('name')!r}"))
+        names.add(request.get("name"))
+        exactly, first = request.get("exactly"), request.get("firstAvailable")
+        if (exactly is None) == (first is None):
+            out.append((at, "exactly one of exactly or firstAvailable is required"))
+        if exactly is not None:
+            out += _exact(f"{at}.exactly", exactly)
+        if first is not None:
+            if not first or len(first) > MAX_SUBREQUESTS:
+                out.append((f"{at}.firstAvailable", f"must have 1 to {MAX_SUBREQUESTS} subrequests"))
+            for j, sub in enumerate(first):
+                if (why := dns_label(sub.get("name"))):
+                    out.append((f"{at}.firstAvailable[{j}].name", why))
+                out += _exact(f"{at}.firstAvailable[{j}]", sub)
+    return out
+
+
+def _exact(where: str, request: dict[str, Any]) -> Causes:
+    out: Causes = []
+    if (why := dns_subdomain(request.get("deviceClassName"))):
+        out.append((f"{where}.deviceClassName", why))
+    mode = request.get("allocationMode", "ExactCount")
+    if mode not in ("ExactCount", "All"):
+        out.append((f"{where}.allocationMode", "must be ExactCount or All"))
+    count = request.get("count")
+    if mode == "All" and count is not None:
+        out.append((f"{where}.count", "must not be set when allocationMode is All"))
+    if mode == "ExactCount" and count is not None and count <= 0:
+        out.append((f"{where}.count", "must be greater than zero"))
+    out += _selectors(f"{where}.selectors", request.get("selectors") or [])
+    return out
+
+
+def _selectors(where: str, selectors: list[dict[str, Any]]) -> Causes:
+    out: Causes = []
+    if len(selectors) > MAX_SELECTORS:
+        out.append((where, f"must have at most {MAX_SELECTORS} selectors"))
+    for i, selector in enumerate(selectors):
+        expression = (selector.get("cel") or {}).get("expression")
+        if not isinstance(expression, str) or not expression.strip():
+            out.append((f"{where}[{i}].cel.expression", "required"))
+        elif len(expression) > MAX_CEL_LENGTH:
+            out.append((f"{where}[{i}].cel.expression", f"must be at most {MAX_CEL_LENGTH} characters"))
+    return out
+
+
+def _configs(where: str, configs: list[dict[str, Any]]) -> Causes:
+    out: Causes = []
+    if len(configs) > MAX_CONFIGS:
+        out.append((where, f"must have at most {MAX_CONFIGS} entries"))
+    for i, config in enumerate(configs):
+        opaque = config.get("opaque")
+        if opaque is None:
+            out.append((f"{where}[{i}].opaque", "required"))
+            continue
+        if (why := dns_subdomain(opaque.get("driver"), 63)):
+            out.append((f"{where}[{i}].opaque.driver", why))
+        if opaque.get("parameters") is None:
+            out.append((f"{where}[{i}].opaque.parameters", "required"))
+        elif len(str(opaque["parameters"])) > MAX_OPAQUE_PARAMETERS:
+            out.append((f"{where}[{i}].opaque.parameters", f"must be at most {MAX_OPAQUE_PARAMETERS} bytes"))
+    return out
+
+
+def validate_claim_spec(where: str, spec: dict[str, Any]) -> Causes:
+    devices = spec.get("devices") or {}
+    out = _requests(f"{where}.devices.requests", devices.get("requests") or [])
+    if len(devices.get("constraints") or []) > MAX_CONSTRAINTS:
+        out.append((f"{where}.devices.constraints", f"must have at most {MAX_CONSTRAINTS} constraints"))
+    out += _configs(f"{where}.devices.config", devices.get("config") or [])
+    return out
+
+
+def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
+    out = validate_claim_spec("spec", obj.get("spec") or {})
+    if old is not None and obj.get("spec") != old.get("spec"):
+        out.append(("spec", "field is immutable"))
+    status = obj.get("status") or {}
+    if len(status.get("reservedFor") or []) > MAX_RESERVED_FOR:
+        out.append(("status.reservedFor", f"must have at most {MAX_RESERVED_FOR} entries"))
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    if len(results) > MAX_ALLOCATION_RESULTS:
+        out.append(("status.allocation.devices.results", f"must have at most {MAX_ALLOCATION_RESULTS} results"))
+    for i, result in enumerate(results):
+        if (why := dns_label(result.get("device"))):
+            out.append((f"status.allocation.devices.results[{i}].device", why))
+        if (why := dns_subdomain(result.get("driver"), 63)):
+            out.append((f"status.allocation.devices.results[{i}].driver", why))
+    return out
+
+
+def validate_resource_object(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
+    if kind == "ResourceSlice":
+        return validate_slice(obj, old)
+    if kind == "ResourceClaim":
+        return validate_claim(obj, old)
+    if kind == "ResourceClaimTemplate":
+        return validate_claim_spec("spec.spec", (obj.get("spec") or {}).get("spec") or {})
+    if kind == "DeviceClass":
+        spec = obj.get("spec") or {}
+        return _selectors("spec.selectors", spec.get("selectors") or []) + _configs(
+            "spec.config", spec.get("config") or []
+        )
+    return []

@@ -1,0 +1,391 @@
+"""The HTTP front: URL routing, discovery, watch streaming, and the ApiServer object tests hold."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .api import Api, parse_json
+from .errors import ApiError
+from .faults import Faults
+from .resources import Registry, ResourceType
+from .schemas import KUBERNETES_VERSION
+from .selectors import field_selector, label_selector
+from .store import Event, Store, namespace_of
+
+_MAJOR, _MINOR = KUBERNETES_VERSION.split(".")
+_PRESET_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+class ApiServer:
+    """An in-process Kubernetes API server on 127.0.0.1. Use as a context manager or call stop()."""
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        history: int = 1000,
+        drop_partitionable_fields: bool = False,
+        bookmark_interval: float = 1.0,
+        max_watch_seconds: float = 1800.0,
+        validate: bool = True,
+    ) -> None:
+        self.registry = Registry()
+        self.store = Store(self.registry, history)
+        self.api = Api(self.registry, self.store, drop_partitionable_fields=drop_partitionable_fields,
+                       validate=validate)
+        self.faults = Faults()
+        self.bookmark_interval = bookmark_interval
+        self.max_watch_seconds = max_watch_seconds
+        self.watch_epoch = 0  # bumped by drop_watches(); open watches notice and cut their connection
+        self.stopping = False
+        namespaces = self.registry.find("Namespace")
+        for name in _PRESET_NAMESPACES:
+            self.api.create(namespaces, "", {"metadata": {"name": name}})
+        self._http = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        self._http.daemon_threads = True
+        self._http.block_on_close = False
+        self._http.apiserver = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._http.serve_forever, name="fake-apiserver", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._http.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def register_custom(self, group: str, version: str, plural: str, kind: str, namespaced: bool = True,
+                        schema: dict[str, Any] | None = None, status: bool = True) -> ResourceType:
+        """Serve a custom resource type, validated against `schema` (an openAPIV3Schema) when given."""
+        return self.api.register_custom(group, version, plural, kind, namespaced, schema, status)
+
+    def drop_watches(self) -> None:
+        """Cut every open watch connection, as a restarting API server or a flaky network does."""
+        with self.store.lock:
+            self.watch_epoch += 1
+            self.store.lock.notify_all()
+
+    def kubeconfig(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }
+
+    def write_kubeconfig(self, path: str | Path) -> Path:
+        out = Path(path)
+        out.write_text(yaml.safe_dump(self.kubeconfig()))
+        return out
+
+    def api_client(self) -> Any:
+        """A kubernetes.client.ApiClient pointed at this server."""
+        from kubernetes import client
+
+        config = client.Configuration()
+        config.host = self.url
+        return client.ApiClient(config)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.drop_watches()
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> ApiServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start(port: int = 0, **options: Any) -> ApiServer:
+    """Start a server; options are ApiServer's keyword arguments."""
+    return ApiServer(port, **options)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-apiserver"
+
+    @property
+    def apiserver(self) -> ApiServer:
+        return self.server.apiserver  # type: ignore[attr-defined,no-any-return]
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in one send, and small writes are not held back by Nagle's algorithm.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    # Plumbing.
+
+    def _send(self, code: int, body: Any) -> None:
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        head = (
+            f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            f"Date: {self.date_time_string()}\r\n\r\n"
+        ).encode()
+        self.wfile.write(head + payload)
+        self.log_request(code)
+
+    def _serve(self, method: str) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        injected = self.apiserver.faults.check(method, url.path)
+        try:
+            if self.apiserver.faults.delay:
+                time.sleep(self.apiserver.faults.delay)
+            if injected is not None:
+                self._send(injected.code, injected.status())
+                return
+            code, body = self._route(method, url.path, query, raw)
+            if code:
+                self._send(code, body)
+        except ApiError as exc:
+            self._send(exc.code, exc.status())
+        except Exception as exc:  # a bug in the fake must reach the test as a 500, not a hung connection
+            self._send(500, ApiError(500, f"fake apiserver error: {type(exc).__name__}: {exc}").status())
+
+    def _route(self, method: str, path: str, query: dict[str, str], raw: bytes) -> tuple[int, Any]:
+        parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/") if p]
+        registry = self.apiserver.registry
+        if parts == ["version"]:
+            return 200, {"major": _MAJOR, "minor": _MINOR, "gitVersion": f"v{KUBERNETES_VERSION}.0",
+                         "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2025-08-27T00:00:00Z",
+                         "goVersion": "go1.24.6", "compiler": "gc", "platform": "linux/amd64",
+                         "emulationMajor": _MAJOR, "emulationMinor": _MINOR,
+                         "minCompatibilityMajor": _MAJOR, "minCompatibilityMinor": str(int(_MINOR) - 1)}
+        if parts in (["healthz"], ["livez"], ["readyz"]):
+            return 200, "ok"
+        if parts == ["api"]:
+            cidrs = [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.apiserver.url}]
+            return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": cidrs}
+        if parts == ["apis"]:
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1",
+                         "groups": [_group(g, vs) for g, vs in sorted(registry.groups().items())]}
+        if parts[:1] == ["api"] and len(parts) >= 2:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 2:
+            if len(parts) == 2:
+                versions = registry.groups().get(parts[1])
+                if not versions:
+                    raise ApiError(404, f"the server could not find the requested resource ({path})")
+                return 200, {"kind": "APIGroup", "apiVersion": "v1", **_group(parts[1], versions)}
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        types = [t for t in registry.all() if t.group == group and t.version == version]
+        if not types:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        if not rest:
+            gv = f"{group}/{version}" if group else version
+            return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                         "resources": [r for t in types for r in t.discovery()]}
+        by_plural = {t.plural: t for t in types}
+        namespace: str | None = None
+        if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] in by_plural and by_plural[rest[2]].namespaced:
+            namespace, rest = rest[1], rest[2:]
+        rt = by_plural.get(rest[0])
+        if rt is None or len(rest) > 3:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        name = rest[1] if len(rest) >= 2 else None
+        sub = rest[2] if len(rest) == 3 else ""
+        if sub and sub not in rt.subresources:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        ns = (namespace or "") if rt.namespaced else ""
+        api = self.apiserver.api
+        if name is None:
+            if method == "GET" and query.get("watch") in ("1", "true", "True"):
+                self._watch(rt, namespace, query)
+                return 0, None
+            if method == "GET":
+                return 200, api.list_objects(rt, namespace if rt.namespaced else None, query)
+            if method == "POST":
+                if rt.namespaced and namespace is None:
+                    raise ApiError(405, f"create {rt.plural} needs a namespace in the path")
+                return 201, api.create(rt, ns, parse_json(raw))
+            if method == "DELETE":
+                return 200, self._delete_collection(rt, namespace, query, parse_json(raw))
+            raise ApiError(405, f"{method} is not allowed on a collection")
+        if rt.namespaced and namespace is None:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        body = parse_json(raw) if raw else None
+        if sub == "eviction" and method == "POST":
+            return 201, api.evict(ns, name, body)
+        if sub == "binding" and method == "POST":
+            return 201, api.bind(ns, name, body)
+        if method == "GET":
+            return 200, api.get(rt, ns, name)
+        if method == "PUT":
+            return 200, api.update(rt, ns, name, body, sub)
+        if method == "PATCH":
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            return 200, api.patch(rt, ns, name, content_type, body, sub)
+        if method == "DELETE" and not sub:
+            return 200, api.delete(rt, ns, name, body)
+        raise ApiError(405, f"{method} is not allowed on {path}")
+
+    def _delete_collection(self, rt: ResourceType, namespace: str | None, query: dict[str, str],
+                           options: Any) -> dict[str, Any]:
+        listed = self.apiserver.api.list_objects(rt, namespace, query)
+        for item in listed["items"]:
+            meta = item["metadata"]
+            try:
+                self.apiserver.api.delete(rt, meta.get("namespace", ""), meta["name"], options)
+            except ApiError as exc:
+                if exc.code != 404:
+                    raise
+        return listed
+
+    # Watch.
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        self._chunk(json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n")
+
+    def _watch(self, rt: ResourceType, namespace: str | None, query: dict[str, str]) -> None:
+        server = self.apiserver
+        store = server.store
+        labels = label_selector(query.get("labelSelector"))
+        fields = field_selector(query.get("fieldSelector"), rt.field_selectors)
+
+        def matches(obj: dict[str, Any] | None) -> bool:
+            return obj is not None and (namespace is None or namespace_of(obj) == namespace) \
+                and labels(obj) and fields(obj)
+
+        timeout = min(float(query.get("timeoutSeconds") or server.max_watch_seconds), server.max_watch_seconds)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
+        initial_events = query.get("sendInitialEvents") in ("true", "1", "True")
+        requested = query.get("resourceVersion") or ""
+        try:
+            since = int(requested) if requested else 0
+        except ValueError:
+            raise ApiError(400, f"invalid resourceVersion {requested!r}") from None
+        expired: ApiError | None = None
+        with store.lock:
+            epoch = server.watch_epoch
+            initial: list[dict[str, Any]] = []
+            if since == 0 or initial_events:
+                initial = json.loads(json.dumps([o for o in store.items(rt.key, namespace) if matches(o)]))
+                since = store.resource_version
+            else:
+                try:
+                    store.events_after(since)
+                except ApiError as exc:
+                    expired = exc
+        self.send_response_only(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if expired is not None:  # the real server answers 200 and then an ERROR event carrying 410
+            self._event("ERROR", expired.status())
+            self._end_stream()
+            return
+        for obj in initial:
+            self._event("ADDED", obj)
+        if initial_events and bookmarks:
+            self._bookmark(rt, since, initial_end=True)
+        deadline = time.monotonic() + timeout
+        next_bookmark = time.monotonic() + server.bookmark_interval
+        while True:
+            with store.lock:
+                events: list[Event] = []
+                error: ApiError | None = None
+                while not events and server.watch_epoch == epoch and time.monotonic() < deadline:
+                    try:
+                        events = [e for e in store.events_after(since) if e.key == rt.key]
+                    except ApiError as exc:
+                        error = exc
+                        break
+                    if events or (bookmarks and time.monotonic() >= next_bookmark):
+                        break
+                    since = store.resource_version  # events of other types are skipped for good
+                    wake = min(deadline, next_bookmark if bookmarks else deadline)
+                    store.lock.wait(max(0.0, wake - time.monotonic()))
+                dropped = server.watch_epoch != epoch
+                current = store.resource_version
+            if dropped:
+                self._cut()
+                return
+            if error is not None:
+                self._event("ERROR", error.status())
+                break
+            for event in events:
+                self._send_event(event, matches)
+                since = event.rv
+            if bookmarks and time.monotonic() >= next_bookmark:
+                self._bookmark(rt, max(since, current) if not events else since)
+                next_bookmark = time.monotonic() + server.bookmark_interval
+            if time.monotonic() >= deadline:
+                break
+        self._end_stream()
+
+    def _send_event(self, event: Event, matches: Any) -> None:
+        now_matches, was_matching = matches(event.obj), matches(event.old)
+        if event.type == "MODIFIED":
+            if now_matches and not was_matching:
+                self._event("ADDED", event.obj)
+            elif was_matching and not now_matches:
+                self._event("DELETED", event.obj)
+            elif now_matches:
+                self._event("MODIFIED", event.obj)
+        elif now_matches:
+            self._event(event.type, event.obj)
+
+    def _bookmark(self, rt: ResourceType, rv: int, initial_end: bool = False) -> None:
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if initial_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        self._event("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta})
+
+    def _end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _cut(self) -> None:
+        """Drop the connection mid-stream, without the terminating chunk."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+
+def _group(name: str, versions: list[str]) -> dict[str, Any]:
+    entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+    return {"name": name, "versions": entries, "preferredVersion": entries[0]}
