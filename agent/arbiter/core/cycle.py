@@ -1,0 +1,160 @@
+"""One arbiter cycle over a snapshot, and rounds of cycles: what the `simulate` command runs.
+
+A round runs the listed actions once, in order, on a fresh session. Between rounds bound pods are running,
+and evicted, releasing and pipelined pods are pending again (their releases finished; the arbiter decides
+afresh where they go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from agent.arbiter.core.allocate import allocate
+from agent.arbiter.core.consolidate import consolidate
+from agent.arbiter.core.evict import preempt, reclaim
+from agent.arbiter.core.model import MILLI, PodSpec, Snapshot, Vector
+from agent.arbiter.core.session import Cause, Pod, Session
+
+ACTIONS: dict[str, Callable[[Session], None]] = {
+    "allocate": allocate,
+    "consolidate": consolidate,
+    "reclaim": reclaim,
+    "preempt": preempt,
+}
+DEFAULT_ACTIONS = ("allocate", "consolidate", "reclaim", "preempt")
+
+Outcome = Literal["running", "pending", "evicted"]
+Action = Literal["bind", "pipeline", "evict", "keep"]
+
+
+@dataclass(frozen=True, slots=True)
+class PodDecision:
+    outcome: Outcome
+    node: str | None
+    action: Action
+    gpu_index: int | None = None  # the shared GPU of a fractional pod
+    moved_to: str | None = None  # consolidation: the node an evicted pod is promised
+    cause: Cause | None = None  # which action evicted it
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    pod: str
+    queue: str
+    cause: Cause
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    job: str
+    queue: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    pods: dict[str, PodDecision]
+    fair_share: dict[str, Vector]  # per queue; GPUs in milli-GPUs
+    allocated: dict[str, Vector]  # per queue after the cycle (running, bound and pipelined pods)
+    pending_jobs: dict[str, int]  # per leaf queue: jobs still below minMember or with pending pods
+    evictions: tuple[Eviction, ...]
+    admissions: tuple[Admission, ...]  # gangs that reached minMember with every member bound
+    next: Snapshot  # the snapshot the next round starts from
+
+
+@dataclass(frozen=True, slots=True)
+class Simulation:
+    last: CycleResult
+    cycle_seconds: tuple[float, ...]
+
+
+def unknown_actions(actions: Sequence[str]) -> list[str]:
+    return [a for a in actions if a not in ACTIONS]
+
+
+def run_cycle(snapshot: Snapshot, actions: Sequence[str] = DEFAULT_ACTIONS) -> CycleResult:
+    session = Session(snapshot)
+    for name in actions:
+        ACTIONS[name](session)
+    return _result(session, snapshot)
+
+
+def simulate(
+    snapshot: Snapshot, actions: Sequence[str], rounds: int, clock: Callable[[], float]
+) -> Simulation:
+    """`rounds` cycles (at least one), each timed with `clock` (seconds, monotonic)."""
+    seconds: list[float] = []
+    result: CycleResult | None = None
+    for _ in range(max(1, rounds)):
+        start = clock()
+        result = run_cycle(snapshot, actions)
+        seconds.append(clock() - start)
+        snapshot = result.next
+    assert result is not None
+    return Simulation(last=result, cycle_seconds=tuple(seconds))
+
+
+def fair_share_in_units(share: Vector) -> dict[str, float]:
+    """A fair-share vector in the snapshot's units (GPUs as devices)."""
+    return {"gpu": share[0] / MILLI, "cpu": share[1], "memory": share[2]}
+
+
+def _decide(session: Session, pod: Pod) -> PodDecision:
+    nodes = session.cluster.nodes
+    node = nodes[pod.seat.node].spec.name if pod.seat is not None else None
+    index = pod.seat.gpus[0] if pod.seat is not None and pod.spec.fractional else None
+    if pod.state == "running":
+        return PodDecision("running", node, "keep", index)
+    if pod.state == "bound":
+        return PodDecision("running", node, "bind", index)
+    if pod.state == "pipelined":
+        return PodDecision("pending", node, "pipeline", index)
+    if pod.state == "evicted":
+        moved = nodes[pod.moved_to.node].spec.name if pod.moved_to is not None else None
+        return PodDecision("evicted", node, "evict", index, moved, pod.cause)
+    if pod.state == "releasing":
+        return PodDecision("evicted", node, "keep", index)
+    return PodDecision("pending", None, "keep")
+
+
+def _result(session: Session, snapshot: Snapshot) -> CycleResult:
+    pods = {p.spec.name: _decide(session, p) for p in session.pods}
+    evictions = tuple(
+        Eviction(p.spec.name, p.job.queue.spec.name, p.cause)
+        for p in session.pods if p.state == "evicted" and p.cause is not None
+    )
+    admissions = []
+    pending: dict[str, int] = {q.spec.name: 0 for q in session.queues if not session.children.get(q)}
+    for job in session.jobs:
+        before = sum(1 for p in job.pods if p.was == "running")
+        bound = [p for p in job.pods if p.state in ("running", "bound")]
+        if before < job.spec.min_member <= len(bound) and job.active == len(bound):
+            admissions.append(Admission(job.spec.name, job.queue.spec.name, job.spec.created_at))
+        if job.active < job.spec.min_member or any(p.state == "pending" for p in job.pods):
+            pending[job.queue.spec.name] += 1
+    return CycleResult(
+        pods=pods,
+        fair_share={q.spec.name: q.fair for q in session.queues},
+        allocated={q.spec.name: (q.alloc[0], q.alloc[1], q.alloc[2]) for q in session.queues},
+        pending_jobs=pending,
+        evictions=evictions,
+        admissions=tuple(admissions),
+        next=_next_snapshot(snapshot, pods),
+    )
+
+
+def _next_snapshot(snapshot: Snapshot, pods: dict[str, PodDecision]) -> Snapshot:
+    def advance(pod: PodSpec) -> PodSpec:
+        decision = pods[pod.name]
+        if decision.outcome == "running":
+            return replace(pod, status="Running", node=decision.node, gpu_index=decision.gpu_index)
+        return replace(pod, status="Pending", node=None, gpu_index=None)
+
+    jobs = tuple(replace(j, pods=tuple(advance(p) for p in j.pods)) for j in snapshot.jobs)
+    return replace(snapshot, jobs=jobs)
+
+
+__all__ = ["ACTIONS", "DEFAULT_ACTIONS", "CycleResult", "PodDecision", "Simulation", "run_cycle",
+           "simulate"]

@@ -1,0 +1,95 @@
+"""A cluster snapshot as frozen data: what the arbiter decides over.
+
+Units: GPUs are counted in milli-GPUs (1000 = one device) so fractional sharing adds up exactly; CPU in
+millicores; memory in bytes. Queue quantities use the same units (a queue's GPU quota of 2.5 is 2500 here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+RESOURCES = ("gpu", "cpu", "memory")
+GPU, CPU, MEMORY = 0, 1, 2
+UNLIMITED = -1.0  # quota: the whole level; limit: none; overQuotaWeight: served before any weighted queue
+MILLI = 1000  # milli-GPUs per GPU
+NON_PREEMPTIBLE_PRIORITY = 100  # KAI: priority classes at or above this are never victims
+
+Policy = Literal["binpack", "spread"]
+PodStatus = Literal["Running", "Pending", "Releasing"]
+Vector = tuple[float, float, float]  # (gpu milli, cpu milli, memory bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceTerms:
+    """One queue's terms for one resource (KAI `spec.resources.<r>`)."""
+
+    quota: float = UNLIMITED
+    limit: float = UNLIMITED
+    over_quota_weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    name: str
+    parent: str | None
+    priority: int
+    terms: tuple[ResourceTerms, ResourceTerms, ResourceTerms]  # gpu, cpu, memory
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    name: str
+    gpus: int
+    cpu_milli: float
+    mem_bytes: float
+    gpu_model: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    nvlink_domains: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    name: str
+    gpu_milli: int  # a multiple of 1000 (whole GPUs) or below 1000 (a share of one GPU)
+    cpu_milli: float
+    mem_bytes: float
+    status: PodStatus = "Pending"
+    node: str | None = None
+    gpu_index: int | None = None  # the GPU a running fractional pod shares
+    task_priority: int = 0
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def request(self) -> Vector:
+        return (float(self.gpu_milli), self.cpu_milli, self.mem_bytes)
+
+    @property
+    def fractional(self) -> bool:
+        return 0 < self.gpu_milli < MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    name: str
+    queue: str
+    priority: int
+    preemptible: bool
+    min_member: int
+    created_at: float  # seconds since the epoch
+    pods: tuple[PodSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    gpu: Policy = "binpack"
+    cpu: Policy = "binpack"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[NodeSpec, ...]
+    queues: tuple[QueueSpec, ...]
+    jobs: tuple[JobSpec, ...]
+    placement: Placement = Placement()

@@ -1,0 +1,109 @@
+"""Scale benchmark: one full arbiter cycle on large synthetic snapshots (opt-in: `make bench`).
+
+1,000 nodes x 8 GPUs, 50 queues in two levels, 4,000 running and 10,000 pending pods in gangs of 1-16
+(target: under 1 s), then 4,000 nodes and 140,000 pods (KAI reports 2.35-2.5 s per cycle in Go): 24,000
+running (75% of the 32,000 GPUs) and 116,000 pending.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from agent.arbiter.core.cycle import ACTIONS
+from agent.arbiter.core.model import (
+    MILLI,
+    JobSpec,
+    NodeSpec,
+    PodSpec,
+    QueueSpec,
+    ResourceTerms,
+    Snapshot,
+)
+from agent.arbiter.core.session import Session
+
+GIB = 1024**3
+
+
+def synthetic(nodes: int, running: int, pending: int, seed: int = 1) -> Snapshot:
+    """Nodes of 8 GPUs; 5 departments x 10 teams; gangs of 1-16 one-GPU pods (some pods share a GPU)."""
+    rng = random.Random(seed)
+    node_specs = tuple(
+        NodeSpec(f"node-{i}", 8, 128_000, 1024 * GIB, "H100", {"pool": "a" if i % 2 else "b"},
+                 ((0, 1, 2, 3), (4, 5, 6, 7)))
+        for i in range(nodes)
+    )
+    gpus = nodes * 8
+    queues: list[QueueSpec] = []
+    for d in range(5):
+        queues.append(QueueSpec(f"dept-{d}", None, 100, _terms(gpus / 5, 1 + d % 2)))
+        for t in range(9):
+            queues.append(QueueSpec(f"team-{d}-{t}", f"dept-{d}", 100 + t % 3, _terms(gpus / 50, 1 + t % 2)))
+    leaves = [q.name for q in queues if q.parent is not None]
+    jobs: list[JobSpec] = []
+    used = [0] * nodes  # whole GPUs used per node, to place running gangs
+    cursor = 0
+    placed = 0
+    while placed < running:
+        size = min(rng.randint(1, 16), running - placed)
+        pods = []
+        for k in range(size):
+            while used[cursor] == 8:
+                cursor += 1
+            pods.append(PodSpec(f"r{len(jobs)}-{k}", MILLI, 4000, 32 * GIB, "Running", f"node-{cursor}"))
+            used[cursor] += 1
+        jobs.append(_job(rng, f"r{len(jobs)}", rng.choice(leaves), tuple(pods), size))
+        placed += size
+    queued = 0
+    while queued < pending:
+        size = min(rng.randint(1, 16), pending - queued)
+        share = rng.random() < 0.1
+        pods = tuple(PodSpec(f"p{len(jobs)}-{k}", 500 if share else MILLI, 4000, 32 * GIB) for k in range(size))
+        jobs.append(_job(rng, f"p{len(jobs)}", rng.choice(leaves), pods, max(1, size - rng.randint(0, 2))))
+        queued += size
+    return Snapshot(node_specs, tuple(queues), tuple(jobs))
+
+
+def _terms(gpu_quota: float, weight: float) -> tuple[ResourceTerms, ResourceTerms, ResourceTerms]:
+    return (ResourceTerms(gpu_quota * MILLI, -1, weight), ResourceTerms(), ResourceTerms())
+
+
+def _job(rng: random.Random, name: str, queue: str, pods: tuple[PodSpec, ...], min_member: int) -> JobSpec:
+    priority = rng.choice((50, 50, 50, 75, 125))
+    return JobSpec(name, queue, priority, priority < 100, min_member, 1.7e9 + rng.random() * 1e5, pods)
+
+
+def _cycle(snapshot: Snapshot) -> dict[str, float]:
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    session = Session(snapshot)
+    times["session (snapshot + fair share)"] = time.perf_counter() - start
+    for name in ("allocate", "consolidate", "reclaim", "preempt"):
+        t = time.perf_counter()
+        ACTIONS[name](session)
+        times[name] = time.perf_counter() - t
+    times["total"] = time.perf_counter() - start
+    bound = sum(1 for p in session.pods if p.state in ("bound", "pipelined"))
+    evicted = sum(1 for p in session.pods if p.state == "evicted")
+    times["pods placed"] = bound
+    times["pods evicted"] = evicted
+    return times
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("nodes", "running", "pending"),
+    [(1_000, 4_000, 10_000), (4_000, 24_000, 116_000)],
+    ids=["1k-nodes-14k-pods", "4k-nodes-140k-pods"],
+)
+def test_one_full_cycle(nodes: int, running: int, pending: int) -> None:
+    snapshot = synthetic(nodes, running, pending)
+    times = _cycle(snapshot)
+    print(f"\n{nodes} nodes x 8 GPUs, {running} running + {pending} pending pods, 50 queues:")
+    for name, value in times.items():
+        print(f"  {name:34s} {value:10.3f}" + ("" if name.startswith("pods") else " s"))
+    if nodes == 1_000:
+        assert times["total"] < 1.0

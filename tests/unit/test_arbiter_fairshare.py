@@ -1,0 +1,124 @@
+"""Fair share: KAI's proportion division, worked examples and invariants."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.arbiter.core.fairshare import Claim, divide, fair_shares
+from agent.arbiter.core.model import MILLI, QueueSpec, ResourceTerms
+from tests.unit.test_arbiter_support import cycle, doc, gang, node, queue
+
+G = MILLI
+
+
+def claim(quota: float, request: float, weight: float = 1, limit: float = -1, priority: int = 100,
+          order: int = 0) -> Claim:
+    return Claim(quota=quota, limit=limit, weight=weight, priority=priority, request=request, order=order)
+
+
+def test_reference_worked_example_rounds_whole_gpus_and_gives_the_leftover_to_the_largest_remainder() -> None:
+    # scheduling.md: 8 GPUs, q0 quota 4 w4 req 7, q1 quota 2 w2 req 3 -> 5 and 3
+    shares = divide(8 * G, [claim(4 * G, 7 * G, 4, order=0), claim(2 * G, 3 * G, 2, order=1)], G)
+    assert shares == [5 * G, 3 * G]
+
+
+def test_quota_is_capped_by_demand_and_the_rest_goes_over_quota_by_weight() -> None:
+    # q0 wants only 1 of its quota 4; 11 remain for q1 (w1) and q2 (w2): offers 3.67 and 7.33 round down
+    # to 3 and 7, and the leftover unit goes to the larger remainder (q1, 0.67)
+    shares = divide(12 * G, [claim(4 * G, 1 * G), claim(0, 20 * G, 1, order=1), claim(0, 20 * G, 2, order=2)], G)
+    assert shares == [1 * G, 4 * G, 7 * G]
+
+
+def test_a_satisfied_queue_returns_the_rest_for_another_round() -> None:
+    # 10 over quota, equal weights: q0 needs 2 (satisfied), q1 then takes the other 8
+    assert divide(10 * G, [claim(0, 2 * G), claim(0, 50 * G, order=1)], G) == [2 * G, 8 * G]
+
+
+def test_higher_priority_band_is_served_over_quota_first() -> None:
+    shares = divide(10 * G, [claim(0, 10 * G, priority=100), claim(0, 10 * G, priority=200, order=1)], G)
+    assert shares == [0, 10 * G]
+
+
+def test_weight_zero_gets_nothing_beyond_quota() -> None:
+    assert divide(10 * G, [claim(2 * G, 10 * G, weight=0), claim(0, 3 * G, order=1)], G) == [2 * G, 3 * G]
+
+
+def test_limit_caps_the_share_even_with_idle_capacity() -> None:
+    assert divide(10 * G, [claim(0, 10 * G, limit=4 * G)], G) == [4 * G]
+
+
+def test_unlimited_quota_means_the_whole_level() -> None:
+    assert divide(6 * G, [claim(-1, 9 * G, weight=0)], G) == [6 * G]
+
+
+def test_oversubscribed_quotas_never_exceed_the_level_and_favour_higher_priority() -> None:
+    shares = divide(4 * G, [claim(3 * G, 3 * G, priority=100), claim(3 * G, 3 * G, priority=150, order=1)], G)
+    assert shares == [1 * G, 3 * G]
+
+
+def test_ties_on_remainders_go_to_the_older_queue() -> None:
+    # 3 GPUs over quota, 2 equal queues: 1 each whole, the last unit to the older queue (order 0)
+    assert divide(3 * G, [claim(0, 9 * G, order=0), claim(0, 9 * G, order=1)], G) == [2 * G, 1 * G]
+
+
+def test_fractional_demand_is_given_exactly() -> None:
+    assert divide(2 * G, [claim(0, 500), claim(0, 250, order=1)], G) == [500, 250]
+
+
+def test_children_divide_their_parent_share_and_parent_limits_cap_the_subtree() -> None:
+    terms = (ResourceTerms(0, -1, 1), ResourceTerms(), ResourceTerms())
+    capped = (ResourceTerms(0, 4 * G, 1), ResourceTerms(), ResourceTerms())
+    queues = [
+        QueueSpec("a", None, 100, capped),
+        QueueSpec("a1", "a", 100, terms),
+        QueueSpec("a2", "a", 100, terms),
+        QueueSpec("b", None, 100, terms),
+    ]
+    demand = {"a1": (8.0 * G, 0.0, 0.0), "a2": (8.0 * G, 0.0, 0.0), "b": (20.0 * G, 0.0, 0.0)}
+    shares = fair_shares(queues, demand, (16.0 * G, 100.0, 100.0))
+    assert shares["a"][0] == 4 * G
+    assert shares["a1"][0] + shares["a2"][0] == 4 * G
+    assert shares["b"][0] == 12 * G
+
+
+def test_fair_share_in_a_cycle_counts_running_and_pending_demand() -> None:
+    result = cycle(
+        doc([node("n", gpus=8)], [queue("a", quota=2), queue("b", quota=2)],
+            [gang("ja", "a", 6, node=None), gang("jb", "b", 1)]),
+        "allocate",
+    )
+    assert result.fair_share["b"][0] == 1 * G  # demand-capped
+    assert result.fair_share["a"][0] == 6 * G  # quota 2 + over quota 4 (b needs no more)
+
+
+claims = st.lists(
+    st.builds(
+        Claim,
+        quota=st.one_of(st.just(-1.0), st.floats(0, 20)),
+        limit=st.one_of(st.just(-1.0), st.floats(0, 20)),
+        weight=st.one_of(st.just(-1.0), st.floats(0, 5)),
+        priority=st.sampled_from([50, 100, 150]),
+        request=st.floats(0, 30),
+        order=st.integers(0, 100),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(amount=st.floats(0, 50), claims=claims)
+def test_shares_never_exceed_the_amount_nor_what_a_queue_can_use(amount: float, claims: list[Claim]) -> None:
+    shares = divide(amount, claims, 1.0)
+    assert sum(shares) <= amount + 1e-6
+    for share, c in zip(shares, claims, strict=True):
+        assert -1e-9 <= share <= c.requestable + 1e-6
+
+
+@settings(max_examples=200, deadline=None)
+@given(amount=st.integers(0, 40), claims=claims)
+def test_no_gpu_is_left_idle_while_a_weighted_queue_still_wants_one(amount: int, claims: list[Claim]) -> None:
+    shares = divide(float(amount), claims, 1.0)
+    hungry = [c.requestable - s for s, c in zip(shares, claims, strict=True) if c.weight != 0]
+    if amount - sum(shares) >= 1 - 1e-6:
+        assert all(h <= 1e-6 for h in hungry)
