@@ -30,6 +30,11 @@ class NodeMetrics:
         self.published_devices = Gauge(
             "gpu_dra_published_devices", "Devices in this node's ResourceSlices.", registry=self.registry
         )
+        self.unhealthy_devices = Gauge(
+            "gpu_dra_unhealthy_devices",
+            "Devices withheld from slices after a critical NVML event.",
+            registry=self.registry,
+        )
         self.publish_errors = Counter(
             "gpu_dra_publish_errors_total", "Failed attempts to publish ResourceSlices.", registry=self.registry
         )

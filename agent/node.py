@@ -19,10 +19,12 @@ from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Inventory
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
+from agent.kube.errors import ApiError
 from agent.kube.nodes import node_uid
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
+from agent.nvml.health import HealthMonitor, parent_gpu_name, without_devices
 from agent.nvml.source import NvmlSource
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
@@ -41,6 +43,8 @@ class NodeConfig:
     partitionable: bool = False
     resync_interval_s: float = 30.0
     liveness_address: str | None = None
+    health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
+    extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
 
 
 class MeasuredPreparer:
@@ -90,6 +94,10 @@ class NodeAgent:
         self._discovery_lock = threading.Lock()
         self._inventory = self._discover()
         self.health = HealthSource()
+        self._health_lock = threading.Lock()  # orders event updates against re-recording after discovery
+        self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
+        self._health_changed = threading.Event()
+        self._monitor: HealthMonitor | None = None
         self._publisher = Publisher(
             self._api,
             config.node_name,
@@ -121,7 +129,7 @@ class NodeAgent:
         recovery = self._preparer.recover()
         log.info("claim checkpoint ready", extra={"recovery": str(recovery)})
         self._record_health(self._inventory)
-        self._on_published(self._publisher.publish(self._inventory))
+        self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
         measured = MeasuredPreparer(self._preparer, self.metrics, set(self._preparer.states.load().claims))
         self.plugin = KubeletPlugin(
             self.config.driver_name,
@@ -132,6 +140,12 @@ class NodeAgent:
         )
         self.plugin.start()
         self._spawn("slice-resync", self._resync_loop)
+        if self.config.health_events:
+            self._monitor = HealthMonitor(
+                lambda: self._inventory, self._on_health_change, extra_ignored_xids=self.config.extra_ignored_xids
+            )
+            self._monitor.start()
+            self._spawn("health-publish", self._health_publish_loop)
 
     def run(self) -> None:
         self.start()
@@ -146,6 +160,9 @@ class NodeAgent:
     def shutdown(self) -> None:
         """Stop serving and remove the sockets. Slices stay: a restarting agent keeps its pool visible."""
         self._stop.set()
+        self._health_changed.set()  # wakes the health-publish thread to see the stop
+        if self._monitor is not None:
+            self._monitor.stop()  # before the NVML session closes
         if self.plugin is not None:
             self.plugin.stop()
         for t in self._threads:
@@ -179,7 +196,7 @@ class NodeAgent:
     def _resync_loop(self) -> None:
         self._publisher.run(
             self._stop,
-            self._refresh,
+            lambda: self._schedulable(self._refresh()),
             self.config.resync_interval_s,
             on_result=self._on_published,
             on_error=lambda exc: self.metrics.publish_errors.inc(),
@@ -189,16 +206,64 @@ class NodeAgent:
         self.metrics.published_devices.set(result.devices)
 
     def _record_health(self, inventory: Inventory) -> None:
+        """Every device of the inventory, plus those known unhealthy even if discovery no longer lists them
+        (a lost GPU): the kubelet keeps reporting them to pods that hold them."""
         now = int(time.time())
         pool = self.config.node_name
-        known = {(d.pool, d.device): d for d in self.health.snapshot().devices}
-        self.health.replace(
-            known.get((pool, name)) or DeviceHealth(pool, name, Health.HEALTHY, now)
-            for content in pool_content(inventory, partitionable=self._publisher.partitionable)
-            for name in (d["name"] for d in content.devices)
-        )
+        with self._health_lock:
+            known = {(d.pool, d.device): d for d in self.health.snapshot().devices}
+            names = {
+                d["name"]
+                for content in pool_content(inventory, partitionable=self._publisher.partitionable)
+                for d in content.devices
+            } | self._unhealthy.keys()
+            self.health.replace(
+                DeviceHealth(pool, name, Health.UNHEALTHY, now)
+                if not self._healthy_by_events(name)
+                else known.get((pool, name)) or DeviceHealth(pool, name, Health.HEALTHY, now)
+                for name in sorted(names)
+            )
 
     def _is_healthy(self, device_name: str) -> bool:
-        return all(
+        return self._healthy_by_events(device_name) and all(
             d.health is not Health.UNHEALTHY for d in self.health.snapshot().devices if d.device == device_name
         )
+
+    def _healthy_by_events(self, device_name: str) -> bool:
+        """A MIG device is unhealthy with its GPU: this also covers partitionable MIG placements."""
+        return device_name not in self._unhealthy and parent_gpu_name(device_name) not in self._unhealthy
+
+    def _on_health_change(self, device_name: str, healthy: bool, reason: str) -> None:
+        """From the NVML monitor's thread: record it now, publish from our own thread (no API I/O here)."""
+        with self._health_lock:
+            if healthy:
+                self._unhealthy.pop(device_name, None)
+            else:
+                self._unhealthy[device_name] = reason
+            self.metrics.unhealthy_devices.set(len(self._unhealthy))
+            state = Health.HEALTHY if healthy else Health.UNHEALTHY
+            self.health.set(self.config.node_name, device_name, state, int(time.time()))
+        self._health_changed.set()
+
+    def _schedulable(self, inventory: Inventory) -> Inventory:
+        """What the slices offer: unhealthy devices are left out rather than tainted, because device taints
+        (DRADeviceTaints) are alpha and off by default in 1.34, where the server would silently drop the taint
+        and the scheduler would keep picking the device. Prepare refuses them in any case."""
+        with self._health_lock:
+            unhealthy = set(self._unhealthy)
+        return without_devices(inventory, unhealthy)
+
+    def _health_publish_loop(self) -> None:
+        while True:
+            self._health_changed.wait()
+            if self._stop.is_set():
+                return
+            self._health_changed.clear()
+            self._record_health(self._inventory)  # MIG placements of a newly unhealthy GPU follow it
+            try:
+                self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
+            except ApiError as exc:  # the resync loop republishes the same content later
+                log.warning("publishing slices after a health change failed: %s", exc)
+                self.metrics.publish_errors.inc()
+            except Exception:  # keep this thread alive: the next change or resync tries again
+                log.exception("publishing slices after a health change failed")

@@ -54,6 +54,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=_env("PARTITIONABLE_DEVICES", "") in ("1", "true"),
         help="publish possible MIG placements with sharedCounters (alpha in 1.34; falls back if dropped)",
     )
+    p.add_argument(
+        "--additional-xids-to-ignore",
+        default=_env("ADDITIONAL_XIDS_TO_IGNORE", ""),
+        help="comma-separated XIDs that do not make a GPU unhealthy, beyond the application XIDs",
+    )
+    p.add_argument(
+        "--health-events",
+        action=argparse.BooleanOptionalAction,
+        default=_env("HEALTH_EVENTS", "true") not in ("0", "false"),
+        help="watch NVML for critical XIDs and lost GPUs (env HEALTH_EVENTS)",
+    )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
 
 
@@ -62,10 +73,22 @@ def _split_addr(addr: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"--additional-xids-to-ignore must be comma-separated integers, not {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     if not args.node_name:
         print("gpu-dra-agent node: --node-name (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    try:
+        ignored_xids = _xids(args.additional_xids_to_ignore)
+    except ValueError as exc:
+        print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 2
     config = NodeConfig(
         node_name=args.node_name,
@@ -77,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         partitionable=args.partitionable_devices,
         resync_interval_s=args.resync_interval,
         liveness_address=args.healthcheck_addr or None,
+        health_events=args.health_events,
+        extra_ignored_xids=ignored_xids,
     )
     try:
         with open_nvml(args.nvml) as nvml:
@@ -85,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
                 from prometheus_client import start_http_server
 
                 host, port = _split_addr(args.metrics_addr)
-                start_http_server(port, host, registry=agent.metrics.registry)
+                metrics_server, _ = start_http_server(port, host, registry=agent.metrics.registry)
+                # The bound port, so `--metrics-addr 127.0.0.1:0` is usable (tests, several agents on one host).
+                log.info("metrics serving", extra={"address": f"{host}:{metrics_server.server_port}"})
 
             def on_signal(signum: int, frame: FrameType | None) -> None:
                 log.info("received %s, shutting down", signal.Signals(signum).name)
