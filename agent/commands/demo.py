@@ -1,0 +1,253 @@
+"""`gpu-dra-agent demo`: the driver end to end against the embedded fakes, in a temporary directory.
+
+API server fake, Nodes and DeviceClasses, the real node agent as a subprocess per fake machine, the kubelet
+fake, claims from daemonset/examples allocated by the fake scheduler and prepared through the kubelet, then
+unprepared, and the agents stopped with SIGTERM. Claims that cannot all fit at once run in rounds: what
+does not fit waits for the next round; what fits in no round is reported unsatisfiable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import agent
+import fakes.apiserver
+from agent.claims.types import ClaimRef, PrepareResult
+from agent.demo import report
+from agent.demo.kubectl import Json, Kubectl, KubectlError
+from agent.demo.node import DRIVER, DemoError, DemoNode
+from fakes.kubelet import KubeletError
+from fakes.scheduler import FakeScheduler, Unsatisfiable
+
+NAMESPACE = "default"
+DEFAULT_MACHINES = ("dgx-h100", "mixed-mig")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--machine",
+        action="append",
+        help=f"fake NVML machine to run a node on; repeat for more nodes (default: {', '.join(DEFAULT_MACHINES)})",
+    )
+    p.add_argument("--manifests", type=Path, default=None, help="daemonset/ directory with deviceclasses and examples")
+    p.add_argument("--workdir", type=Path, default=None, help="directory to work in (default: a fresh temporary one)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (agent logs, state) afterwards")
+    p.add_argument("--verbose", action="store_true", help="let the agents log to this terminal instead of files")
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    manifests: Path = args.manifests or Path(agent.__file__).resolve().parent.parent / "daemonset"
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-dra-demo-"))
+    ok = False
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        with ExitStack() as stack:
+            Demo(stack, manifests, workdir, tuple(args.machine or DEFAULT_MACHINES), args.verbose).run()
+        ok = True
+    except (DemoError, KubectlError, KubeletError, OSError) as exc:
+        print(f"\ndemo failed: {exc}", file=sys.stderr)
+    finally:
+        if ok and not args.keep and args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+            where = "work directory removed; --keep keeps it"
+        else:
+            where = f"work directory kept: {workdir}"
+        print(f"\n{'done' if ok else 'FAILED'} in {time.monotonic() - started:.1f}s ({where})")
+    return 0 if ok else 1
+
+
+def _say(*lines: str) -> None:
+    print(*lines, sep="\n", flush=True)
+
+
+class Demo:
+    def __init__(
+        self, stack: ExitStack, manifests: Path, workdir: Path, machines: Sequence[str], verbose: bool
+    ) -> None:
+        self.stack = stack
+        self.manifests = manifests
+        self.workdir = workdir
+        self.machines = machines
+        self.verbose = verbose
+        self.nodes: dict[str, DemoNode] = {}
+
+    def run(self) -> None:
+        server = fakes.apiserver.start()
+        self.stack.callback(server.stop)
+        kubeconfig = server.write_kubeconfig(self.workdir / "kubeconfig")
+        kubectl = Kubectl(server.url)
+        self.scheduler = FakeScheduler(server.api_client())
+        classes = self._apply_device_classes(kubectl)
+        _say(
+            f"gpu-dra-agent demo (work directory {self.workdir})",
+            "",
+            "== 1. Cluster",
+            f"  API server fake  {server.url}",
+            f"  DeviceClasses    {', '.join(classes)}  (from {self.manifests / 'deviceclasses.yaml'})",
+        )
+        for i, machine in enumerate(self.machines):
+            name = f"node-{i}-{machine}"
+            kubectl.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+            node = DemoNode(name, machine, self.workdir / name, kubeconfig, verbose=self.verbose)
+            self.stack.callback(node.close)  # kill the agent whatever happens below
+            self.nodes[name] = node
+            node.start()
+
+        _say("", "== 2. Node agents (gpu-dra-agent node, one subprocess per node)")
+        for node in self.nodes.values():
+            t0 = time.monotonic()
+            plugin = node.wait_registered()
+            node.wait_for(lambda: self._slices(kubectl, node.name) or None, f"slices of {node.name}", 30.0)  # noqa: B023
+            logs = "this terminal" if self.verbose else str(node.log_path)
+            _say(
+                f"  {node.name}: fake:{node.machine}, pid {node.process.pid if node.process else '-'},"
+                f" registered as {plugin.driver} ({plugin.api}) in {time.monotonic() - t0:.1f}s; logs: {logs}"
+            )
+
+        _say("", "== 3. Devices published as ResourceSlices")
+        for node in self.nodes.values():
+            slices = self._slices(kubectl, node.name)
+            pool = slices[0]["spec"]["pool"]
+            devices = report.device_rows(slices)
+            _say(f"  {node.name}: {len(devices)} devices in {len(slices)} slice(s), pool {pool['name']}"
+                 f" generation {pool['generation']}")
+            _say(*report.table(["DEVICE", "TYPE", "PRODUCT / PROFILE", "MEMORY", "NVLINK DOMAIN"], devices,
+                               indent="    "))
+
+        claims = self._create_claims(kubectl)
+        names = ", ".join(c["metadata"]["name"] for c in claims)
+        _say("", f"== 4. Claims from {self.manifests / 'examples'}: {names}")
+        self._rounds(claims)
+
+        _say("", "== 6. Stopping the agents with SIGTERM")
+        for node in self.nodes.values():
+            code = node.terminate()
+            left = [str(s) for s in node.sockets if s.exists()]
+            if code != 0 or left:
+                raise DemoError(f"agent on {node.name} exited with {code}; sockets left: {left or 'none'}")
+            _say(f"  {node.name}: exited 0; sockets removed: {', '.join(s.name for s in node.sockets)}")
+
+    # --- steps -------------------------------------------------------------------------------------------
+
+    def _apply_device_classes(self, kubectl: Kubectl) -> list[str]:
+        path = self.manifests / "deviceclasses.yaml"
+        if not path.exists():
+            raise DemoError(f"no {path}: pass --manifests with the daemonset/ directory")
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "DeviceClass"]
+        return [kubectl.create(d)["metadata"]["name"] for d in docs]
+
+    def _create_claims(self, kubectl: Kubectl) -> list[Json]:
+        """One ResourceClaim per ResourceClaimTemplate, as the claim controller makes one for a pod."""
+        templates = [
+            d
+            for f in sorted((self.manifests / "examples").glob("*.yaml"))
+            for d in yaml.safe_load_all(f.read_text())
+            if d and d.get("kind") == "ResourceClaimTemplate"
+        ]
+        if not templates:
+            raise DemoError(f"no ResourceClaimTemplates in {self.manifests / 'examples'}")
+        templates.sort(key=_devices_wanted)  # small claims first, so they share the nodes in one round
+        return [
+            kubectl.create(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": t["metadata"]["name"], "namespace": NAMESPACE},
+                    "spec": t["spec"]["spec"],
+                }
+            )
+            for t in templates
+        ]
+
+    def _rounds(self, claims: list[Json]) -> None:
+        pending, round_number, shown_cdi = claims, 0, False
+        while pending:
+            round_number += 1
+            placed: list[Json] = []
+            waiting: list[tuple[Json, str]] = []
+            for claim in pending:
+                try:
+                    placed.append(self.scheduler.allocate(NAMESPACE, claim["metadata"]["name"]))
+                except Unsatisfiable as e:
+                    if not e.in_use:
+                        _say("", f"  {claim['metadata']['name']}: unsatisfiable: {e}")
+                    else:
+                        waiting.append((claim, str(e)))
+            if not placed:
+                if waiting:  # devices in use, yet nothing holds any: only a scheduler bug gets here
+                    raise DemoError(f"claims wait for devices nobody holds: {waiting}")
+                return
+            _say("", f"  round {round_number}: allocated by the fake scheduler, prepared through the kubelet fake")
+            results = self._prepare(placed)
+            for claim in placed:
+                _say(*report.prepared_claim(claim, results[claim["metadata"]["uid"]]))
+            for claim, why in waiting:
+                _say(f"  {claim['metadata']['name']}: waits for the next round: {why}")
+            failed = [c["metadata"]["name"] for c in placed if results[c["metadata"]["uid"]].error]
+            if failed:
+                raise DemoError(f"prepare failed for {', '.join(failed)}")
+            if not shown_cdi:
+                self._show_cdi(placed[0])
+                shown_cdi = True
+            self._release(placed)
+            pending = [c for c, _ in waiting]
+
+    def _prepare(self, claims: list[Json]) -> dict[str, PrepareResult]:
+        """One NodePrepareResources per claim, as for one pod each, on the claim's node."""
+        results: dict[str, PrepareResult] = {}
+        for claim in claims:
+            node = self.nodes[report.node_of(claim)]
+            results.update(node.kubelet.prepare(DRIVER, [_ref(claim)]))
+        return results
+
+    def _show_cdi(self, claim: Json) -> None:
+        node = self.nodes[report.node_of(claim)]
+        path = node.cdi_root / f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.yaml"
+        _say("", f"== 5. CDI spec of claim {claim['metadata']['name']}: {path}")
+        spec = yaml.safe_load(path.read_text())
+        _say(*("    " + line for line in yaml.safe_dump(spec, sort_keys=False, width=110).splitlines()))
+
+    def _release(self, claims: list[Json]) -> None:
+        """Unprepare (the pods are gone), deallocate (the claims are done), and show the CDI specs went too."""
+        for claim in claims:
+            node = self.nodes[report.node_of(claim)]
+            errors = node.kubelet.unprepare(DRIVER, [_ref(claim)])
+            if any(errors.values()):
+                raise DemoError(f"unprepare of {claim['metadata']['name']} failed: {errors}")
+            self.scheduler.deallocate(NAMESPACE, claim["metadata"]["name"])
+        left = {n.name: sorted(p.name for p in n.cdi_root.iterdir()) for n in self.nodes.values()}
+        names = ", ".join(c["metadata"]["name"] for c in claims)
+        _say("", f"  unprepared and deallocated {names}")
+        for name, files in left.items():
+            _say(f"    CDI dir of {name}: {', '.join(files) if files else 'empty'}")
+        if any(left.values()):
+            raise DemoError(f"CDI specs left after unprepare: {left}")
+
+    def _slices(self, kubectl: Kubectl, node: str) -> list[Json]:
+        return kubectl.list("ResourceSlice", field_selector=f"spec.nodeName={node}")
+
+
+def _ref(claim: Json) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+
+def _devices_wanted(template: Json) -> int:
+    requests: list[dict[str, Any]] = template["spec"]["spec"]["devices"].get("requests", [])
+    total = 0
+    for r in requests:
+        exactly = r.get("exactly") or (r.get("firstAvailable") or [{}])[0]
+        total += 1_000 if exactly.get("allocationMode") == "All" else int(exactly.get("count", 1))
+    return total
+

@@ -1,0 +1,119 @@
+"""One demo node: the real `gpu-dra-agent node` as a subprocess on a fake NVML machine, and its fake kubelet."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TypeVar
+
+from fakes.kubelet import FakeKubelet, Plugin
+
+DRIVER = "gpu.nvidia.com"
+T = TypeVar("T")
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on; the message says what a person should look at."""
+
+
+class DemoNode:
+    """Directories under `root`: kubelet/, cdi/, state/ and agent.log (unless the agent logs to our stderr)."""
+
+    def __init__(self, name: str, machine: str, root: Path, kubeconfig: Path, *, verbose: bool = False) -> None:
+        self.name = name
+        self.machine = machine
+        self.root = root
+        self.kubelet_root = root / "kubelet"
+        self.cdi_root = root / "cdi"
+        self.state_dir = root / "state"
+        self.log_path = root / "agent.log"
+        self.kubeconfig = kubeconfig
+        self.verbose = verbose
+        self.process: subprocess.Popen[bytes] | None = None
+        self.kubelet = FakeKubelet(self.kubelet_root, timeout=20.0)
+        self._log: IO[bytes] | None = None
+
+    @property
+    def sockets(self) -> tuple[Path, Path]:
+        """The registration socket and the DRA service socket the agent serves (DESIGN section 2)."""
+        return (
+            self.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock",
+            self.kubelet_root / "plugins" / DRIVER / "dra.sock",
+        )
+
+    def start(self) -> None:
+        longest = max(self.sockets, key=lambda p: len(bytes(p)))
+        if len(bytes(longest)) > MAX_SOCKET_PATH:
+            too_long = f"{longest} is too long for a unix socket ({MAX_SOCKET_PATH} bytes)"
+            raise DemoError(f"{too_long}; use a shorter --workdir")
+        for d in (self.kubelet_root, self.cdi_root, self.state_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "agent.cli", "node",
+            "--node-name", self.name,
+            "--nvml", f"fake:{self.machine}",
+            "--kubeconfig", str(self.kubeconfig),
+            "--kubelet-root", str(self.kubelet_root),
+            "--cdi-root", str(self.cdi_root),
+            "--state-dir", str(self.state_dir),
+            "--metrics-addr", "",
+            "--log-format", "text",
+        ]  # fmt: skip
+        self._log = None if self.verbose else self.log_path.open("ab")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT if self._log else None)
+
+    def wait_registered(self, timeout: float = 30.0) -> Plugin:
+        """Scan the plugin registry as the kubelet does until the agent has registered."""
+
+        def registered() -> Plugin | None:
+            self.kubelet.scan()
+            try:
+                return self.kubelet.plugin(DRIVER)
+            except Exception:
+                return None
+
+        return self.wait_for(registered, f"the agent on {self.name} to register with the kubelet", timeout)
+
+    def wait_for(self, check: Callable[[], T | None], what: str, timeout: float) -> T:
+        """Poll `check` until it gives a value; fail early, with the log's tail, if the agent died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value is not None:
+                return value
+            if self.process is not None and self.process.poll() is not None:
+                raise DemoError(f"the agent on {self.name} exited with {self.process.returncode}{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}{self._log_tail()}")
+            time.sleep(0.05)
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        """SIGTERM, as the kubelet's pod shutdown sends; the agent's exit code."""
+        if self.process is None:
+            return 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise DemoError(f"the agent on {self.name} ignored SIGTERM for {timeout:.0f}s") from None
+
+    def close(self) -> None:
+        """Leave nothing behind, whatever happened: kill the agent if it still runs."""
+        self.kubelet.close()
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _log_tail(self, lines: int = 15) -> str:
+        if self.verbose or not self.log_path.exists():
+            return ""
+        tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"\nlast lines of {self.log_path}:\n" + "\n".join(f"  {line}" for line in tail)

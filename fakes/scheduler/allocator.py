@@ -1,0 +1,329 @@
+"""kube-scheduler's structured DRA allocation, small: pick devices for one ResourceClaim, build status.allocation.
+
+Semantics follow k8s.io/dynamic-resource-allocation/structured: only the newest generation of each pool
+counts; a device is selectable when every DeviceClass selector and then every request selector holds;
+devices in other claims' allocations are taken (admin-access results excepted); all devices of a claim sit
+on one node; `matchAttribute` constraints need one typed value across the devices of the named requests, so
+the search backtracks. Requests are `exactly` or `firstAvailable` (first alternative that fits wins).
+Pure: claims, slices and classes come in as API JSON dicts; the allocation goes out as one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fakes.scheduler.cel import DeviceSelector, Json, SelectorError, device_variable
+
+# The allocator gives up after this many placement attempts rather than search forever (kube-scheduler
+# bounds the same search with a time limit).
+MAX_STEPS = 200_000
+
+
+class Unsatisfiable(Exception):
+    """No devices satisfy the claim; the message says which request or constraint could not be met.
+
+    `in_use`: the claim would fit if other claims released their devices, so it is worth retrying later.
+    """
+
+    def __init__(self, message: str, *, in_use: bool = False) -> None:
+        super().__init__(message)
+        self.in_use = in_use
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A published device and where it lives."""
+
+    driver: str
+    pool: str
+    device: Mapping[str, Any]
+    location: str  # JSON of the node selector, "" for devices usable on all nodes
+
+    @property
+    def name(self) -> str:
+        return str(self.device["name"])
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+    def attribute(self, qualified: str) -> Any:
+        """A fully-qualified attribute's typed value ({"string": ...}), None when absent."""
+        domain, _, name = qualified.rpartition("/")
+        attributes = self.device.get("attributes") or {}
+        value = attributes.get(qualified)
+        if value is None and domain == self.driver:
+            value = attributes.get(name)  # unprefixed names are in the driver's domain
+        return None if value is None else json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One way to satisfy a request: the `exactly` of a request, or one of its `firstAvailable` entries."""
+
+    result_name: str  # "req" or "req/sub", as written in results
+    class_name: str
+    selectors: tuple[DeviceSelector, ...]  # class selectors first, then the request's
+    count: int | None  # None: allocationMode All
+    admin_access: bool
+
+
+@dataclass
+class _Search:
+    requests: list[tuple[str, list[tuple[Alternative, list[Candidate]]]]]
+    constraints: list[tuple[frozenset[str], str]]
+    chosen: list[tuple[Alternative, Candidate]] = field(default_factory=list)
+    steps: int = 0
+
+
+def allocate(
+    claim: Mapping[str, Any],
+    slices: Iterable[Mapping[str, Any]],
+    classes: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]] = (),
+    *,
+    node: str | None = None,
+) -> Json:
+    """The `status.allocation` for `claim`, or Unsatisfiable. `claims` are all claims (to skip taken devices);
+    `node` limits the search to one node, as when kube-scheduler filters a node for a pod."""
+    spec = claim.get("spec", {}).get("devices", {})
+    slices, classes = list(slices), list(classes)
+    by_class = {c["metadata"]["name"]: c for c in classes}
+    uid = claim.get("metadata", {}).get("uid")
+    taken = _taken(c for c in claims if c.get("metadata", {}).get("uid") != uid)
+    devices = [c for c in _current_devices(slices) if node is None or c.location in ("", _node_location(node))]
+    requests = [(r["name"], _alternatives(r, by_class)) for r in spec.get("requests", [])]
+    if not requests:
+        raise Unsatisfiable("the claim has no device requests")
+    constraints = [(frozenset(c.get("requests") or ()), c["matchAttribute"]) for c in spec.get("constraints", [])]
+    if any("distinctAttribute" in c for c in spec.get("constraints", [])):
+        raise Unsatisfiable("distinctAttribute constraints are not supported by this allocator")
+
+    failures: list[str] = []
+    for location in sorted({d.location for d in devices if d.location}) or [""]:
+        here = [d for d in devices if d.location in ("", location)]
+        search = _Search(
+            [(name, [(a, _selectable(a, here, taken)) for a in alts]) for name, alts in requests], constraints
+        )
+        if _place(search, 0):
+            return _allocation(claim, search.chosen, by_class, location)
+        failures.append(_explain(search, location))
+    in_use = bool(taken) and _fits_when_free(claim, slices, classes, node)
+    reason = "; ".join(failures) if failures else "no devices are published"
+    raise Unsatisfiable(reason + (" (devices are in use by other claims)" if in_use else ""), in_use=in_use)
+
+
+def _fits_when_free(
+    claim: Mapping[str, Any],
+    slices: Sequence[Mapping[str, Any]],
+    classes: Iterable[Mapping[str, Any]],
+    node: str | None,
+) -> bool:
+    try:
+        allocate(claim, slices, classes, (), node=node)
+    except Unsatisfiable:
+        return False
+    return True
+
+
+def _alternatives(request: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[Alternative]:
+    name = request["name"]
+    if "exactly" in request:
+        entries = [(name, request["exactly"])]
+    elif "firstAvailable" in request:
+        entries = [(f"{name}/{sub['name']}", sub) for sub in request["firstAvailable"]]
+    else:
+        raise Unsatisfiable(f"request {name!r} has neither exactly nor firstAvailable")
+    alternatives = []
+    for result_name, e in entries:
+        device_class = classes.get(e.get("deviceClassName", ""))
+        if device_class is None:
+            raise Unsatisfiable(f"request {result_name!r}: DeviceClass {e.get('deviceClassName')!r} does not exist")
+        expressions = [
+            s["cel"]["expression"]
+            for s in [*device_class.get("spec", {}).get("selectors", []), *e.get("selectors", [])]
+        ]
+        mode = e.get("allocationMode", "ExactCount")
+        if mode not in ("ExactCount", "All"):
+            raise Unsatisfiable(f"request {result_name!r}: unknown allocationMode {mode!r}")
+        alternatives.append(
+            Alternative(
+                result_name,
+                device_class["metadata"]["name"],
+                tuple(DeviceSelector(x) for x in expressions),
+                int(e.get("count", 1)) if mode == "ExactCount" else None,
+                bool(e.get("adminAccess", False)),
+            )
+        )
+    return alternatives
+
+
+def _node_location(node: str) -> str:
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return json.dumps({"nodeSelectorTerms": [term]}, sort_keys=True)
+
+
+def _current_devices(slices: Iterable[Mapping[str, Any]]) -> list[Candidate]:
+    """Devices of the newest generation of every pool, in slice order."""
+    slices = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        newest[key] = max(newest.get(key, 0), int(s["spec"]["pool"]["generation"]))
+    out: list[Candidate] = []
+    for s in slices:
+        spec = s["spec"]
+        if int(spec["pool"]["generation"]) != newest[(spec["driver"], spec["pool"]["name"])]:
+            continue
+        if spec.get("nodeName"):
+            location = _node_location(spec["nodeName"])
+        elif spec.get("nodeSelector"):
+            location = json.dumps(spec["nodeSelector"], sort_keys=True)
+        else:
+            location = ""  # allNodes
+        out.extend(Candidate(spec["driver"], spec["pool"]["name"], d, location) for d in spec.get("devices", []))
+    return out
+
+
+def _taken(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (r["driver"], r["pool"], r["device"])
+        for c in claims
+        for r in (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        if not r.get("adminAccess")
+    }
+
+
+def _selectable(alt: Alternative, devices: Sequence[Candidate], taken: set[tuple[str, str, str]]) -> list[Candidate]:
+    """The devices this alternative may take: matching and free; for All, every match or none if one is taken."""
+    matching = []
+    for d in devices:
+        variable = device_variable(d.driver, d.device)
+        try:
+            if all(s.matches(variable) for s in alt.selectors):
+                matching.append(d)
+        except SelectorError as e:
+            raise Unsatisfiable(f"request {alt.result_name!r}, device {d.name}: {e}") from None
+    if alt.admin_access:
+        return matching  # admin access may use devices that are in use
+    if alt.count is None and any(d.key in taken for d in matching):
+        return []
+    return [d for d in matching if d.key not in taken]
+
+
+def _place(search: _Search, index: int) -> bool:
+    """Depth-first over requests (and their alternatives); True once every request has its devices."""
+    if index == len(search.requests):
+        return True
+    _, alternatives = search.requests[index]
+    for alt, candidates in alternatives:
+        if alt.count is None:
+            # All: every matching device, and at least one, or this alternative cannot be used.
+            mark = len(search.chosen)
+            if candidates and _try(search, alt, candidates):
+                if _place(search, index + 1):
+                    return True
+                del search.chosen[mark:]
+            continue
+        if _choose(search, index, alt, candidates, 0, alt.count):
+            return True
+    return False
+
+
+def _choose(search: _Search, index: int, alt: Alternative, candidates: list[Candidate], start: int, left: int) -> bool:
+    """Pick `left` more devices from candidates[start:] (combinations, not permutations), then go on."""
+    if left == 0:
+        return _place(search, index + 1)
+    for i in range(start, len(candidates) - left + 1):
+        search.steps += 1
+        if search.steps > MAX_STEPS:
+            raise Unsatisfiable(f"gave up after {MAX_STEPS} placement attempts")
+        if _try(search, alt, [candidates[i]]):
+            if _choose(search, index, alt, candidates, i + 1, left - 1):
+                return True
+            search.chosen.pop()
+    return False
+
+
+def _try(search: _Search, alt: Alternative, devices: Sequence[Candidate]) -> bool:
+    """Add devices when free in this claim and consistent with every constraint; leave chosen as it was if not."""
+    in_claim = {c.key for _, c in search.chosen}
+    if any(d.key in in_claim for d in devices) or len({d.key for d in devices}) < len(devices):
+        return False
+    trial = [*search.chosen, *((alt, d) for d in devices)]
+    for requests, attribute in search.constraints:
+        values = {d.attribute(attribute) for a, d in trial if _applies(requests, a.result_name)}
+        if None in values or len(values) > 1:
+            return False
+    search.chosen[:] = trial
+    return True
+
+
+def _applies(requests: frozenset[str], result_name: str) -> bool:
+    return not requests or result_name in requests or result_name.split("/", 1)[0] in requests
+
+
+def _explain(search: _Search, location: str) -> str:
+    where = f" on {_describe(location)}" if location else ""
+    for name, alternatives in search.requests:
+        for alt, candidates in alternatives:
+            if (alt.count is None and candidates) or (alt.count is not None and len(candidates) >= alt.count):
+                break
+        else:
+            wanted = ", ".join(
+                f"{'all' if a.count is None else a.count} of class {a.class_name} ({len(c)} match and are free)"
+                for a, c in alternatives
+            )
+            if all(not c for _, c in alternatives):
+                return f"request {name!r}: no matching device{where} (wanted {wanted})"
+            return f"request {name!r}: not enough matching devices{where} (wanted {wanted})"
+    attributes = ", ".join(a for _, a in search.constraints)
+    return f"no combination of free devices{where} satisfies the constraints ({attributes})"
+
+
+def _describe(location: str) -> str:
+    values = [
+        v
+        for term in json.loads(location).get("nodeSelectorTerms", [])
+        for f in term.get("matchFields", [])
+        for v in f.get("values", [])
+    ]
+    return f"node {values[0]}" if len(values) == 1 else location
+
+
+def _allocation(
+    claim: Mapping[str, Any],
+    chosen: Sequence[tuple[Alternative, Candidate]],
+    classes: Mapping[str, Mapping[str, Any]],
+    location: str,
+) -> Json:
+    results = []
+    for alt, d in chosen:
+        result: Json = {"request": alt.result_name, "driver": d.driver, "pool": d.pool, "device": d.name}
+        if alt.admin_access:
+            result["adminAccess"] = True
+        results.append(result)
+    devices: Json = {"results": results}
+    config = list(_configs(claim, chosen, classes))
+    if config:
+        devices["config"] = config
+    allocation: Json = {"devices": devices}
+    if location:
+        allocation["nodeSelector"] = json.loads(location)
+    return allocation
+
+
+def _configs(
+    claim: Mapping[str, Any], chosen: Sequence[tuple[Alternative, Candidate]], classes: Mapping[str, Mapping[str, Any]]
+) -> Iterator[Json]:
+    """Class configs for the requests that used each class, then the claim's own, as kube-scheduler merges them."""
+    used: dict[str, Alternative] = {a.result_name: a for a, _ in chosen}
+    for result_name, alt in used.items():
+        for entry in classes[alt.class_name].get("spec", {}).get("config", []):
+            yield {"source": "FromClass", "requests": [result_name], **entry}
+    for entry in claim.get("spec", {}).get("devices", {}).get("config", []):
+        yield {"source": "FromClaim", **entry}
+

@@ -1,0 +1,91 @@
+"""`gpu-dra-agent demo` end to end: real agent subprocesses, API server fake, kubelet fake, fake scheduler."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "daemonset" / "examples"
+CLAIM_LINE = re.compile(r"^  (\S+)  \(node (\S+), uid (\S+)\)$", re.MULTILINE)
+
+
+def example_claims() -> set[str]:
+    return {
+        d["metadata"]["name"]
+        for f in EXAMPLES.glob("*.yaml")
+        for d in yaml.safe_load_all(f.read_text())
+        if d and d["kind"] == "ResourceClaimTemplate"
+    }
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A work directory short enough for unix socket paths (pytest's tmp_path can be too deep)."""
+    path = Path(tempfile.mkdtemp(prefix="demo-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def assert_gone(pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["demo"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+
+    claims = {m[0]: (m[1], m[2]) for m in CLAIM_LINE.findall(out)}
+    assert set(claims) == example_claims()  # the MIG one too: it lands on the mixed-mig node
+    for name, (_node, uid) in claims.items():
+        assert re.search(rf"k8s\.gpu\.nvidia\.com/claim={uid}-gpu-\d", out), f"no CDI id for {name}"
+    eight = claims["eight-nvlinked-gpus"][1]
+    assert len(re.findall(rf"claim={eight}-gpu-\d\b", out)) == 8
+    assert claims["mig-1g10gb"][0].endswith("mixed-mig")
+
+    assert "kind: k8s.gpu.nvidia.com/claim" in out  # one claim's CDI spec, printed
+    assert re.search(r"DEVICE\s+TYPE\s+PRODUCT / PROFILE\s+MEMORY\s+NVLINK DOMAIN", out)
+    assert out.count("NVIDIA H100 80GB HBM3") >= 8
+    cdi_dirs = re.findall(r"CDI dir of \S+: (.*)", out)
+    assert cdi_dirs
+    assert set(cdi_dirs) == {"empty"}
+    assert out.count("exited 0; sockets removed") == 2
+    for pid in re.findall(r"pid (\d+)", out):
+        assert_gone(int(pid))
+
+
+def test_demo_on_dgx_h100_alone_calls_the_mig_claim_unsatisfiable(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["demo", "--machine", "dgx-h100"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert re.search(r"mig-1g10gb: unsatisfiable: .*no matching device", out)
+    claims = {m[0] for m in CLAIM_LINE.findall(out)}
+    assert claims == example_claims() - {"mig-1g10gb"}
+
+
+def test_demo_fails_cleanly_when_the_agent_cannot_start(capsys: pytest.CaptureFixture[str], short_dir: Path) -> None:
+    # Tried: a machine the NVML fake does not know; the agent exits at once.
+    code = main(["demo", "--machine", "no-such-machine", "--workdir", str(short_dir)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "demo failed: the agent on node-0-no-such-machine exited" in captured.err
+    assert "no-such-machine" in (short_dir / "node-0-no-such-machine" / "agent.log").read_text()
+    assert f"work directory kept: {short_dir}" in captured.out
+
+
+def test_demo_refuses_a_workdir_too_deep_for_unix_sockets(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Tried: a work directory whose socket paths would pass the 107-byte unix socket limit.
+    deep = tmp_path / ("d" * 80)
+    code = main(["demo", "--machine", "dgx-h100", "--workdir", str(deep)])
+    assert code == 1
+    assert "too long for a unix socket" in capsys.readouterr().err
