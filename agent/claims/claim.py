@@ -1,0 +1,70 @@
+"""Reading a ResourceClaim (API JSON) for prepare: is it the claim the kubelet meant, is it allocated, and
+which of its results belong to this driver on this node. Pure: no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.claims.config import ConfigEntry, ConfigError, parse_allocation_configs
+from agent.claims.types import ClaimRef
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared; the message is what the kubelet shows the user."""
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One allocation result of this driver and pool."""
+
+    request: str  # may be `request/subrequest`
+    device: str
+    admin_access: bool = False
+    share_id: str = ""
+
+    @property
+    def base_request(self) -> str:
+        # The kubelet matches containers by base request name, so prepare reports those.
+        return self.request.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class NodeAllocation:
+    results: tuple[AllocatedDevice, ...]
+    configs: tuple[ConfigEntry, ...]
+
+
+def node_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str) -> NodeAllocation:
+    """The part of `claim`'s allocation this node's driver prepares, or a ClaimError saying why none."""
+    what = f"ResourceClaim {ref.namespace}/{ref.name}"
+    uid = (claim.get("metadata") or {}).get("uid")
+    if uid != ref.uid:
+        raise ClaimError(f"{what} has UID {uid}, not {ref.uid}: the claim was deleted and recreated")
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"{what} is not allocated")
+    devices = allocation.get("devices") or {}
+    raw_results: Sequence[Mapping[str, Any]] = devices.get("results") or ()
+    results = tuple(
+        AllocatedDevice(
+            request=r["request"],
+            device=r["device"],
+            admin_access=bool(r.get("adminAccess") or False),
+            share_id=str(r.get("shareID") or ""),
+        )
+        for r in raw_results
+        if r.get("driver") == driver and r.get("pool") == pool
+    )
+    if not results:
+        elsewhere = ", ".join(f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}" for r in raw_results)
+        raise ClaimError(
+            f"{what} has no device of driver {driver} in pool {pool}"
+            + (f" (it was allocated {elsewhere})" if elsewhere else "")
+        )
+    try:
+        configs = parse_allocation_configs(devices.get("config") or (), driver)
+    except ConfigError as exc:
+        raise ClaimError(f"{what}: bad device config: {exc}") from None
+    return NodeAllocation(results, tuple(configs))

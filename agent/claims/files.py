@@ -1,0 +1,58 @@
+"""Crash-safe file replacement: after a crash at any point a reader sees the old content or the new, never
+a mix, and a rename that returned survives a power loss."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
+
+
+def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Write `data` to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory
+    (unless `sync_dir` is False: for files whose rename need not survive a power loss).
+
+    The temp name ends in `.tmp`, so a CDI runtime (which loads only *.yaml / *.json) never reads a half
+    file; on failure the temp file is removed, and one left by a crash is found by `leftover_temps`.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def remove(path: Path) -> bool:
+    """Remove `path`; False when it was not there. Not made durable: after a power loss the reboot voids
+    every claim, and startup recovery removes whatever files came back."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def leftover_temps(directory: Path, name_prefix: str) -> list[Path]:
+    """Temp files `write_atomic` left behind for files whose names start with `name_prefix`."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.startswith(name_prefix) and p.name.endswith(TEMP_SUFFIX))

@@ -1,0 +1,51 @@
+"""The node-wide prepare/unprepare lock: an flock on `<state-dir>/pu.lock`, so two agent instances (a
+rolling update runs both) never interleave their checkpoint updates."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = "pu.lock"
+
+
+class LockTimeout(TimeoutError):
+    """Another prepare or unprepare held the lock for longer than the timeout."""
+
+
+class NodeLock:
+    def __init__(self, path: Path, timeout: float = 10.0, poll: float = 0.002) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.poll = poll
+        self._local = threading.Lock()  # threads of this process queue here instead of polling the flock
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        deadline = time.monotonic() + self.timeout
+        if not self._local.acquire(timeout=self.timeout):
+            raise LockTimeout(f"{self.path}: held by another thread for {self.timeout:g}s")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            raise LockTimeout(f"{self.path}: held by another process for {self.timeout:g}s") from None
+                        time.sleep(self.poll)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        finally:
+            self._local.release()

@@ -1,0 +1,89 @@
+"""ClaimPreparer: the agent.claims.types.Preparer the kubelet plugin calls.
+
+It serialises batches with the node lock. Each claim's failure stays in that claim's result (a bad claim,
+an API error, an unexpected exception); only a failure of the node's own claim state (lock timeout, corrupt
+checkpoint, unwritable state dir) fails the whole batch, since no claim could be recorded then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from agent.claims.cdi import CdiStore, MigCaps
+from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, read_boot_id
+from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
+from agent.claims.source import ClaimSource
+from agent.claims.state import ClaimStates, Recovery, prepared_devices
+from agent.claims.types import ClaimRef, PrepareResult
+from agent.devices.model import Inventory
+
+log = logging.getLogger(__name__)
+
+
+class ClaimPreparer:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        driver_name: str,
+        state_dir: Path,
+        cdi_root: Path,
+        source: ClaimSource,
+        inventory: Callable[[], Inventory],
+        is_healthy: Callable[[str], bool] = lambda device_name: True,
+        boot_id: Callable[[], str] = read_boot_id,
+        mig_caps: MigCaps | None = None,
+        lock_timeout: float = 10.0,
+    ) -> None:
+        state_dir = Path(state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
+        self.states = ClaimStates(
+            node_name=node_name,
+            driver_name=driver_name,
+            checkpoints=CheckpointStore(state_dir, boot_id),
+            specs=CdiStore(cdi_root),
+            source=source,
+            inventory=inventory,
+            is_healthy=is_healthy,
+            mig_caps=mig_caps,
+        )
+
+    def recover(self) -> Recovery:
+        """Run once at startup, before serving the kubelet. Raises CheckpointCorrupt / LockTimeout."""
+        with self.lock.hold():
+            recovery = self.states.recover()
+        if recovery != Recovery():
+            log.info("claim state repaired: %s", recovery)
+        return recovery
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        if not claims:
+            return {}
+        try:
+            with self.lock.hold():
+                return self.states.prepare(self.states.load(), claims)
+        except Exception as exc:
+            # The node's claim state is unusable (lock, checkpoint or state dir): every claim fails alike.
+            if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
+                log.exception("prepare batch failed")
+            return {ref.uid: PrepareResult(error=f"cannot prepare: {exc}") for ref in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        if not claims:
+            return {}
+        try:
+            with self.lock.hold():
+                self.states.unprepare(self.states.load(), [ref.uid for ref in claims])
+        except Exception as exc:
+            if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
+                log.exception("unprepare batch failed")
+            return {ref.uid: f"cannot unprepare: {exc}" for ref in claims}
+        return {ref.uid: "" for ref in claims}
+
+    def prepared(self) -> Sequence[CheckpointedDevice]:
+        """Devices of every claim prepared on this node (the local allocator counts them as used)."""
+        with self.lock.hold():
+            return prepared_devices(self.states.load())

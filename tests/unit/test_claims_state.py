@@ -1,0 +1,422 @@
+"""The prepare/unprepare state machine, as the kubelet plugin sees it through ClaimPreparer."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.claims import cdi
+from agent.claims.checkpoint import CheckpointStore, ClaimState
+from agent.claims.lock import NodeLock
+from agent.claims.preparer import ClaimPreparer
+from agent.claims.source import StaticClaimSource
+from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
+from tests.unit.test_claims_support import DRIVER, NODE, claim, inventory, opaque
+
+MIG0 = "gpu-4-mig-1g10gb-19-0"
+
+
+class CountingSource(StaticClaimSource):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+        self.gets += 1
+        return super().get(namespace, name)
+
+
+@dataclass
+class Node:
+    root: pathlib.Path
+    source: CountingSource = field(default_factory=CountingSource)
+    unhealthy: set[str] = field(default_factory=set)
+    boot: str = "boot-1"
+
+    @property
+    def state_dir(self) -> pathlib.Path:
+        return self.root / "state"
+
+    @property
+    def cdi_root(self) -> pathlib.Path:
+        return self.root / "cdi"
+
+    def preparer(self) -> ClaimPreparer:
+        return ClaimPreparer(
+            node_name=NODE,
+            driver_name=DRIVER,
+            state_dir=self.state_dir,
+            cdi_root=self.cdi_root,
+            source=self.source,
+            inventory=inventory,
+            is_healthy=lambda name: name not in self.unhealthy,
+            boot_id=lambda: self.boot,
+            mig_caps=cdi.MigCaps(lambda: None),
+            lock_timeout=0.2,
+        )
+
+    def add(self, body: dict[str, Any]) -> ClaimRef:
+        self.source.put(body)
+        meta = body["metadata"]
+        return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+    def spec_files(self) -> set[str]:
+        return {p.name for p in self.cdi_root.iterdir()} if self.cdi_root.exists() else set()
+
+    def checkpoint(self) -> dict[str, ClaimState]:
+        cp = CheckpointStore(self.state_dir, lambda: self.boot).load()
+        return {uid: e.state for uid, e in cp.claims.items()}
+
+
+@pytest.fixture
+def node(tmp_path: pathlib.Path) -> Node:
+    return Node(tmp_path)
+
+
+def ok(result: PrepareResult) -> tuple[PreparedDevice, ...]:
+    assert result.error == ""
+    return result.devices
+
+
+def test_prepare_a_gpu(node: Node, shared_dir: pathlib.Path) -> None:
+    from tests.unit.test_claims_support import cdi_validator
+
+    ref = node.add(claim("uid-1", ["gpu-0", "gpu-2"], request="train"))
+    result = node.preparer().prepare([ref])
+    assert ok(result["uid-1"]) == (
+        PreparedDevice(("train",), NODE, "gpu-0", ("k8s.gpu.nvidia.com/claim=uid-1-gpu-0",)),
+        PreparedDevice(("train",), NODE, "gpu-2", ("k8s.gpu.nvidia.com/claim=uid-1-gpu-2",)),
+    )
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.yaml"}
+    spec = yaml.safe_load((node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-1.yaml").read_text())
+    assert cdi_validator(shared_dir).is_valid(spec)
+    assert [d["name"] for d in spec["devices"]] == ["uid-1-gpu-0", "uid-1-gpu-2"]
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
+
+
+def test_prepare_a_mig_device_adds_its_capability_nodes(node: Node) -> None:
+    ref = node.add(claim("uid-m", [MIG0], request="mig"))
+    [device] = ok(node.preparer().prepare([ref])["uid-m"])
+    assert device.device_name == MIG0
+    spec = yaml.safe_load((node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-m.yaml").read_text())
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    gi, ci = cdi.default_mig_minor(4, 9), cdi.default_mig_minor(4, 9, 0)
+    assert nodes == ["/dev/nvidia4", f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{ci}"]
+    assert any(e.startswith("NVIDIA_VISIBLE_DEVICES=MIG-") for e in spec["containerEdits"]["env"])
+
+
+def test_prepare_is_idempotent(node: Node) -> None:
+    ref = node.add(claim("uid-1"))
+    preparer = node.preparer()
+    first = preparer.prepare([ref])
+    second = preparer.prepare([ref])
+    assert second == first and ok(first["uid-1"])
+    assert node.source.gets == 1  # a completed claim is answered from the checkpoint
+    assert node.preparer().prepare([ref]) == first  # also after a restart
+
+
+def test_a_completed_claim_whose_spec_vanished_gets_it_back(node: Node) -> None:
+    ref = node.add(claim("uid-1"))
+    preparer = node.preparer()
+    first = preparer.prepare([ref])
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-1.yaml").unlink()
+    assert preparer.prepare([ref]) == first
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.yaml"}
+
+
+def crash_after_started(monkeypatch: pytest.MonkeyPatch, preparer: ClaimPreparer) -> None:
+    """The next prepare saves its Started entries, writes specs, then dies before saving Completed."""
+    saves = iter([preparer.states.checkpoints.save])
+
+    def save_then_crash(cp: Any) -> None:
+        next(saves, crash)(cp)
+
+    def crash(cp: Any) -> None:
+        raise RuntimeError("killed before PrepareCompleted")
+
+    monkeypatch.setattr(preparer.states.checkpoints, "save", save_then_crash)
+
+
+def test_a_started_claim_is_rolled_back_and_redone(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = node.add(claim("uid-1"))
+    preparer = node.preparer()
+    crash_after_started(monkeypatch, preparer)
+    assert "killed" in preparer.prepare([ref])["uid-1"].error
+    monkeypatch.undo()
+    assert node.checkpoint() == {"uid-1": ClaimState.STARTED}
+    assert ok(node.preparer().prepare([ref])["uid-1"])
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.yaml"}
+
+
+def test_a_failed_prepare_leaves_nothing_behind(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref, other = node.add(claim("uid-1")), node.add(claim("uid-2", ["gpu-1"]))
+    preparer = node.preparer()
+
+    def full_disk(*args: Any) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(preparer.states.specs, "write", full_disk)
+    assert "cannot write CDI spec: No space left" in preparer.prepare([ref])["uid-1"].error
+    assert node.checkpoint() == {}
+    assert node.spec_files() == set()
+    monkeypatch.undo()
+    # later claims of a batch still prepare when one spec write fails
+    real_write = preparer.states.specs.write
+
+    def fail_first(uid: str, spec: Any) -> Any:
+        if uid == "uid-1":
+            raise OSError("No space left on device")
+        return real_write(uid, spec)
+
+    monkeypatch.setattr(preparer.states.specs, "write", fail_first)
+    results = preparer.prepare([ref, other])
+    assert results["uid-1"].error and ok(results["uid-2"])
+    assert node.checkpoint() == {"uid-2": ClaimState.COMPLETED}
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-2.yaml"}
+
+
+def test_unprepare_removes_spec_and_entry(node: Node) -> None:
+    ref = node.add(claim("uid-1"))
+    preparer = node.preparer()
+    ok(preparer.prepare([ref])["uid-1"])
+    assert preparer.unprepare([ref]) == {"uid-1": ""}
+    assert node.spec_files() == set()
+    assert node.checkpoint() == {}
+    assert preparer.unprepare([ref]) == {"uid-1": ""}  # twice is fine
+
+
+def test_unprepare_of_an_unknown_claim_succeeds(node: Node) -> None:
+    assert node.preparer().unprepare([ClaimRef("default", "never-seen", "gone")]) == {"never-seen": ""}
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (claim("other-uid", name="c"), "has UID other-uid, not uid-1: the claim was deleted and recreated"),
+        (claim("uid-1", name="c", allocated=False), "ResourceClaim default/c is not allocated"),
+        (claim("uid-1", name="c", driver="net.example.com"), "no device of driver gpu.nvidia.com in pool node-a"),
+        (claim("uid-1", name="c", pool="node-b"), r"\(it was allocated gpu.nvidia.com/node-b/gpu-0\)"),
+        (claim("uid-1", ["gpu-9"], name="c"), "device gpu-9 does not exist on node node-a"),
+        (claim("uid-1", ["gpu-4"], name="c"), "gpu-4 has MIG mode enabled"),
+        (claim("uid-1", ["gpu-4-mig-2g20gb-14-0"], name="c"), "MIG device gpu-4-mig-2g20gb-14-0 does not exist"),
+        (claim("uid-1", ["nic-0"], name="c"), "'nic-0' is not a device name of this driver"),
+        (
+            claim("uid-1", [MIG0], name="c", configs=[opaque("GpuConfig", sharing={"strategy": "MPS"})]),
+            "is a mig device: it takes MigDeviceConfig, not GpuConfig",
+        ),
+        (
+            claim("uid-1", name="c", configs=[opaque(sharing={"strategy": "TimeSlicing", "extra": True})]),
+            r"bad device config: config\[0\] \(FromClaim\): sharing: unknown field",
+        ),
+    ],
+)
+def test_claims_that_cannot_be_prepared(node: Node, body: dict[str, Any], error: str) -> None:
+    node.source.put(body)
+    result = node.preparer().prepare([ClaimRef("default", "uid-1", "c")])["uid-1"]
+    assert result.devices == ()
+    assert result.error
+    import re
+
+    assert re.search(error, result.error), result.error
+    assert node.spec_files() == set() and node.checkpoint() == {}
+
+
+def test_claim_missing_from_the_api(node: Node) -> None:
+    result = node.preparer().prepare([ClaimRef("default", "uid-1", "nope")])["uid-1"]
+    assert "cannot read ResourceClaim default/nope" in result.error
+
+
+def test_only_this_driver_and_pool_results_are_prepared(node: Node) -> None:
+    body = claim(
+        "uid-1",
+        ["gpu-1"],
+        extra_results=[
+            {"request": "gpu", "driver": DRIVER, "pool": "node-b", "device": "gpu-0"},
+            {"request": "nic", "driver": "net.example.com", "pool": NODE, "device": "eth0"},
+        ],
+    )
+    [device] = ok(node.preparer().prepare([node.add(body)])["uid-1"])
+    assert device.device_name == "gpu-1"
+
+
+def test_unhealthy_device_is_refused(node: Node) -> None:
+    node.unhealthy.add("gpu-1")
+    result = node.preparer().prepare([node.add(claim("uid-1", ["gpu-1"]))])["uid-1"]
+    assert result.error == "device gpu-1 is unhealthy"
+
+
+def test_device_prepared_for_another_claim_is_refused(node: Node) -> None:
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1", ["gpu-0"]))])["uid-1"])
+    result = preparer.prepare([node.add(claim("uid-2", ["gpu-0"], name="second"))])["uid-2"]
+    assert result.error == (
+        "device gpu-0 is already prepared for ResourceClaim default/claim-uid-1 (uid uid-1); "
+        "claims share a device only with a TimeSlicing or MPS config in both"
+    )
+    # once the first claim is gone the device is free again
+    preparer.unprepare([ClaimRef("default", "uid-1", "claim-uid-1")])
+    assert ok(preparer.prepare([ClaimRef("default", "uid-2", "second")])["uid-2"])
+
+
+def test_sharing_configs_let_claims_share_a_device(node: Node) -> None:
+    shared = [opaque(sharing={"strategy": "TimeSlicing"})]
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1", configs=shared))])["uid-1"])
+    ok(preparer.prepare([node.add(claim("uid-2", configs=shared))])["uid-2"])
+    mps = [opaque(sharing={"strategy": "MPS"})]
+    result = preparer.prepare([node.add(claim("uid-3", configs=mps))])["uid-3"]
+    assert "already prepared" in result.error  # MPS cannot join time-sliced claims
+    result = preparer.prepare([node.add(claim("uid-4"))])["uid-4"]
+    assert "its sharing (TimeSlicing) differs from this claim's (none)" in result.error
+
+
+def test_admin_access_does_not_take_the_device(node: Node) -> None:
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1"))])["uid-1"])
+    admin = claim("uid-2", [])
+    admin["status"]["allocation"]["devices"]["results"] = [
+        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0", "adminAccess": True}
+    ]
+    ok(preparer.prepare([node.add(admin)])["uid-2"])
+
+
+def test_two_claims_of_one_batch_cannot_take_the_same_device(node: Node) -> None:
+    a, b = node.add(claim("uid-1", ["gpu-0"])), node.add(claim("uid-2", ["gpu-0"]))
+    results = node.preparer().prepare([a, b])
+    assert ok(results["uid-1"])
+    assert "device gpu-0 is already prepared for ResourceClaim default/claim-uid-1" in results["uid-2"].error
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
+
+
+def test_one_bad_claim_does_not_fail_the_batch(node: Node) -> None:
+    good1 = node.add(claim("uid-1", ["gpu-0"]))
+    bad = node.add(claim("uid-2", ["gpu-9"]))
+    good2 = node.add(claim("uid-3", ["gpu-1"]))
+    missing = ClaimRef("default", "uid-4", "missing")
+    results = node.preparer().prepare([good1, bad, good2, missing])
+    assert set(results) == {"uid-1", "uid-2", "uid-3", "uid-4"}
+    assert ok(results["uid-1"]) and ok(results["uid-3"])
+    assert results["uid-2"].error and results["uid-4"].error
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED, "uid-3": ClaimState.COMPLETED}
+
+
+def test_an_unexpected_error_stays_in_its_claim(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = node.add(claim("uid-1", ["gpu-0"])), node.add(claim("uid-2", ["gpu-1"]))
+    preparer = node.preparer()
+    real_get = node.source.get
+
+    def flaky(namespace: str, name: str) -> Mapping[str, Any]:
+        if name == "claim-uid-1":
+            raise ConnectionResetError("connection reset by peer")
+        return real_get(namespace, name)
+
+    monkeypatch.setattr(node.source, "get", flaky)
+    results = preparer.prepare([a, b])
+    assert "connection reset by peer" in results["uid-1"].error
+    assert ok(results["uid-2"])
+
+
+def test_a_reboot_voids_old_claims_and_their_specs(node: Node) -> None:
+    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
+    node.boot = "boot-2"
+    preparer = node.preparer()
+    assert preparer.recover().removed_specs == ()  # voided on load, before the leak scan
+    assert node.spec_files() == set()
+    assert node.checkpoint() == {}
+    # the kubelet prepares it again in the new boot
+    assert ok(preparer.prepare([ClaimRef("default", "uid-1", "claim-uid-1")])["uid-1"])
+
+
+def test_recover_repairs_every_kind_of_leftover(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("done", ["gpu-0"]))])["done"])
+    ok(preparer.prepare([node.add(claim("lost-spec", ["gpu-1"]))])["lost-spec"])
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_lost-spec.yaml").unlink()
+    # a Started claim with its spec written (crash before Completed)
+    crash_after_started(monkeypatch, preparer)
+    assert preparer.prepare([node.add(claim("half", ["gpu-2"]))])["half"].error
+    monkeypatch.undo()
+    # a leaked spec with no claim, a temp file from a torn write, and another vendor's spec
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_leaked.yaml").write_text("cdiVersion: 0.3.0\n")
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_x.yaml.abc.tmp").write_text("")
+    (node.state_dir / "checkpoint.json.abc.tmp").write_text("")
+    (node.cdi_root / "vendor-gpu.yaml").write_text("")
+    assert node.checkpoint() == {
+        "done": ClaimState.COMPLETED,
+        "lost-spec": ClaimState.COMPLETED,
+        "half": ClaimState.STARTED,
+    }
+
+    recovery = node.preparer().recover()
+    assert recovery.rolled_back == ("half",)
+    assert recovery.restored_specs == ("lost-spec",)
+    assert recovery.removed_specs == ("leaked",)
+    assert recovery.removed_temps == 2
+    assert node.spec_files() == {
+        "k8s.gpu.nvidia.com-claim_done.yaml",
+        "k8s.gpu.nvidia.com-claim_lost-spec.yaml",
+        "vendor-gpu.yaml",
+    }
+    assert node.checkpoint() == {"done": ClaimState.COMPLETED, "lost-spec": ClaimState.COMPLETED}
+    assert node.preparer().recover() == type(recovery)()  # nothing left to repair
+
+
+def test_a_corrupt_checkpoint_fails_every_claim_and_is_kept(node: Node) -> None:
+    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
+    path = node.state_dir / "checkpoint.json"
+    damaged = path.read_bytes().replace(b"gpu-0", b"gpu-7")
+    path.write_bytes(damaged)
+    refs = [ClaimRef("default", "uid-1", "claim-uid-1"), node.add(claim("uid-2", ["gpu-1"]))]
+    results = node.preparer().prepare(refs)
+    assert all("checksum mismatch" in r.error for r in results.values())
+    assert all("checksum mismatch" in e for e in node.preparer().unprepare(refs).values())
+    assert path.read_bytes() == damaged  # evidence kept; prepared claims not forgotten
+
+
+def _hold_lock(path: str, ready: Any, release: Any) -> None:
+    with NodeLock(pathlib.Path(path)).hold():
+        ready.set()
+        release.wait(10)
+
+
+def test_prepare_waits_for_the_node_lock_and_gives_up(node: Node) -> None:
+    preparer = node.preparer()  # creates the state dir
+    ctx = multiprocessing.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(str(node.state_dir / "pu.lock"), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        ref = node.add(claim("uid-1"))
+        assert "held by another process" in preparer.prepare([ref])["uid-1"].error
+        assert "held by another process" in preparer.unprepare([ref])["uid-1"]
+    finally:
+        release.set()
+        holder.join(10)
+    assert ok(preparer.prepare([ref])["uid-1"])
+
+
+def test_empty_batches(node: Node) -> None:
+    assert node.preparer().prepare([]) == {}
+    assert node.preparer().unprepare([]) == {}
+
+
+def test_prepared_lists_devices_in_use(node: Node) -> None:
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1", ["gpu-0", MIG0]))])["uid-1"])
+    assert sorted(d.device_name for d in preparer.prepared()) == ["gpu-0", MIG0]
+
+
+def test_checkpoint_file_is_json_with_the_boot_id(node: Node) -> None:
+    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
+    doc = json.loads((node.state_dir / "checkpoint.json").read_text())
+    assert doc["data"]["nodeBootID"] == "boot-1"
+    assert doc["data"]["claims"]["uid-1"]["state"] == "PrepareCompleted"
