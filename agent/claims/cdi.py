@@ -192,8 +192,9 @@ class CdiStore:
     def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path(claim_uid)
-        # No directory fsync: a spec only matters until the next reboot, which voids its claim anyway.
-        files.write_atomic(path, yaml.dump(dict(spec), Dumper=_Dumper, sort_keys=False).encode(), sync_dir=False)
+        # Not durable: the checkpoint keeps every spec and recovery rewrites a missing one, a power loss voids
+        # the claim anyway (new boot id), and on nodes the CDI root (/var/run/cdi) is tmpfs.
+        files.write_atomic(path, yaml.dump(dict(spec), Dumper=_Dumper, sort_keys=False).encode(), durable=False)
         return path
 
     def remove(self, claim_uid: str) -> bool:

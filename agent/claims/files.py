@@ -11,9 +11,11 @@ from pathlib import Path
 TEMP_SUFFIX = ".tmp"
 
 
-def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write `data` to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory
-    (unless `sync_dir` is False: for files whose rename need not survive a power loss).
+def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write `data` to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory.
+
+    With `durable=False` both fsyncs are skipped: the rename still makes the write atomic for readers and
+    across a crash of this process, which is all a file that can be rebuilt after a power loss needs.
 
     The temp name ends in `.tmp`, so a CDI runtime (which loads only *.yaml / *.json) never reads a half
     file; on failure the temp file is removed, and one left by a crash is found by `leftover_temps`.
@@ -23,13 +25,14 @@ def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if sync_dir:
+    if durable:
         fsync_dir(path.parent)
 
 
