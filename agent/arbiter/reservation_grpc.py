@@ -1,0 +1,143 @@
+"""The reservation protocol over gRPC (proto/arbiter.proto): a servicer for the agent, a client for the arbiter.
+
+The bearer token travels as metadata `authorization: Bearer <token>`; the servicer maps errors to codes:
+UNAUTHENTICATED, RESOURCE_EXHAUSTED (does not fit), NOT_FOUND (unknown or expired), INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from agent._proto import arbiter_pb2 as pb
+from agent._proto import arbiter_pb2_grpc as pb_grpc
+from agent.allocation.allocator import Claim, DeviceRequest, Fit, NoFit
+from agent.allocation.capacity import CapacitySummary
+from agent.arbiter.reservation import NodeAllocatorService, Reservation, Unauthenticated, UnknownReservation
+
+T = TypeVar("T")
+BEARER = "bearer "
+
+
+def claim_from_pb(req: pb.ReserveRequest) -> Claim:
+    return Claim(
+        tuple(DeviceRequest(r.name, r.device_class, tuple(r.selectors), r.count or 1, r.gpu_milli or None)
+              for r in req.requests),
+        tuple(req.match_attributes),
+    )
+
+
+def claim_to_pb(gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> pb.ReserveRequest:
+    return pb.ReserveRequest(
+        gang_id=gang_id, member=member, ttl_seconds=ttl_seconds, match_attributes=list(claim.match_attributes),
+        requests=[pb.DeviceRequest(name=r.name, device_class=r.device_class, selectors=list(r.selectors),
+                                   count=r.count, gpu_milli=r.gpu_milli or 0) for r in claim.requests],
+    )
+
+
+def reservation_to_pb(r: Reservation) -> pb.ReserveResponse:
+    devices = [pb.ReservedDevice(request=req, device=d, shared_milli=r.fit.shared_milli.get(d, 0))
+               for req, names in r.fit.devices.items() for d in names]
+    return pb.ReserveResponse(reservation_id=r.id, devices=devices, expires_at=r.expires_at, score=r.fit.score)
+
+
+def reservation_from_pb(resp: pb.ReserveResponse, gang_id: str, member: str) -> Reservation:
+    devices: dict[str, tuple[str, ...]] = {}
+    shared: dict[str, int] = {}
+    for d in resp.devices:
+        devices[d.request] = (*devices.get(d.request, ()), d.device)
+        if d.shared_milli:
+            shared[d.device] = d.shared_milli
+    return Reservation(resp.reservation_id, gang_id, member, Fit(devices, shared, resp.score), resp.expires_at)
+
+
+def _bearer(context: grpc.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata():
+        if key == "authorization" and isinstance(value, str) and value.lower().startswith(BEARER):
+            return value[len(BEARER):]
+    return None
+
+
+class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
+    def __init__(self, service: NodeAllocatorService) -> None:
+        self.service = service
+
+    def _call(self, context: grpc.ServicerContext, fn: Callable[[str | None], T]) -> T:
+        try:
+            return fn(_bearer(context))
+        except Unauthenticated as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+        except NoFit as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except UnknownReservation as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no live reservation {e}")
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        raise AssertionError("context.abort raises")
+
+    def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveResponse:
+        def go(bearer: str | None) -> pb.ReserveResponse:
+            claim = claim_from_pb(request)
+            r = self.service.reserve(bearer, request.gang_id, request.member, claim, request.ttl_seconds)
+            return reservation_to_pb(r)
+        return self._call(context, go)
+
+    def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmResponse:
+        self._call(context, lambda b: self.service.confirm(b, request.reservation_id))
+        return pb.ConfirmResponse()
+
+    def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseResponse:
+        n = self._call(context, lambda b: self.service.release(b, request.reservation_id, request.gang_id))
+        return pb.ReleaseResponse(released=n)
+
+    def Capacity(self, request: pb.CapacityRequest, context: grpc.ServicerContext) -> pb.CapacitySummary:
+        s = self._call(context, self.service.capacity)
+        return pb.CapacitySummary(free_gpus_by_model=s.free_gpus_by_model, free_gpus_by_domain=s.free_gpus_by_domain,
+                                  free_mig_placements=s.free_mig_placements, free_gpu_milli=s.free_gpu_milli)
+
+
+def add_to_server(service: NodeAllocatorService, server: grpc.Server) -> None:
+    pb_grpc.add_NodeAllocatorServicer_to_server(NodeAllocatorServicer(service), server)
+
+
+class GrpcNodeClient:
+    """NodeClient over a gRPC channel: RESOURCE_EXHAUSTED -> NoFit, NOT_FOUND -> UnknownReservation,
+    UNAUTHENTICATED -> Unauthenticated; other failures surface as grpc.RpcError."""
+
+    def __init__(self, channel: grpc.Channel, token: str, timeout_s: float = 5.0) -> None:
+        self._stub = pb_grpc.NodeAllocatorStub(channel)
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        self._timeout = timeout_s
+
+    def _rpc(self, method: Callable[..., T], request: object) -> T:
+        try:
+            return method(request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.RpcError as e:
+            code = e.code() if isinstance(e, grpc.Call) else None
+            detail = e.details() if isinstance(e, grpc.Call) else str(e)
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise NoFit(detail) from e
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise UnknownReservation(detail) from e
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise Unauthenticated(detail) from e
+            raise
+
+    def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
+        resp = self._rpc(self._stub.Reserve, claim_to_pb(gang_id, member, claim, ttl_seconds))
+        return reservation_from_pb(resp, gang_id, member)
+
+    def confirm(self, reservation_id: str) -> Reservation:
+        self._rpc(self._stub.Confirm, pb.ConfirmRequest(reservation_id=reservation_id))
+        return Reservation(reservation_id, "", "", Fit({}), 0.0, confirmed=True)
+
+    def release(self, reservation_id: str = "", gang_id: str = "") -> int:
+        req = pb.ReleaseRequest(reservation_id=reservation_id) if reservation_id else pb.ReleaseRequest(gang_id=gang_id)
+        return int(self._rpc(self._stub.Release, req).released)
+
+    def capacity(self) -> CapacitySummary:
+        s = self._rpc(self._stub.Capacity, pb.CapacityRequest())
+        return CapacitySummary(dict(s.free_gpus_by_model), dict(s.free_gpus_by_domain),
+                               dict(s.free_mig_placements), int(s.free_gpu_milli))

@@ -1,0 +1,85 @@
+"""The reservation protocol over a real gRPC server on a unix socket: auth, reserve, confirm, release, errors."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+
+from agent._proto import arbiter_pb2 as pb
+from agent._proto import arbiter_pb2_grpc as pb_grpc
+from agent.allocation.allocator import Claim, DeviceRequest, NoFit
+from agent.arbiter.reservation import GangCoordinator, MemberPlacement, NodeAllocatorService, UnknownReservation
+from agent.arbiter.reservation_grpc import GrpcNodeClient, add_to_server
+from tests.unit.test_reservation_book import TOKEN, Clock, book
+
+
+@pytest.fixture
+def endpoint(tmp_path: pathlib.Path) -> Iterator[tuple[str, Clock]]:
+    clock = Clock()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    add_to_server(NodeAllocatorService(book(4, clock), TOKEN), server)
+    address = f"unix://{tmp_path}/arbiter.sock"
+    server.add_insecure_port(address)
+    server.start()
+    yield address, clock
+    server.stop(None)
+
+
+def test_reserve_confirm_release_and_capacity_over_grpc(endpoint: tuple[str, Clock]) -> None:
+    address, clock = endpoint
+    with grpc.insecure_channel(address) as channel:
+        client = GrpcNodeClient(channel, TOKEN)
+        r = client.reserve("g", "m0", Claim((DeviceRequest("gpus", count=3),)), 30)
+        assert len(r.fit.devices["gpus"]) == 3 and r.expires_at == clock.now + 30
+        assert client.capacity().free_gpus_by_model == {"NVIDIA H100 80GB HBM3": 1}
+        with pytest.raises(NoFit):  # tried: two GPUs where one is left -> RESOURCE_EXHAUSTED
+            client.reserve("h", "m0", Claim((DeviceRequest("gpus", count=2),)), 30)
+        client.confirm(r.id)
+        assert client.release(gang_id="g") == 1
+        with pytest.raises(UnknownReservation):  # tried: confirming a released reservation -> NOT_FOUND
+            client.confirm(r.id)
+        shared = client.reserve("s", "m0", Claim((DeviceRequest("s", gpu_milli=250),)), 30)
+        assert list(shared.fit.shared_milli.values()) == [250]
+
+
+def test_gang_over_grpc_commits(endpoint: tuple[str, Clock]) -> None:
+    address, _ = endpoint
+    with grpc.insecure_channel(address) as channel:
+        coord = GangCoordinator({"n1": GrpcNodeClient(channel, TOKEN)})
+        out = coord.place("g", [MemberPlacement("a", "n1", Claim((DeviceRequest("r", count=2),))),
+                                MemberPlacement("b", "n1", Claim((DeviceRequest("r", count=2),)))], 30)
+        assert out.committed
+        failed = coord.place("h", [MemberPlacement("a", "n1", Claim((DeviceRequest("r"),)))], 30)
+        assert not failed.committed
+
+
+@pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)])
+def test_calls_without_the_right_bearer_token_are_unauthenticated(
+        endpoint: tuple[str, Clock], metadata: tuple[tuple[str, str], ...]) -> None:
+    address, _ = endpoint  # tried: no metadata, a wrong token, the token without the Bearer scheme
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.NodeAllocatorStub(channel)
+        req = pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=10,
+                                requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Reserve(req, metadata=metadata, timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Capacity(pb.CapacityRequest(), metadata=metadata, timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_bad_request_is_invalid_argument(endpoint: tuple[str, Clock]) -> None:
+    address, _ = endpoint
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.NodeAllocatorStub(channel)
+        req = pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=10,
+                                requests=[pb.DeviceRequest(name="r", device_class="tpu.example.com", count=1)])
+        with pytest.raises(grpc.RpcError) as err:  # tried: an unknown device class
+            stub.Reserve(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "device class" in (err.value.details() or "")
