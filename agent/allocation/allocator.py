@@ -13,7 +13,16 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agent.allocation.catalog import GPU_CLASS, MIG_CLASS, MILLI, Candidate, NodeUsage, candidates, occupied_layout
+from agent.allocation.catalog import (
+    DRIVER,
+    GPU_CLASS,
+    MIG_CLASS,
+    MILLI,
+    Candidate,
+    NodeUsage,
+    candidates,
+    occupied_layout,
+)
 from agent.allocation.fragmentation import (
     NodeShape,
     RequestKind,
@@ -25,6 +34,7 @@ from agent.allocation.fragmentation import (
 from agent.allocation.selectors import SelectorEngine
 from agent.devices.geometry import PlacedProfile, count_free_placements, is_valid_layout
 from agent.devices.model import Inventory
+from agent.devices.names import gpu_device_name
 
 NVLINK_DOMAIN_ATTRIBUTE = "gpu.nvidia.com/nvlinkDomain"
 
@@ -86,7 +96,7 @@ class Fit:
 
 def _attribute(c: Candidate, qualified: str) -> object:
     domain, _, name = qualified.rpartition("/")
-    return c.env["attributes"].get(domain or "gpu.nvidia.com", {}).get(name)
+    return c.env["attributes"].get(domain or DRIVER, {}).get(name)
 
 
 def _shape(inv: Inventory, usage: NodeUsage) -> tuple[NodeShape, list[str]]:
@@ -95,7 +105,7 @@ def _shape(inv: Inventory, usage: NodeUsage) -> tuple[NodeShape, list[str]]:
     for g in sorted(inv.gpus, key=lambda g: g.minor):
         if g.mig_enabled:
             continue
-        name = f"gpu-{g.minor}"
+        name = gpu_device_name(g.minor)
         names.append(name)
         free.append(0 if name in usage.taken else MILLI - usage.shared_milli.get(name, 0))
     return NodeShape("", 1 << 60, tuple(free)), names

@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.allocation.cel import quantity_value, semver_value
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
+from agent.slices.build import DEFAULT_DRIVER, semver
 
-DRIVER = "gpu.nvidia.com"
+DRIVER = DEFAULT_DRIVER  # the local allocator serves the default driver name
 GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
 MILLI = 1000
@@ -50,16 +52,23 @@ class Candidate:
 
 
 def _gpu_attributes(gpu: Gpu, inv: Inventory) -> dict[str, Any]:
+    versions = {
+        "cudaComputeCapability": gpu.cuda_compute_capability, "driverVersion": inv.driver_version,
+        "cudaDriverVersion": inv.cuda_driver_version,
+    }
     return {
         "productName": gpu.product_name, "brand": gpu.brand, "architecture": gpu.architecture,
-        "cudaComputeCapability": gpu.cuda_compute_capability, "driverVersion": inv.driver_version,
-        "cudaDriverVersion": inv.cuda_driver_version, "nvlinkDomain": gpu.nvlink_domain,
+        # Versions as the slices publish them: semver, left out where the driver's text is not numeric.
+        **{k: semver_value(s) for k, raw in versions.items() if (s := semver(raw)) is not None},
+        "nvlinkDomain": gpu.nvlink_domain,
         "index": gpu.index, "minor": gpu.minor, "numaNode": gpu.numa_node if gpu.numa_node is not None else -1,
     }
 
 
 def _env(attributes: dict[str, Any], capacity: dict[str, int]) -> dict[str, Any]:
-    return {"driver": DRIVER, "attributes": {DRIVER: attributes}, "capacity": {DRIVER: capacity}}
+    """DRA's CEL `device` variable (agent.allocation.cel), capacities as quantities."""
+    quantities = {k: quantity_value(str(v)) for k, v in capacity.items()}
+    return {"driver": DRIVER, "attributes": {DRIVER: attributes}, "capacity": {DRIVER: quantities}}
 
 
 def occupied_layout(gpu: Gpu, inv: Inventory, usage: NodeUsage) -> list[PlacedProfile]:

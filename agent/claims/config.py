@@ -9,11 +9,12 @@ agent.sharing's job; this module only says what each device asked for.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
+
+from agent import quantity
+from agent.quantity import Quantity
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG = "GpuConfig"
@@ -26,53 +27,15 @@ class ConfigError(ValueError):
 
 # --- Quantity -------------------------------------------------------------------------------------------
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?)$")
-_SUFFIX: dict[str, Fraction] = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-
-
-@dataclass(frozen=True)
-class Quantity:
-    """A Kubernetes resource quantity: the text as written and its exact value."""
-
-    text: str
-    value: Fraction
-
-    def ceil(self) -> int:
-        """The value as a whole number, rounded up as Kubernetes' Quantity.Value() does."""
-        return -(-self.value.numerator // self.value.denominator)
-
-    def __str__(self) -> str:
-        return self.text
-
 
 def parse_quantity(raw: object, field: str = "quantity") -> Quantity:
     """`"1Gi"`, `"500M"`, `"250m"`, `"1e3"`, `"42"` or a JSON integer; anything else is a ConfigError."""
     if isinstance(raw, bool) or not isinstance(raw, (str, int)):
         raise ConfigError(f"{field}: want a quantity such as '1Gi', got {raw!r}")
-    text = str(raw).strip()
-    m = _QUANTITY.match(text)
-    if not m:
-        raise ConfigError(f"{field}: {raw!r} is not a quantity (number with optional Ki/Mi/Gi/k/M/G/m/... suffix)")
-    number, exponent, suffix = m.groups()
-    value = Fraction(number) * (Fraction(10) ** int(exponent[1:]) if exponent else _SUFFIX[suffix or ""])
-    return Quantity(text, value)
+    try:
+        return quantity.parse(str(raw))
+    except quantity.QuantityError as e:
+        raise ConfigError(f"{field}: {raw!r} is not a quantity ({e.reason})") from None
 
 
 # --- Config types ---------------------------------------------------------------------------------------

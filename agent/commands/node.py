@@ -15,10 +15,10 @@ from agent.claims.checkpoint import CheckpointCorrupt
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, open_nvml
+from agent.slices.build import DEFAULT_DRIVER
 
 log = logging.getLogger("agent.node")
 
-DEFAULT_DRIVER = "gpu.nvidia.com"
 
 
 def _env(name: str, default: str | None = None) -> str | None:

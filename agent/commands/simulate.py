@@ -11,7 +11,14 @@ import sys
 import time
 from typing import Any
 
-from agent.arbiter.core.cycle import DEFAULT_ACTIONS, Simulation, fair_share_in_units, simulate, unknown_actions
+from agent.arbiter.core.cycle import (
+    DEFAULT_ACTIONS,
+    Simulation,
+    fair_share_in_units,
+    gc_paused,
+    simulate,
+    unknown_actions,
+)
 from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
 
 
@@ -33,6 +40,13 @@ def run(args: argparse.Namespace) -> int:
                      if unknown else "--actions names no action.")
     if args.rounds < 1:
         return _fail(f"--rounds must be at least 1, not {args.rounds}.")
+    # one shot: what it builds (a pod object or three per pod) lives until the process ends, so a collector
+    # running meanwhile would only rescan it
+    with gc_paused():
+        return _simulate(args, actions)
+
+
+def _simulate(args: argparse.Namespace, actions: list[str]) -> int:
     try:
         with open(args.snapshot, encoding="utf-8") as f:
             doc = json.load(f)

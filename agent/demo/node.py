@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TypeVar
 
+from agent.slices.build import DEFAULT_DRIVER
 from fakes.kubelet import FakeKubelet, Plugin
 
-DRIVER = "gpu.nvidia.com"
+DRIVER = DEFAULT_DRIVER
 T = TypeVar("T")
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
+from agent.quantity import format_bytes
 
 Json = dict[str, Any]
 
@@ -136,32 +137,6 @@ def semver(version: str) -> str | None:
     return ".".join(str(int(p)) for p in [*parts, "0", "0"][:3])
 
 
-def format_quantity(value: int) -> str:
-    """Bytes and counts as a canonical Kubernetes quantity: the largest exact binary suffix, else plain."""
-    for suffix, power in (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
-        if value and value % (1 << power) == 0:
-            return f"{value >> power}{suffix}"
-    return str(value)
-
-
-_SUFFIX = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
-           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "": 1}
-_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?)$")
-
-
-def parse_quantity(text: str) -> float:
-    """A quantity's value, to compare what we wrote with what the server returns in canonical form."""
-    m = _QUANTITY.match(text.strip())
-    if not m:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity")
-    number, exponent, suffix = m.groups()
-    if exponent:
-        return float(number + exponent)
-    if suffix == "m":
-        return float(number) / 1000
-    return float(number) * _SUFFIX[suffix or ""]
-
-
 # --- devices ------------------------------------------------------------------------------------------
 
 
@@ -204,7 +179,7 @@ def _gpu_device(inventory: Inventory, gpu: Gpu) -> Json:
     return {
         "name": gpu_device_name(gpu.minor),
         "attributes": attrs,
-        "capacity": {"memory": {"value": format_quantity(gpu.memory_bytes)}},
+        "capacity": {"memory": {"value": format_bytes(gpu.memory_bytes)}},
     }
 
 
@@ -235,7 +210,7 @@ class _MigShape:
             "ofaEngines": self.ofa_engines,
             "memory": self.memory_bytes,
         }
-        return {k: {"value": format_quantity(v)} for k, v in values.items()}
+        return {k: {"value": format_bytes(v)} for k, v in values.items()}
 
     def counters(self) -> dict[str, int]:
         """Counter names are DNS labels, hence the dashes (as NVIDIA's driver names them)."""
@@ -320,7 +295,7 @@ def _consumes(gpu: Gpu, shape: _MigShape, placement: MigPlacement, profile: MigP
         counters[_instance_counter(profile)] = 1
     return {
         "counterSet": counter_set_name(gpu.minor),
-        "counters": {k: {"value": format_quantity(v)} for k, v in counters.items()},
+        "counters": {k: {"value": format_bytes(v)} for k, v in counters.items()},
     }
 
 
@@ -338,7 +313,7 @@ def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) 
         whole = _gpu_device(inventory, gpu)
         whole["consumesCounters"] = [{
             "counterSet": counter_set_name(gpu.minor),
-            "counters": {k: {"value": format_quantity(v)} for k, v in budget.items()},
+            "counters": {k: {"value": format_bytes(v)} for k, v in budget.items()},
         }]
         devices.append(whole)
     for mig in migs:
@@ -360,6 +335,6 @@ def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) 
     devices.sort(key=lambda d: natural_key(d["name"]))
     counter_set = {
         "name": counter_set_name(gpu.minor),
-        "counters": {k: {"value": format_quantity(v)} for k, v in budget.items()},
+        "counters": {k: {"value": format_bytes(v)} for k, v in budget.items()},
     }
     return SliceContent(tuple(devices), (counter_set,))

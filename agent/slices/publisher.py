@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent import quantity
 from agent.devices.model import Inventory
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, parse_quantity, pool_content, resource_slices
+from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, pool_content, resource_slices
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ def _canonical(spec: Json) -> Json:
 
     def numbers(values: dict[str, Any]) -> None:
         for v in values.values():
-            v["value"] = parse_quantity(str(v["value"]))
+            v["value"] = quantity.parse(str(v["value"]))
 
     for device in spec.get("devices", []):
         numbers(device.get("capacity", {}))

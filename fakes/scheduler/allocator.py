@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fakes.scheduler.cel import DeviceSelector, Json, SelectorError, device_variable
+from agent.allocation.cel import DeviceSelector, Json, SelectorError, device_variable
 
 # The allocator gives up after this many placement attempts rather than search forever (kube-scheduler
 # bounds the same search with a time limit).

@@ -7,8 +7,8 @@ from typing import Any
 
 from kubernetes import client
 
+from agent.allocation.cel import Json
 from fakes.scheduler.allocator import allocate
-from fakes.scheduler.cel import Json
 
 
 class FakeScheduler:

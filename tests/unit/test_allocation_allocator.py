@@ -7,7 +7,7 @@ import pytest
 from agent.allocation.allocator import Allocator, Claim, DeviceRequest, NoFit, Policy, best_node
 from agent.allocation.capacity import summarize
 from agent.allocation.catalog import MIG_CLASS, NodeUsage
-from agent.allocation.selectors import CelSelectors, SelectorError, parse_quantity
+from agent.allocation.selectors import CelSelectors, SelectorError
 from agent.devices.geometry import PlacedProfile, count_free_placements
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 
@@ -95,14 +95,6 @@ def test_cel_selectors_on_attributes_and_memory_quantity() -> None:
         ALLOC.allocate(inv, NodeUsage(), one(selectors=("device.attributes['gpu.nvidia.com'].nosuch == 'x'",)))
     with pytest.raises(SelectorError, match="does not compile"):  # tried: a syntax error
         ALLOC.allocate(inv, NodeUsage(), one(selectors=("device.driver ==",)))
-
-
-def test_quantity_parsing() -> None:
-    assert parse_quantity("40Gi") == 40 * GiB
-    assert parse_quantity("80G") == 80 * 10**9
-    assert parse_quantity("1500m") == 2
-    with pytest.raises(SelectorError):  # tried: a unit Kubernetes does not know
-        parse_quantity("40GB")
 
 
 def test_bad_requests_are_refused_with_a_reason() -> None:

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from agent.devices.model import Inventory
-from agent.slices.build import build_resource_slices, parse_quantity
+from agent.allocation.cel import DeviceSelector, device_variable
+from agent.slices.build import build_resource_slices
 from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_inventory
 
 DAEMONSET = pathlib.Path(__file__).resolve().parents[2] / "daemonset"
@@ -133,23 +134,12 @@ def test_admission_policy_lets_the_agent_write_only_its_own_nodes_slices() -> No
 
 
 def cel_device(device: dict[str, Any], driver: str = DRIVER) -> dict[str, Any]:
-    """A slice device as DRA CEL sees it: attributes and capacities grouped by domain, quantities as numbers."""
-    attrs: dict[str, dict[str, Any]] = {}
-    for name, value in device.get("attributes", {}).items():
-        domain, _, ident = name.rpartition("/")
-        (attrs.setdefault(domain or driver, {})[ident],) = value.values()
-    caps: dict[str, dict[str, Any]] = {}
-    for name, value in device.get("capacity", {}).items():
-        domain, _, ident = name.rpartition("/")
-        caps.setdefault(domain or driver, {})[ident] = int(parse_quantity(value["value"]))
-    return {"driver": driver, "attributes": attrs, "capacity": caps}
+    """A slice device as DRA CEL sees it (the project's DRA CEL environment, as the demo scheduler uses)."""
+    return device_variable(driver, device)
 
 
 def matches(expression: str, device: dict[str, Any]) -> bool:
-    ctx = cel.Context(variables={"device": cel_device(device)})
-    ctx.add_function("quantity", lambda text: int(parse_quantity(text)))
-    ctx.add_function("compareTo", lambda a, b: (a > b) - (a < b))
-    return bool(cel.evaluate(expression, ctx))
+    return DeviceSelector(expression).matches(cel_device(device))
 
 
 def candidates(template: str, slices: list[dict[str, Any]]) -> list[dict[str, Any]]:

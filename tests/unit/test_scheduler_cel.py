@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes.scheduler import DeviceSelector, SelectorError, device_variable
+from agent.allocation.cel import DeviceSelector, SelectorError, device_variable
 
 DRIVER = "gpu.nvidia.com"
 

@@ -9,13 +9,13 @@ import kubernetes_validate
 import pytest
 
 from agent.devices.model import GpuInstance, MigPlacement, MigProfile
+from agent.quantity import format_bytes as format_quantity
+from agent.quantity import parse as parse_quantity
 from agent.slices.build import (
     MAX_DEVICES_PER_SLICE,
     build_resource_slices,
     counter_set_name,
-    format_quantity,
     natural_key,
-    parse_quantity,
     pool_content,
     semver,
     slice_name,

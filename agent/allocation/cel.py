@@ -10,6 +10,7 @@ empty map; an unknown name is an error. Plus the Kubernetes `quantity` and `semv
 `==` semantic (quantity('1Gi') == quantity('1024Mi')). Their methods are plain CEL functions, which CEL
 also lets us call with method syntax: `device.capacity['d'].memory.compareTo(quantity('40Gi'))`.
 Not provided by the `cel` package, hence not here: `cel.bind`, the k8s regex/URL/IP libraries.
+Pure: the `cel` package evaluates in memory.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import cel
 
-from agent.claims.config import ConfigError, parse_quantity
+from agent import quantity
 
 Json = dict[str, Any]
 QUANTITY = "__quantity__"
@@ -40,15 +41,19 @@ class SelectorError(ValueError):
     """A selector that does not compile, fails on a device, or does not give a bool."""
 
 
+class MissingAttribute(SelectorError):
+    """The selector reads an attribute or capacity the device does not have (and does not guard with has())."""
+
+
 # --- quantity and semver values -------------------------------------------------------------------------
 
 
 def quantity_value(text: str) -> Json:
     """A quantity string (e.g. "80Gi", published as capacity) as the CEL value selectors see."""
     try:
-        return _quantity(parse_quantity(text, "quantity").value)
-    except ConfigError as e:
-        raise ValueError(str(e)) from None
+        return _quantity(quantity.parse(text))
+    except quantity.QuantityError as e:
+        raise ValueError(f"{text!r} is not a quantity ({e.reason})") from None
 
 
 def semver_value(text: str) -> Json:
@@ -60,7 +65,7 @@ def semver_value(text: str) -> Json:
 
 
 def _quantity(value: Fraction) -> Json:
-    return {QUANTITY: str(value)}
+    return {QUANTITY: f"{value.numerator}/{value.denominator}"}
 
 
 def _is(kind: str, value: object) -> bool:
@@ -182,7 +187,7 @@ class DeviceSelector:
         # expression names (string literals are the only way to name one) an empty map where it has none.
         self._literals = {a or b for a, b in _STRING_LITERAL.findall(expression)}
 
-    def matches(self, device: Json) -> bool:
+    def matches(self, device: Mapping[str, Any]) -> bool:
         """Does the selector hold for `device` (from device_variable)? SelectorError when it cannot say."""
         variable = {**device}
         for field in ("attributes", "capacity"):
@@ -191,7 +196,7 @@ class DeviceSelector:
         try:
             result = self._program.execute(context)
         except KeyError as e:
-            raise SelectorError(f"selector {self.expression!r}: device has no attribute or capacity {e}") from None
+            raise MissingAttribute(f"selector {self.expression!r}: device has no attribute or capacity {e}") from None
         except (RuntimeError, TypeError, ValueError) as e:
             raise SelectorError(f"selector {self.expression!r} failed: {e}") from None
         if not isinstance(result, bool):
