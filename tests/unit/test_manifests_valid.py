@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.devices.model import Inventory
 from agent.allocation.cel import DeviceSelector, device_variable
+from agent.devices.model import Inventory
 from agent.slices.build import build_resource_slices
 from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_inventory
 
