@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.allocation.cel import quantity_value, semver_value
+from agent.allocation.cel import device_variable
 from agent.devices.geometry import PlacedProfile, free_placements
-from agent.devices.model import Gpu, Inventory, MigPlacement, MigProfile
+from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
-from agent.slices.build import DEFAULT_DRIVER, semver
+from agent.slices import build as slice_devices
+from agent.slices.build import DEFAULT_DRIVER
 
 DRIVER = DEFAULT_DRIVER  # the local allocator serves the default driver name
 GPU_CLASS = "gpu.nvidia.com"
@@ -51,24 +52,10 @@ class Candidate:
     free_milli: int = MILLI  # for whole GPUs: what a fraction may still take
 
 
-def _gpu_attributes(gpu: Gpu, inv: Inventory) -> dict[str, Any]:
-    versions = {
-        "cudaComputeCapability": gpu.cuda_compute_capability, "driverVersion": inv.driver_version,
-        "cudaDriverVersion": inv.cuda_driver_version,
-    }
-    return {
-        "productName": gpu.product_name, "brand": gpu.brand, "architecture": gpu.architecture,
-        # Versions as the slices publish them: semver, left out where the driver's text is not numeric.
-        **{k: semver_value(s) for k, raw in versions.items() if (s := semver(raw)) is not None},
-        "nvlinkDomain": gpu.nvlink_domain,
-        "index": gpu.index, "minor": gpu.minor, "numaNode": gpu.numa_node if gpu.numa_node is not None else -1,
-    }
-
-
-def _env(attributes: dict[str, Any], capacity: dict[str, int]) -> dict[str, Any]:
-    """DRA's CEL `device` variable (agent.allocation.cel), capacities as quantities."""
-    quantities = {k: quantity_value(str(v)) for k, v in capacity.items()}
-    return {"driver": DRIVER, "attributes": {DRIVER: attributes}, "capacity": {DRIVER: quantities}}
+def _env(device: Mapping[str, Any]) -> Mapping[str, Any]:
+    """DRA's CEL `device` variable for a device exactly as the ResourceSlices publish it, so a selector
+    means the same here as in kube-scheduler."""
+    return device_variable(DRIVER, device)
 
 
 def occupied_layout(gpu: Gpu, inv: Inventory, usage: NodeUsage) -> list[PlacedProfile]:
@@ -87,11 +74,14 @@ def occupied_layout(gpu: Gpu, inv: Inventory, usage: NodeUsage) -> list[PlacedPr
     return layout
 
 
-def mig_candidate(gpu: Gpu, inv: Inventory, profile: MigProfile, pl: MigPlacement, exists: bool) -> Candidate:
-    attrs = _gpu_attributes(gpu, inv) | {"type": "mig", "profile": profile.name, "parentUUID": gpu.uuid}
-    cap = {"memory": profile.memory_bytes, "multiprocessors": profile.multiprocessors}
-    name = mig_device_name(gpu.minor, profile.name, profile.gi_profile_id, pl.start)
-    return Candidate(name, "mig", gpu, gpu.nvlink_domain, _env(attrs, cap), profile, pl, exists)
+def mig_candidate(
+    gpu: Gpu, inv: Inventory, profile: MigProfile, pl: MigPlacement, mig: MigDevice | None = None
+) -> Candidate:
+    """An existing MIG device (`mig`), or the possible one `profile` at `pl`."""
+    device = slice_devices.mig_device(inv, gpu, mig=mig) if mig else slice_devices.mig_device(
+        inv, gpu, profile=profile, placement=pl
+    )
+    return Candidate(device["name"], "mig", gpu, gpu.nvlink_domain, _env(device), profile, pl, mig is not None)
 
 
 def candidates(inv: Inventory, usage: NodeUsage) -> list[Candidate]:
@@ -104,20 +94,19 @@ def candidates(inv: Inventory, usage: NodeUsage) -> list[Candidate]:
         if not gpu.mig_enabled:
             if name in usage.taken:
                 continue
-            attrs = _gpu_attributes(gpu, inv) | {"type": "gpu", "uuid": gpu.uuid}
             free = MILLI - usage.shared_milli.get(name, 0)
-            out.append(Candidate(name, "gpu", gpu, gpu.nvlink_domain,
-                                 _env(attrs, {"memory": gpu.memory_bytes}), free_milli=free))
+            env = _env(slice_devices.gpu_device(inv, gpu))
+            out.append(Candidate(name, "gpu", gpu, gpu.nvlink_domain, env, free_milli=free))
             continue
         layout = occupied_layout(gpu, inv, usage)
         for m in inv.mig_devices_of(gpu.minor):
             profile = gpu.profile(m.gi_profile_id)
-            cand = profile and mig_candidate(gpu, inv, profile, m.placement, True)
+            cand = profile and mig_candidate(gpu, inv, profile, m.placement, m)
             if cand and cand.name not in usage.taken:
                 out.append(cand)
         for profile in gpu.mig_profiles:
             for pl in free_placements(profile, layout, gpu.mig_profiles):
-                cand = mig_candidate(gpu, inv, profile, pl, False)
+                cand = mig_candidate(gpu, inv, profile, pl)
                 if cand.name not in usage.taken:
                     out.append(cand)
     return out

@@ -56,8 +56,8 @@ def pool_content(
             grouped.append(_partitioned_gpu(inventory, gpu, migs))
             continue
         if not gpu.mig_enabled:
-            plain.append(_gpu_device(inventory, gpu))
-        plain.extend(_mig_device(inventory, gpu, m) for m in migs)
+            plain.append(gpu_device(inventory, gpu))
+        plain.extend(mig_device(inventory, gpu, m) for m in migs)
     plain.sort(key=lambda d: natural_key(d["name"]))
     chunks = [
         SliceContent(tuple(plain[i : i + MAX_DEVICES_PER_SLICE]))
@@ -170,7 +170,8 @@ def _product_attributes(inventory: Inventory, gpu: Gpu) -> Json:
     return attrs
 
 
-def _gpu_device(inventory: Inventory, gpu: Gpu) -> Json:
+def gpu_device(inventory: Inventory, gpu: Gpu) -> Json:
+    """A whole GPU as a ResourceSlice device (also the local allocator's view of it)."""
     attrs: Json = {"type": _string("gpu"), "uuid": _string(gpu.uuid), **_product_attributes(inventory, gpu)}
     if gpu.nvlink_domain:
         attrs["nvlinkDomain"] = _string(gpu.nvlink_domain)
@@ -225,7 +226,7 @@ class _MigShape:
         }
 
 
-def _mig_device(
+def mig_device(
     inventory: Inventory, gpu: Gpu, mig: MigDevice | None = None, profile: MigProfile | None = None,
     placement: MigPlacement | None = None,
 ) -> Json:
@@ -240,6 +241,8 @@ def _mig_device(
     if mig is not None:
         attrs["uuid"] = _string(mig.uuid)
     attrs.update(_product_attributes(inventory, gpu))
+    if gpu.nvlink_domain:  # a MIG device reaches what its GPU reaches (gangs of MIG devices can match on it)
+        attrs["nvlinkDomain"] = _string(gpu.nvlink_domain)
     return {
         "name": mig_device_name(gpu.minor, name, gi, start),
         "attributes": attrs,
@@ -310,21 +313,21 @@ def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) 
     occupied = [m.placement for m in migs] + [gi.placement for gi in gpu.gpu_instances]
     devices: list[Json] = []
     if not occupied:
-        whole = _gpu_device(inventory, gpu)
+        whole = gpu_device(inventory, gpu)
         whole["consumesCounters"] = [{
             "counterSet": counter_set_name(gpu.minor),
             "counters": {k: {"value": format_bytes(v)} for k, v in budget.items()},
         }]
         devices.append(whole)
     for mig in migs:
-        device = _mig_device(inventory, gpu, mig=mig)
+        device = mig_device(inventory, gpu, mig=mig)
         device["consumesCounters"] = [_consumes(gpu, _MigShape.of(mig), mig.placement, gpu.profile(mig.profile))]
         devices.append(device)
     for profile in gpu.mig_profiles:
         for placement in profile.placements:
             if any(placement.overlaps(taken) for taken in occupied):
                 continue
-            device = _mig_device(inventory, gpu, profile=profile, placement=placement)
+            device = mig_device(inventory, gpu, profile=profile, placement=placement)
             device["consumesCounters"] = [_consumes(gpu, _MigShape.of(profile), placement, profile)]
             devices.append(device)
     if len(devices) > MAX_DEVICES_WITH_COUNTERS or len(budget) > MAX_SHARED_COUNTERS_PER_SLICE:
