@@ -8,7 +8,7 @@ that failed to fit once is not tried again.
 from __future__ import annotations
 
 from agent.arbiter.core.placing import chunk_shape, place_chunk
-from agent.arbiter.core.session import JobOrder, Session, request_of
+from agent.arbiter.core.session import JobOrder, Session
 
 
 def allocate(session: Session) -> None:
@@ -21,7 +21,7 @@ def allocate(session: Session) -> None:
             break  # every pending pod needs more GPU than is left anywhere: nothing more can fit
 
         chunk = job.chunk()
-        if chunk is None or not session.admissible(job, request_of(chunk)):
+        if chunk is None or not session.admissible(job, job.chunk_request()):
             continue
         shape = chunk_shape(chunk)
         if shape in failed:

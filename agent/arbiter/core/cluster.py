@@ -6,28 +6,57 @@ promising resources still being released, needs room only `after`. GPUs are trac
 so fractional pods share a device and whole-GPU pods take devices that are empty in the needed layers.
 
 Nodes are bucketed by how many whole GPUs they can bind, so finding a node for a whole-GPU pod walks buckets
-(binpack: fewest free first; spread: most) instead of scanning every node.
+(binpack: fewest free first; spread: most) instead of scanning every node. A pod coming or going updates the
+counters behind the buckets GPU by GPU, never by rescanning its node: actions try (and undo) tens of thousands
+of moves per cycle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from agent.arbiter.core.model import MILLI, NodeSpec, Placement, PodSpec
 
 
-@dataclass(frozen=True, slots=True)
-class Seat:
+class Seat(NamedTuple):
     """Where a pod sits: a node and the GPU indices it uses (one index for a fractional pod)."""
 
     node: int
     gpus: tuple[int, ...]
 
 
+class NodeSet(dict[int, None]):
+    """Node indices in insertion order (re-adding a member keeps its place), for buckets scanned in order.
+
+    A plain dict, except that it compacts itself: a dict keeps a slot for every deleted key until it next grows,
+    and iterating walks those slots, so a bucket that once held every node and now holds none would be walked
+    whole on every search. Rebuilt once the deleted outnumber the members, a scan costs the members only.
+    """
+
+    __slots__ = ("_deleted",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._deleted = 0
+
+    def add(self, i: int) -> None:
+        self[i] = None
+
+    def discard(self, i: int) -> None:
+        if i in self:
+            del self[i]
+            self._deleted += 1
+            if self._deleted > len(self) + 8:
+                members = list(self)
+                self.clear()  # drops the old slots
+                self.update(dict.fromkeys(members))  # same order
+                self._deleted = 0
+
+
 class Node:
     __slots__ = ("after_free", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index", "mem_after",
-                 "mem_now", "releases", "spec", "whole_free")
+                 "mem_now", "partial", "releases", "spec", "whole_free")
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
@@ -39,11 +68,10 @@ class Node:
         listed = {i for d in spec.nvlink_domains for i in d}
         self.domains = list(spec.nvlink_domains) + [(i,) for i in range(spec.gpus) if i not in listed]
         self.releases = 0  # pods on this node whose release is pending (releasing or evicted this cycle)
+        # counters kept up to date GPU by GPU as pods come and go, so no change rescans the node
         self.whole_free = spec.gpus  # GPUs empty now and after: bindable whole
         self.after_free = spec.gpus  # GPUs empty after pending releases: promisable whole
-
-    def count_whole_free(self) -> int:
-        return sum(1 for a, b in zip(self.gpu_now, self.gpu_after, strict=True) if a == 0 and b == 0)
+        self.partial = 0  # (GPU, layer) pairs partly used: the node has room for fractional pods
 
     def selects(self, pod: PodSpec) -> bool:
         if not pod.node_selector:
@@ -58,12 +86,12 @@ class Cluster:
         self.by_name = {n.spec.name: n.index for n in self.nodes}
         self.placement = placement
         top = max((n.spec.gpus for n in self.nodes), default=0)
-        self.buckets: list[dict[int, None]] = [{} for _ in range(top + 1)]
+        self.buckets = [NodeSet() for _ in range(top + 1)]
         for n in self.nodes:
-            self.buckets[n.whole_free][n.index] = None
-        self.shared: dict[int, None] = {}  # nodes with a partly used GPU
-        self.releasing: dict[int, None] = {}  # nodes with pending releases: room for pipelining
-        self.releasing_buckets: list[dict[int, None]] = [{} for _ in range(top + 1)]  # by after_free
+            self.buckets[n.whole_free].add(n.index)
+        self.shared = NodeSet()  # nodes with a partly used GPU
+        self.releasing = NodeSet()  # nodes with pending releases: room for pipelining
+        self.releasing_buckets = [NodeSet() for _ in range(top + 1)]  # by after_free
         self.gpu_after_free = sum(n.spec.gpus for n in self.nodes) * MILLI
 
     # -- accounting -------------------------------------------------------------------------------------
@@ -71,46 +99,63 @@ class Cluster:
     def occupy(self, pod: PodSpec, seat: Seat, now: bool, after: bool, sign: int) -> None:
         """Take (sign 1) or give back (sign -1) a pod's resources in the given layers."""
         node = self.nodes[seat.node]
-        share = pod.gpu_milli if pod.fractional else MILLI
+        milli = pod.gpu_milli
+        share = sign * (milli if 0 < milli < MILLI else MILLI)  # a whole-GPU pod fills each of its devices
         if now:
             node.cpu_now -= sign * pod.cpu_milli
             node.mem_now -= sign * pod.mem_bytes
-            for g in seat.gpus:
-                node.gpu_now[g] += sign * share
         if after:
             node.cpu_after -= sign * pod.cpu_milli
             node.mem_after -= sign * pod.mem_bytes
-            for g in seat.gpus:
-                node.gpu_after[g] += sign * share
-            self.gpu_after_free -= sign * share * len(seat.gpus)
-        self._reindex(node)
+            self.gpu_after_free -= share * len(seat.gpus)
+        gpu_now, gpu_after = node.gpu_now, node.gpu_after
+        whole = node.whole_free
+        after_free = node.after_free
+        partial = node.partial
+        for g in seat.gpus:
+            a, b = gpu_now[g], gpu_after[g]
+            # take this GPU's part out of the counters, change it, put it back
+            whole -= a == 0 and b == 0
+            after_free -= b == 0
+            partial -= (0 < a < MILLI) + (0 < b < MILLI)
+            if now:
+                a += share
+                gpu_now[g] = a
+            if after:
+                b += share
+                gpu_after[g] = b
+            whole += a == 0 and b == 0
+            after_free += b == 0
+            partial += (0 < a < MILLI) + (0 < b < MILLI)
+        self._reindex(node, whole, after_free, partial)
 
     def mark_release(self, node_index: int, sign: int) -> None:
         node = self.nodes[node_index]
         node.releases += sign
         if node.releases > 0:
-            self.releasing[node_index] = None
-            self.releasing_buckets[node.after_free][node_index] = None
+            self.releasing.add(node_index)
+            self.releasing_buckets[node.after_free].add(node_index)
         else:
-            self.releasing.pop(node_index, None)
-            self.releasing_buckets[node.after_free].pop(node_index, None)
+            self.releasing.discard(node_index)
+            self.releasing_buckets[node.after_free].discard(node_index)
 
-    def _reindex(self, node: Node) -> None:
-        free = node.count_whole_free()
-        if free != node.whole_free:
-            del self.buckets[node.whole_free][node.index]
-            self.buckets[free][node.index] = None
-            node.whole_free = free
-        after = node.gpu_after.count(0)
-        if after != node.after_free:
+    def _reindex(self, node: Node, whole: int, after_free: int, partial: int) -> None:
+        # a node moves to the end of its new bucket only when its count changed: bucket order is insertion order
+        if whole != node.whole_free:
+            self.buckets[node.whole_free].discard(node.index)
+            self.buckets[whole].add(node.index)
+            node.whole_free = whole
+        if after_free != node.after_free:
             if node.releases > 0:
-                del self.releasing_buckets[node.after_free][node.index]
-                self.releasing_buckets[after][node.index] = None
-            node.after_free = after
-        if any(0 < u < MILLI for u in node.gpu_now) or any(0 < u < MILLI for u in node.gpu_after):
-            self.shared[node.index] = None
-        else:
-            self.shared.pop(node.index, None)
+                self.releasing_buckets[node.after_free].discard(node.index)
+                self.releasing_buckets[after_free].add(node.index)
+            node.after_free = after_free
+        if (partial > 0) != (node.partial > 0):
+            if partial:
+                self.shared.add(node.index)
+            else:
+                self.shared.discard(node.index)
+        node.partial = partial
 
     # -- finding room -----------------------------------------------------------------------------------
 
@@ -123,15 +168,21 @@ class Cluster:
             return self._find_cpu_only(pod, bind, exclude)
         if pod.fractional:
             return self._find_shared(pod, bind, exclude)
-        count = pod.gpu_milli // MILLI
+        return self._find_whole(pod, pod.gpu_milli // MILLI, bind, held, exclude=exclude, gang_gpus=gang_gpus)
+
+    def _find_whole(self, pod: PodSpec, count: int, bind: bool, held: Mapping[int, Iterable[int]], *,
+                    exclude: int, gang_gpus: int) -> Seat | None:
+        """`count` whole GPUs for `pod` (whose own GPU request is not looked at: a fractional pod may ask for a
+        fresh device)."""
         buckets = self.buckets if bind else self.releasing_buckets
         order = range(count, len(buckets))
         if self.placement.gpu == "spread":
             order = range(len(buckets) - 1, count - 1, -1)
+        nodes = self.nodes
         for free in order:
             for i in buckets[free]:
                 if i != exclude:
-                    seat = self._seat_whole(self.nodes[i], pod, count, bind, held.get(i, ()), gang_gpus=gang_gpus)
+                    seat = self._seat_whole(nodes[i], pod, count, bind, held.get(i, ()), gang_gpus=gang_gpus)
                     if seat is not None:
                         return seat
         return None
@@ -153,7 +204,7 @@ class Cluster:
         return all(layer[g] + need <= MILLI for layer in layers for g in seat.gpus)
 
     def _seat_whole(
-        self, node: Node, pod: PodSpec, count: int, bind: bool, held: Iterable[int], *, gang_gpus: int = 0
+        self, node: Node, pod: PodSpec, count: int, bind: bool, held: Iterable[int], *, gang_gpus: int
     ) -> Seat | None:
         if not self.fits_cpu_mem(node, pod, bind):
             return None
@@ -193,7 +244,7 @@ class Cluster:
                     best, best_used = Seat(i, (g,)), used
         if best is not None and binpack:
             return best
-        whole = self.find(_one_gpu(pod), bind, {}, exclude)
+        whole = self._find_whole(pod, 1, bind, {}, exclude=exclude, gang_gpus=0)  # a fresh GPU
         if whole is not None:
             return whole
         return best if best is not None else self._find_shared_anywhere(pod, bind, exclude)
@@ -223,7 +274,3 @@ class Cluster:
                     best, best_free = Seat(i, ()), free
         return best
 
-
-def _one_gpu(pod: PodSpec) -> PodSpec:
-    """The same pod asking for a whole device: where a fractional pod opens a fresh GPU."""
-    return replace(pod, gpu_milli=MILLI)

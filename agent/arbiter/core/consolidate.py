@@ -12,17 +12,25 @@ from collections.abc import Sequence
 
 from agent.arbiter.core.model import MILLI
 from agent.arbiter.core.placing import chunk_shape, place_chunk
-from agent.arbiter.core.session import Job, JobOrder, Pod, Session, gpu_request, request_of
+from agent.arbiter.core.session import Job, JobOrder, Pod, Session, gpu_request
 
 MAX_MOVES = 16  # KAI's default max-consolidation-preemptees
 
 
 def consolidate(session: Session) -> None:
-    order = JobOrder(session, (j for j in session.jobs if j.preemptible and j.chunk() is not None))
+    waiting = [j for j in session.jobs if j.preemptible and j.chunk() is not None]
+    # moves keep the free GPU total and every success takes from it, so it only shrinks: once it is below the
+    # smallest pending pod, no chunk can pass the check below any more
+    smallest = min((p.spec.gpu_milli for j in waiting for p in j.pending()), default=0)
+    if session.cluster.gpu_after_free < smallest:
+        return
+    order = JobOrder(session, waiting)
     failed: set[tuple[tuple[object, ...], ...]] = set()
     while (job := order.pop()) is not None:
+        if session.cluster.gpu_after_free < smallest:
+            break
         chunk = job.chunk()
-        if chunk is None or not session.admissible(job, request_of(chunk)):
+        if chunk is None or not session.admissible(job, job.chunk_request()):
             continue
         shape = chunk_shape(chunk)
         if shape in failed or gpu_request(chunk) > session.cluster.gpu_after_free:

@@ -48,7 +48,4 @@ def place_chunk(session: Session, job: Job, chunk: Sequence[Pod], exclude: int =
 
 def chunk_shape(chunk: Sequence[Pod]) -> tuple[tuple[object, ...], ...]:
     """What decides whether a chunk fits, independent of its queue: used to skip repeats of a failed shape."""
-    return tuple(
-        (p.spec.gpu_milli, p.spec.cpu_milli, p.spec.mem_bytes, tuple(sorted(p.spec.node_selector.items())))
-        for p in chunk
-    )
+    return tuple(p.shape for p in chunk)

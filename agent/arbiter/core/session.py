@@ -11,15 +11,17 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from operator import attrgetter
+from typing import Literal, NamedTuple
 
-from agent.arbiter.core.cluster import Cluster, Seat
+from agent.arbiter.core.cluster import Cluster, Node, Seat
 from agent.arbiter.core.fairshare import fair_shares
 from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, PodSpec, QueueSpec, Snapshot, Vector
 from agent.arbiter.core.snapshot import SnapshotError
 
 EPS = 1e-6
+_NAME = attrgetter("name")
+_TASK_ORDER = attrgetter("task_priority", "gpu_milli")
 State = Literal["running", "pending", "releasing", "bound", "pipelined", "evicted"]
 Cause = Literal["reclaim", "preempt", "consolidate"]
 
@@ -40,11 +42,17 @@ class Queue:
         self.quota_raw = tuple(t.quota for t in spec.terms)
         self.quota: Vector = (0.0, 0.0, 0.0)  # -1 resolved to the level total
         self.limit = tuple(math.inf if t.limit == UNLIMITED else t.limit for t in spec.terms)
-        self.heap: list[tuple[tuple[int, int, float, int], int, Job, list[float]]] = []
+        self.heap: list[_Entry] = []
+
+
+# a waiting job in its leaf's heap: the job key (its fields; the job index makes it unique), the job, and the
+# request its queue is ranked with
+_Entry = tuple[int, int, float, int, "Job", Vector]
 
 
 class Job:
-    __slots__ = ("active", "gained", "index", "pods", "preemptible", "queue", "spec")
+    __slots__ = ("_chunk", "_pending", "active", "gained", "index", "pods", "preemptible", "queue", "running",
+                 "spec")
 
     def __init__(self, spec: JobSpec, index: int, queue: Queue) -> None:
         self.spec = spec
@@ -53,7 +61,12 @@ class Job:
         self.preemptible = spec.preemptible
         self.pods: list[Pod] = []  # by task priority, highest first
         self.active = 0  # pods running, bound or pipelined (counted toward minMember)
+        self.running = 0  # pods running and not evicted: what a victim still has to give
         self.gained = 0  # pods bound or pipelined this cycle: such a job is no victim in the same cycle
+        # caches, dropped whenever a pod leaves or re-enters pending (see `Session`); the chunk also depends on
+        # `active`, so it is kept with the value it was computed for
+        self._pending: list[Pod] | None = None
+        self._chunk: tuple[int, list[Pod] | None, Vector] | None = None
 
     def key(self) -> tuple[int, int, float, int]:
         """Job order inside a leaf: priority, then gangs below minMember before at-min before elastic growth,
@@ -62,25 +75,46 @@ class Job:
         return (-self.spec.priority, at, self.spec.created_at, self.index)
 
     def pending(self) -> list[Pod]:
-        return [p for p in self.pods if p.state == "pending"]
+        """The pods still waiting, in task order (shared: do not modify)."""
+        if self._pending is None:
+            self._pending = [p for p in self.pods if p.state == "pending"]
+        return self._pending
 
     def chunk(self) -> list[Pod] | None:
         """The pods to place next: the missing part of the gang, or one pod of elastic growth."""
+        cached = self._chunk
+        return (cached if cached is not None and cached[0] == self.active else self._next())[1]
+
+    def chunk_request(self) -> Vector:
+        """What the next chunk asks for in all (zero when there is no chunk)."""
+        cached = self._chunk
+        return (cached if cached is not None and cached[0] == self.active else self._next())[2]
+
+    def pending_changed(self) -> None:
+        self._pending = self._chunk = None
+
+    def _next(self) -> tuple[int, list[Pod] | None, Vector]:
         pending = self.pending()
-        if not pending:
-            return None
-        if self.active >= self.spec.min_member:
-            return pending[:1]
-        missing = self.spec.min_member - self.active
-        return pending[:missing] if len(pending) >= missing else None
+        chunk: list[Pod] | None = None
+        if pending:
+            if self.active >= self.spec.min_member:
+                chunk = pending[:1]
+            else:
+                missing = self.spec.min_member - self.active
+                chunk = pending[:missing] if len(pending) >= missing else None
+        self._chunk = (self.active, chunk, request_of(chunk or ()))
+        return self._chunk
 
 
 class Pod:
-    __slots__ = ("cause", "job", "moved_to", "req", "seat", "spec", "state", "was")
+    __slots__ = ("cause", "job", "moved_to", "req", "seat", "shape", "spec", "state", "was")
 
     def __init__(self, spec: PodSpec, job: Job) -> None:
         self.spec = spec
         self.req = spec.request
+        # what decides where the pod fits, whoever asks: pods of one shape fit or fail alike
+        selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
+        self.shape = (spec.gpu_milli, spec.cpu_milli, spec.mem_bytes, selector)
         self.job = job
         self.state: State = "pending"
         self.was: State = "pending"  # state at the start of the cycle
@@ -89,11 +123,11 @@ class Pod:
         self.cause: Cause | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Op:
+class _Op(NamedTuple):
     kind: Literal["bind", "pipeline", "evict", "move", "restore", "demote"]
     pod: Pod
     seat: Seat | None
+    cause: Cause | None = None  # restore: the eviction's cause, back if the restore is undone
 
 
 class Session:
@@ -118,7 +152,9 @@ class Session:
         self.pods: list[Pod] = []
         self.node_pods: list[list[Pod]] = [[] for _ in self.cluster.nodes]
         for job in self.jobs:
-            specs = sorted(job.spec.pods, key=lambda p: (-p.task_priority, -p.gpu_milli, p.name))
+            # task priority, then size, both descending; then name (two stable sorts, no per-pod key tuple)
+            specs = sorted(job.spec.pods, key=_NAME)
+            specs.sort(key=_TASK_ORDER, reverse=True)
             job.pods = [Pod(p, job) for p in specs]
             self.pods.extend(job.pods)
         self.log: list[_Op] = []
@@ -132,10 +168,13 @@ class Session:
         placed = [p for p in self.pods if p.spec.node is not None]
         # fractional pods with a known GPU first, so whole-GPU pods take the devices nobody shares
         placed.sort(key=lambda p: (p.spec.gpu_index is None, p.spec.fractional))
+        held: dict[tuple[int, int], list[int]] = {}  # (job, node) -> GPUs the job's pods hold there
+        nodes, by_name = self.cluster.nodes, self.cluster.by_name
         for pod in placed:
-            node = self.cluster.nodes[self.cluster.by_name[pod.spec.node or ""]]
+            node = nodes[by_name[pod.spec.node or ""]]
             running = pod.spec.status == "Running"
-            seat = self._initial_seat(pod)
+            where = (pod.job.index, node.index)
+            seat = self._initial_seat(pod, node, held.get(where, ()))
             if seat is None:
                 raise SnapshotError(f"pod {pod.spec.name!r} does not fit on node {node.spec.name!r} beside the "
                                     "other pods placed there.")
@@ -143,14 +182,15 @@ class Session:
             pod.seat = seat
             pod.state = pod.was = "running" if running else "releasing"
             if running:
+                pod.job.running += 1
                 self._account(pod, 1)
-                pod.job.active += 1
             else:
                 self.cluster.mark_release(seat.node, 1)
             self.node_pods[seat.node].append(pod)
+            held.setdefault(where, []).extend(seat.gpus)
 
-    def _initial_seat(self, pod: Pod) -> Seat | None:
-        node = self.cluster.nodes[self.cluster.by_name[pod.spec.node or ""]]
+    @staticmethod
+    def _initial_seat(pod: Pod, node: Node, held: Sequence[int]) -> Seat | None:
         spec = pod.spec
         if node.cpu_now < spec.cpu_milli - EPS or node.mem_now < spec.mem_bytes - EPS:
             return None
@@ -163,23 +203,24 @@ class Session:
                 return None
             return Seat(node.index, (max(fitting, key=lambda g: (node.gpu_now[g], -g)),))
         count = spec.gpu_milli // MILLI
-        held = [g for p in self.node_pods[node.index] if p.job is pod.job and p.seat for g in p.seat.gpus]
-        free = [g for g in range(node.spec.gpus) if node.gpu_now[g] == 0]
+        used = node.gpu_now
+        free = [g for g in range(node.spec.gpus) if used[g] == 0]
         if len(free) < count:
             return None
-        for domain in sorted(node.domains, key=lambda d: not set(held).intersection(d)):
-            mine = [g for g in domain if node.gpu_now[g] == 0]
-            if len(mine) >= count:
-                return Seat(node.index, tuple(mine[:count]))
+        domains = node.domains
+        if held and len(domains) > 1:  # the domain that already holds some of the gang first
+            mine = set(held)
+            domains = sorted(domains, key=mine.isdisjoint)
+        for domain in domains:
+            fitting = [g for g in domain if used[g] == 0]
+            if len(fitting) >= count:
+                return Seat(node.index, tuple(fitting[:count]))
         return Seat(node.index, tuple(free[:count]))
 
     def _compute_fair_shares(self, snapshot: Snapshot) -> None:
         demand: dict[str, Vector] = {}
         for job in self.jobs:
-            total = [0.0, 0.0, 0.0]
-            for pod in job.pods:
-                for r, v in enumerate(pod.spec.request):
-                    total[r] += v
+            total = request_of(job.pods)
             prev = demand.get(job.queue.spec.name, (0.0, 0.0, 0.0))
             demand[job.queue.spec.name] = (prev[0] + total[0], prev[1] + total[1], prev[2] + total[2])
         nodes = snapshot.nodes
@@ -238,8 +279,8 @@ class Session:
         self.cluster.occupy(pod.spec, pod.seat, now=False, after=True, sign=-1)
         self.cluster.mark_release(pod.seat.node, 1)
         pod.state, pod.cause = "evicted", cause
+        pod.job.running -= 1
         self._account(pod, -1)
-        pod.job.active -= 1
         self.log.append(_Op("evict", pod, pod.seat))
 
     def restore(self, pod: Pod) -> None:
@@ -247,79 +288,85 @@ class Session:
         assert pod.seat is not None and pod.state == "evicted"
         self.cluster.occupy(pod.spec, pod.seat, now=False, after=True, sign=1)
         self.cluster.mark_release(pod.seat.node, -1)
-        pod.state, pod.cause = "running", None
+        cause, pod.state, pod.cause = pod.cause, "running", None
+        pod.job.running += 1
         self._account(pod, 1)
-        pod.job.active += 1
-        self.log.append(_Op("restore", pod, pod.seat))
+        self.log.append(_Op("restore", pod, pod.seat, cause))
 
     def move(self, pod: Pod, seat: Seat) -> None:
         """An evicted pod is promised a new seat (consolidation): it keeps its job whole."""
         self.cluster.occupy(pod.spec, seat, now=False, after=True, sign=1)
         pod.moved_to = seat
         self._account(pod, 1)
-        pod.job.active += 1
         self.log.append(_Op("move", pod, seat))
 
     def _enter(self, pod: Pod, seat: Seat, state: State) -> None:
         pod.seat, pod.state = seat, state
-        self._account(pod, 1)
-        pod.job.active += 1
+        pod.job.pending_changed()
         pod.job.gained += 1
+        self._account(pod, 1)
         self.log.append(_Op("bind" if state == "bound" else "pipeline", pod, seat))
 
     def _undo(self, op: _Op) -> None:
-        pod, seat = op.pod, op.seat
+        kind, pod, seat, cause = op
         assert seat is not None
-        if op.kind in ("bind", "pipeline"):
-            self.cluster.occupy(pod.spec, seat, now=op.kind == "bind", after=True, sign=-1)
-            pod.seat, pod.state = None, "pending"
-            self._account(pod, -1)
-            pod.job.active -= 1
-            pod.job.gained -= 1
-        elif op.kind == "demote":
-            self.cluster.occupy(pod.spec, seat, now=True, after=False, sign=1)
-            pod.state = "bound"
-        elif op.kind == "evict":
-            self.cluster.occupy(pod.spec, seat, now=False, after=True, sign=1)
+        occupy = self.cluster.occupy
+        if kind == "evict":
+            occupy(pod.spec, seat, now=False, after=True, sign=1)
             self.cluster.mark_release(seat.node, -1)
             pod.state, pod.cause = "running", None
+            pod.job.running += 1
             self._account(pod, 1)
-            pod.job.active += 1
-        elif op.kind == "restore":
-            self.cluster.occupy(pod.spec, seat, now=False, after=True, sign=-1)
-            self.cluster.mark_release(seat.node, 1)
-            pod.state = "evicted"
+        elif kind in ("bind", "pipeline"):
+            occupy(pod.spec, seat, now=kind == "bind", after=True, sign=-1)
+            pod.seat, pod.state = None, "pending"
+            pod.job.pending_changed()
+            pod.job.gained -= 1
             self._account(pod, -1)
-            pod.job.active -= 1
+        elif kind == "demote":
+            occupy(pod.spec, seat, now=True, after=False, sign=1)
+            pod.state = "bound"
+        elif kind == "restore":
+            occupy(pod.spec, seat, now=False, after=True, sign=-1)
+            self.cluster.mark_release(seat.node, 1)
+            pod.state, pod.cause = "evicted", cause
+            pod.job.running -= 1
+            self._account(pod, -1)
         else:  # move
-            self.cluster.occupy(pod.spec, seat, now=False, after=True, sign=-1)
+            occupy(pod.spec, seat, now=False, after=True, sign=-1)
             pod.moved_to = None
             self._account(pod, -1)
-            pod.job.active -= 1
 
     def _account(self, pod: Pod, sign: int) -> None:
-        req = pod.req
-        np = not pod.job.preemptible
-        for q in pod.job.queue.path:
+        """A pod starts (1) or stops (-1) counting toward its job's members and its queues' allocation."""
+        job = pod.job
+        job.active += sign
+        gpu, cpu, mem = pod.req
+        if sign < 0:
+            gpu, cpu, mem = -gpu, -cpu, -mem
+        path = job.queue.path
+        for q in path:
             alloc = q.alloc
-            alloc[0] += sign * req[0]
-            alloc[1] += sign * req[1]
-            alloc[2] += sign * req[2]
-            if np:
-                q.alloc_np[0] += sign * req[0]
-                q.alloc_np[1] += sign * req[1]
-                q.alloc_np[2] += sign * req[2]
-            self.dirty.add(q)
+            alloc[0] += gpu
+            alloc[1] += cpu
+            alloc[2] += mem
+        if not job.preemptible:
+            for q in path:
+                alloc = q.alloc_np
+                alloc[0] += gpu
+                alloc[1] += cpu
+                alloc[2] += mem
+        self.dirty.update(path)
 
 
-def request_of(pods: Iterable[Pod]) -> list[float]:
-    total = [0.0, 0.0, 0.0]
+def request_of(pods: Iterable[Pod]) -> Vector:
+    gpu = cpu = mem = 0.0
     for p in pods:
         req = p.req
-        total[0] += req[0]
-        total[1] += req[1]
-        total[2] += req[2]
-    return total
+        gpu += req[0]
+        cpu += req[1]
+        mem += req[2]
+    return (gpu, cpu, mem)
 
 
 def queue_key(q: Queue, req: Sequence[float]) -> tuple[bool, bool, int, float, int]:
@@ -339,24 +386,35 @@ def queue_key(q: Queue, req: Sequence[float]) -> tuple[bool, bool, int, float, i
     return (over, not within, -q.priority, share, q.index)
 
 
+Ranked = tuple[Job, Vector, tuple[bool, bool, int, float, int]]  # a subtree's best job, its request, the key
+
+
 class JobOrder:
     """Pending jobs in queue order: a walk from the top of the queue tree, at each level taking the child whose
-    best job ranks first. Cached per subtree; a subtree is re-ranked only when its allocation changed."""
+    best job ranks first. Cached per subtree with the subtree's own rank; a subtree is re-ranked only when its
+    allocation or its jobs changed, so a pop re-ranks one path of the tree."""
 
     def __init__(self, session: Session, jobs: Iterable[Job]) -> None:
         self.session = session
         for q in session.queues:
             q.heap = []
         for job in jobs:
-            self.push(job)
-        self.best: dict[Queue | None, tuple[Job, list[float]] | None] = {}
+            job.queue.heap.append(self._entry(job))
+        for q in session.queues:
+            heapq.heapify(q.heap)  # entries are unique (job index), so the pop order is the push order's
+        self.best: dict[Queue | None, Ranked | None] = {}
         session.dirty.clear()
 
     def push(self, job: Job) -> None:
-        # the request that ranks the job's queue: its next chunk (fixed while the job waits in the heap)
-        req = request_of(job.chunk() or job.pending()[:1])
-        heapq.heappush(job.queue.heap, (job.key(), job.index, job, req))
+        heapq.heappush(job.queue.heap, self._entry(job))
         self.session.dirty.add(job.queue)
+
+    @staticmethod
+    def _entry(job: Job) -> _Entry:
+        # the request that ranks the job's queue: its next chunk (fixed while the job waits in the heap)
+        req = job.chunk_request() if job.chunk() is not None else request_of(job.pending()[:1])
+        priority, standing, created, index = job.key()
+        return (priority, standing, created, index, job, req)  # flat: cheaper to compare than a nested key
 
     def pop(self) -> Job | None:
         self._invalidate()
@@ -369,29 +427,33 @@ class JobOrder:
         return job
 
     def _invalidate(self) -> None:
-        for q in self.session.dirty:
-            for a in q.path:
-                self.best.pop(a, None)
-            self.best.pop(None, None)
-        self.session.dirty.clear()
+        dirty = self.session.dirty
+        if dirty:
+            best = self.best
+            for q in dirty:
+                for a in q.path:
+                    best.pop(a, None)
+            best.pop(None, None)
+            dirty.clear()
 
-    def _best(self, q: Queue | None) -> tuple[Job, list[float]] | None:
-        if q in self.best:
-            return self.best[q]
+    def _best(self, q: Queue | None) -> Ranked | None:
+        best = self.best
+        if q in best:
+            return best[q]
         kids = self.session.children.get(q, [])
-        found: tuple[Job, list[float]] | None = None
+        found: Ranked | None = None
         if q is not None and not kids:
             if q.heap:
-                found = (q.heap[0][2], q.heap[0][3])
+                top = q.heap[0]
+                found = (top[4], top[5], queue_key(q, top[5]))
         else:
-            rank = None
             for child in kids:
-                candidate = self._best(child)
-                if candidate is not None:
-                    key = queue_key(child, candidate[1])
-                    if rank is None or key < rank:
-                        found, rank = candidate, key
-        self.best[q] = found
+                candidate = best[child] if child in best else self._best(child)
+                if candidate is not None and (found is None or candidate[2] < found[2]):
+                    found = candidate
+            if found is not None and q is not None:
+                found = (found[0], found[1], queue_key(q, found[1]))
+        best[q] = found
         return found
 
 
