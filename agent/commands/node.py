@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubelet-root", default=_env("KUBELET_ROOT", "/var/lib/kubelet"), help="env KUBELET_ROOT")
     p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory (env CDI_ROOT)")
     p.add_argument(
-        "--state-dir", default=_env("STATE_DIR", "/var/lib/gpu-dra-agent"), help="checkpoint directory (env STATE_DIR)"
+        "--state-dir",
+        default=_env("STATE_DIR", "/var/run/gpu-dra-agent"),
+        help="checkpoint directory; claims are void after a reboot, so /run (tmpfs) suits it (env STATE_DIR)",
     )
     p.add_argument(
         "--metrics-addr", default=_env("METRICS_ADDR", ":9400"), help="Prometheus [host]:port, empty to disable"

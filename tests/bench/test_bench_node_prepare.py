@@ -36,8 +36,8 @@ from tests.integration.test_node_support import (
 CYCLES = int(os.environ.get("NODE_BENCH_CYCLES", "1000"))
 WARMUP = 50
 PROFILED_CYCLES = 200
-# Where the state dir and CDI root live: the VM disk (ext4, fsync ~ms here) or tmpfs (no disk latency: the
-# cost of the code path itself). On a real node the CDI root (/var/run/cdi) is tmpfs, the state dir is disk.
+# Where the state dir and CDI root live: tmpfs, as deployed (both under /var/run, cleared at boot like the
+# claims they describe), or the VM disk (ext4: each checkpoint save's fsyncs are journal commits, ~ms here).
 STORAGE = {"disk": "/tmp", "tmpfs": "/dev/shm"}
 TARGET_P99_MS = 10.0
 STARTS = 3
