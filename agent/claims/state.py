@@ -138,7 +138,7 @@ class ClaimStates:
         for entry in started:
             try:
                 self.specs.write(entry.uid, entry.cdi_spec or {})
-                # Applying TimeSlicing / MPS (agent.sharing) belongs here, between Started and Completed.
+                # Applying TimeSlicing / MPS on the node (not done yet) belongs here, between Started and Completed.
             except Exception as exc:
                 log.exception("writing the CDI spec of claim %s failed", entry.uid)
                 results[entry.uid] = PrepareResult(error=f"cannot write CDI spec: {exc}")
