@@ -58,6 +58,25 @@ def _env(device: Mapping[str, Any]) -> Mapping[str, Any]:
     return device_variable(DRIVER, device)
 
 
+# The CEL `device` of each whole GPU, per inventory (frozen, so its GPUs' attributes never change): building
+# it (attributes, quantities) is most of a fit's cost on a node asked often, such as a simulator's. Keyed by
+# identity, holding the inventory so the id cannot be reused; a handful of live inventories per process.
+_GPU_ENVS: dict[int, tuple[Inventory, dict[int, Mapping[str, Any]]]] = {}
+_GPU_ENVS_MAX = 8192
+
+
+def _gpu_env(inv: Inventory, gpu: Gpu) -> Mapping[str, Any]:
+    entry = _GPU_ENVS.get(id(inv))
+    if entry is None or entry[0] is not inv:
+        if len(_GPU_ENVS) >= _GPU_ENVS_MAX:
+            _GPU_ENVS.clear()
+        entry = _GPU_ENVS[id(inv)] = (inv, {})
+    env = entry[1].get(gpu.minor)
+    if env is None:
+        env = entry[1][gpu.minor] = _env(slice_devices.gpu_device(inv, gpu))
+    return env
+
+
 def occupied_layout(gpu: Gpu, inv: Inventory, usage: NodeUsage) -> list[PlacedProfile]:
     """MIG instances that exist on `gpu` or are promised as possible placements (by name in usage)."""
     layout = []
@@ -95,7 +114,7 @@ def candidates(inv: Inventory, usage: NodeUsage) -> list[Candidate]:
             if name in usage.taken:
                 continue
             free = MILLI - usage.shared_milli.get(name, 0)
-            env = _env(slice_devices.gpu_device(inv, gpu))
+            env = _gpu_env(inv, gpu)
             out.append(Candidate(name, "gpu", gpu, gpu.nvlink_domain, env, free_milli=free))
             continue
         layout = occupied_layout(gpu, inv, usage)

@@ -230,5 +230,5 @@ class GangCoordinator:
         for node, r in held.values():
             try:
                 self.nodes[node].release(reservation_id=r.id)
-            except (UnknownReservation, OSError):
-                continue  # already gone or unreachable: its TTL frees it
+            except (UnknownReservation, Unauthenticated, OSError):
+                continue  # already gone, unreachable or refusing us: its TTL frees it

@@ -1,16 +1,20 @@
 """`gpu-dra-agent simulate SNAPSHOT.json`: run arbiter cycles on a cluster snapshot, print decisions as JSON.
 
-Reading the file and the clock happen here; the decisions are agent.arbiter.core's.
+Reading the file and the clock happen here; the decisions are agent.arbiter.core's. Unless --no-reservations,
+each round's bound gangs are then committed through the reservation protocol to in-process node allocators
+(agent.arbiter.commit): a gang a node refuses is reported pending, with the node's reason as "refused".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 import time
 from typing import Any
 
+from agent.arbiter.commit import ReservationCommit
 from agent.arbiter.core.cycle import (
     DEFAULT_ACTIONS,
     Simulation,
@@ -30,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated actions run once per round, in this order (default: %(default)s)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="cycles to run (default: 1)")
+    parser.add_argument("--no-reservations", dest="reservations", action="store_false",
+                        help="take the arbiter's decisions as they are, without reserving devices on the nodes")
+    parser.add_argument("--report-reservations", action="store_true",
+                        help='add a "reservations" summary: gangs committed, refused, relocated; releases')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,16 +64,22 @@ def _simulate(args: argparse.Namespace, actions: list[str]) -> int:
         return _fail(f"{args.snapshot} is not valid JSON: {e}.")
     try:
         snapshot = parse_snapshot(doc)
-        result = simulate(snapshot, actions, args.rounds, time.perf_counter)
+        commit = ReservationCommit(snapshot.nodes, time.monotonic, secrets.token_urlsafe(32)) \
+            if args.reservations else None
+        result = simulate(snapshot, actions, args.rounds, time.perf_counter, commit)
     except SnapshotError as e:
         return _fail(f"{args.snapshot}: {e}")
-    json.dump(render(result), sys.stdout, indent=2, sort_keys=True)
+    out = render(result, commit)
+    if args.report_reservations:
+        out["reservations"] = reservations_summary(commit)
+    json.dump(out, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0
 
 
-def render(sim: Simulation) -> dict[str, Any]:
+def render(sim: Simulation, commit: ReservationCommit | None = None) -> dict[str, Any]:
     """The output document: per-pod decisions of the last round, fair shares, rounds and cycle times."""
+    refused = commit.stats.refused_pods if commit is not None else {}
     pods: dict[str, Any] = {}
     for name, d in sim.last.pods.items():
         entry: dict[str, Any] = {"outcome": d.outcome, "node": d.node, "action": d.action}
@@ -75,6 +89,8 @@ def render(sim: Simulation) -> dict[str, Any]:
             entry["movedTo"] = d.moved_to
         if d.cause is not None:
             entry["evictedBy"] = d.cause
+        if name in refused:
+            entry["refused"] = refused[name]
         pods[name] = entry
     return {
         "pods": pods,
@@ -82,6 +98,15 @@ def render(sim: Simulation) -> dict[str, Any]:
         "rounds": len(sim.cycle_seconds),
         "cycleSeconds": [round(s, 6) for s in sim.cycle_seconds],
     }
+
+
+def reservations_summary(commit: ReservationCommit | None) -> dict[str, Any]:
+    """Totals over all rounds (zeros when reservations are off)."""
+    if commit is None:
+        return {"committed": 0, "released": 0, "refused": 0, "relocated": 0, "commitSeconds": []}
+    s = commit.stats
+    return {"committed": s.committed, "released": s.released, "refused": s.refused, "relocated": s.relocated,
+            "commitSeconds": [round(t, 6) for t in s.seconds]}
 
 
 def _fail(message: str) -> int:

@@ -39,6 +39,7 @@ class PodDecision:
     gpu_index: int | None = None  # the shared GPU of a fractional pod
     moved_to: str | None = None  # consolidation: the node an evicted pod is promised
     cause: Cause | None = None  # which action evicted it
+    gpus: tuple[int, ...] = ()  # every GPU index of its seat (whole-GPU pods too): what a commit reserves
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +107,12 @@ def gc_paused() -> Iterator[None]:
 
 
 def simulate(
-    snapshot: Snapshot, actions: Sequence[str], rounds: int, clock: Callable[[], float]
+    snapshot: Snapshot, actions: Sequence[str], rounds: int, clock: Callable[[], float],
+    commit: Callable[[CycleResult], CycleResult] | None = None,
 ) -> Simulation:
-    """`rounds` cycles (at least one), each timed with `clock` (seconds, monotonic)."""
+    """`rounds` cycles (at least one), each timed with `clock` (seconds, monotonic). `commit`, when given,
+    carries out each cycle's decisions (outside the timed cycle) and returns them as they turned out: the next
+    round starts from its result."""
     seconds: list[float] = []
     result: CycleResult | None = None
     for _ in range(max(1, rounds)):
@@ -117,6 +121,8 @@ def simulate(
         start = clock()
         result = run_cycle(snapshot, actions)
         seconds.append(clock() - start)
+        if commit is not None:
+            result = commit(result)
     assert result is not None
     return Simulation(last=result, cycle_seconds=tuple(seconds))
 
@@ -134,18 +140,19 @@ def _decide(session: Session, pod: Pod) -> PodDecision:
         return _WAITING
     nodes = session.cluster.nodes
     node = nodes[pod.seat.node].spec.name if pod.seat is not None else None
-    index = pod.seat.gpus[0] if pod.seat is not None and pod.spec.fractional else None
+    gpus = pod.seat.gpus if pod.seat is not None else ()
+    index = gpus[0] if pod.spec.fractional and gpus else None
     if pod.state == "running":
-        return PodDecision("running", node, "keep", index)
+        return PodDecision("running", node, "keep", index, gpus=gpus)
     if pod.state == "bound":
-        return PodDecision("running", node, "bind", index)
+        return PodDecision("running", node, "bind", index, gpus=gpus)
     if pod.state == "pipelined":
-        return PodDecision("pending", node, "pipeline", index)
+        return PodDecision("pending", node, "pipeline", index, gpus=gpus)
     if pod.state == "evicted":
         moved = nodes[pod.moved_to.node].spec.name if pod.moved_to is not None else None
-        return PodDecision("evicted", node, "evict", index, moved, pod.cause)
+        return PodDecision("evicted", node, "evict", index, moved, pod.cause, gpus)
     if pod.state == "releasing":
-        return PodDecision("evicted", node, "keep", index)
+        return PodDecision("evicted", node, "keep", index, gpus=gpus)
     return _WAITING
 
 
