@@ -148,11 +148,11 @@ class NodeAgent:
             self._spawn("health-publish", self._health_publish_loop)
 
     def run(self) -> None:
-        self.start()
         try:
+            self.start()
             self._stop.wait()
         finally:
-            self.shutdown()
+            self.shutdown()  # also after a failed start: no socket or monitor thread is left behind
 
     def stop(self) -> None:
         self._stop.set()

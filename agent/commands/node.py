@@ -12,6 +12,7 @@ from types import FrameType
 
 from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
+from agent.kube.errors import ApiError
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, open_nvml
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
             agent.run()
-    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt) as exc:
+    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError) as exc:
         print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 1
     return 0

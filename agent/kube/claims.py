@@ -9,6 +9,7 @@ from typing import Any
 from kubernetes import client
 
 from agent.kube import errors
+from agent.kube.client import RAW
 
 
 class KubeClaimSource:
@@ -21,7 +22,7 @@ class KubeClaimSource:
         # Raw JSON, not the client's models: opaque config parameters and fields newer than this client
         # arrive exactly as the server sent them, and skipping model decoding keeps prepare fast.
         response: Any = errors.call(
-            lambda: self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            lambda: self._resource.read_namespaced_resource_claim(name, namespace, **RAW)
         )
         claim: Mapping[str, Any] = json.loads(response.data)
         return claim

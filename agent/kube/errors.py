@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 T = TypeVar("T")
 
@@ -44,8 +45,11 @@ def translate(exc: ApiException) -> ApiError:
 
 
 def call(fn: Callable[[], T]) -> T:
-    """Run one client call, raising this module's errors instead of ApiException."""
+    """Run one client call, raising this module's errors instead of the client's: an unreachable or
+    stalled server (urllib3 errors, timeouts, refused connections) is an ApiError with status 0."""
     try:
         return fn()
     except ApiException as exc:
         raise translate(exc) from exc
+    except (HTTPError, OSError) as exc:
+        raise ApiError(0, f"cannot reach the API server: {exc}") from exc

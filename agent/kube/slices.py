@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes import client
 
+from agent.kube.client import RAW
 from agent.kube.errors import NotFound, call
 
 Json = dict[str, Any]
@@ -24,21 +25,21 @@ class SliceApi:
     def list(self, node_name: str, driver: str) -> list[Json]:
         """This node's slices of this driver (both selectors are served for ResourceSlices)."""
         selector = f"spec.nodeName={node_name},spec.driver={driver}"
-        body = _json(call(lambda: self._api.list_resource_slice(field_selector=selector, _preload_content=False)))
+        body = _json(call(lambda: self._api.list_resource_slice(field_selector=selector, **RAW)))
         return list(body.get("items") or [])
 
     def create(self, body: Json) -> Json:
-        return _json(call(lambda: self._api.create_resource_slice(body, _preload_content=False)))
+        return _json(call(lambda: self._api.create_resource_slice(body, **RAW)))
 
     def replace(self, body: Json) -> Json:
         """Update; `metadata.resourceVersion` in `body` makes a concurrent change a Conflict."""
         name = body["metadata"]["name"]
-        return _json(call(lambda: self._api.replace_resource_slice(name, body, _preload_content=False)))
+        return _json(call(lambda: self._api.replace_resource_slice(name, body, **RAW)))
 
     def delete(self, name: str) -> None:
         """Delete; already gone counts as done."""
         with contextlib.suppress(NotFound):
-            call(lambda: self._api.delete_resource_slice(name, _preload_content=False))
+            call(lambda: self._api.delete_resource_slice(name, **RAW))
 
 
 def _json(response: Any) -> Json:

@@ -118,12 +118,15 @@ class Publisher:
         on_result: Callable[[PublishResult], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        """Resync every `interval_s` until `stop` is set; API errors are reported and retried next round."""
+        """Resync every `interval_s` until `stop` is set; any failure is reported and retried next round."""
         while not stop.is_set():
             try:
                 result = self.resync(inventory_source())
-            except ApiError as exc:
-                log.warning("publishing ResourceSlices failed, retrying in %.0fs: %s", interval_s, exc)
+            except Exception as exc:  # this loop is what repairs the slices: it must outlive any failure
+                if isinstance(exc, ApiError):
+                    log.warning("publishing ResourceSlices failed, retrying in %.0fs: %s", interval_s, exc)
+                else:
+                    log.exception("publishing ResourceSlices failed, retrying in %.0fs", interval_s)
                 if on_error:
                     on_error(exc)
             else:
@@ -155,7 +158,7 @@ class Publisher:
                 content = self._content()
                 continue
             except ApiError as exc:
-                if exc.status < 500 and exc.status != 429:
+                if 0 < exc.status < 500 and exc.status != 429:  # a client error: retrying changes nothing
                     raise
                 error = exc
                 self._sleep(self._backoff_s * 2 ** (attempt - 1))

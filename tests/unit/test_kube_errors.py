@@ -1,0 +1,53 @@
+"""API failures reach the agent as agent.kube.errors types, whatever layer of the client raised them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from kubernetes import client
+
+from agent.kube import errors
+from agent.kube.claims import KubeClaimSource
+from agent.slices.publisher import Publisher
+from tests.unit.test_slices_factory import dgx_h100
+
+
+def unreachable_api() -> client.ApiClient:
+    """A client pointed at a closed port: every call is refused at connect time."""
+    cfg = client.Configuration()
+    cfg.host = "http://127.0.0.1:1"
+    return client.ApiClient(cfg)
+
+
+def test_an_unreachable_server_is_an_api_error_not_a_urllib3_one() -> None:
+    with pytest.raises(errors.ApiError) as info:
+        KubeClaimSource(unreachable_api()).get("default", "claim")
+    assert info.value.status == 0
+    assert "cannot reach the API server" in str(info.value)
+
+
+def test_http_statuses_map_to_their_error_types() -> None:
+    for status, kind in ((404, errors.NotFound), (409, errors.Conflict), (410, errors.Gone), (422, errors.Invalid)):
+        exc = errors.translate(client.exceptions.ApiException(status=status, reason="x"))
+        assert type(exc) is kind and exc.status == status
+    assert type(errors.translate(client.exceptions.ApiException(status=500, reason="x"))) is errors.ApiError
+
+
+def test_the_resync_loop_outlives_an_unreachable_server() -> None:
+    """Tried: publishing while the API server is down. The loop must keep trying (and report each failure):
+    it is what repairs the slices once the server is back."""
+    publisher = Publisher(unreachable_api(), "node-a", node_uid="uid-1", backoff_s=0.001)
+    failures: list[Exception] = []
+    stop = threading.Event()
+    loop = threading.Thread(target=publisher.run, args=(stop, dgx_h100, 0.05), kwargs={"on_error": failures.append})
+    loop.start()
+    deadline = time.monotonic() + 10
+    while len(failures) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert loop.is_alive()
+    stop.set()
+    loop.join(timeout=5)
+    assert len(failures) >= 3
+    assert all(isinstance(f, errors.ApiError) and f.status == 0 for f in failures)
