@@ -10,6 +10,7 @@ MIG device before creating one, and then the placement that keeps the most futur
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -129,11 +130,11 @@ class Allocator:
                 raise NoFit(f"request {r.name!r}: no free {r.device_class} device matches")
         groups: list[dict[str, list[Candidate]]] = [eligible]
         for attr in claim.match_attributes:
+            # Group on the value's canonical JSON: ints, strings and versions alike, and a stable order.
             groups = [
-                {k: [c for c in cs if _attribute(c, attr) == v] for k, cs in g.items()}
+                {k: [c for c in cs if _value_key(_attribute(c, attr)) == v] for k, cs in g.items()}
                 for g in groups
-                for v in sorted({str(_attribute(c, attr)) for cs in g.values() for c in cs
-                                 if _attribute(c, attr) is not None})
+                for v in sorted({_value_key(_attribute(c, attr)) for cs in g.values() for c in cs} - {_NONE})
             ]
         fits = []
         for g in groups:
@@ -249,3 +250,10 @@ class Allocator:
 def best_node(fits: Sequence[tuple[str, Fit]]) -> tuple[str, Fit] | None:
     """The node with the highest score; equal scores go to the smallest node name (stable)."""
     return max(sorted(fits, key=lambda nf: nf[0]), key=lambda nf: nf[1].score, default=None)
+
+
+def _value_key(value: object) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+_NONE = _value_key(None)  # devices without the attribute match no group

@@ -78,12 +78,18 @@ def _gpu_env(inv: Inventory, gpu: Gpu) -> Mapping[str, Any]:
 
 
 def occupied_layout(gpu: Gpu, inv: Inventory, usage: NodeUsage) -> list[PlacedProfile]:
-    """MIG instances that exist on `gpu` or are promised as possible placements (by name in usage)."""
+    """MIG instances that exist on `gpu` (as MIG devices, or as GPU instances without a compute instance) or
+    are promised as possible placements (by name in usage)."""
     layout = []
     for m in inv.mig_devices_of(gpu.minor):
         profile = gpu.profile(m.gi_profile_id)
         if profile is not None:
             layout.append(PlacedProfile.of(profile, m.placement))
+    held = {p.placement for p in layout}
+    for gi in gpu.gpu_instances:
+        profile = gpu.profile(gi.gi_profile_id)
+        if profile is not None and gi.placement not in held:
+            layout.append(PlacedProfile.of(profile, gi.placement))
     existing = {mig_device_name(gpu.minor, p.profile, p.gi_profile_id, p.start) for p in layout}
     for profile in gpu.mig_profiles:
         for pl in profile.placements:

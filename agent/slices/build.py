@@ -53,7 +53,9 @@ def pool_content(
     for gpu in inventory.gpus:
         migs = inventory.mig_devices_of(gpu.minor)
         if partitionable and gpu.mig_capable and gpu.mig_profiles:
-            grouped.append(_partitioned_gpu(inventory, gpu, migs))
+            content = _partitioned_gpu(inventory, gpu, migs)
+            if content.devices:  # none when GPU instances without compute instances fill the GPU
+                grouped.append(content)
             continue
         if not gpu.mig_enabled:
             plain.append(gpu_device(inventory, gpu))

@@ -9,7 +9,7 @@ from agent.allocation.capacity import summarize
 from agent.allocation.catalog import MIG_CLASS, NodeUsage
 from agent.allocation.selectors import CelSelectors, SelectorError
 from agent.devices.geometry import PlacedProfile, count_free_placements
-from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from agent.devices.model import Gpu, GpuInstance, Inventory, MigDevice, MigPlacement, MigProfile
 
 GiB = 1 << 30
 
@@ -179,3 +179,28 @@ def test_fgd_policy_prefers_a_node_in_use_over_an_empty_one() -> None:
     empty = fgd.allocate(EIGHT, NodeUsage(), one())
     assert used.score > empty.score
     assert best_node([("a-empty", empty), ("b-used", used)]) == ("b-used", used)
+
+
+def test_match_attribute_works_on_int_and_version_attributes_too() -> None:
+    """Tried: matchAttribute on numaNode (an int) and driverVersion (a version), not only on strings."""
+    numa = inventory(*(Gpu(i, i, f"GPU-{i:04d}", "NVIDIA H100 80GB HBM3", "Nvidia", "Hopper", "9.0", 80 * GiB,
+                           f"0000:{i:02x}:00.0", 0x233010DE, numa_node=i // 2, nvlink_domain="A")
+                       for i in range(4)))
+    fit = ALLOC.allocate(numa, NodeUsage(allocated=frozenset({"gpu-0"})),
+                         Claim((DeviceRequest("r", count=2),), match_attributes=("gpu.nvidia.com/numaNode",)))
+    assert fit.devices["r"] == ("gpu-2", "gpu-3")  # gpu-1 alone is left on NUMA node 0
+    fit = ALLOC.allocate(EIGHT, NodeUsage(),
+                         Claim((DeviceRequest("r", count=2),), match_attributes=("gpu.nvidia.com/driverVersion",)))
+    assert len(fit.devices["r"]) == 2
+
+
+def test_gpu_instances_without_compute_instances_block_their_placements() -> None:
+    """Tried: a 3g GPU instance at slices 4-7 exists but has no compute instance (so no MIG device)."""
+    g = gpu(0, "A", mig=True)
+    g = Gpu(**{**g.__dict__, "gpu_instances": (GpuInstance(2, 9, "3g.20gb", MigPlacement(4, 4)),)})
+    fit = ALLOC.allocate(inventory(g), NodeUsage(), one(device_class=MIG_CLASS, count=4,
+                         selectors=("device.attributes['gpu.nvidia.com'].profile == '1g.5gb'",)))
+    assert all(int(name.rsplit("-", 1)[1]) < 4 for name in fit.devices["r"])
+    with pytest.raises(NoFit):
+        ALLOC.allocate(inventory(g), NodeUsage(), one(device_class=MIG_CLASS, count=5,
+                       selectors=("device.attributes['gpu.nvidia.com'].profile == '1g.5gb'",)))

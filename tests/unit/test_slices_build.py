@@ -258,6 +258,18 @@ def test_partitionable_gpu_with_existing_instances_keeps_them_and_drops_conflict
     validate(s)
 
 
+def test_a_gpu_filled_by_instances_without_devices_offers_nothing_and_does_not_break_the_pool() -> None:
+    """Tried: a 7g GPU instance created without its compute instance (`nvidia-smi mig -cgi` without -C)."""
+    gpu0 = h100(0, mig_enabled=True, gpu_instances=(GpuInstance(0, 0, "7g.80gb", MigPlacement(0, 8)),))
+    inv = nvswitch_inventory([gpu0, h100(1)])
+    slices = build_resource_slices(inv, NODE, partitionable=True)
+    names = [d["name"] for s in slices for d in s["spec"]["devices"]]
+    assert "gpu-1" in names
+    assert not [n for n in names if n.startswith("gpu-0")]  # the full GPU instance leaves no room
+    for s in slices:
+        validate(s)
+
+
 def test_non_mig_gpus_stay_plain_in_partitionable_mode() -> None:
     inv = nvswitch_inventory([h100(0), h100(1, mig_capable=False, mig_profiles=())])
     slices = build_resource_slices(inv, NODE, partitionable=True)
