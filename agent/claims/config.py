@@ -237,9 +237,19 @@ class DeviceConfig:
 
 
 def resolve_device_configs(entries: Sequence[ConfigEntry], devices: Sequence[DeviceRef]) -> list[DeviceConfig]:
-    """The config each device gets: the last entry that applies to its request wins (none: exclusive)."""
+    """The config each device gets: the last entry that applies to its request wins (none: exclusive).
+
+    An entry naming no requests applies only to devices of its kind (a claim-wide GpuConfig leaves the
+    claim's MIG devices alone, as NVIDIA's driver does); one naming the request must fit the device.
+    """
+
+    def applies(entry: ConfigEntry, device: DeviceRef) -> bool:
+        if not entry.applies_to(device.request):
+            return False
+        return bool(entry.requests) or _kind(entry) == KIND_FOR_TYPE.get(device.type)
+
     chosen: list[ConfigEntry | None] = [
-        next((e for e in reversed(entries) if e.applies_to(d.request)), None) for d in devices
+        next((e for e in reversed(entries) if applies(e, d)), None) for d in devices
     ]
     resolved = []
     for device, entry in zip(devices, chosen, strict=True):
@@ -249,7 +259,7 @@ def resolve_device_configs(entries: Sequence[ConfigEntry], devices: Sequence[Dev
         if entry is None:
             resolved.append(DeviceConfig(want))
             continue
-        kind = GPU_CONFIG if isinstance(entry.config, GpuConfig) else MIG_DEVICE_CONFIG
+        kind = _kind(entry)
         if kind != want:
             raise ConfigError(
                 f"device {device.name} (request {device.request!r}) is a {device.type} device: "
@@ -263,6 +273,10 @@ def resolve_device_configs(entries: Sequence[ConfigEntry], devices: Sequence[Dev
             limit = _device_limit(sharing, group, device.uuid)
         resolved.append(DeviceConfig(kind, sharing, limit))
     return resolved
+
+
+def _kind(entry: ConfigEntry) -> str:
+    return GPU_CONFIG if isinstance(entry.config, GpuConfig) else MIG_DEVICE_CONFIG
 
 
 def _device_limit(mps: Mps, group: Sequence[str], uuid: str) -> Quantity | None:

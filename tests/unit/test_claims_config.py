@@ -243,16 +243,29 @@ def test_configs_apply_only_to_listed_requests_including_subrequests() -> None:
     assert b.sharing is None and not b.shared
 
 
-def test_gpu_config_on_a_mig_device_is_an_error() -> None:
-    entries = parse_allocation_configs([opaque(sharing=ts("Short"))], DRIVER)
+def test_gpu_config_naming_a_mig_request_is_an_error() -> None:
+    entries = parse_allocation_configs([opaque(requests=["mig"], sharing=ts("Short"))], DRIVER)
     with pytest.raises(ConfigError, match="is a mig device: it takes MigDeviceConfig, not GpuConfig"):
         resolve_device_configs(entries, [DeviceRef("mig", "gpu-4-mig-1g10gb-19-0", "mig", "MIG-1")])
 
 
-def test_mig_config_on_a_gpu_is_an_error() -> None:
-    entries = parse_allocation_configs([opaque("MigDeviceConfig")], DRIVER)
+def test_mig_config_naming_a_gpu_request_is_an_error() -> None:
+    entries = parse_allocation_configs([opaque("MigDeviceConfig", requests=["gpu"])], DRIVER)
     with pytest.raises(ConfigError, match="takes GpuConfig, not MigDeviceConfig"):
         resolve_device_configs(entries, [DeviceRef("gpu", "gpu-0", "gpu", "GPU-0")])
+
+
+def test_a_claim_wide_config_applies_only_to_devices_of_its_kind() -> None:
+    """Tried: one request-less GpuConfig on a claim holding a GPU and a MIG device (NVIDIA's driver accepts
+    it and leaves the MIG device unconfigured); a request-less MigDeviceConfig before it serves the MIG device."""
+    devices = [DeviceRef("gpu", "gpu-0", "gpu", "GPU-0"), DeviceRef("mig", "gpu-4-mig-1g10gb-19-0", "mig", "MIG-1")]
+    gpu_cfg, mig_cfg = resolve_device_configs(parse_allocation_configs([opaque(sharing=ts("Short"))], DRIVER), devices)
+    assert isinstance(gpu_cfg.sharing, TimeSlicing)
+    assert (mig_cfg.kind, mig_cfg.sharing) == ("MigDeviceConfig", None)
+    both = [opaque("MigDeviceConfig", sharing={"strategy": "MPS"}), opaque(sharing=ts("Short"))]
+    gpu_cfg, mig_cfg = resolve_device_configs(parse_allocation_configs(both, DRIVER), devices)
+    assert isinstance(gpu_cfg.sharing, TimeSlicing)
+    assert isinstance(mig_cfg.sharing, Mps)
 
 
 def test_mps_per_device_limits_by_index_and_uuid() -> None:

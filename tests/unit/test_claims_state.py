@@ -209,7 +209,7 @@ def test_unprepare_of_an_unknown_claim_succeeds(node: Node) -> None:
         (claim("uid-1", ["gpu-4-mig-2g20gb-14-0"], name="c"), "MIG device gpu-4-mig-2g20gb-14-0 does not exist"),
         (claim("uid-1", ["nic-0"], name="c"), "'nic-0' is not a device name of this driver"),
         (
-            claim("uid-1", [MIG0], name="c", configs=[opaque("GpuConfig", sharing={"strategy": "MPS"})]),
+            claim("uid-1", [MIG0], name="c", configs=[opaque("GpuConfig", ["gpu"], sharing={"strategy": "MPS"})]),
             "is a mig device: it takes MigDeviceConfig, not GpuConfig",
         ),
         (
