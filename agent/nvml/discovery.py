@@ -28,7 +28,7 @@ from agent.devices.model import (
     UnavailableGpu,
 )
 from agent.devices.topology import assign_nvlink_domains
-from agent.nvml.errors import FunctionMissing, GpuLost, InvalidArgument, NotFound, NotSupported, nvml_errors
+from agent.nvml.errors import FunctionMissing, InvalidArgument, NotFound, NotSupported, NvmlError, nvml_errors
 from agent.nvml.sysfs import PciTopology
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def discover(topology: PciTopology | None = None) -> Inventory:
     for index in range(count):
         try:
             gpu, migs = _discover_gpu(index, topology)
-        except GpuLost as exc:
+        except NvmlError as exc:  # lost, needs a reset, or any fault of this GPU alone: serve the others
             log.warning("skipping GPU %d: %s", index, exc)
             unavailable.append(UnavailableGpu(index, str(exc)))
             continue
@@ -194,7 +194,7 @@ def _discover_gpu(index: int, topology: PciTopology | None) -> tuple[Gpu, list[M
 
 def _numa_node(h: Any, what: str, bus_id: str, topology: PciTopology | None) -> int | None:
     node = _optional(f"reading the NUMA node of {what}", pynvml.nvmlDeviceGetNumaNodeId, h)
-    if node is None and topology is not None:
+    if (node is None or node < 0) and topology is not None:
         return topology.numa_node(bus_id)
     return node if node is not None and node >= 0 else None
 
