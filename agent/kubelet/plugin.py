@@ -79,6 +79,7 @@ class KubeletPlugin:
         self._serving_health: health.HealthServicer | None = None
         self._health_streams: ResourceHealthServicer | None = None
         self._servers: list[grpc.Server] = []
+        self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (device, inode) we bound there
         self.liveness_port: int | None = None
 
     def start(self) -> None:
@@ -112,8 +113,9 @@ class KubeletPlugin:
         for server in reversed(self._servers):
             server.stop(grace).wait()
         self._servers.clear()
-        for path in (self.registration_socket, self.dra_socket):
-            sockets.remove(path)
+        for path, identity in self._bound.items():
+            sockets.remove(path, identity)
+        self._bound.clear()
 
     @property
     def registration_status(self) -> RegistrationStatus | None:
@@ -146,14 +148,14 @@ class KubeletPlugin:
         health_pb2_grpc.add_HealthServicer_to_server(self._serving_health, server)
         for service in ("", LIVENESS_SERVICE):
             self._serving_health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        sockets.bind(server, self.dra_socket)
+        self._bound[self.dra_socket] = sockets.bind(server, self.dra_socket)
         server.start()
         return server
 
     def _serve_registration(self) -> grpc.Server:
         server = grpc.server(futures.ThreadPoolExecutor(2, thread_name_prefix="kubelet-reg"))
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self._registration, server)
-        sockets.bind(server, self.registration_socket)
+        self._bound[self.registration_socket] = sockets.bind(server, self.registration_socket)
         server.start()
         return server
 

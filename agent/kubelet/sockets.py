@@ -39,24 +39,39 @@ def remove_stale(path: Path) -> None:
     path.unlink()
 
 
-def bind(server: grpc.Server, path: Path) -> None:
-    """Listen on path with mode 0600: bound under a umask that already yields 0600, then chmod to be sure.
+def bind(server: grpc.Server, path: Path) -> tuple[int, int]:
+    """Listen on path with mode 0600; returns the socket file's identity (device, inode) for `remove`.
 
-    grpc creates the socket file in add_insecure_port, before the server starts serving.
+    grpc creates the socket file in add_insecure_port (under a umask that already yields 0600, then chmod to
+    be sure) and unlinks that path again when the server stops. So the socket is bound at a hidden temporary
+    name (the kubelet's plugin watcher skips dot files) and renamed into place: the rename atomically
+    replaces a stale socket, and grpc's unlink at shutdown can never remove a successor's socket.
     """
     check_socket_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(path)
+    temp = path.with_name(f".{path.name}.{os.getpid()}")
+    check_socket_path(temp)
+    remove_stale(path)  # refuses a non-socket there before anything is created
+    remove_stale(temp)
     with _umask_lock:
         previous = os.umask(0o177)
         try:
-            server.add_insecure_port(f"unix:{path}")
+            server.add_insecure_port(f"unix:{temp}")
         finally:
             os.umask(previous)
-    os.chmod(path, SOCKET_MODE)
+    os.chmod(temp, SOCKET_MODE)
+    os.replace(temp, path)
+    info = path.lstat()
+    return info.st_dev, info.st_ino
 
 
-def remove(path: Path) -> None:
-    """Remove our socket on shutdown (grpc usually has already); missing is fine."""
-    with contextlib.suppress(SocketError):
-        remove_stale(path)
+def remove(path: Path, identity: tuple[int, int]) -> None:
+    """Remove our socket on shutdown (grpc usually has already); missing is fine. A socket at the path that
+    is not the one we bound (a successor's, during a rolling update) is left alone."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(info.st_mode) and (info.st_dev, info.st_ino) == identity:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

@@ -169,6 +169,19 @@ def test_a_stale_socket_from_a_crash_is_replaced(root, preparer, kubelet):
         assert kubelet.prepare(DRIVER, [A])["uid-a"].error == ""
 
 
+def test_stopping_an_old_plugin_leaves_its_successors_sockets_alone(root, preparer, kubelet):
+    """Tried: a rolling update that starts the new agent before the old one stops (maxSurge). The old
+    agent's stop must not delete the sockets the new one now serves, or the kubelet loses the driver."""
+    old = KubeletPlugin(DRIVER, root, preparer)
+    old.start()
+    with KubeletPlugin(DRIVER, root, preparer) as new:
+        old.stop(grace=0)
+        assert new.registration_socket.exists() and new.dra_socket.exists()
+        kubelet.scan()
+        assert kubelet.prepare(DRIVER, [A])["uid-a"].error == ""
+    assert not (root / "plugins" / DRIVER / "dra.sock").exists()
+
+
 def test_transient_unavailability_is_retried(root, preparer):
     plugin = KubeletPlugin(DRIVER, root, preparer)
     slept: list[float] = []
