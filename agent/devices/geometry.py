@@ -35,10 +35,6 @@ class PlacedProfile:
         return cls(placement.start, placement.size, profile.name, profile.gi_profile_id, profile.compute_slices)
 
 
-def overlaps(a: MigPlacement, b: MigPlacement) -> bool:
-    return a.overlaps(b)
-
-
 def is_valid_layout(
     layout: Iterable[PlacedProfile], profiles: Sequence[MigProfile], compute_slices: int = COMPUTE_SLICES
 ) -> bool:
