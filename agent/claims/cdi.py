@@ -119,7 +119,13 @@ def mig_device_nodes(parent_minor: int, gi: int, ci: int, caps: MigCaps) -> tupl
 
 def claim_spec(claim_uid: str, devices: Sequence[CdiDevice], node_name: str, driver_name: str) -> dict[str, Any]:
     """The spec for one claim. Claim-wide edits (control nodes, env) sit at the top level, which the runtime
-    applies once when any device of the spec is injected, so they never conflict between devices."""
+    applies once when any device of the spec is injected.
+
+    The spec carries device nodes only; driver libraries come from the node's NVIDIA container runtime,
+    which finds the GPUs through NVIDIA_VISIBLE_DEVICES. That is why it names every device of the claim:
+    a container given only some of them still sees all (one value per container; per-device values would
+    overwrite each other).
+    """
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
     spec: dict[str, Any] = {
