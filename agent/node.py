@@ -25,6 +25,7 @@ from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
 from agent.nvml.health import HealthMonitor, parent_gpu_name, without_devices
+from agent.nvml.migctl import MigControl
 from agent.nvml.source import NvmlSource
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
@@ -96,7 +97,7 @@ class NodeAgent:
         self.health = HealthSource()
         self._health_lock = threading.Lock()  # orders event updates against re-recording after discovery
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
-        self._health_changed = threading.Event()
+        self._health_changed = threading.Event()  # wakes the publish thread: health or MIG devices changed
         self._monitor: HealthMonitor | None = None
         self._publisher = Publisher(
             self._api,
@@ -113,6 +114,8 @@ class NodeAgent:
             source=KubeClaimSource(self._api),
             inventory=lambda: self._inventory,
             is_healthy=self._is_healthy,
+            migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
+            on_inventory_changed=self._on_inventory_changed,
         )
         self.plugin: KubeletPlugin | None = None
         self._threads: list[threading.Thread] = []
@@ -145,7 +148,7 @@ class NodeAgent:
                 lambda: self._inventory, self._on_health_change, extra_ignored_xids=self.config.extra_ignored_xids
             )
             self._monitor.start()
-            self._spawn("health-publish", self._health_publish_loop)
+        self._spawn("health-publish", self._health_publish_loop)
 
     def run(self) -> None:
         try:
@@ -183,15 +186,21 @@ class NodeAgent:
     def _refresh(self) -> Inventory:
         """Re-discover so MIG changes made by other tools reach the slices; keep the old view on failure."""
         try:
-            inventory = self._discover()
+            with self._discovery_lock:  # discover and swap together: an older view never replaces a newer one
+                inventory = self._nvml.discover()
+                changed, self._inventory = inventory != self._inventory, inventory
         except Exception:
             log.exception("re-discovering GPUs failed; keeping the previous inventory")
             return self._inventory
-        if inventory != self._inventory:
+        if changed:
             log.info("GPU inventory changed", extra={"gpus": len(inventory.gpus), "mig": len(inventory.mig_devices)})
-            self._inventory = inventory
             self._record_health(inventory)
         return inventory
+
+    def _on_inventory_changed(self) -> None:
+        """Prepare created or destroyed a MIG device: later prepares see it at once, the slices soon."""
+        self._refresh()
+        self._health_changed.set()
 
     def _resync_loop(self) -> None:
         self._publisher.run(

@@ -15,6 +15,9 @@ On disk (`<state-dir>/checkpoint.json`):
   unprepare and says why in every result (an operator moves the file aside to reset). A missing file is
   an empty checkpoint.
 - `nodeBootID` is the boot the claims were prepared in; the state machine voids claims of another boot.
+- A device that prepare created (a MIG placement offered as a partitionable device) carries `dynamicMig`:
+  the placement, written in the Started entry before creating, and the instance ids once created. Only
+  such devices are ever destroyed by the agent; operators' MIG devices have no `dynamicMig`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,25 @@ class ClaimState(enum.Enum):
 
 
 @dataclass(frozen=True)
+class DynamicMig:
+    """A MIG device created for claims at prepare, destroyed when its last claim goes.
+
+    The placement is the intent, saved before creating; the ids are None until the device exists and they
+    are saved, so a crash in between is repaired by finding the GPU instance at that placement.
+    """
+
+    parent_uuid: str
+    gi_profile_id: int
+    start: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.gpu_instance_id is not None
+
+
+@dataclass(frozen=True)
 class CheckpointedDevice:
     request_names: tuple[str, ...]
     pool_name: str
@@ -57,6 +79,7 @@ class CheckpointedDevice:
     sharing: str = ""  # "", "TimeSlicing" or "MPS": whether other claims may hold the device too
     admin_access: bool = False
     share_id: str = ""
+    dynamic_mig: DynamicMig | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +99,7 @@ class Checkpoint:
 
 
 def _device_to_json(d: CheckpointedDevice) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "requestNames": list(d.request_names),
         "poolName": d.pool_name,
         "deviceName": d.device_name,
@@ -86,6 +109,29 @@ def _device_to_json(d: CheckpointedDevice) -> dict[str, Any]:
         "adminAccess": d.admin_access,
         "shareID": d.share_id,
     }
+    if d.dynamic_mig is not None:  # absent otherwise: files without created devices read as before
+        m = d.dynamic_mig
+        out["dynamicMig"] = {
+            "parentUUID": m.parent_uuid,
+            "giProfileID": m.gi_profile_id,
+            "placementStart": m.start,
+            "gpuInstanceID": m.gpu_instance_id,
+            "computeInstanceID": m.compute_instance_id,
+        }
+    return out
+
+
+def _dynamic_mig_from_json(raw: Mapping[str, Any] | None) -> DynamicMig | None:
+    if raw is None:
+        return None
+    gi, ci = raw.get("gpuInstanceID"), raw.get("computeInstanceID")
+    return DynamicMig(
+        parent_uuid=str(raw["parentUUID"]),
+        gi_profile_id=int(raw["giProfileID"]),
+        start=int(raw["placementStart"]),
+        gpu_instance_id=None if gi is None else int(gi),
+        compute_instance_id=None if ci is None else int(ci),
+    )
 
 
 def _device_from_json(raw: Mapping[str, Any]) -> CheckpointedDevice:
@@ -98,6 +144,7 @@ def _device_from_json(raw: Mapping[str, Any]) -> CheckpointedDevice:
         sharing=raw.get("sharing", ""),
         admin_access=bool(raw.get("adminAccess", False)),
         share_id=raw.get("shareID", ""),
+        dynamic_mig=_dynamic_mig_from_json(raw.get("dynamicMig")),
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from agent.claims.cdi import CdiStore, MigCaps
 from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, read_boot_id
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
+from agent.claims.mig import MigDevices
 from agent.claims.source import ClaimSource
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
 from agent.claims.types import ClaimRef, PrepareResult
@@ -35,8 +36,12 @@ class ClaimPreparer:
         is_healthy: Callable[[str], bool] = lambda device_name: True,
         boot_id: Callable[[], str] = read_boot_id,
         mig_caps: MigCaps | None = None,
+        migs: MigDevices | None = None,
+        on_inventory_changed: Callable[[], None] = lambda: None,
         lock_timeout: float = 10.0,
     ) -> None:
+        """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
+        again; `on_inventory_changed` is called, under the node lock, after it did either."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
@@ -49,6 +54,8 @@ class ClaimPreparer:
             inventory=inventory,
             is_healthy=is_healthy,
             mig_caps=mig_caps,
+            migs=migs,
+            on_inventory_changed=on_inventory_changed,
         )
 
     def recover(self) -> Recovery:
@@ -76,12 +83,11 @@ class ClaimPreparer:
             return {}
         try:
             with self.lock.hold():
-                self.states.unprepare(self.states.load(), [ref.uid for ref in claims])
+                return self.states.unprepare(self.states.load(), [ref.uid for ref in claims])
         except Exception as exc:
             if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
                 log.exception("unprepare batch failed")
             return {ref.uid: f"cannot unprepare: {exc}" for ref in claims}
-        return {ref.uid: "" for ref in claims}
 
     def prepared(self) -> Sequence[CheckpointedDevice]:
         """Devices of every claim prepared on this node (the local allocator counts them as used)."""

@@ -1,12 +1,16 @@
 """The per-claim prepare/unprepare state machine over the checkpoint and the CDI specs.
 
-    (absent) --prepare--> PrepareStarted --CDI spec written--> PrepareCompleted --unprepare--> (absent)
-                              |  crash, failure, or a later prepare/recover finds it
-                              +--rollback (remove spec, forget)--> (absent)
+    (absent) --prepare--> PrepareStarted --MIG devices created, CDI spec written--> PrepareCompleted
+                              ^  |  crash, failure, or a later prepare/recover finds it       |
+                              |  +--rollback (remove spec, destroy created MIG devices, forget)--> (absent)
+                              +------- unprepare of a claim that created MIG devices ---------+
 
 Every transition is saved before the next side effect, so a crash anywhere leaves a state that `recover`
 (or the next prepare of the claim) repairs: no spec without a Completed entry, no Completed entry
-without its spec. Callers hold the node lock (agent.claims.preparer does).
+without its spec, no MIG device the agent created that no entry mentions. A claim allocated a MIG
+placement that does not exist yet (a partitionable device) gets it created after its Started entry,
+which names the placement, is saved; the last claim holding such a device destroys it. MIG devices an
+operator made are never destroyed. Callers hold the node lock (agent.claims.preparer does).
 """
 
 from __future__ import annotations
@@ -19,13 +23,22 @@ from typing import Any
 
 from agent.claims import cdi
 from agent.claims.cdi import CdiDevice, CdiStore, MigCaps
-from agent.claims.checkpoint import Checkpoint, CheckpointedDevice, CheckpointStore, ClaimEntry, ClaimState
+from agent.claims.checkpoint import (
+    Checkpoint,
+    CheckpointedDevice,
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    DynamicMig,
+)
 from agent.claims.claim import AllocatedDevice, ClaimError, node_allocation
 from agent.claims.config import ConfigError, DeviceConfig, DeviceRef, Mps, TimeSlicing, resolve_device_configs
+from agent.claims.mig import MigDevices, left_behind
 from agent.claims.source import ClaimSource
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
 from agent.devices import names
-from agent.devices.model import Inventory
+from agent.devices.geometry import PlacedProfile, free_placements
+from agent.devices.model import Gpu, Inventory
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +60,21 @@ class _Planned:
     checkpointed: CheckpointedDevice
     cdi: CdiDevice
     config: DeviceConfig
+
+
+class _CreateFailed(ClaimError):
+    def __init__(self, message: str, left_behind: bool) -> None:
+        super().__init__(message)
+        self.left_behind = left_behind  # part of the device may remain on the GPU
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """An allocated device found usable here; `dynamic` when it is (or will be) a MIG device we created."""
+
+    type: str  # gpu | mig
+    cdi: CdiDevice  # uuid "" and no device nodes while the device is still to be created
+    dynamic: DynamicMig | None = None
 
 
 def _sharing_name(config: DeviceConfig) -> str:
@@ -79,6 +107,8 @@ class ClaimStates:
         inventory: Callable[[], Inventory],
         is_healthy: Callable[[str], bool] = lambda device_name: True,
         mig_caps: MigCaps | None = None,
+        migs: MigDevices | None = None,
+        on_inventory_changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -89,7 +119,10 @@ class ClaimStates:
         self.inventory = inventory
         self.is_healthy = is_healthy
         self.mig_caps = mig_caps or MigCaps()
+        self.migs = migs  # None: MIG devices are never created or destroyed here
+        self.on_inventory_changed = on_inventory_changed  # called (under the node lock) after a create/destroy
         self._boot_id: str | None = None
+        self._migs_changed = False
 
     # --- checkpoint ---------------------------------------------------------------------------------
 
@@ -112,13 +145,19 @@ class ClaimStates:
     def prepare(self, cp: Checkpoint, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare a batch. Each claim's failure is its own result; the checkpoint is saved twice per batch
         (all Started, then all Completed), not per claim, because every save costs two fsyncs."""
+        try:
+            return self._prepare(cp, refs)
+        finally:
+            self._report_mig_changes()
+
+    def _prepare(self, cp: Checkpoint, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        started: list[ClaimEntry] = []
+        started: list[tuple[ClaimEntry, list[CdiDevice]]] = []
         for ref in refs:
-            if ref.uid in results or any(e.uid == ref.uid for e in started):
+            if ref.uid in results or any(e.uid == ref.uid for e, _ in started):
                 continue  # the kubelet never repeats a claim in one call; answer it once if it does
             try:
-                entry = self._start(cp, ref)
+                entry, devices = self._start(cp, ref)
             except ClaimError as exc:
                 results[ref.uid] = PrepareResult(error=str(exc))
                 continue
@@ -129,36 +168,79 @@ class ClaimStates:
             if entry.state is ClaimState.COMPLETED:
                 results[ref.uid] = _result(entry)
             else:
-                started.append(entry)
+                started.append((entry, devices))
         if not started:
             return results
 
-        self.checkpoints.save(cp)  # every Started entry is on disk before any side effect
-        failed = []
-        for entry in started:
+        self.checkpoints.save(cp)  # every Started entry (with the placements to create) is on disk first
+        for begun, devices in started:
             try:
+                entry = self._create_migs(cp, begun, devices)
                 self.specs.write(entry.uid, entry.cdi_spec or {})
                 # Applying TimeSlicing / MPS on the node (not done yet) belongs here, between Started and Completed.
             except Exception as exc:
-                log.exception("writing the CDI spec of claim %s failed", entry.uid)
-                results[entry.uid] = PrepareResult(error=f"cannot write CDI spec: {exc}")
-                failed.append(entry.uid)
+                if not isinstance(exc, ClaimError):
+                    log.exception("writing the CDI spec of claim %s failed", begun.uid)
+                error = str(exc) if isinstance(exc, ClaimError) else f"cannot write CDI spec: {exc}"
+                results[begun.uid] = PrepareResult(error=self._abandon(cp, begun.uid, error, left_behind(exc)))
                 continue
             cp.claims[entry.uid] = done = replace(entry, state=ClaimState.COMPLETED)
             results[entry.uid] = _result(done)
-        for uid in failed:
-            self.specs.remove(uid)
-            del cp.claims[uid]
         self.checkpoints.save(cp)
         return results
 
-    def _start(self, cp: Checkpoint, ref: ClaimRef) -> ClaimEntry:
-        """The claim's Completed entry, or a new Started one (added to `cp`, not saved yet)."""
+    def _create_migs(self, cp: Checkpoint, entry: ClaimEntry, devices: list[CdiDevice]) -> ClaimEntry:
+        """Create the claim's MIG devices still to be made, recording each in `cp` as soon as it exists (in
+        memory: the Completed save writes the ids; a crash before it is repaired from the placement), then
+        build the spec with their uuids and device nodes."""
+        if all(d.dynamic_mig is None or d.dynamic_mig.created for d in entry.devices):
+            return entry
+        assert self.migs is not None  # _resolve plans creations only with it
+        for i, device in enumerate(entry.devices):
+            plan = device.dynamic_mig
+            if plan is None or plan.created:
+                continue
+            try:
+                made = self.migs.create(plan.parent_uuid, plan.gi_profile_id, plan.start)
+            except Exception as exc:
+                log.warning("creating MIG device %s for claim %s failed: %s", device.device_name, entry.uid, exc)
+                raise _CreateFailed(f"cannot create MIG device {device.device_name}: {exc}", left_behind(exc)) from exc
+            self._migs_changed = True
+            created = replace(plan, gpu_instance_id=made.gpu_instance_id, compute_instance_id=made.compute_instance_id)
+            updated = list(entry.devices)
+            updated[i] = replace(device, uuid=made.uuid, dynamic_mig=created)
+            cp.claims[entry.uid] = entry = replace(entry, devices=tuple(updated))
+            parsed = names.parse_device_name(device.device_name)
+            assert isinstance(parsed, names.MigName)
+            nodes = cdi.mig_device_nodes(
+                parsed.parent_minor, made.gpu_instance_id, made.compute_instance_id, self.mig_caps
+            )
+            devices[i] = CdiDevice(device.device_name, made.uuid, nodes)
+        spec = cdi.claim_spec(entry.uid, devices, self.node_name, self.driver_name)
+        cp.claims[entry.uid] = entry = replace(entry, cdi_spec=spec)
+        return entry
+
+    def _abandon(self, cp: Checkpoint, uid: str, error: str, keep: bool) -> str:
+        """Undo a claim that failed after its Started save (in memory; the caller saves): spec, created MIG
+        devices, entry. The entry stays Started when something may be left on the GPU, for a later repair."""
+        self.specs.remove(uid)
+        entry = cp.claims[uid]
+        try:
+            self._destroy_created(cp, entry, find_unsaved=False)
+        except ClaimError as exc:
+            return f"{error}; {exc}"
+        if not keep:
+            del cp.claims[uid]
+        return error
+
+    def _start(self, cp: Checkpoint, ref: ClaimRef) -> tuple[ClaimEntry, list[CdiDevice]]:
+        """The claim's Completed entry, or a new Started one (added to `cp`, not saved yet) with its devices
+        as the spec needs them. A Started entry's spec is left out while MIG devices are still to be made."""
         entry = cp.claims.get(ref.uid)
         if entry is not None and entry.state is ClaimState.COMPLETED:
             if not self.specs.exists(ref.uid) and entry.cdi_spec is not None:
                 self.specs.write(ref.uid, entry.cdi_spec)  # someone cleared the CDI root: put it back
-            return entry
+            return entry, []
         if entry is not None:
             log.info("claim %s was left in PrepareStarted: rolling back before preparing again", ref.uid)
             self.rollback(cp, ref.uid)
@@ -167,12 +249,14 @@ class ClaimStates:
         except Exception as exc:
             raise ClaimError(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
         planned = self._plan(cp, ref, claim)
-        spec = cdi.claim_spec(ref.uid, [p.cdi for p in planned], self.node_name, self.driver_name)
+        devices = [p.cdi for p in planned]
+        to_create = any(p.checkpointed.dynamic_mig and not p.checkpointed.dynamic_mig.created for p in planned)
+        spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name)
         entry = ClaimEntry(
             ref.uid, ref.namespace, ref.name, ClaimState.STARTED, tuple(p.checkpointed for p in planned), spec
         )
-        cp.claims[ref.uid] = entry  # later claims of the batch see its devices as taken
-        return entry
+        cp.claims[ref.uid] = entry  # later claims of the batch see its devices (and placements) as taken
+        return entry, devices
 
     def _plan(self, cp: Checkpoint, ref: ClaimRef, claim: Mapping[str, Any]) -> list[_Planned]:
         allocation = node_allocation(claim, ref, self.driver_name, self.pool_name)
@@ -181,10 +265,12 @@ class ClaimStates:
         for r in allocation.results:
             by_device.setdefault(r.device, []).append(r)
 
-        resolved = [self._resolve(inventory, name) for name in by_device]
+        resolved: list[_Resolved] = []
+        for name in by_device:
+            resolved.append(self._resolve(cp, inventory, ref.uid, name, [r.dynamic for r in resolved if r.dynamic]))
         refs = [
-            DeviceRef(results[0].request, name, kind, c.uuid)
-            for (name, results), (kind, c) in zip(by_device.items(), resolved, strict=True)
+            DeviceRef(results[0].request, name, r.type, r.cdi.uuid)
+            for (name, results), r in zip(by_device.items(), resolved, strict=True)
         ]
         try:
             configs = resolve_device_configs(allocation.configs, refs)
@@ -192,23 +278,27 @@ class ClaimStates:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: bad device config: {exc}") from None
 
         planned = []
-        for (name, results), (_, cdi_device), config in zip(by_device.items(), resolved, configs, strict=True):
+        for (name, results), found, config in zip(by_device.items(), resolved, configs, strict=True):
             device = CheckpointedDevice(
                 request_names=tuple(dict.fromkeys(r.base_request for r in results)),
                 pool_name=self.pool_name,
                 device_name=name,
                 cdi_device_ids=(cdi.device_id(ref.uid, name),),
-                uuid=cdi_device.uuid,
+                uuid=found.cdi.uuid,
                 sharing=_sharing_name(config),
                 admin_access=all(r.admin_access for r in results),
                 share_id=results[0].share_id,
+                dynamic_mig=found.dynamic,
             )
             self._check_free(cp, ref.uid, device)
-            planned.append(_Planned(device, cdi_device, config))
+            planned.append(_Planned(device, found.cdi, config))
         return planned
 
-    def _resolve(self, inventory: Inventory, device_name: str) -> tuple[str, CdiDevice]:
-        """(device type, what the spec needs) for an allocated device that exists and is healthy here."""
+    def _resolve(
+        self, cp: Checkpoint, inventory: Inventory, uid: str, device_name: str, pending: Sequence[DynamicMig]
+    ) -> _Resolved:
+        """An allocated device that exists and is healthy here, or a free MIG placement to create.
+        `pending`: placements this claim already plans to create."""
         try:
             parsed = names.parse_device_name(device_name)
         except names.InvalidDeviceName as exc:
@@ -219,7 +309,16 @@ class ClaimStates:
                 raise ClaimError(f"device {device_name} does not exist on node {self.node_name}")
             if gpu.mig_enabled:
                 raise ClaimError(f"device {device_name} has MIG mode enabled: only its MIG devices can be used")
-            found: tuple[str, CdiDevice] = ("gpu", CdiDevice(device_name, gpu.uuid, cdi.gpu_device_nodes(gpu.minor)))
+            found = _Resolved("gpu", CdiDevice(device_name, gpu.uuid, cdi.gpu_device_nodes(gpu.minor)))
+        elif (held := _created_for_others(cp, uid, device_name)) is not None:
+            # Made for another claim (the inventory may not show it yet): share it, and its destruction.
+            plan = held.dynamic_mig
+            assert plan is not None
+            if plan.gpu_instance_id is None or plan.compute_instance_id is None:
+                raise ClaimError(f"MIG device {device_name} is being created for another claim; try again")
+            nodes = cdi.mig_device_nodes(parsed.parent_minor, plan.gpu_instance_id, plan.compute_instance_id,
+                                         self.mig_caps)  # fmt: skip
+            found = _Resolved("mig", CdiDevice(device_name, held.uuid, nodes), plan)
         else:
             mig = next(
                 (
@@ -231,13 +330,45 @@ class ClaimStates:
                 ),
                 None,
             )
-            if mig is None:
-                raise ClaimError(f"MIG device {device_name} does not exist on node {self.node_name}")
-            nodes = cdi.mig_device_nodes(mig.parent_minor, mig.gpu_instance_id, mig.compute_instance_id, self.mig_caps)
-            found = ("mig", CdiDevice(device_name, mig.uuid, nodes))
+            if mig is not None:
+                nodes = cdi.mig_device_nodes(
+                    mig.parent_minor, mig.gpu_instance_id, mig.compute_instance_id, self.mig_caps
+                )
+                found = _Resolved("mig", CdiDevice(device_name, mig.uuid, nodes))
+            else:
+                plan = self._plan_creation(cp, inventory, parsed, device_name, pending)
+                found = _Resolved("mig", CdiDevice(device_name, "", ()), plan)
         if not self.is_healthy(device_name):
             raise ClaimError(f"device {device_name} is unhealthy")
         return found
+
+    def _plan_creation(
+        self, cp: Checkpoint, inventory: Inventory, name: names.MigName, device_name: str,
+        pending: Sequence[DynamicMig],
+    ) -> DynamicMig:  # fmt: skip
+        """The placement to create for a MIG device that does not exist, if it is one of the GPU's possible
+        placements and still free (no overlap with existing GPU instances or other claims' creations, and
+        within the profile's instance limit)."""
+        missing = f"MIG device {device_name} does not exist on node {self.node_name}"
+        gpu = inventory.gpu(name.parent_minor)
+        profile = gpu.profile(name.gi_profile_id) if gpu is not None else None
+        if gpu is None or profile is None or names.profile_token(profile.name) != name.profile_token:
+            raise ClaimError(f"{missing}, nor is it a MIG profile of a GPU there")
+        placement = next((p for p in profile.placements if p.start == name.start), None)
+        if placement is None:
+            starts = [p.start for p in profile.placements]
+            raise ClaimError(f"{missing}: {name.start} is not a placement of {profile.name} (starts: {starts})")
+        if self.migs is None:
+            raise ClaimError(f"{missing}, and this agent does not create MIG devices")
+        if not gpu.mig_enabled:
+            raise ClaimError(f"{missing} and cannot be created: GPU {gpu.minor} does not have MIG mode enabled")
+        occupied = _occupied(cp, gpu, inventory, pending)
+        if placement not in free_placements(profile, occupied, gpu.mig_profiles):
+            raise ClaimError(
+                f"{missing} and cannot be created: placement taken (it overlaps a MIG instance on GPU "
+                f"{gpu.minor}, or the GPU has no room for another {profile.name})"
+            )
+        return DynamicMig(gpu.uuid, profile.gi_profile_id, placement.start)
 
     def _check_free(self, cp: Checkpoint, uid: str, device: CheckpointedDevice) -> None:
         """Refuse a device another claim holds, unless the two may share it: admin access (monitoring, never
@@ -264,29 +395,105 @@ class ClaimStates:
 
     # --- unprepare and repair -----------------------------------------------------------------------
 
-    def unprepare(self, cp: Checkpoint, uids: Sequence[str]) -> None:
+    def unprepare(self, cp: Checkpoint, uids: Sequence[str]) -> dict[str, str]:
         """Forget the claims, then remove their specs: a crash in between leaks only specs, which `recover`
-        removes, never a Completed entry whose spec is gone. An unknown claim is already unprepared."""
-        known = [uid for uid in uids if cp.claims.pop(uid, None) is not None]
+        removes, never a Completed entry whose spec is gone. An unknown claim is already unprepared.
+
+        A claim holding MIG devices we created goes back to PrepareStarted first, then is rolled back: a
+        crash at any point leaves an entry naming the devices, so they are never leaked. Returns an error
+        per claim ("" when unprepared); a device that cannot be destroyed (in use) keeps its claim."""
+        try:
+            return self._unprepare(cp, uids)
+        finally:
+            self._report_mig_changes()
+
+    def _unprepare(self, cp: Checkpoint, uids: Sequence[str]) -> dict[str, str]:
+        known = [uid for uid in dict.fromkeys(uids) if uid in cp.claims]
+        owning = [uid for uid in known if any(d.dynamic_mig for d in cp.claims[uid].devices)]
+        for uid in known:
+            if uid in owning:
+                cp.claims[uid] = replace(cp.claims[uid], state=ClaimState.STARTED)
+            else:
+                del cp.claims[uid]
         if known:
             self.checkpoints.save(cp)
         for uid in uids:
             self.specs.remove(uid)
+        errors = {}
+        for uid in owning:
+            try:
+                self._destroy_created(cp, cp.claims[uid], find_unsaved=True)
+            except ClaimError as exc:
+                errors[uid] = str(exc)
+                continue
+            del cp.claims[uid]
+        if len(errors) < len(owning):
+            self.checkpoints.save(cp)
+        return {uid: errors.get(uid, "") for uid in uids}
 
     def rollback(self, cp: Checkpoint, uid: str) -> None:
-        """Undo a PrepareStarted claim: spec first, entry last, so a crash here is rolled back again."""
+        """Undo a PrepareStarted claim: spec first, then the MIG devices it created, entry last, so a crash
+        here is rolled back again. Raises ClaimError (entry kept) when a device cannot be destroyed."""
         self.specs.remove(uid)
-        if cp.claims.pop(uid, None) is not None:
-            self.checkpoints.save(cp)
+        entry = cp.claims.get(uid)
+        if entry is None:
+            return
+        self._destroy_created(cp, entry, find_unsaved=True)
+        del cp.claims[uid]
+        self.checkpoints.save(cp)
+
+    def _destroy_created(self, cp: Checkpoint, entry: ClaimEntry, *, find_unsaved: bool) -> None:
+        """Destroy the MIG devices `entry` created that no other claim holds. With `find_unsaved`, a
+        placement whose ids were never saved (a crash right after creating) is looked up on the GPU."""
+        for device in entry.devices:
+            plan = device.dynamic_mig
+            if plan is None or _held_by_others(cp, entry.uid, device.device_name):
+                continue
+            if not plan.created and not find_unsaved:
+                continue
+            if self.migs is None:
+                raise ClaimError(f"MIG device {device.device_name} was created for claim {entry.uid}, "
+                                 "but this agent cannot destroy MIG devices (no NVML)")  # fmt: skip
+            try:
+                if plan.created:
+                    self.migs.destroy(plan.parent_uuid, plan.gpu_instance_id or 0, plan.compute_instance_id)
+                elif not self.migs.destroy_at(plan.parent_uuid, plan.gi_profile_id, plan.start):
+                    continue  # it was never made
+            except Exception as exc:
+                raise ClaimError(f"cannot destroy MIG device {device.device_name} created for claim "
+                                 f"{entry.uid}: {exc}") from exc  # fmt: skip
+            log.info("destroyed MIG device %s (created for claim %s)", device.device_name, entry.uid)
+            self._migs_changed = True
+
+    def _report_mig_changes(self) -> None:
+        if self._migs_changed:
+            self._migs_changed = False
+            self.on_inventory_changed()
 
     def recover(self) -> Recovery:
-        """Startup repair: roll back Started claims, restore missing specs of Completed ones, remove specs
-        and temp files that no Completed claim owns."""
+        """Startup repair: roll back Started claims (destroying MIG devices they created), restore missing
+        specs of Completed ones, remove specs and temp files that no Completed claim owns. MIG devices no
+        entry names are left alone: only the checkpoint says which ones this agent made."""
+        try:
+            return self._recover()
+        finally:
+            self._report_mig_changes()
+
+    def _recover(self) -> Recovery:
         cp = self.load()
-        rolled_back = tuple(uid for uid, e in cp.claims.items() if e.state is ClaimState.STARTED)
-        for uid in rolled_back:
-            self.rollback(cp, uid)
-        restored = tuple(uid for uid, e in cp.claims.items() if e.cdi_spec is not None and not self.specs.exists(uid))
+        rolled_back = []
+        for uid in [uid for uid, e in cp.claims.items() if e.state is ClaimState.STARTED]:
+            try:
+                self.rollback(cp, uid)
+            except ClaimError as exc:  # keep starting: the entry stays, a later prepare or restart retries
+                log.error("claim %s stays in PrepareStarted: %s", uid, exc)  # noqa: TRY400 (the cause is in it)
+                continue
+            rolled_back.append(uid)
+        restored = tuple(
+            uid
+            for uid, e in cp.claims.items()
+            if e.state is ClaimState.COMPLETED and e.cdi_spec is not None and not self.specs.exists(uid)
+        )
         for uid in restored:
             self.specs.write(uid, cp.claims[uid].cdi_spec or {})
         removed = tuple(sorted(self.specs.claim_uids() - cp.claims.keys()))
@@ -296,7 +503,42 @@ class ClaimStates:
         for path in temps:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        return Recovery(rolled_back, restored, removed, len(temps))
+        return Recovery(tuple(rolled_back), restored, removed, len(temps))
+
+
+def _created_for_others(cp: Checkpoint, uid: str, device_name: str) -> CheckpointedDevice | None:
+    """Another claim's entry for a MIG device that prepare created, if any."""
+    for other in cp.claims.values():
+        if other.uid != uid:
+            for held in other.devices:
+                if held.device_name == device_name and held.dynamic_mig is not None:
+                    return held
+    return None
+
+
+def _held_by_others(cp: Checkpoint, uid: str, device_name: str) -> bool:
+    return any(d.device_name == device_name for e in cp.claims.values() if e.uid != uid for d in e.devices)
+
+
+def _occupied(cp: Checkpoint, gpu: Gpu, inventory: Inventory, pending: Sequence[DynamicMig]) -> list[PlacedProfile]:
+    """The GPU's GPU instances: those NVML listed, and those claims created or plan to create (the inventory
+    may lag behind them)."""
+    taken: dict[tuple[int, int], int] = {}  # (profile id, start) -> memory slices
+    for gi in gpu.gpu_instances:
+        taken[gi.gi_profile_id, gi.placement.start] = gi.placement.size
+    for mig in inventory.mig_devices_of(gpu.minor):
+        taken[mig.gi_profile_id, mig.placement.start] = mig.placement.size
+    plans = [d.dynamic_mig for e in cp.claims.values() for d in e.devices if d.dynamic_mig] + list(pending)
+    for plan in plans:
+        if plan.parent_uuid == gpu.uuid and (profile := gpu.profile(plan.gi_profile_id)) is not None:
+            taken[plan.gi_profile_id, plan.start] = profile.memory_slices
+    placed = []
+    for (profile_id, start), size in taken.items():
+        profile = gpu.profile(profile_id)
+        # An instance of a profile the GPU does not list cannot be checked: it makes every placement invalid.
+        name, slices = (profile.name, profile.compute_slices) if profile else (f"unknown-{profile_id}", 0)
+        placed.append(PlacedProfile(start, size, name, profile_id, slices))
+    return placed
 
 
 def prepared_devices(cp: Checkpoint) -> Sequence[CheckpointedDevice]:
