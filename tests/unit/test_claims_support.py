@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement
+from tests.factories import h100
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -18,20 +19,7 @@ API_VERSION = "resource.nvidia.com/v1beta1"
 
 
 def gpu(minor: int, *, mig_enabled: bool = False) -> Gpu:
-    return Gpu(
-        index=minor,
-        minor=minor,
-        uuid=f"GPU-{minor:08d}-0000-0000-0000-000000000000",
-        product_name="NVIDIA H100 80GB HBM3",
-        brand="Nvidia",
-        architecture="Hopper",
-        cuda_compute_capability="9.0",
-        memory_bytes=80 * 2**30,
-        pci_bus_id=f"0000:{0x18 + minor:02x}:00.0",
-        pci_device_id=0x233010DE,
-        mig_capable=True,
-        mig_enabled=mig_enabled,
-    )
+    return h100(minor, uuid=f"GPU-{minor:08d}-0000-0000-0000-000000000000", mig_capable=True, mig_enabled=mig_enabled)
 
 
 def mig(parent: int, gi: int, start: int, *, profile: str = "1g.10gb", gi_profile_id: int = 19) -> MigDevice:

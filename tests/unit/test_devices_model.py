@@ -7,23 +7,11 @@ import dataclasses
 import pytest
 
 from agent.devices.model import FabricInfo, Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from tests.factories import h100
 
 
 def gpu(minor: int, **kw: object) -> Gpu:
-    base = dict(
-        index=minor,
-        minor=minor,
-        uuid=f"GPU-{minor:08d}",
-        product_name="NVIDIA H100 80GB HBM3",
-        brand="Nvidia",
-        architecture="Hopper",
-        cuda_compute_capability="9.0",
-        memory_bytes=80 * 2**30,
-        pci_bus_id=f"0000:{0x18 + minor:02x}:00.0",
-        pci_device_id=0x233010DE,
-    )
-    base.update(kw)
-    return Gpu(**base)  # type: ignore[arg-type]
+    return h100(minor, **kw)
 
 
 P3G = MigProfile("3g.40gb", 2, 9, 3, 4, 2, 40448, 60, 3, 3, 0, 3, 0, (MigPlacement(0, 4), MigPlacement(4, 4)))

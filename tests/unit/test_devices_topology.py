@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from agent.devices.model import FabricInfo, Gpu
 from agent.devices.topology import assign_nvlink_domains
+from tests.factories import h100
 
 
 def gpu(minor: int, peers: tuple[str, ...] = (), fabric: FabricInfo | None = None) -> Gpu:
-    return Gpu(
-        index=minor,
-        minor=minor,
-        uuid=f"GPU-{minor:04d}",
-        product_name="NVIDIA H100 NVL",
-        brand="Nvidia",
-        architecture="Hopper",
-        cuda_compute_capability="9.0",
-        memory_bytes=94 * 2**30,
-        pci_bus_id=bus(minor),
-        pci_device_id=0x232110DE,
-        nvlink_peers=peers,
-        fabric=fabric,
-    )
+    return h100(minor, uuid=f"GPU-{minor:04d}", product_name="NVIDIA H100 NVL", memory_bytes=94 * 2**30,
+                pci_bus_id=bus(minor), pci_device_id=0x232110DE, nvlink_peers=peers, fabric=fabric)
 
 
 def bus(minor: int) -> str:
