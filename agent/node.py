@@ -19,7 +19,6 @@ from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Inventory
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
-from agent.kube.errors import ApiError
 from agent.kube.nodes import node_uid
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
@@ -92,8 +91,8 @@ class NodeAgent:
         self._nvml = nvml
         self._api = api if api is not None else api_client(config.kubeconfig)
         self._stop = threading.Event()
-        self._discovery_lock = threading.Lock()
-        self._inventory = self._discover()
+        self._discovery_lock = threading.Lock()  # discover and swap together (_refresh)
+        self._inventory = nvml.discover()
         self.health = HealthSource()
         self._health_lock = threading.Lock()  # orders event updates against re-recording after discovery
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
@@ -113,7 +112,7 @@ class NodeAgent:
             cdi_root=config.cdi_root,
             source=KubeClaimSource(self._api),
             inventory=lambda: self._inventory,
-            is_healthy=self._is_healthy,
+            is_healthy=self._healthy_by_events,
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
         )
@@ -179,10 +178,6 @@ class NodeAgent:
         t.start()
         self._threads.append(t)
 
-    def _discover(self) -> Inventory:
-        with self._discovery_lock:
-            return self._nvml.discover()
-
     def _refresh(self) -> Inventory:
         """Re-discover so MIG changes made by other tools reach the slices; keep the old view on failure."""
         try:
@@ -233,13 +228,9 @@ class NodeAgent:
                 for name in sorted(names)
             )
 
-    def _is_healthy(self, device_name: str) -> bool:
-        return self._healthy_by_events(device_name) and all(
-            d.health is not Health.UNHEALTHY for d in self.health.snapshot().devices if d.device == device_name
-        )
-
     def _healthy_by_events(self, device_name: str) -> bool:
-        """A MIG device is unhealthy with its GPU: this also covers partitionable MIG placements."""
+        """The one record of health (the health stream is stamped from it). A MIG device is unhealthy with
+        its GPU: this also covers partitionable MIG placements."""
         return device_name not in self._unhealthy and parent_gpu_name(device_name) not in self._unhealthy
 
     def _on_health_change(self, device_name: str, healthy: bool, reason: str) -> None:
@@ -271,8 +262,6 @@ class NodeAgent:
             self._record_health(self._inventory)  # MIG placements of a newly unhealthy GPU follow it
             try:
                 self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
-            except ApiError as exc:  # the resync loop republishes the same content later
-                log.warning("publishing slices after a health change failed: %s", exc)
-                self.metrics.publish_errors.inc()
-            except Exception:  # keep this thread alive: the next change or resync tries again
+            except Exception:  # keep this thread alive: the next change or the resync loop tries again
                 log.exception("publishing slices after a health change failed")
+                self.metrics.publish_errors.inc()

@@ -22,6 +22,7 @@ import yaml
 
 import agent
 import fakes.apiserver
+from agent.claims import cdi
 from agent.claims.types import ClaimRef, PrepareResult
 from agent.demo import report
 from agent.demo.kubectl import Json, Kubectl, KubectlError
@@ -213,7 +214,7 @@ class Demo:
 
     def _show_cdi(self, claim: Json) -> None:
         node = self.nodes[report.node_of(claim)]
-        path = node.cdi_root / f"k8s.gpu.nvidia.com-claim_{claim['metadata']['uid']}.yaml"
+        path = node.cdi_root / cdi.spec_file_name(claim["metadata"]["uid"])
         _say("", f"== 5. CDI spec of claim {claim['metadata']['name']}: {path}")
         spec = yaml.safe_load(path.read_text())
         _say(*("    " + line for line in yaml.safe_dump(spec, sort_keys=False, width=110).splitlines()))

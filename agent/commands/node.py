@@ -21,7 +21,6 @@ from agent.slices.build import DEFAULT_DRIVER
 log = logging.getLogger("agent.node")
 
 
-
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name) or default
 

@@ -10,12 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TypeVar
 
+from agent.kubelet.plugin import dra_socket_path, registration_socket_path
+from agent.kubelet.sockets import MAX_SOCKET_PATH
 from agent.slices.build import DEFAULT_DRIVER
 from fakes.kubelet import FakeKubelet, Plugin
 
 DRIVER = DEFAULT_DRIVER
 T = TypeVar("T")
-MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 
 class DemoError(RuntimeError):
@@ -42,10 +43,7 @@ class DemoNode:
     @property
     def sockets(self) -> tuple[Path, Path]:
         """The registration socket and the DRA service socket the agent serves (DESIGN section 2)."""
-        return (
-            self.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock",
-            self.kubelet_root / "plugins" / DRIVER / "dra.sock",
-        )
+        return registration_socket_path(self.kubelet_root, DRIVER), dra_socket_path(self.kubelet_root, DRIVER)
 
     def start(self) -> None:
         longest = max(self.sockets, key=lambda p: len(bytes(p)))
