@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,7 +59,6 @@ class _Planned:
 
     checkpointed: CheckpointedDevice
     cdi: CdiDevice
-    config: DeviceConfig
 
 
 class _CreateFailed(ClaimError):
@@ -152,9 +151,9 @@ class ClaimStates:
 
     def _prepare(self, cp: Checkpoint, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        started: list[tuple[ClaimEntry, list[CdiDevice]]] = []
+        started: dict[str, tuple[ClaimEntry, list[CdiDevice]]] = {}
         for ref in refs:
-            if ref.uid in results or any(e.uid == ref.uid for e, _ in started):
+            if ref.uid in results or ref.uid in started:
                 continue  # the kubelet never repeats a claim in one call; answer it once if it does
             try:
                 entry, devices = self._start(cp, ref)
@@ -168,12 +167,12 @@ class ClaimStates:
             if entry.state is ClaimState.COMPLETED:
                 results[ref.uid] = _result(entry)
             else:
-                started.append((entry, devices))
+                started[ref.uid] = (entry, devices)
         if not started:
             return results
 
         self.checkpoints.save(cp)  # every Started entry (with the placements to create) is on disk first
-        for begun, devices in started:
+        for begun, devices in started.values():
             try:
                 entry = self._create_migs(cp, begun, devices)
                 self.specs.write(entry.uid, entry.cdi_spec or {})
@@ -193,12 +192,11 @@ class ClaimStates:
         """Create the claim's MIG devices still to be made, recording each in `cp` as soon as it exists (in
         memory: the Completed save writes the ids; a crash before it is repaired from the placement), then
         build the spec with their uuids and device nodes."""
-        if all(d.dynamic_mig is None or d.dynamic_mig.created for d in entry.devices):
+        if not any(_to_create(d) for d in entry.devices):
             return entry
         assert self.migs is not None  # _resolve plans creations only with it
         for i, device in enumerate(entry.devices):
-            plan = device.dynamic_mig
-            if plan is None or plan.created:
+            if (plan := _to_create(device)) is None:
                 continue
             try:
                 made = self.migs.create(plan.parent_uuid, plan.gi_profile_id, plan.start)
@@ -250,7 +248,7 @@ class ClaimStates:
             raise ClaimError(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
         planned = self._plan(cp, ref, claim)
         devices = [p.cdi for p in planned]
-        to_create = any(p.checkpointed.dynamic_mig and not p.checkpointed.dynamic_mig.created for p in planned)
+        to_create = any(_to_create(p.checkpointed) for p in planned)
         spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name)
         entry = ClaimEntry(
             ref.uid, ref.namespace, ref.name, ClaimState.STARTED, tuple(p.checkpointed for p in planned), spec
@@ -291,7 +289,7 @@ class ClaimStates:
                 dynamic_mig=found.dynamic,
             )
             self._check_free(cp, ref.uid, device)
-            planned.append(_Planned(device, found.cdi, config))
+            planned.append(_Planned(device, found.cdi))
         return planned
 
     def _resolve(
@@ -375,23 +373,20 @@ class ClaimStates:
         exclusive), distinct consumable-capacity shares, or TimeSlicing/MPS configs of the same strategy."""
         if device.admin_access or device.share_id:
             return
-        for other in cp.claims.values():
-            if other.uid == uid:
+        for other, held in _held_by_others(cp, uid, device.device_name):
+            if held.admin_access or held.share_id:
                 continue
-            for held in other.devices:
-                if held.device_name != device.device_name or held.admin_access or held.share_id:
-                    continue
-                if device.sharing and device.sharing == held.sharing:
-                    continue
-                hint = (
-                    f"its sharing ({held.sharing or 'none'}) differs from this claim's ({device.sharing or 'none'})"
-                    if device.sharing or held.sharing
-                    else "claims share a device only with a TimeSlicing or MPS config in both"
-                )
-                raise ClaimError(
-                    f"device {device.device_name} is already prepared for ResourceClaim "
-                    f"{other.namespace}/{other.name} (uid {other.uid}); {hint}"
-                )
+            if device.sharing and device.sharing == held.sharing:
+                continue
+            hint = (
+                f"its sharing ({held.sharing or 'none'}) differs from this claim's ({device.sharing or 'none'})"
+                if device.sharing or held.sharing
+                else "claims share a device only with a TimeSlicing or MPS config in both"
+            )
+            raise ClaimError(
+                f"device {device.device_name} is already prepared for ResourceClaim "
+                f"{other.namespace}/{other.name} (uid {other.uid}); {hint}"
+            )
 
     # --- unprepare and repair -----------------------------------------------------------------------
 
@@ -409,10 +404,12 @@ class ClaimStates:
 
     def _unprepare(self, cp: Checkpoint, uids: Sequence[str]) -> dict[str, str]:
         known = [uid for uid in dict.fromkeys(uids) if uid in cp.claims]
-        owning = [uid for uid in known if any(d.dynamic_mig for d in cp.claims[uid].devices)]
+        owning = []  # claims holding MIG devices we created
         for uid in known:
-            if uid in owning:
-                cp.claims[uid] = replace(cp.claims[uid], state=ClaimState.STARTED)
+            entry = cp.claims[uid]
+            if any(d.dynamic_mig for d in entry.devices):
+                cp.claims[uid] = replace(entry, state=ClaimState.STARTED)
+                owning.append(uid)
             else:
                 del cp.claims[uid]
         if known:
@@ -447,7 +444,7 @@ class ClaimStates:
         placement whose ids were never saved (a crash right after creating) is looked up on the GPU."""
         for device in entry.devices:
             plan = device.dynamic_mig
-            if plan is None or _held_by_others(cp, entry.uid, device.device_name):
+            if plan is None or any(_held_by_others(cp, entry.uid, device.device_name)):
                 continue
             if not plan.created and not find_unsaved:
                 continue
@@ -506,18 +503,24 @@ class ClaimStates:
         return Recovery(tuple(rolled_back), restored, removed, len(temps))
 
 
-def _created_for_others(cp: Checkpoint, uid: str, device_name: str) -> CheckpointedDevice | None:
-    """Another claim's entry for a MIG device that prepare created, if any."""
+def _to_create(device: CheckpointedDevice) -> DynamicMig | None:
+    """The MIG placement prepare has still to create for `device`, if any."""
+    plan = device.dynamic_mig
+    return plan if plan is not None and not plan.created else None
+
+
+def _held_by_others(cp: Checkpoint, uid: str, device_name: str) -> Iterator[tuple[ClaimEntry, CheckpointedDevice]]:
+    """Every other claim in `cp` that holds `device_name`, with its entry for the device."""
     for other in cp.claims.values():
         if other.uid != uid:
             for held in other.devices:
-                if held.device_name == device_name and held.dynamic_mig is not None:
-                    return held
-    return None
+                if held.device_name == device_name:
+                    yield other, held
 
 
-def _held_by_others(cp: Checkpoint, uid: str, device_name: str) -> bool:
-    return any(d.device_name == device_name for e in cp.claims.values() if e.uid != uid for d in e.devices)
+def _created_for_others(cp: Checkpoint, uid: str, device_name: str) -> CheckpointedDevice | None:
+    """Another claim's entry for a MIG device that prepare created, if any."""
+    return next((held for _, held in _held_by_others(cp, uid, device_name) if held.dynamic_mig is not None), None)
 
 
 def _occupied(cp: Checkpoint, gpu: Gpu, inventory: Inventory, pending: Sequence[DynamicMig]) -> list[PlacedProfile]:
