@@ -18,13 +18,13 @@ from agent.allocation.catalog import (
     DRIVER,
     GPU_CLASS,
     MIG_CLASS,
-    MILLI,
     Candidate,
     NodeUsage,
     candidates,
     occupied_layout,
 )
 from agent.allocation.fragmentation import (
+    MILLI,
     NodeShape,
     RequestKind,
     RequestMix,
@@ -36,8 +36,6 @@ from agent.allocation.selectors import SelectorEngine
 from agent.devices.geometry import PlacedProfile, count_free_placements, is_valid_layout
 from agent.devices.model import Inventory
 from agent.devices.names import gpu_device_name
-
-NVLINK_DOMAIN_ATTRIBUTE = "gpu.nvidia.com/nvlinkDomain"
 
 # The request mix fgd assumes when the caller knows none: whole GPUs and common fractions.
 DEFAULT_MIX = RequestMix((
@@ -207,6 +205,7 @@ class Allocator:
     def _pick_mig(self, inv: Inventory, usage: NodeUsage, pool: list[Candidate], count: int,
                   planned: dict[int, list[PlacedProfile]]) -> list[Candidate]:
         picked: list[Candidate] = []
+        occupied: dict[int, list[PlacedProfile]] = {}  # parent minor -> its layout before this claim
         for _ in range(count):
             existing = [c for c in pool if c.exists and c not in picked]
             if existing:
@@ -216,7 +215,9 @@ class Allocator:
             for c in pool:
                 if c.exists or c in picked or c.mig_profile is None or c.placement is None:
                     continue
-                layout = [*occupied_layout(c.gpu, inv, usage), *planned.get(c.gpu.minor, [])]
+                if c.gpu.minor not in occupied:
+                    occupied[c.gpu.minor] = occupied_layout(c.gpu, inv, usage)
+                layout = [*occupied[c.gpu.minor], *planned.get(c.gpu.minor, [])]
                 placed = PlacedProfile.of(c.mig_profile, c.placement)
                 if not is_valid_layout([*layout, placed], c.gpu.mig_profiles):
                     continue

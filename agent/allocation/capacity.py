@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from agent.allocation.catalog import MILLI, NodeUsage, candidates
+from agent.allocation.catalog import NodeUsage, candidates
+from agent.allocation.fragmentation import MILLI
 from agent.devices.model import Inventory
 
 

@@ -7,11 +7,14 @@ out; a GPU used by shared (fractional) claims is offered only to further fractio
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from agent.allocation.cel import device_variable
+from agent.allocation.fragmentation import MILLI
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
@@ -21,7 +24,6 @@ from agent.slices.build import DEFAULT_DRIVER
 DRIVER = DEFAULT_DRIVER  # the local allocator serves the default driver name
 GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
-MILLI = 1000
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,8 @@ class NodeUsage:
     unhealthy: frozenset[str] = frozenset()
     shared_milli: Mapping[str, int] = field(default_factory=dict)
 
-    @property
-    def taken(self) -> frozenset[str]:
+    @cached_property
+    def taken(self) -> frozenset[str]:  # asked once per device and placement: computed once
         return self.allocated | self.prepared | self.reserved | self.unhealthy
 
 
@@ -60,20 +62,18 @@ def _env(device: Mapping[str, Any]) -> Mapping[str, Any]:
 
 # The CEL `device` of each whole GPU, per inventory (frozen, so its GPUs' attributes never change): building
 # it (attributes, quantities) is most of a fit's cost on a node asked often, such as a simulator's. Keyed by
-# identity, holding the inventory so the id cannot be reused; a handful of live inventories per process.
-_GPU_ENVS: dict[int, tuple[Inventory, dict[int, Mapping[str, Any]]]] = {}
-_GPU_ENVS_MAX = 8192
+# the inventory's identity; an entry goes when its inventory does, before the id can be reused.
+_GPU_ENVS: dict[int, dict[int, Mapping[str, Any]]] = {}
 
 
 def _gpu_env(inv: Inventory, gpu: Gpu) -> Mapping[str, Any]:
-    entry = _GPU_ENVS.get(id(inv))
-    if entry is None or entry[0] is not inv:
-        if len(_GPU_ENVS) >= _GPU_ENVS_MAX:
-            _GPU_ENVS.clear()
-        entry = _GPU_ENVS[id(inv)] = (inv, {})
-    env = entry[1].get(gpu.minor)
+    envs = _GPU_ENVS.get(id(inv))
+    if envs is None:
+        envs = _GPU_ENVS[id(inv)] = {}
+        weakref.finalize(inv, _GPU_ENVS.pop, id(inv), None)
+    env = envs.get(gpu.minor)
     if env is None:
-        env = entry[1][gpu.minor] = _env(slice_devices.gpu_device(inv, gpu))
+        env = envs[gpu.minor] = _env(slice_devices.gpu_device(inv, gpu))
     return env
 
 

@@ -231,11 +231,8 @@ class FgdPolicy(_Baseline):
         assert best is not None  # a fitting node always has a GPU option
         return best
 
-    def sigmoid_score(self, drop: int) -> int:
-        return fgd_score(drop, self.mix.total_weight)
-
     def score(self, node: NodeView, pod: TracePod) -> int:
-        return self.sigmoid_score(self.best_delta(node, pod)[0])
+        return fgd_score(self.best_delta(node, pod)[0], self.mix.total_weight)
 
     def choose_gpus(self, node: NodeView, pod: TracePod, rng: random.Random) -> tuple[int, ...]:
         return self.best_delta(node, pod)[1]

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.allocation.allocator import Allocator, Claim, DeviceRequest
-from agent.allocation.catalog import DRIVER, MILLI, NodeUsage
+from agent.allocation.catalog import DRIVER, NodeUsage
+from agent.allocation.fragmentation import MILLI
 from agent.allocation.selectors import CelSelectors
 from agent.arbiter.core.cycle import CycleResult, PodDecision
 from agent.arbiter.core.model import NodeSpec, PodSpec
@@ -163,8 +164,9 @@ class PinningSelectors:
         self._pins: dict[str, frozenset[int]] = {}
 
     def pin(self, indices: Iterable[int]) -> str:
-        expression = index_selector(indices)
-        self._pins.setdefault(expression, frozenset(indices))
+        pinned = frozenset(indices)  # read once: `indices` may be an iterator
+        expression = index_selector(pinned)
+        self._pins.setdefault(expression, pinned)
         return expression
 
     def matches(self, expression: str, device: Mapping[str, Any]) -> bool:
@@ -201,8 +203,9 @@ def _holding_at_start(d: PodDecision) -> bool:
     return d.node is not None and d.action in ("keep", "evict")
 
 
-def _seat(pod: PodSpec, d: PodDecision) -> Holding:
-    return Holding(d.gpus, pod.gpu_milli if pod.fractional else MILLI)
+def _milli(pod: PodSpec) -> int:
+    """Milli-GPUs the pod holds on each of its GPUs."""
+    return pod.gpu_milli if pod.fractional else MILLI
 
 
 class ReservationCommit:
@@ -264,7 +267,7 @@ class ReservationCommit:
         seats: dict[str, dict[str, Holding]] = {n: {} for n in touched}
         for name, d in pods.items():
             if d.node in seats and _holding_at_start(d) and specs[name].gpu_milli > 0:
-                seats[d.node][name] = _seat(specs[name], d)
+                seats[d.node][name] = Holding(d.gpus, _milli(specs[name]))
         maps = {}
         for name, here in seats.items():
             node = self.node(name)
@@ -307,7 +310,7 @@ class ReservationCommit:
             node = self.nodes[node_name]
             gpus = tuple(sorted(node.index_of[dev] for dev in r.fit.all_devices))
             spec = specs[p]
-            node.hold(p, Holding(gpus, spec.gpu_milli if spec.fractional else MILLI, r.id))
+            node.hold(p, Holding(gpus, _milli(spec), r.id))
             d = pods[p]
             if gpus != d.gpus:
                 pods[p] = dataclasses.replace(d, gpus=gpus, gpu_index=gpus[0] if spec.fractional else None)

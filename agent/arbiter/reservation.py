@@ -216,7 +216,9 @@ class GangCoordinator:
                     break
             if not reason:
                 for member, (node, r) in list(held.items()):
-                    held[member] = (node, self.nodes[node].confirm(r.id))
+                    self.nodes[node].confirm(r.id)
+                    # what reserve returned, confirmed: a transport's confirm need not echo the devices (gRPC's doesn't)
+                    held[member] = (node, dataclasses.replace(r, confirmed=True))
                 return GangOutcome(True, held)
         except (UnknownReservation, Unauthenticated, OSError) as e:
             reason = f"{type(e).__name__}: {e}"

@@ -130,6 +130,7 @@ class GrpcNodeClient:
         return reservation_from_pb(resp, gang_id, member)
 
     def confirm(self, reservation_id: str) -> Reservation:
+        """ConfirmResponse carries nothing: the Reservation returned has the id and `confirmed` only."""
         self._rpc(self._stub.Confirm, pb.ConfirmRequest(reservation_id=reservation_id))
         return Reservation(reservation_id, "", "", Fit({}), 0.0, confirmed=True)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.arbiter.commit import ReservationCommit
 from agent.arbiter.core.cycle import (
+    ACTIONS,
     DEFAULT_ACTIONS,
     Simulation,
     fair_share_in_units,
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     actions = [a.strip() for a in str(args.actions).split(",") if a.strip()]
     unknown = unknown_actions(actions)
     if unknown or not actions:
-        return _fail(f"unknown action {unknown[0]!r}; choose from allocate, consolidate, reclaim, preempt."
+        return _fail(f"unknown action {unknown[0]!r}; choose from {', '.join(ACTIONS)}."
                      if unknown else "--actions names no action.")
     if args.rounds < 1:
         return _fail(f"--rounds must be at least 1, not {args.rounds}.")

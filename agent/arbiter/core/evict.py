@@ -23,7 +23,18 @@ from collections.abc import Iterator, Sequence
 
 from agent.arbiter.core.model import CPU, GPU, MEMORY, Vector
 from agent.arbiter.core.placing import chunk_shape, place_chunk
-from agent.arbiter.core.session import EPS, Cause, Job, JobOrder, Pod, Queue, Session, queue_key, request_of
+from agent.arbiter.core.session import (
+    EPS,
+    Cause,
+    Job,
+    JobOrder,
+    Pod,
+    Queue,
+    Session,
+    gpu_request,
+    queue_key,
+    request_of,
+)
 
 Unit = list[Pod]
 
@@ -75,7 +86,7 @@ def _run(session: Session, cause: Cause) -> None:
 def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[Unit], *, cause: Cause) -> bool:
     mark = session.checkpoint()
     taken: list[Unit] = []
-    need = sum(p.spec.gpu_milli for p in chunk)
+    need = gpu_request(chunk)
     cluster = session.cluster
     for unit in victims:
         for pod in unit:

@@ -135,7 +135,6 @@ class Session:
         self.cluster = Cluster(snapshot.nodes, snapshot.placement)
         self.queues = [Queue(q, i) for i, q in enumerate(snapshot.queues)]
         by_name = {q.spec.name: q for q in self.queues}
-        self.queue_by_name = by_name
         for q in self.queues:
             q.parent = by_name[q.spec.parent] if q.spec.parent is not None else None
         for q in self.queues:
