@@ -30,10 +30,10 @@ class ClaimService:
         self._serial = threading.Lock()
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        errors = self._run("prepare", claims, self._preparer.prepare)
+        outcome = self._run("prepare", claims, self._preparer.prepare)
         return {
-            uid: PrepareResult(error=message) if isinstance(message, str) else _clean(message)
-            for uid, message in errors.items()
+            uid: PrepareResult(error=result) if isinstance(result, str) else _clean(result)
+            for uid, result in outcome.items()
         }
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:

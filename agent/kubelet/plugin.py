@@ -135,11 +135,8 @@ class KubeletPlugin:
     ) -> None:
         self.stop()
 
-    def _server(self) -> grpc.Server:
-        return grpc.server(futures.ThreadPoolExecutor(self._max_workers, thread_name_prefix="kubelet-grpc"))
-
     def _serve_dra(self) -> grpc.Server:
-        server = self._server()
+        server = _grpc_server(self._max_workers, "kubelet-grpc")
         dra.add_to_server(server, dra.ClaimService(self._preparer))
         if self._health_source is not None:
             self._health_streams = ResourceHealthServicer(self._health_source)
@@ -153,16 +150,20 @@ class KubeletPlugin:
         return server
 
     def _serve_registration(self) -> grpc.Server:
-        server = grpc.server(futures.ThreadPoolExecutor(2, thread_name_prefix="kubelet-reg"))
+        server = _grpc_server(2, "kubelet-reg")
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self._registration, server)
         self._bound[self.registration_socket] = sockets.bind(server, self.registration_socket)
         server.start()
         return server
 
     def _serve_liveness(self, address: str) -> grpc.Server:
-        server = grpc.server(futures.ThreadPoolExecutor(2, thread_name_prefix="kubelet-liveness"))
+        server = _grpc_server(2, "kubelet-liveness")
         checker = SelfCheckingHealth(lambda: probe(self.registration_socket))
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         self.liveness_port = server.add_insecure_port(address)
         server.start()
         return server
+
+
+def _grpc_server(workers: int, thread_name_prefix: str) -> grpc.Server:
+    return grpc.server(futures.ThreadPoolExecutor(workers, thread_name_prefix=thread_name_prefix))

@@ -28,7 +28,7 @@ from agent.devices.model import (
     UnavailableGpu,
 )
 from agent.devices.topology import assign_nvlink_domains
-from agent.nvml.errors import FunctionMissing, InvalidArgument, NotFound, NotSupported, NvmlError, nvml_errors
+from agent.nvml.errors import FunctionMissing, InvalidArgument, NotFound, NotSupported, NvmlError, call
 from agent.nvml.sysfs import PciTopology
 
 log = logging.getLogger(__name__)
@@ -73,15 +73,10 @@ _SUFFIXES = {pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: "+me"}
 MEMORY_SLICES = 8
 
 
-def _call(doing: str, fn: Callable[..., T], *args: Any) -> T:
-    with nvml_errors(doing):
-        return fn(*args)
-
-
 def _optional(doing: str, fn: Callable[..., T], *args: Any) -> T | None:
     """The call's result, or None where the GPU or the driver does not offer it."""
     try:
-        return _call(doing, fn, *args)
+        return call(doing, fn, *args)
     except NotSupported:  # FunctionMissing included: an older driver
         return None
 
@@ -112,9 +107,9 @@ def cuda_version_text(version: int) -> str:
 
 def discover(topology: PciTopology | None = None) -> Inventory:
     """Everything NVML says about this node's GPUs. `topology`: sysfs facts, None to derive them."""
-    driver = _text(_call("reading the driver version", pynvml.nvmlSystemGetDriverVersion))
+    driver = _text(call("reading the driver version", pynvml.nvmlSystemGetDriverVersion))
     nvml_version = _optional("reading the NVML version", pynvml.nvmlSystemGetNVMLVersion)
-    count = _call("counting GPUs", pynvml.nvmlDeviceGetCount)
+    count = call("counting GPUs", pynvml.nvmlDeviceGetCount)
     gpus: list[Gpu] = []
     mig_devices: list[MigDevice] = []
     unavailable: list[UnavailableGpu] = []
@@ -142,21 +137,21 @@ def discover(topology: PciTopology | None = None) -> Inventory:
 def _cuda_driver_version() -> str:
     version = _optional("reading the CUDA driver version", pynvml.nvmlSystemGetCudaDriverVersion_v2)
     if version is None:
-        version = _call("reading the CUDA driver version", pynvml.nvmlSystemGetCudaDriverVersion)
+        version = call("reading the CUDA driver version", pynvml.nvmlSystemGetCudaDriverVersion)
     return cuda_version_text(version)
 
 
 def _discover_gpu(index: int, topology: PciTopology | None) -> tuple[Gpu, list[MigDevice]]:
-    h = _call(f"opening GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
+    h = call(f"opening GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
     what = f"GPU {index}"
-    uuid_ = _text(_call(f"reading the uuid of {what}", pynvml.nvmlDeviceGetUUID, h))
+    uuid_ = _text(call(f"reading the uuid of {what}", pynvml.nvmlDeviceGetUUID, h))
     minor = _optional(f"reading the minor number of {what}", pynvml.nvmlDeviceGetMinorNumber, h)
-    pci = _call(f"reading the PCI info of {what}", pynvml.nvmlDeviceGetPciInfo, h)
+    pci = call(f"reading the PCI info of {what}", pynvml.nvmlDeviceGetPciInfo, h)
     bus_id = normalize_bus_id(pci.busId)
     brand = _optional(f"reading the brand of {what}", pynvml.nvmlDeviceGetBrand, h)
     arch = _optional(f"reading the architecture of {what}", pynvml.nvmlDeviceGetArchitecture, h)
-    major, minor_cc = _call(f"reading the compute capability of {what}", pynvml.nvmlDeviceGetCudaComputeCapability, h)
-    memory = _call(f"reading the memory of {what}", pynvml.nvmlDeviceGetMemoryInfo, h)
+    major, minor_cc = call(f"reading the compute capability of {what}", pynvml.nvmlDeviceGetCudaComputeCapability, h)
+    memory = call(f"reading the memory of {what}", pynvml.nvmlDeviceGetMemoryInfo, h)
     mode = _optional(f"reading the compute mode of {what}", pynvml.nvmlDeviceGetComputeMode, h)
     mig_mode = _optional(f"reading the MIG mode of {what}", pynvml.nvmlDeviceGetMigMode, h)
     mig_enabled = bool(mig_mode and mig_mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
@@ -171,7 +166,7 @@ def _discover_gpu(index: int, topology: PciTopology | None) -> tuple[Gpu, list[M
         index=index,
         minor=minor_number,
         uuid=uuid_,
-        product_name=_text(_call(f"reading the name of {what}", pynvml.nvmlDeviceGetName, h)),
+        product_name=_text(call(f"reading the name of {what}", pynvml.nvmlDeviceGetName, h)),
         brand=_BRANDS.get(brand, "Unknown") if brand is not None else "Unknown",
         architecture=_ARCHITECTURES.get(arch, "Unknown") if arch is not None else "Unknown",
         cuda_compute_capability=f"{major}.{minor_cc}",
@@ -206,13 +201,13 @@ def _mig_profiles(h: Any, what: str, total_bytes: int) -> tuple[MigProfile, ...]
     for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         doing = f"reading MIG profile {enum} of {what}"
         try:
-            info = _call(doing, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum, version)
+            info = call(doing, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum, version)
         except FunctionMissing:
             if version == 1:
                 raise
             version = 1  # drivers before R470 only have the v1 struct: no name, derive it
             try:
-                info = _call(doing, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum, version)
+                info = call(doing, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, enum, version)
             except (NotSupported, InvalidArgument):
                 continue
         except (NotSupported, InvalidArgument):
@@ -245,14 +240,18 @@ def _mig_profiles(h: Any, what: str, total_bytes: int) -> tuple[MigProfile, ...]
     return tuple(profiles)
 
 
+def _eighths(memory_mib: int, total_bytes: int) -> int:
+    """The profile's memory in eighths (memory slices) of the GPU's, rounded up."""
+    return math.ceil(memory_mib * 2**20 / total_bytes * MEMORY_SLICES)
+
+
 def _memory_slices(memory_mib: int, total_bytes: int) -> int:
-    return max(1, math.ceil(memory_mib * 2**20 / total_bytes * MEMORY_SLICES))
+    return max(1, _eighths(memory_mib, total_bytes))
 
 
 def derive_profile_name(compute_slices: int, memory_mib: int, total_bytes: int, suffix: str = "") -> str:
     """NVIDIA's naming rule: memory as eighths of the GPU, rounded up, scaled to the GPU's size in GiB."""
-    eighths = math.ceil(memory_mib * 2**20 / total_bytes * MEMORY_SLICES)
-    gb = round(eighths / MEMORY_SLICES * math.ceil(total_bytes / 2**30))
+    gb = round(_eighths(memory_mib, total_bytes) / MEMORY_SLICES * math.ceil(total_bytes / 2**30))
     return f"{compute_slices}g.{gb}gb{suffix}"
 
 
@@ -262,7 +261,7 @@ def _placements(h: Any, what: str, profile_id: int) -> tuple[MigPlacement, ...]:
     if _optional(doing, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, None, byref(count)) is None:
         return ()
     buffer = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
-    _call(doing, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, buffer, byref(count))
+    call(doing, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, profile_id, buffer, byref(count))
     return tuple(sorted(MigPlacement(int(p.start), int(p.size)) for p in buffer[: count.value]))
 
 
@@ -272,9 +271,9 @@ def _gpu_instances(h: Any, what: str, profiles: tuple[MigProfile, ...]) -> tuple
         buffer = (pynvml.c_nvmlGpuInstance_t * max(profile.max_instances, 1))()
         count = c_uint(0)
         doing = f"listing {profile.name} GPU instances on {what}"
-        _call(doing, pynvml.nvmlDeviceGetGpuInstances, h, profile.gi_profile_id, buffer, byref(count))
+        call(doing, pynvml.nvmlDeviceGetGpuInstances, h, profile.gi_profile_id, buffer, byref(count))
         for gi in buffer[: count.value]:
-            info = _call(doing, pynvml.nvmlGpuInstanceGetInfo, gi)
+            info = call(doing, pynvml.nvmlGpuInstanceGetInfo, gi)
             placement = MigPlacement(int(info.placement.start), int(info.placement.size))
             found.append(GpuInstance(int(info.id), int(info.profileId), profile.name, placement))
     return tuple(sorted(found, key=lambda g: g.placement))
@@ -286,24 +285,24 @@ def _mig_devices(
     """MIG device handles; their indices are sparse, so absent ones are skipped, other errors raised."""
     by_gi = {gi.gpu_instance_id: gi for gi in instances}
     devices = []
-    slots = _call(f"counting MIG devices of {what}", pynvml.nvmlDeviceGetMaxMigDeviceCount, h)
+    slots = call(f"counting MIG devices of {what}", pynvml.nvmlDeviceGetMaxMigDeviceCount, h)
     for i in range(slots):
         doing = f"reading MIG device {i} of {what}"
         try:
-            mh = _call(doing, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+            mh = call(doing, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
         except (NotFound, InvalidArgument):
             continue
-        flag = _call(doing, pynvml.nvmlDeviceIsMigDeviceHandle, mh)
+        flag = call(doing, pynvml.nvmlDeviceIsMigDeviceHandle, mh)
         if not getattr(flag, "value", flag):  # a c_uint: c_uint(1) == 1 is False
             continue
-        gi_id = int(_call(doing, pynvml.nvmlDeviceGetGpuInstanceId, mh))
+        gi_id = int(call(doing, pynvml.nvmlDeviceGetGpuInstanceId, mh))
         gi = by_gi.get(gi_id)
         if gi is None:
             raise NotFound(f"{doing}: its GPU instance {gi_id} is not among the instances NVML listed")
-        attrs = _call(doing, pynvml.nvmlDeviceGetAttributes, mh)
+        attrs = call(doing, pynvml.nvmlDeviceGetAttributes, mh)
         devices.append(
             MigDevice(
-                uuid=_text(_call(doing, pynvml.nvmlDeviceGetUUID, mh)),
+                uuid=_text(call(doing, pynvml.nvmlDeviceGetUUID, mh)),
                 parent_uuid=parent_uuid,
                 parent_minor=parent_minor,
                 parent_index=parent_index,
@@ -311,7 +310,7 @@ def _mig_devices(
                 gi_profile_id=gi.gi_profile_id,
                 placement=gi.placement,
                 gpu_instance_id=gi_id,
-                compute_instance_id=int(_call(doing, pynvml.nvmlDeviceGetComputeInstanceId, mh)),
+                compute_instance_id=int(call(doing, pynvml.nvmlDeviceGetComputeInstanceId, mh)),
                 memory_bytes=int(attrs.memorySizeMB) * 2**20,
                 multiprocessors=int(attrs.multiprocessorCount),
                 copy_engines=int(attrs.sharedCopyEngineCount),
@@ -330,10 +329,10 @@ def _nvlink_peers(h: Any, what: str) -> tuple[str, ...]:
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         doing = f"reading NVLink {link} of {what}"
         try:
-            state = _call(doing, pynvml.nvmlDeviceGetNvLinkState, h, link)
+            state = call(doing, pynvml.nvmlDeviceGetNvLinkState, h, link)
             if state != pynvml.NVML_FEATURE_ENABLED:
                 continue
-            remote = _call(doing, pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+            remote = call(doing, pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
         except (NotSupported, InvalidArgument):
             break
         peers.append(normalize_bus_id(remote.busId))
@@ -345,7 +344,7 @@ def _fabric(h: Any, what: str) -> FabricInfo | None:
     info = pynvml.c_nvmlGpuFabricInfoV_t()
     doing = f"reading the fabric info of {what}"
     try:
-        _call(doing, pynvml.nvmlDeviceGetGpuFabricInfoV, h, byref(info))
+        call(doing, pynvml.nvmlDeviceGetGpuFabricInfoV, h, byref(info))
     except FunctionMissing:
         info = pynvml.c_nvmlGpuFabricInfo_t()  # drivers before R550 only have the v1 call
         if _optional(doing, pynvml.nvmlDeviceGetGpuFabricInfo, h, byref(info)) is None:

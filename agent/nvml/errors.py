@@ -6,10 +6,13 @@ agent's terms (no library, GPU lost, feature missing) and keep NVML's numeric co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import pynvml
+
+T = TypeVar("T")
 
 
 class NvmlError(Exception):
@@ -112,3 +115,9 @@ def nvml_errors(doing: str = "") -> Iterator[None]:
         yield
     except pynvml.NVMLError as exc:
         raise translate(exc, doing) from exc
+
+
+def call(doing: str, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, its pynvml errors raised as the project's; `doing` names the call for the message."""
+    with nvml_errors(doing):
+        return fn(*args)

@@ -8,24 +8,22 @@ Errors are agent.nvml.errors types, with messages that say which device and why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from ctypes import byref, c_uint
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pynvml
 
-from agent.nvml.errors import InsufficientResources, InvalidArgument, NotFound, NotSupported, NvmlError, nvml_errors
+from agent.nvml.errors import InsufficientResources, InvalidArgument, NotFound, NotSupported, NvmlError, call
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 GpuRef = int | str  # a GPU's minor number, or its "GPU-..." uuid
 
 
 @dataclass(frozen=True)
 class CreatedMig:
-    """A MIG device that `create` made (or `find` located)."""
+    """A MIG device that `create` made."""
 
     gpu_instance_id: int
     compute_instance_id: int
@@ -36,11 +34,6 @@ class MigCreateFailed(NvmlError):
     """Creating failed and cleaning up after it failed too: part of the device may remain at its placement."""
 
     left_behind = True
-
-
-def _call(doing: str, fn: Callable[..., T], *args: Any) -> T:
-    with nvml_errors(doing):
-        return fn(*args)
 
 
 def _text(value: str | bytes) -> str:
@@ -58,22 +51,22 @@ class MigControl:
         """
         what = f"MIG profile {gi_profile_id} at placement {start} on GPU {parent}"
         h = self._gpu(parent)
-        profile = _call(f"reading {what}", pynvml.nvmlDeviceGetGpuInstanceProfileInfoById, h, gi_profile_id)
+        profile = call(f"reading {what}", pynvml.nvmlDeviceGetGpuInstanceProfileInfoById, h, gi_profile_id)
         memory_slices = self._memory_slices(h, gi_profile_id, start, what)
         placement = pynvml.c_nvmlGpuInstancePlacement_t(start, memory_slices)
         try:
-            gi = _call(f"creating the GPU instance of {what}", pynvml.nvmlDeviceCreateGpuInstanceWithPlacement,
-                       h, gi_profile_id, byref(placement))  # fmt: skip
+            gi = call(f"creating the GPU instance of {what}", pynvml.nvmlDeviceCreateGpuInstanceWithPlacement,
+                      h, gi_profile_id, byref(placement))  # fmt: skip
         except InsufficientResources as exc:
             raise InsufficientResources(f"{exc}: placement taken or profile limit reached", exc.code) from exc
-        gi_id = int(_call(f"reading the GPU instance of {what}", pynvml.nvmlGpuInstanceGetInfo, gi).id)
+        gi_id = int(call(f"reading the GPU instance of {what}", pynvml.nvmlGpuInstanceGetInfo, gi).id)
         ci = None
         try:
             ci_profile = self._full_ci_profile(gi, int(profile.sliceCount), what)
-            ci = _call(f"creating the compute instance of {what}", pynvml.nvmlGpuInstanceCreateComputeInstance,
-                       gi, ci_profile)  # fmt: skip
-            info = _call(f"reading the compute instance of {what}", pynvml.nvmlComputeInstanceGetInfo, ci)
-            uuid = _text(_call(f"reading the uuid of {what}", pynvml.nvmlDeviceGetUUID, info.device))
+            ci = call(f"creating the compute instance of {what}", pynvml.nvmlGpuInstanceCreateComputeInstance,
+                      gi, ci_profile)  # fmt: skip
+            info = call(f"reading the compute instance of {what}", pynvml.nvmlComputeInstanceGetInfo, ci)
+            uuid = _text(call(f"reading the uuid of {what}", pynvml.nvmlDeviceGetUUID, info.device))
             return CreatedMig(gi_id, int(info.id), uuid)
         except NvmlError as exc:
             self._undo(gi, ci, what, exc)
@@ -85,21 +78,21 @@ class MigControl:
         what = f"GPU instance {gpu_instance_id} on GPU {parent}"
         h = self._gpu(parent)
         try:
-            gi = _call(f"finding {what}", pynvml.nvmlDeviceGetGpuInstanceById, h, gpu_instance_id)
+            gi = call(f"finding {what}", pynvml.nvmlDeviceGetGpuInstanceById, h, gpu_instance_id)
         except (NotFound, InvalidArgument):
             return  # already gone
         except NotSupported:
             return  # MIG mode is off: no GPU instance can exist
         if compute_instance_id is not None:
             try:
-                ci = _call(f"finding compute instance {compute_instance_id} of {what}",
-                           pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)  # fmt: skip
+                ci = call(f"finding compute instance {compute_instance_id} of {what}",
+                          pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)  # fmt: skip
             except (NotFound, InvalidArgument):
                 ci = None
             if ci is not None:
-                _call(f"destroying compute instance {compute_instance_id} of {what}",
-                      pynvml.nvmlComputeInstanceDestroy, ci)  # fmt: skip
-        _call(f"destroying {what}", pynvml.nvmlGpuInstanceDestroy, gi)
+                call(f"destroying compute instance {compute_instance_id} of {what}",
+                     pynvml.nvmlComputeInstanceDestroy, ci)  # fmt: skip
+        call(f"destroying {what}", pynvml.nvmlGpuInstanceDestroy, gi)
 
     def find(self, parent: GpuRef, gi_profile_id: int, start: int) -> tuple[int, tuple[int, ...]] | None:
         """(GI id, its CI ids) of the GI of this profile at placement `start`, if one exists: how a crash
@@ -107,7 +100,7 @@ class MigControl:
         what = f"MIG profile {gi_profile_id} instances on GPU {parent}"
         h = self._gpu(parent)
         for gi in self._gpu_instances(h, gi_profile_id, what):
-            info = _call(f"reading {what}", pynvml.nvmlGpuInstanceGetInfo, gi)
+            info = call(f"reading {what}", pynvml.nvmlGpuInstanceGetInfo, gi)
             if int(info.placement.start) == start:
                 return int(info.id), self._compute_instance_ids(gi, what)
         return None
@@ -125,18 +118,18 @@ class MigControl:
 
     def destroy_compute_instance(self, parent: GpuRef, gpu_instance_id: int, compute_instance_id: int) -> None:
         what = f"compute instance {compute_instance_id} of GPU instance {gpu_instance_id} on GPU {parent}"
-        gi = _call(f"finding {what}", pynvml.nvmlDeviceGetGpuInstanceById, self._gpu(parent), gpu_instance_id)
-        ci = _call(f"finding {what}", pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)
-        _call(f"destroying {what}", pynvml.nvmlComputeInstanceDestroy, ci)
+        gi = call(f"finding {what}", pynvml.nvmlDeviceGetGpuInstanceById, self._gpu(parent), gpu_instance_id)
+        ci = call(f"finding {what}", pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)
+        call(f"destroying {what}", pynvml.nvmlComputeInstanceDestroy, ci)
 
     # --- internals -------------------------------------------------------------------------------------
 
     def _gpu(self, parent: GpuRef) -> Any:
         if isinstance(parent, str):
-            return _call(f"finding GPU {parent}", pynvml.nvmlDeviceGetHandleByUUID, parent)
-        for index in range(_call("counting GPUs", pynvml.nvmlDeviceGetCount)):
-            h = _call(f"finding GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
-            if _call(f"reading the minor of GPU {index}", pynvml.nvmlDeviceGetMinorNumber, h) == parent:
+            return call(f"finding GPU {parent}", pynvml.nvmlDeviceGetHandleByUUID, parent)
+        for index in range(call("counting GPUs", pynvml.nvmlDeviceGetCount)):
+            h = call(f"finding GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
+            if call(f"reading the minor of GPU {index}", pynvml.nvmlDeviceGetMinorNumber, h) == parent:
                 return h
         raise NotFound(f"no GPU with minor number {parent}", pynvml.NVML_ERROR_NOT_FOUND)
 
@@ -145,9 +138,9 @@ class MigControl:
         """The placement's size, from the profile's possible placements; a start that is not one is refused."""
         doing = f"reading the placements of {what}"
         count = c_uint(0)
-        _call(doing, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, gi_profile_id, None, byref(count))
+        call(doing, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, gi_profile_id, None, byref(count))
         buffer = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
-        _call(doing, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, gi_profile_id, buffer, byref(count))
+        call(doing, pynvml.nvmlDeviceGetGpuInstancePossiblePlacements, h, gi_profile_id, buffer, byref(count))
         for p in buffer[: count.value]:
             if int(p.start) == start:
                 return int(p.size)
@@ -160,9 +153,9 @@ class MigControl:
         """The CI profile spanning the whole GI: the first enum whose slice count is the GI's."""
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
-                info = _call(f"reading compute instance profile {enum} of {what}",
-                             pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-                             gi, enum, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)  # fmt: skip
+                info = call(f"reading compute instance profile {enum} of {what}",
+                            pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                            gi, enum, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)  # fmt: skip
             except (NotSupported, InvalidArgument):
                 continue
             if int(info.sliceCount) == compute_slices:
@@ -174,9 +167,9 @@ class MigControl:
     def _gpu_instances(h: Any, gi_profile_id: int, what: str) -> list[Any]:
         count = c_uint(0)
         try:
-            info = _call(f"reading {what}", pynvml.nvmlDeviceGetGpuInstanceProfileInfoById, h, gi_profile_id)
+            info = call(f"reading {what}", pynvml.nvmlDeviceGetGpuInstanceProfileInfoById, h, gi_profile_id)
             buffer = (pynvml.c_nvmlGpuInstance_t * max(int(info.instanceCount), 1))()
-            _call(f"listing {what}", pynvml.nvmlDeviceGetGpuInstances, h, gi_profile_id, buffer, byref(count))
+            call(f"listing {what}", pynvml.nvmlDeviceGetGpuInstances, h, gi_profile_id, buffer, byref(count))
         except NotSupported:
             return []  # MIG mode off: no instances
         return list(buffer[: count.value])
@@ -187,14 +180,14 @@ class MigControl:
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             count = c_uint(0)
             try:
-                info = _call(f"reading {what}", pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-                             gi, enum, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)  # fmt: skip
+                info = call(f"reading {what}", pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                            gi, enum, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)  # fmt: skip
                 buffer = (pynvml.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
-                _call(f"listing {what}", pynvml.nvmlGpuInstanceGetComputeInstances, gi, enum, buffer, byref(count))
+                call(f"listing {what}", pynvml.nvmlGpuInstanceGetComputeInstances, gi, enum, buffer, byref(count))
             except (NotSupported, InvalidArgument):
                 continue
             for ci in buffer[: count.value]:
-                ids.append(int(_call(f"reading {what}", pynvml.nvmlComputeInstanceGetInfo, ci).id))
+                ids.append(int(call(f"reading {what}", pynvml.nvmlComputeInstanceGetInfo, ci).id))
         return tuple(sorted(ids))
 
     @staticmethod
@@ -202,8 +195,8 @@ class MigControl:
         """Destroy what a failed `create` made; if that fails too, say that something is left behind."""
         try:
             if ci is not None:
-                _call(f"destroying the compute instance of {what}", pynvml.nvmlComputeInstanceDestroy, ci)
-            _call(f"destroying the GPU instance of {what}", pynvml.nvmlGpuInstanceDestroy, gi)
+                call(f"destroying the compute instance of {what}", pynvml.nvmlComputeInstanceDestroy, ci)
+            call(f"destroying the GPU instance of {what}", pynvml.nvmlGpuInstanceDestroy, gi)
         except NvmlError as exc:
             log.error("cleaning up after a failed MIG create left instances behind: %s", exc)  # noqa: TRY400
             raise MigCreateFailed(f"{cause}; cleaning up failed too ({exc})", cause.code) from cause

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,16 +38,14 @@ class SliceContent:
     shared_counters: tuple[Json, ...] = ()
 
 
-def pool_content(
-    inventory: Inventory, driver: str = DEFAULT_DRIVER, *, partitionable: bool = False
-) -> tuple[SliceContent, ...]:
+def pool_content(inventory: Inventory, *, partitionable: bool = False) -> tuple[SliceContent, ...]:
     """The pool's devices, grouped into slices, in a stable order.
 
     Without `partitionable`, a GPU whose MIG mode is on is represented only by its MIG devices. With it,
     every MIG-capable GPU gets a counter set that its whole-GPU device, its existing MIG devices and every
     still-possible MIG placement consume, so the scheduler can only pick combinations that fit.
+    Attributes are unprefixed, i.e. in the driver's own domain, so the content is the same for any driver name.
     """
-    del driver  # attributes are unprefixed, i.e. in the driver's own domain, whatever its name
     plain: list[Json] = []
     grouped: list[SliceContent] = []
     for gpu in inventory.gpus:
@@ -109,7 +107,7 @@ def build_resource_slices(
     generation: int = 1,
 ) -> list[Json]:
     """`pool_content` then `resource_slices`, for callers that do no bookkeeping of their own."""
-    content = pool_content(inventory, driver, partitionable=partitionable)
+    content = pool_content(inventory, partitionable=partitionable)
     return resource_slices(content, node_name=node_name, driver=driver, generation=generation, node_uid=node_uid)
 
 
@@ -150,6 +148,11 @@ def _int(value: int) -> Json:
     return {"int": value}
 
 
+def _quantities(values: Mapping[str, int]) -> Json:
+    """Capacities or counters, as the API writes them: `{name: {"value": <quantity>}}`."""
+    return {k: {"value": format_bytes(v)} for k, v in values.items()}
+
+
 def _product_attributes(inventory: Inventory, gpu: Gpu) -> Json:
     """What a GPU and its MIG devices share: product, versions, PCI placement."""
     attrs: Json = {
@@ -182,7 +185,7 @@ def gpu_device(inventory: Inventory, gpu: Gpu) -> Json:
     return {
         "name": gpu_device_name(gpu.minor),
         "attributes": attrs,
-        "capacity": {"memory": {"value": format_bytes(gpu.memory_bytes)}},
+        "capacity": _quantities({"memory": gpu.memory_bytes}),
     }
 
 
@@ -213,7 +216,7 @@ class _MigShape:
             "ofaEngines": self.ofa_engines,
             "memory": self.memory_bytes,
         }
-        return {k: {"value": format_bytes(v)} for k, v in values.items()}
+        return _quantities(values)
 
     def counters(self) -> dict[str, int]:
         """Counter names are DNS labels, hence the dashes (as NVIDIA's driver names them)."""
@@ -263,9 +266,9 @@ def _instance_counter(profile: MigProfile) -> str:
     return f"profile-{profile.gi_profile_id}-instances"
 
 
-def _limited(profiles: Iterable[MigProfile]) -> list[MigProfile]:
-    """Profiles whose instance limit is lower than their placements allow, so a counter must enforce it."""
-    return [p for p in profiles if p.max_instances < len(p.placements)]
+def _limited(profile: MigProfile) -> bool:
+    """The profile's instance limit is lower than its placements allow, so a counter must enforce it."""
+    return profile.max_instances < len(profile.placements)
 
 
 @functools.lru_cache(maxsize=64)
@@ -283,7 +286,7 @@ def _profile_budget(profiles: tuple[MigProfile, ...]) -> dict[str, int]:
             best[s] = max([best[s + 1]] + [c[kind] + best[pl.start + pl.size] for c, pl in placements if pl.start == s])
         budget[kind] = best[0]
     budget.update({f"memory-slice-{i}": 1 for i in range(slices)})
-    budget.update({_instance_counter(p): p.max_instances for p in _limited(profiles)})
+    budget.update({_instance_counter(p): p.max_instances for p in profiles if _limited(p)})
     return budget
 
 
@@ -296,11 +299,11 @@ def _gpu_counters(gpu: Gpu) -> dict[str, int]:
 def _consumes(gpu: Gpu, shape: _MigShape, placement: MigPlacement, profile: MigProfile | None) -> Json:
     counters = {k: v for k, v in shape.counters().items() if v}
     counters.update({f"memory-slice-{i}": 1 for i in placement.slices})
-    if profile is not None and profile.max_instances < len(profile.placements):
+    if profile is not None and _limited(profile):
         counters[_instance_counter(profile)] = 1
     return {
         "counterSet": counter_set_name(gpu.minor),
-        "counters": {k: {"value": format_bytes(v)} for k, v in counters.items()},
+        "counters": _quantities(counters),
     }
 
 
@@ -318,7 +321,7 @@ def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) 
         whole = gpu_device(inventory, gpu)
         whole["consumesCounters"] = [{
             "counterSet": counter_set_name(gpu.minor),
-            "counters": {k: {"value": format_bytes(v)} for k, v in budget.items()},
+            "counters": _quantities(budget),
         }]
         devices.append(whole)
     for mig in migs:
@@ -340,6 +343,6 @@ def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) 
     devices.sort(key=lambda d: natural_key(d["name"]))
     counter_set = {
         "name": counter_set_name(gpu.minor),
-        "counters": {k: {"value": format_bytes(v)} for k, v in budget.items()},
+        "counters": _quantities(budget),
     }
     return SliceContent(tuple(devices), (counter_set,))

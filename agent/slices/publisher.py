@@ -7,7 +7,6 @@ both on an interval. Every content change gets a new pool generation, written to
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -138,7 +137,7 @@ class Publisher:
 
     def _content(self) -> tuple[SliceContent, ...]:
         assert self._inventory is not None
-        return pool_content(self._inventory, self.driver, partitionable=self._partitionable)
+        return pool_content(self._inventory, partitionable=self._partitionable)
 
     def _reconcile(self, content: tuple[SliceContent, ...]) -> PublishResult:
         """One pass of list, compare, write; conflicts re-read at once, server errors back off."""
@@ -234,8 +233,11 @@ def _prune(value: Any) -> Any:
 
 
 def _canonical(spec: Json) -> Json:
-    """A spec in a form where equal meaning compares equal: quantities become numbers."""
-    spec = _prune(copy.deepcopy(spec))
+    """A spec in a form where equal meaning compares equal: quantities become numbers.
+
+    `_prune` rebuilds every dict and list, so the numbers are written into a copy, never into `spec`.
+    """
+    spec = _prune(spec)
 
     def numbers(values: dict[str, Any]) -> None:
         for v in values.values():

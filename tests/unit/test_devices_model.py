@@ -7,12 +7,7 @@ import dataclasses
 import pytest
 
 from agent.devices.model import FabricInfo, Gpu, Inventory, MigDevice, MigPlacement, MigProfile
-from tests.factories import h100
-
-
-def gpu(minor: int, **kw: object) -> Gpu:
-    return h100(minor, **kw)
-
+from tests.factories import h100 as gpu
 
 P3G = MigProfile("3g.40gb", 2, 9, 3, 4, 2, 40448, 60, 3, 3, 0, 3, 0, (MigPlacement(0, 4), MigPlacement(4, 4)))
 
