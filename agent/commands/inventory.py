@@ -128,7 +128,7 @@ def _gpu_document(g: Gpu) -> dict[str, Any]:
 
 def _mig_document(m: MigDevice) -> dict[str, Any]:
     return {
-        "name": mig_device_name(m.parent_minor, m.profile, m.gi_profile_id, m.placement.start),
+        "name": m.name,
         "uuid": m.uuid,
         "parentUUID": m.parent_uuid,
         "parentName": gpu_device_name(m.parent_minor),
@@ -191,7 +191,7 @@ def inventory_table(inv: Inventory) -> str:
             ("NAME", "PROFILE", "SLICES", "MEMORY", "UUID"),
             [
                 (
-                    mig_device_name(m.parent_minor, m.profile, m.gi_profile_id, m.placement.start),
+                    m.name,
                     m.profile,
                     _slices(m.placement.start, m.placement.size),
                     f"{m.memory_bytes / GIB:.1f} GiB",

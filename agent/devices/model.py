@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from agent.devices.names import mig_device_name
+
 
 class ComputeMode(enum.Enum):
     """NVML compute modes (nvmlComputeMode_t)."""
@@ -78,6 +80,11 @@ class MigDevice:
     encoders: int
     jpeg_engines: int
     ofa_engines: int
+
+    @property
+    def name(self) -> str:
+        """The canonical device name (gpu-<minor>-mig-<profile>-<giProfileId>-<start>)."""
+        return mig_device_name(self.parent_minor, self.profile, self.gi_profile_id, self.placement.start)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any
 
 import pynvml
 
-from agent.devices.model import Inventory, MigDevice
-from agent.devices.names import InvalidDeviceName, MigName, gpu_device_name, mig_device_name, parse_device_name
+from agent.devices.model import Inventory
+from agent.devices.names import InvalidDeviceName, MigName, gpu_device_name, parse_device_name
 from agent.nvml.errors import FunctionMissing, GpuLost, NvmlError, Timeout, nvml_errors
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,8 @@ def affected_devices(
             and event.compute_instance_id in (ALL_INSTANCES, m.compute_instance_id)
         ]
         if hit:
-            return tuple(_mig_name(m) for m in hit)
-    return (gpu_device_name(gpu.minor), *(_mig_name(m) for m in migs))
+            return tuple(m.name for m in hit)
+    return (gpu_device_name(gpu.minor), *(m.name for m in migs))
 
 
 def parent_gpu_name(device_name: str) -> str | None:
@@ -121,12 +121,8 @@ def without_devices(inventory: Inventory, names: Set[str]) -> Inventory:
         return inventory
     gpus = tuple(g for g in inventory.gpus if gpu_device_name(g.minor) not in names)
     kept = {g.minor for g in gpus}
-    migs = tuple(m for m in inventory.mig_devices if m.parent_minor in kept and _mig_name(m) not in names)
+    migs = tuple(m for m in inventory.mig_devices if m.parent_minor in kept and m.name not in names)
     return replace(inventory, gpus=gpus, mig_devices=migs)
-
-
-def _mig_name(m: MigDevice) -> str:
-    return mig_device_name(m.parent_minor, m.profile, m.gi_profile_id, m.placement.start)
 
 
 def _fault_of(event_type: int) -> Fault | None:
