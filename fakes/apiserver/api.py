@@ -55,10 +55,7 @@ class Api:
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         with self.store.lock:
-            found = self.store.read(rt.key, namespace, name)
-            if found is None:
-                raise not_found(rt.group, rt.plural, name)
-            return copy.deepcopy(found)
+            return self._current(rt, namespace, name)
 
     def list_objects(self, rt: ResourceType, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
         labels = label_selector(query.get("labelSelector"))
@@ -172,7 +169,9 @@ class Api:
             raise ApiError(400, "the body of an eviction must be a policy/v1 Eviction")
         body = {"apiVersion": "policy/v1", "kind": "Eviction", **body}
         body.setdefault("metadata", {}).setdefault("name", name)
-        self._validate_schema(pods, body)
+        causes = schemas.validate_builtin(body)
+        if causes:
+            raise invalid("policy", body["kind"], body["metadata"]["name"], causes)
         self.delete(pods, namespace, name, body.get("deleteOptions"))
         return success(pods, name, "", 201)
 
@@ -288,7 +287,7 @@ class Api:
             return
         causes = self._meta_causes(rt, obj["metadata"])
         if rt.builtin:
-            causes += self._schema_causes(rt, obj)
+            causes += schemas.validate_builtin(obj)
         elif rt.schema is not None:
             causes += schemas.validate_custom(obj, rt.schema)
         if rt.group == "resource.k8s.io":
@@ -300,14 +299,6 @@ class Api:
             causes += self._crd_causes(obj, old)
         if causes:
             raise invalid(rt.group, rt.kind, obj["metadata"].get("name", ""), causes)
-
-    def _schema_causes(self, rt: ResourceType, obj: dict[str, Any]) -> list[tuple[str, str]]:
-        return schemas.validate_builtin(obj)
-
-    def _validate_schema(self, rt: ResourceType, obj: dict[str, Any]) -> None:
-        causes = schemas.validate_builtin(obj)
-        if causes:
-            raise invalid("policy", obj["kind"], obj["metadata"]["name"], causes)
 
     def _meta_causes(self, rt: ResourceType, meta: dict[str, Any]) -> list[tuple[str, str]]:
         causes: list[tuple[str, str]] = []

@@ -29,13 +29,16 @@ MAX_ALLOCATION_RESULTS = 32
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# semver 2.0.0, the rule agent.allocation.cel also has; not imported from there, because that would load the
+# CEL bindings (and their CLI) into every fake API server.
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
+_NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes")  # where a slice's (or a device's) devices are usable
 PARTITIONABLE_SLICE_FIELDS = ("sharedCounters", "perDeviceNodeSelection")
-PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
+PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", *_NODE_FIELDS)
 
 
 def dns_label(value: Any) -> str | None:
@@ -85,7 +88,7 @@ def drop_partitionable(obj: dict[str, Any]) -> None:
             device.pop(name, None)
 
 
-def _node_selection(where: str, holder: dict[str, Any], fields: Iterable[str]) -> Causes:
+def _node_selection(where: str, holder: dict[str, Any], fields: tuple[str, ...]) -> Causes:
     given = [f for f in fields if holder.get(f) not in (None, False, "")]
     out: Causes = []
     if len(given) != 1:
@@ -161,10 +164,10 @@ def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_
         out.append((f"{where}.consumesCounters",
                     f"must consume at most {MAX_COUNTERS_PER_DEVICE} counters (is {total})"))
     if per_device_nodes:
-        out += _node_selection(where, device, ("nodeName", "nodeSelector", "allNodes"))
+        out += _node_selection(where, device, _NODE_FIELDS)
     else:
         out += [(f"{where}.{f}", "may only be set when perDeviceNodeSelection is true")
-                for f in ("nodeName", "nodeSelector", "allNodes") if device.get(f) not in (None, False, "")]
+                for f in _NODE_FIELDS if device.get(f) not in (None, False, "")]
     taints = device.get("taints") or []
     if len(taints) > MAX_TAINTS:
         out.append((f"{where}.taints", f"must have at most {MAX_TAINTS} taints (is {len(taints)})"))
@@ -191,7 +194,7 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
         out.append(("spec.pool.generation", "must be greater than or equal to 0"))
     if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] <= 0:
         out.append(("spec.pool.resourceSliceCount", "must be greater than 0"))
-    out += _node_selection("spec", spec, ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection"))
+    out += _node_selection("spec", spec, (*_NODE_FIELDS, "perDeviceNodeSelection"))
     if "perDeviceNodeSelection" in spec and spec["perDeviceNodeSelection"] is False:
         out.append(("spec.perDeviceNodeSelection", "must be true when set"))
 

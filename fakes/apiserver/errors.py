@@ -50,28 +50,25 @@ class ApiError(Exception):
         return body
 
 
-def not_found(group: str, plural: str, name: str) -> ApiError:
+def _about(group: str, plural: str, name: str) -> tuple[str, dict[str, Any]]:
+    """How messages name one object (`pods "p"`, `resourceclaims.resource.k8s.io "c"`), and the details."""
     what = f"{plural}.{group}" if group else plural
-    return ApiError(404, f'{what} "{name}" not found', details={"name": name, "group": group, "kind": plural})
+    return f'{what} "{name}"', {"name": name, "group": group, "kind": plural}
+
+
+def not_found(group: str, plural: str, name: str) -> ApiError:
+    what, details = _about(group, plural, name)
+    return ApiError(404, f"{what} not found", details=details)
 
 
 def already_exists(group: str, plural: str, name: str) -> ApiError:
-    what = f"{plural}.{group}" if group else plural
-    return ApiError(
-        409,
-        f'{what} "{name}" already exists',
-        reason="AlreadyExists",
-        details={"name": name, "group": group, "kind": plural},
-    )
+    what, details = _about(group, plural, name)
+    return ApiError(409, f"{what} already exists", reason="AlreadyExists", details=details)
 
 
 def conflict(group: str, plural: str, name: str, why: str) -> ApiError:
-    what = f"{plural}.{group}" if group else plural
-    return ApiError(
-        409,
-        f'Operation cannot be fulfilled on {what} "{name}": {why}',
-        details={"name": name, "group": group, "kind": plural},
-    )
+    what, details = _about(group, plural, name)
+    return ApiError(409, f"Operation cannot be fulfilled on {what}: {why}", details=details)
 
 
 def invalid(group: str, kind: str, name: str, causes: list[tuple[str, str]]) -> ApiError:

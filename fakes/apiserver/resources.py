@@ -40,7 +40,6 @@ class ResourceType:
     short_names: tuple[str, ...] = ()
     builtin: bool = True  # validated with kubernetes-validate's 1.34 schemas
     schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)  # a CRD's openAPIV3Schema
-    singular: str = ""
 
     @property
     def api_version(self) -> str:
@@ -62,7 +61,7 @@ class ResourceType:
         verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
         main: dict[str, Any] = {
             "name": self.plural,
-            "singularName": self.singular or self.kind.lower(),
+            "singularName": self.kind.lower(),
             "namespaced": self.namespaced,
             "kind": self.kind,
             "verbs": verbs,
@@ -124,9 +123,6 @@ class Registry:
 
     def remove(self, key: tuple[str, str, str]) -> None:
         self._types.pop(key, None)
-
-    def get(self, group: str, version: str, plural: str) -> ResourceType | None:
-        return self._types.get((group, version, plural))
 
     def all(self) -> list[ResourceType]:
         return list(self._types.values())

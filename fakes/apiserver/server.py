@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import socket
 import threading
@@ -231,7 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
         ns = (namespace or "") if rt.namespaced else ""
         api = self.apiserver.api
         if name is None:
-            if method == "GET" and query.get("watch") in ("1", "true", "True"):
+            if method == "GET" and _flag(query, "watch"):
                 self._watch(rt, namespace, query)
                 return 0, None
             if method == "GET":
@@ -292,8 +293,8 @@ class _Handler(BaseHTTPRequestHandler):
                 and labels(obj) and fields(obj)
 
         timeout = min(float(query.get("timeoutSeconds") or server.max_watch_seconds), server.max_watch_seconds)
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
-        initial_events = query.get("sendInitialEvents") in ("true", "1", "True")
+        bookmarks = _flag(query, "allowWatchBookmarks")
+        initial_events = _flag(query, "sendInitialEvents")
         requested = query.get("resourceVersion") or ""
         try:
             since = int(requested) if requested else 0
@@ -304,7 +305,7 @@ class _Handler(BaseHTTPRequestHandler):
             epoch = server.watch_epoch
             initial: list[dict[str, Any]] = []
             if since == 0 or initial_events:
-                initial = json.loads(json.dumps([o for o in store.items(rt.key, namespace) if matches(o)]))
+                initial = copy.deepcopy([o for o in store.items(rt.key, namespace) if matches(o)])
                 since = store.resource_version
             else:
                 try:
@@ -384,6 +385,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
+
+
+def _flag(query: dict[str, str], name: str) -> bool:
+    """A boolean query parameter (watch, allowWatchBookmarks, sendInitialEvents) that is set to true."""
+    return query.get(name) in ("1", "true", "True")
 
 
 def _group(name: str, versions: list[str]) -> dict[str, Any]:

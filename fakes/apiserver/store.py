@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import expired
-from .resources import Registry, ResourceType
+from .resources import Registry
 
 TypeKey = tuple[str, str, str]
 
@@ -106,6 +106,3 @@ class Store:
         rt = self.registry.find(kind)
         with self.lock:
             return copy.deepcopy(self.items(rt.key, namespace))
-
-    def type_of(self, kind: str) -> ResourceType:
-        return self.registry.find(kind)

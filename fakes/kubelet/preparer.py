@@ -7,7 +7,9 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from agent.claims import cdi
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
+from agent.devices.names import gpu_device_name
 
 
 class InMemoryPreparer:
@@ -56,14 +58,11 @@ class InMemoryPreparer:
 
     def _devices(self, uid: str) -> tuple[PreparedDevice, ...]:
         offset = len(self.prepared) * self.devices_per_claim
+        names = [gpu_device_name(offset + i) for i in range(self.devices_per_claim)]
         return tuple(
-            PreparedDevice(
-                request_names=("gpu",),
-                pool_name=self.pool,
-                device_name=f"gpu-{offset + i}",
-                cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={uid}-gpu-{offset + i}",),
-            )
-            for i in range(self.devices_per_claim)
+            PreparedDevice(request_names=("gpu",), pool_name=self.pool, device_name=name,
+                           cdi_device_ids=(cdi.device_id(uid, name),))
+            for name in names
         )
 
     @contextmanager

@@ -18,6 +18,11 @@ def value(arg: Any) -> int:
     return int(arg.value) if hasattr(arg, "value") else int(arg)
 
 
+def text(arg: Any) -> str:
+    """A `const char *` argument, passed as bytes (or None) or a ctypes string buffer."""
+    return (arg.value if hasattr(arg, "value") else arg or b"").decode()
+
+
 def target(ref: Any) -> Any:
     """What a pointer argument points at: byref(x) -> x, pointer(x) -> x; None is a NULL pointer."""
     if ref is None:

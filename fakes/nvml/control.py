@@ -15,7 +15,6 @@ from fakes.nvml.state import ALL_INSTANCES, FakeGpu, Process
 XID_FALLEN_OFF_THE_BUS = 79
 
 
-
 class FakeNvml:
     """A fake libnvidia-ml installed as `pynvml.nvmlLib`, and the controls to change what it reports."""
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import pynvml as N
 
 from fakes.nvml import cabi as C
 from fakes.nvml.machines import Machine
-from fakes.nvml.products import BRAND_NVIDIA
+from fakes.nvml.products import BRAND_NVIDIA, Profile
 from fakes.nvml.state import ALL_INSTANCES, ComputeInstance, FakeGpu, GpuInstance, NvmlFail
 
 MAX_MIG_DEVICES = 7
@@ -43,6 +43,7 @@ _ERROR_STRINGS = {
     N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
     N.NVML_ERROR_UNKNOWN: "Unknown Error",
 }
+_Instance = TypeVar("_Instance", GpuInstance, ComputeInstance)
 # Symbols that work before nvmlInit, as in the real library.
 _NO_INIT = {"nvmlInit_v2", "nvmlInitWithFlags", "nvmlErrorString"}
 
@@ -146,7 +147,7 @@ class FakeLibrary:
         if kind == "mig":
             assert isinstance(obj, MigDevice)
             self._alive(obj.ci.gpu)
-            if obj.ci.gpu_instance.compute_instances.get(obj.ci.id) is not obj.ci:
+            if not obj.ci.exists:
                 raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)  # destroyed since
             return obj
         raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
@@ -163,24 +164,30 @@ class FakeLibrary:
         return dev.ci.gpu if isinstance(dev, MigDevice) else dev
 
     def _gi(self, handle: Any) -> GpuInstance:
-        kind, obj = self.handles.resolve(handle)
-        if kind != "gi":
-            raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
-        assert isinstance(obj, GpuInstance)
-        self._alive(obj.gpu)
-        if obj.gpu.gpu_instances.get(obj.id) is not obj:
-            raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
-        return obj
+        return self._instance(handle, GpuInstance)
 
     def _ci(self, handle: Any) -> ComputeInstance:
-        kind, obj = self.handles.resolve(handle)
-        if kind != "ci":
+        return self._instance(handle, ComputeInstance)
+
+    def _instance(self, handle: Any, cls: type[_Instance]) -> _Instance:
+        """The GI or CI behind a handle of that kind, while it exists on a GPU that is not lost."""
+        _, obj = self.handles.resolve(handle)
+        if not isinstance(obj, cls):
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
-        assert isinstance(obj, ComputeInstance)
         self._alive(obj.gpu)
-        if obj.gpu_instance.compute_instances.get(obj.id) is not obj:
-            raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
+        if not obj.exists:
+            raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)  # destroyed since
         return obj
+
+    def _put_handles(self, out: Any, count_ref: Any, kind: str, objects: Sequence[object]) -> None:
+        """Fill a caller array with handles (when given one) and set the count, as the Get*Instances calls do."""
+        if out is not None:
+            if C.array_capacity(out) < len(objects):
+                raise NvmlFail(N.NVML_ERROR_INSUFFICIENT_SIZE)
+            array = C.target(out)
+            for i, obj in enumerate(objects):
+                C.put_array_handle(array, i, self.handles.of(kind, obj))
+        C.put(count_ref, len(objects))
 
     def mig_device(self, ci: ComputeInstance) -> MigDevice:
         if id(ci) not in self._mig_devices:
@@ -213,8 +220,7 @@ class FakeLibrary:
     def nvmlSystemGetCudaDriverVersion(self, ref: Any) -> None:
         C.put(ref, self.machine.cuda_driver_version)
 
-    def nvmlSystemGetCudaDriverVersion_v2(self, ref: Any) -> None:
-        C.put(ref, self.machine.cuda_driver_version)
+    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
 
     def nvmlDeviceGetCount_v2(self, ref: Any) -> None:
         C.put(ref, len(self.gpus))
@@ -228,7 +234,7 @@ class FakeLibrary:
         C.put_handle(ref, self.handles.of("gpu", self._alive(self.gpus[i])))
 
     def nvmlDeviceGetHandleByUUID(self, uuid: Any, ref: Any) -> None:
-        text = (uuid.value if hasattr(uuid, "value") else uuid or b"").decode()
+        text = C.text(uuid)
         for gpu in self.gpus:
             if gpu.uuid == text:
                 C.put_handle(ref, self.handles.of("gpu", self._alive(gpu)))
@@ -240,8 +246,7 @@ class FakeLibrary:
         raise NvmlFail(N.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id: Any, ref: Any) -> None:
-        text = (bus_id.value if hasattr(bus_id, "value") else bus_id or b"").decode()
-        wanted = _parse_bus_id(text)
+        wanted = _parse_bus_id(C.text(bus_id))
         for gpu in self.gpus:
             if _parse_bus_id(gpu.bus_id) == wanted:
                 C.put_handle(ref, self.handles.of("gpu", self._alive(gpu)))
@@ -401,8 +406,7 @@ class FakeLibrary:
 
     def nvmlDeviceGetMigMode(self, h: Any, current: Any, pending: Any) -> None:
         gpu = self._gpu(h)
-        if not gpu.product.mig_capable:
-            raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
+        gpu.require_mig_capable()
         C.put(current, gpu.mig_current)
         C.put(pending, gpu.mig_pending)
 
@@ -470,12 +474,7 @@ class FakeLibrary:
         gpu.require_mig_enabled()
         profile = gpu.profile_by_id(C.value(profile_id))
         gis = sorted((gi for gi in gpu.gpu_instances.values() if gi.profile.id == profile.id), key=lambda g: g.id)
-        if out is not None:
-            if C.array_capacity(out) < len(gis):
-                raise NvmlFail(N.NVML_ERROR_INSUFFICIENT_SIZE)
-            for i, gi in enumerate(gis):
-                C.put_array_handle(C.target(out), i, self.handles.of("gi", gi))
-        C.put(count_ref, len(gis))
+        self._put_handles(out, count_ref, "gi", gis)
 
     def nvmlDeviceGetGpuInstanceById(self, h: Any, gi_id: Any, ref: Any) -> None:
         gpu = self._gpu(h)
@@ -497,11 +496,9 @@ class FakeLibrary:
         gi = self._gi(gi_handle)
         if C.value(engine) != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
-        p, g = gi.ci_profile(C.value(enum)), gi.profile
+        p = gi.ci_profile(C.value(enum))
         C.fill(info, id=p.enum, sliceCount=p.slices, instanceCount=p.instance_count,
-               multiprocessorCount=p.multiprocessors, sharedCopyEngineCount=g.copy_engines,
-               sharedDecoderCount=g.decoders, sharedEncoderCount=g.encoders, sharedJpegCount=g.jpeg,
-               sharedOfaCount=g.ofa, name=f"MIG {p.name}".encode())
+               multiprocessorCount=p.multiprocessors, name=f"MIG {p.name}".encode(), **_shared_engines(gi.profile))
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: Any, enum: Any, engine: Any, ref: Any) -> None:
         self._ci_profile_info(gi, enum, engine, C.target(ref))
@@ -548,12 +545,7 @@ class FakeLibrary:
         gi = self._gi(gi_handle)
         profile = gi.ci_profile(C.value(profile_id))
         cis = sorted((c for c in gi.compute_instances.values() if c.profile.enum == profile.enum), key=lambda c: c.id)
-        if out is not None:
-            if C.array_capacity(out) < len(cis):
-                raise NvmlFail(N.NVML_ERROR_INSUFFICIENT_SIZE)
-            for i, ci in enumerate(cis):
-                C.put_array_handle(C.target(out), i, self.handles.of("ci", ci))
-        C.put(count_ref, len(cis))
+        self._put_handles(out, count_ref, "ci", cis)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi_handle: Any, ci_id: Any, ref: Any) -> None:
         ci = self._gi(gi_handle).compute_instances.get(C.value(ci_id))
@@ -576,14 +568,12 @@ class FakeLibrary:
 
     def nvmlDeviceGetMaxMigDeviceCount(self, h: Any, ref: Any) -> None:
         gpu = self._gpu(h)
-        if not gpu.product.mig_capable:
-            raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
+        gpu.require_mig_capable()
         C.put(ref, MAX_MIG_DEVICES if gpu.mig_current else 0)
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, index: Any, ref: Any) -> None:
         gpu, i = self._gpu(h), C.value(index)
-        if not gpu.product.mig_capable:
-            raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
+        gpu.require_mig_capable()
         if not gpu.mig_current or not 0 <= i < MAX_MIG_DEVICES:
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
         ci = next((c for c in gpu.mig_devices() if c.mig_index == i), None)
@@ -612,10 +602,8 @@ class FakeLibrary:
     def nvmlDeviceGetAttributes_v2(self, h: Any, ref: Any) -> None:
         ci = self._mig(h).ci
         g = ci.gpu_instance.profile
-        C.fill(C.target(ref), multiprocessorCount=ci.profile.multiprocessors, sharedCopyEngineCount=g.copy_engines,
-               sharedDecoderCount=g.decoders, sharedEncoderCount=g.encoders, sharedJpegCount=g.jpeg,
-               sharedOfaCount=g.ofa, gpuInstanceSliceCount=g.compute_slices,
-               computeInstanceSliceCount=ci.profile.slices, memorySizeMB=g.memory_mib)
+        C.fill(C.target(ref), multiprocessorCount=ci.profile.multiprocessors, gpuInstanceSliceCount=g.compute_slices,
+               computeInstanceSliceCount=ci.profile.slices, memorySizeMB=g.memory_mib, **_shared_engines(g))
 
     # --- events ---------------------------------------------------------------------------------------
 
@@ -632,7 +620,8 @@ class FakeLibrary:
         C.put_handle(ref, self.handles.of("events", es))
 
     def nvmlDeviceGetSupportedEventTypes(self, h: Any, ref: Any) -> None:
-        C.put(ref, SUPPORTED_EVENTS if isinstance(self._gpu(h), FakeGpu) else 0)
+        self._gpu(h)
+        C.put(ref, SUPPORTED_EVENTS)
 
     def nvmlDeviceRegisterEvents(self, h: Any, mask: Any, es_handle: Any) -> None:
         gpu, es, bits = self._gpu(h), self._event_set(es_handle), C.value(mask)
@@ -667,6 +656,13 @@ class FakeLibrary:
                     es.ready.notify_all()
                 delivered += 1
         return delivered
+
+
+def _shared_engines(gi_profile: Profile) -> dict[str, int]:
+    """The engines of a GPU instance, which its compute instances share, in the shared*Count fields."""
+    return {"sharedCopyEngineCount": gi_profile.copy_engines, "sharedDecoderCount": gi_profile.decoders,
+            "sharedEncoderCount": gi_profile.encoders, "sharedJpegCount": gi_profile.jpeg,
+            "sharedOfaCount": gi_profile.ofa}
 
 
 def _parse_bus_id(text: str) -> tuple[int, int, int, int]:

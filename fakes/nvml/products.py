@@ -60,7 +60,6 @@ class Product:
 # Where the table has no measured value (null), take the same profile row of a product built on the same
 # die: H200 and GH200 are GH100 parts with the 132-SM H100 partitioning.
 _FALLBACK = {"H200-141GB": "H100-80GB", "GH200-96GB": "H100-80GB", "GH200-144GB": "H100-80GB"}
-_NUMERIC = ("multiprocessors", "copyEngines", "decoders", "encoders", "jpeg", "ofa")
 
 
 @functools.cache

@@ -83,6 +83,11 @@ class ComputeInstance:
         return self.gpu_instance.start + self.start
 
     @property
+    def exists(self) -> bool:
+        """Still in its GI's table, and that GI still on its GPU (a reset drops both)."""
+        return self.gpu_instance.exists and self.gpu_instance.compute_instances.get(self.id) is self
+
+    @property
     def processes(self) -> list[Process]:
         gi = self.gpu_instance.id
         return [p for p in self.gpu.processes if (p.gpu_instance_id, p.compute_instance_id) == (gi, self.id)]
@@ -100,6 +105,11 @@ class GpuInstance:
     def size(self) -> int:
         return self.profile.memory_slices
 
+    @property
+    def exists(self) -> bool:
+        """Not destroyed (nor dropped by a GPU reset) since it was created."""
+        return self.gpu.gpu_instances.get(self.id) is self
+
     def ci_profile(self, enum: int) -> CiProfile:
         if not 0 <= enum < N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
@@ -113,15 +123,10 @@ class GpuInstance:
         profile = self.ci_profile(enum)
         if start is not None and start not in profile.placements():
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
-        used = {s for ci in self.compute_instances.values() for s in range(ci.start, ci.start + ci.profile.slices)}
-        free = [
-            s for s in profile.placements() if used.isdisjoint(range(s, s + profile.slices))
-        ]
+        free = self._free_starts(profile)
         if start is None:
             start = free[0] if free else -1
-        if start not in free or sum(ci.profile.slices for ci in self.compute_instances.values()) + profile.slices > (
-            self.profile.compute_slices
-        ):
+        if start not in free or len(self._used_slices()) + profile.slices > self.profile.compute_slices:
             raise NvmlFail(N.NVML_ERROR_INSUFFICIENT_RESOURCES)
         ci_id = next(i for i in range(len(self.compute_instances) + 1) if i not in self.compute_instances)
         uuid = "MIG-" + str(deterministic_uuid4(f"{self.gpu.uuid}/{self.id}/{ci_id}/{self.gpu.next_serial()}"))
@@ -136,10 +141,16 @@ class GpuInstance:
 
     def remaining_ci_capacity(self, enum: int) -> int:
         profile = self.ci_profile(enum)
-        used = {s for ci in self.compute_instances.values() for s in range(ci.start, ci.start + ci.profile.slices)}
-        left = self.profile.compute_slices - len(used)
-        free = [s for s in profile.placements() if used.isdisjoint(range(s, s + profile.slices))]
-        return min(len(free), left // profile.slices)
+        left = self.profile.compute_slices - len(self._used_slices())
+        return min(len(self._free_starts(profile)), left // profile.slices)
+
+    def _used_slices(self) -> set[int]:
+        return {s for ci in self.compute_instances.values() for s in range(ci.start, ci.start + ci.profile.slices)}
+
+    def _free_starts(self, profile: CiProfile) -> list[int]:
+        """The placements of `profile` that no compute instance overlaps."""
+        used = self._used_slices()
+        return [s for s in profile.placements() if used.isdisjoint(range(s, s + profile.slices))]
 
 
 class FakeGpu:
@@ -172,8 +183,7 @@ class FakeGpu:
     # --- profiles -------------------------------------------------------------------------------------
 
     def profile_by_enum(self, enum: int) -> Profile:
-        if not self.product.mig_capable:
-            raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
+        self.require_mig_capable()
         if not 0 <= enum < N.NVML_GPU_INSTANCE_PROFILE_COUNT:
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
         for p in self.product.profiles:
@@ -183,15 +193,19 @@ class FakeGpu:
 
     def profile_by_id(self, profile_id: int) -> Profile:
         """Everything but GetGpuInstanceProfileInfo[V] names a profile by info.id, not by enum."""
-        if not self.product.mig_capable:
-            raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
+        self.require_mig_capable()
         for p in self.product.profiles:
             if p.id == profile_id:
                 return p
         raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
 
+    def require_mig_capable(self) -> None:
+        if not self.product.mig_capable:
+            raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
+
     def require_mig_enabled(self) -> None:
-        if not self.product.mig_capable or not self.mig_current:
+        self.require_mig_capable()
+        if not self.mig_current:
             raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
 
     # --- GPU instances --------------------------------------------------------------------------------
@@ -253,8 +267,7 @@ class FakeGpu:
 
     def set_mig_mode(self, mode: int) -> int:
         """Returns activationStatus: 0 when the mode took effect now, else why it is still pending."""
-        if not self.product.mig_capable:
-            raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
+        self.require_mig_capable()
         if mode not in (N.NVML_DEVICE_MIG_DISABLE, N.NVML_DEVICE_MIG_ENABLE):
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
         if mode == N.NVML_DEVICE_MIG_DISABLE and self.gpu_instances:

@@ -10,6 +10,7 @@ Pure: claims, slices and classes come in as API JSON dicts; the allocation goes 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,11 @@ class Candidate:
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.driver, self.pool, self.name)
+
+    @functools.cached_property
+    def variable(self) -> Json:
+        """The CEL `device` selectors see, built once however many requests and nodes look at the device."""
+        return device_variable(self.driver, self.device)
 
     def attribute(self, qualified: str) -> Any:
         """A fully-qualified attribute's typed value ({"string": ...}), None when absent."""
@@ -201,7 +207,7 @@ def _selectable(alt: Alternative, devices: Sequence[Candidate], taken: set[tuple
     """The devices this alternative may take: matching and free; for All, every match or none if one is taken."""
     matching = []
     for d in devices:
-        variable = device_variable(d.driver, d.device)
+        variable = d.variable
         try:
             if all(s.matches(variable) for s in alt.selectors):
                 matching.append(d)

@@ -248,3 +248,15 @@ def test_mixed_mig_starts_with_all_balanced_and_sparse_mig_handles(nvml: fake_nv
     # the fake's own state agrees
     assert sorted(gi.profile.name for gi in nvml.gpus[1].gpu_instances.values()) == [
         "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+
+
+def test_a_reset_voids_compute_instance_handles_taken_before_it(nvml: fake_nvml.FakeNvml) -> None:
+    """Tried: using a compute-instance handle after `nvidia-smi -r` dropped every instance of its GPU."""
+    h = mig_on(0)
+    gi = N.nvmlDeviceCreateGpuInstance(h, ONE_G)
+    info = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, N.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
+    ci = N.nvmlGpuInstanceCreateComputeInstance(gi, info.id)
+    N.nvmlComputeInstanceGetInfo(ci)  # valid before the reset
+    nvml.reset_gpu(0)
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlComputeInstanceGetInfo(ci)
