@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pathlib
+import time
 
 import pytest
 
+from tests.controlplane import build
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
+
+# The real control-plane tier (marker `controlplane`): the binary directory, or why the tier is skipped.
+CONTROL_PLANE_KEY = pytest.StashKey[pathlib.Path | str | build.BuildError]()
+STARTUP_KEY = pytest.StashKey[tuple[float, dict[str, float]]]()
+BUILD_KEY = pytest.StashKey[str]()
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +24,55 @@ def shared_dir() -> pathlib.Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is not beside this checkout")
     return SHARED
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the upstream binaries before the first test when the real tier is selected and they are missing.
+
+    Here rather than in a fixture: a cold build takes many minutes, longer than any per-test timeout.
+    """
+    if not any(item.get_closest_marker("controlplane") for item in items):
+        return
+    ready = build.built()
+    if ready is not None:
+        config.stash[CONTROL_PLANE_KEY] = ready
+        return
+    if build.go_command() is None:
+        config.stash[CONTROL_PLANE_KEY] = (
+            "real control-plane tier skipped: `go` (1.26) is not on PATH to build kube-apiserver "
+            f"{build.kubernetes_version()} and etcd {build.etcd_version()} (`make control-plane`)"
+        )
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    log = build.binary_dir().parent / f"{build.binary_dir().name}.build.log"
+    if reporter is not None:
+        reporter.write_line(
+            f"building the upstream control plane {build.kubernetes_version()} for the real tier "
+            f"(first use; cold this takes many minutes; log: {log})"
+        )
+    started = time.monotonic()
+    try:
+        config.stash[CONTROL_PLANE_KEY] = build.build(log)
+    except build.BuildError as error:  # the real tier's tests fail with it; the rest of the suite runs
+        config.stash[CONTROL_PLANE_KEY] = error
+        return
+    config.stash[BUILD_KEY] = f"built in {time.monotonic() - started:.0f}s"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    outcome = config.stash.get(CONTROL_PLANE_KEY, None)
+    if outcome is None:
+        return
+    if isinstance(outcome, str):
+        terminalreporter.write_line(outcome, yellow=True)
+        return
+    if isinstance(outcome, build.BuildError):
+        terminalreporter.write_line(f"real control-plane tier failed to build: {outcome}", red=True)
+        return
+    line = f"real control-plane tier: {outcome}"
+    if BUILD_KEY in config.stash:
+        line += f" ({config.stash[BUILD_KEY]})"
+    if STARTUP_KEY in config.stash:
+        total, parts = config.stash[STARTUP_KEY]
+        line += f"; started in {total:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in parts.items()) + ")"
+    terminalreporter.write_line(line)

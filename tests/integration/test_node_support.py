@@ -66,8 +66,11 @@ def clean_env() -> dict[str, str]:
 class Daemon:
     """One `gpu-dra-agent node` process with its own directories under `root`; JSON logs go to a file."""
 
-    def __init__(self, root: pathlib.Path, kubeconfig: pathlib.Path, node: str = NODE) -> None:
+    def __init__(
+        self, root: pathlib.Path, kubeconfig: pathlib.Path, node: str = NODE, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.root = root
+        self.extra_args = extra_args
         self.kubelet_root = root / "kubelet"
         self.cdi_root = root / "cdi"
         self.state_dir = root / "state"
@@ -91,6 +94,7 @@ class Daemon:
             "--node-name", self.node, "--nvml", MACHINE, "--kubeconfig", str(self.kubeconfig),
             "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
+            *self.extra_args,
         )  # fmt: skip
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
