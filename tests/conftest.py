@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 
@@ -16,6 +17,8 @@ SHARED = REPO.parent / "shared"
 CONTROL_PLANE_KEY = pytest.StashKey[pathlib.Path | str | build.BuildError]()
 STARTUP_KEY = pytest.StashKey[tuple[float, dict[str, float]]]()
 BUILD_KEY = pytest.StashKey[str]()
+# Whether a session builds missing binaries itself (GPU_DRA_AGENT_BUILD_CONTROL_PLANE=0/1 overrides).
+BUILD_ON_FIRST_USE = False
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +44,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.stash[CONTROL_PLANE_KEY] = (
             "real control-plane tier skipped: `go` (1.26) is not on PATH to build kube-apiserver "
             f"{build.kubernetes_version()} and etcd {build.etcd_version()} (`make control-plane`)"
+        )
+        return
+    if os.environ.get("GPU_DRA_AGENT_BUILD_CONTROL_PLANE", "1" if BUILD_ON_FIRST_USE else "0") != "1":
+        config.stash[CONTROL_PLANE_KEY] = (
+            "real control-plane tier skipped: its binaries are not built; `make control-plane` builds them "
+            "(or set GPU_DRA_AGENT_BUILD_CONTROL_PLANE=1 to build on first use)"
         )
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")

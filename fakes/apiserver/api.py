@@ -10,7 +10,7 @@ import re
 import uuid
 from typing import Any
 
-from . import dra_rules, schemas
+from . import defaults, dra_rules, schemas
 from .errors import ApiError, already_exists, conflict, invalid, not_found
 from .patch import json_patch, merge_patch, strategic_merge_patch
 from .resources import Registry, ResourceType
@@ -283,6 +283,8 @@ class Api:
     def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         if rt.kind == "ResourceSlice" and self.drop_partitionable_fields:
             dra_rules.drop_partitionable(obj)
+        if rt.group == "resource.k8s.io" and rt.builtin:
+            defaults.apply(rt.kind, obj)
         if not self.validate:
             return
         causes = self._meta_causes(rt, obj["metadata"])

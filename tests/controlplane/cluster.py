@@ -162,7 +162,7 @@ class ControlPlane:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as response:
+        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=30) as response:
             return json.loads(response.read() or b"null")
 
     # -- start and stop ------------------------------------------------------------------------------------
@@ -267,7 +267,8 @@ class ControlPlane:
                 )
             time.sleep(0.1)
 
-    def _ssl(self, verify: bool = True) -> ssl.SSLContext:
+    def ssl_context(self, verify: bool = True) -> ssl.SSLContext:
+        """TLS for admin requests: trusts the test CA (or nothing, `verify=False`), presents the admin cert."""
         assert self.pki is not None
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
         if not verify:  # kube-scheduler's and kube-controller-manager's own self-signed serving certificates
@@ -283,7 +284,10 @@ class ControlPlane:
         return False
 
     def _get_tls(self, url: str, verify: bool = True) -> bool:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, context=self._ssl(verify), timeout=2) as r:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url, context=self.ssl_context(verify), timeout=2) as r,
+        ):
             return bool(r.status == 200)
         return False
 
@@ -338,3 +342,27 @@ def reset(cp: ControlPlane, timeout: float = 30.0) -> None:
             names = ", ".join(left)
             raise ControlPlaneError(f"objects still present {timeout:.0f}s after reset: {names}")
         time.sleep(0.1)
+
+
+def main() -> None:
+    """`python -m tests.controlplane.cluster [NODE...]`: a control plane for trying things by hand (Ctrl-C stops).
+
+    Writes the admin kubeconfig to ./controlplane.kubeconfig; `gpu-dra-agent node --kubeconfig` it to run the
+    agent against it, or `make demo`-style experiments with kubectl.
+    """
+    import sys
+
+    from .build import build
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwind through stop(): temp dirs go too
+    with ControlPlane(build()).start() as cp:
+        for node in sys.argv[1:]:
+            cp.add_node(node)
+        path = cp.write_kubeconfig(Path("controlplane.kubeconfig").resolve())
+        print(f"kube-apiserver {cp.url} ready in {cp.startup_seconds['all']:.1f}s; KUBECONFIG={path}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,11 @@ on first use (see tests/conftest.py) and is skipped, with the reason, where Go i
 
 from __future__ import annotations
 
+import json
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,35 @@ from tests.controlplane import build
 from tests.controlplane import cluster as real
 
 REAL_TIER = "controlplane"
+
+
+class Response:
+    """What a client sees of one request: the status code and the decoded body (text where not JSON)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        try:
+            self.body: Any = json.loads(body)
+        except ValueError:
+            self.body = body.decode(errors="replace")
+
+    def __repr__(self) -> str:
+        return f"Response({self.status}, {self.body!r})"
+
+
+def _send(url: str, method: str, body: Any, headers: dict[str, str], context: ssl.SSLContext | None) -> Response:
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+            return Response(answer.status, answer.read())
+    except urllib.error.HTTPError as error:
+        return Response(error.code, error.read())
+
+
+def _headers(method: str, headers: dict[str, str] | None) -> dict[str, str]:
+    content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    return {"Content-Type": content, "Accept": "application/json", **(headers or {})}
 
 
 class FakeCluster:
@@ -38,6 +71,10 @@ class FakeCluster:
         )
         return dict(self.api_client().sanitize_for_serialization(created))
 
+    def raw(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Response:
+        """One HTTP request as any client would send it; errors are returned, not raised."""
+        return _send(self.server.url + path, method, body, _headers(method, headers), None)
+
 
 class RealCluster:
     kind = "real"
@@ -53,6 +90,9 @@ class RealCluster:
 
     def add_node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
         return self.cp.add_node(name, labels)
+
+    def raw(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Response:
+        return _send(self.cp.url + path, method, body, _headers(method, headers), self.cp.ssl_context())
 
 
 Cluster = FakeCluster | RealCluster

@@ -67,10 +67,16 @@ class Daemon:
     """One `gpu-dra-agent node` process with its own directories under `root`; JSON logs go to a file."""
 
     def __init__(
-        self, root: pathlib.Path, kubeconfig: pathlib.Path, node: str = NODE, extra_args: tuple[str, ...] = ()
+        self,
+        root: pathlib.Path,
+        kubeconfig: pathlib.Path,
+        node: str = NODE,
+        extra_args: tuple[str, ...] = (),
+        machine: str = MACHINE,
     ) -> None:
         self.root = root
         self.extra_args = extra_args
+        self.machine = machine
         self.kubelet_root = root / "kubelet"
         self.cdi_root = root / "cdi"
         self.state_dir = root / "state"
@@ -91,7 +97,7 @@ class Daemon:
     def start(self) -> Daemon:
         """Start the process (returns at once); the same directories are reused across restarts."""
         args = agent_command(
-            "--node-name", self.node, "--nvml", MACHINE, "--kubeconfig", str(self.kubeconfig),
+            "--node-name", self.node, "--nvml", self.machine, "--kubeconfig", str(self.kubeconfig),
             "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
             *self.extra_args,
