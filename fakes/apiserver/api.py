@@ -100,6 +100,8 @@ class Api:
         if rt.kind == "Namespace":
             obj["status"] = {"phase": "Active"}
         with self.store.lock:
+            if rt.namespaced:  # kube-apiserver's NamespaceLifecycle admission, before anything else is looked at
+                self._namespace_accepts_content(namespace)
             if self.store.read(rt.key, namespace, meta["name"]) is not None:
                 raise already_exists(rt.group, rt.plural, meta["name"])
             self._admit(rt, obj, None)
@@ -107,6 +109,14 @@ class Api:
         if rt.kind == "CustomResourceDefinition":
             created = self._established(created)
         return created
+
+    def _namespace_accepts_content(self, namespace: str) -> None:
+        found = self.store.read(self.registry.find("Namespace").key, "", namespace)
+        if found is None:
+            raise not_found("", "namespaces", namespace)
+        if found["metadata"].get("deletionTimestamp"):
+            raise ApiError(403, f"unable to create new content in namespace {namespace} because it is being terminated",
+                           details={"name": namespace, "kind": "namespaces"})
 
     def update(self, rt: ResourceType, namespace: str, name: str, body: Any, subresource: str = "") -> dict[str, Any]:
         with self.store.lock:
