@@ -510,11 +510,13 @@ def _to_create(device: CheckpointedDevice) -> DynamicMig | None:
 
 
 def _held_by_others(cp: Checkpoint, uid: str, device_name: str) -> Iterator[tuple[ClaimEntry, CheckpointedDevice]]:
-    """Every other claim in `cp` that holds `device_name`, with its entry for the device."""
+    """Every other claim in `cp` that holds `device_name`, with its entry for the device (compared in the
+    canonical spelling: a checkpoint of an older agent may hold a device under another)."""
+    wanted = names.canonical(device_name)
     for other in cp.claims.values():
         if other.uid != uid:
             for held in other.devices:
-                if held.device_name == device_name:
+                if names.canonical(held.device_name) == wanted:
                     yield other, held
 
 

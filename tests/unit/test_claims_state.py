@@ -420,3 +420,19 @@ def test_checkpoint_file_is_json_with_the_boot_id(node: Node) -> None:
     doc = json.loads((node.state_dir / "checkpoint.json").read_text())
     assert doc["data"]["nodeBootID"] == "boot-1"
     assert doc["data"]["claims"]["uid-1"]["state"] == "PrepareCompleted"
+
+
+@pytest.mark.parametrize("spelling", ["gpu-01", "gpu-001", "gpu-1\n"])
+def test_a_gpu_is_prepared_only_under_the_name_the_agent_publishes(node: Node, spelling: str) -> None:
+    # Tried: the same GPU under another spelling, which a string comparison takes for a free device.
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1", ["gpu-1"]))])["uid-1"])
+    result = preparer.prepare([node.add(claim("uid-2", [spelling]))])["uid-2"]
+    assert result.error and "device name" in result.error and result.devices == ()
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
+
+
+def test_an_unhealthy_gpu_is_refused_whatever_the_spelling(node: Node) -> None:
+    node.unhealthy.add("gpu-2")
+    result = node.preparer().prepare([node.add(claim("uid-1", ["gpu-02"]))])["uid-1"]
+    assert "not a canonical device name" in result.error
