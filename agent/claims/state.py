@@ -201,7 +201,6 @@ class ClaimStates:
             try:
                 made = self.migs.create(plan.parent_uuid, plan.gi_profile_id, plan.start)
             except Exception as exc:
-                log.warning("creating MIG device %s for claim %s failed: %s", device.device_name, entry.uid, exc)
                 raise _CreateFailed(f"cannot create MIG device {device.device_name}: {exc}", left_behind(exc)) from exc
             self._migs_changed = True
             created = replace(plan, gpu_instance_id=made.gpu_instance_id, compute_instance_id=made.compute_instance_id)

@@ -436,3 +436,55 @@ def test_an_unhealthy_gpu_is_refused_whatever_the_spelling(node: Node) -> None:
     node.unhealthy.add("gpu-2")
     result = node.preparer().prepare([node.add(claim("uid-1", ["gpu-02"]))])["uid-1"]
     assert "not a canonical device name" in result.error
+
+
+@pytest.mark.parametrize(
+    "bad_uid",
+    ["x/../y", "../../etc/passwd", "a\0b", "u" * 256, ".", "..", "-lead", "sp ace", "uid\n"],
+)
+def test_a_bad_uid_is_that_claims_error_and_touches_no_path(
+    node: Node, tmp_path: pathlib.Path, bad_uid: str
+) -> None:
+    # Tried: UIDs that are paths, NUL bytes, over-long: each would name a file outside the CDI root or fail
+    # the file system call, and so the whole batch.
+    outside = tmp_path / "y.yaml"
+    outside.write_text("precious")
+    (node.cdi_root).mkdir(parents=True)
+    (node.cdi_root.parent / "y.yaml").write_text("precious")
+    preparer = node.preparer()
+    good = node.add(claim("uid-good", ["gpu-0"]))
+    bad = ClaimRef("default", bad_uid, "claim-bad")
+    results = preparer.prepare([bad, good])
+    assert "claim UID" in results[bad_uid].error and results[bad_uid].devices == ()
+    ok(results["uid-good"])
+    assert preparer.unprepare([bad, good]) == {bad_uid: results[bad_uid].error, "uid-good": ""}
+    assert outside.read_text() == "precious" and (node.cdi_root.parent / "y.yaml").read_text() == "precious"
+    assert node.checkpoint() == {}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "why"),
+    [("", "c", "lacks namespace"), ("Default", "c", "namespace"), ("a/b", "c", "namespace"),
+     ("default", "../c", "not a ResourceClaim name"), ("default", "c" * 254, "not a ResourceClaim name")],
+)
+def test_names_the_api_would_refuse_are_refused_before_any_request(
+    node: Node, namespace: str, name: str, why: str
+) -> None:
+    result = node.preparer().prepare([ClaimRef(namespace, "uid-x", name)])["uid-x"]
+    assert why in result.error
+    assert node.source.gets == 0
+
+
+def test_each_refused_claim_is_logged_once_at_warning_with_its_reason(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    refs = [node.add(claim("uid-1", ["gpu-9"])), ClaimRef("default", "x/../y", "c"), node.add(claim("uid-2"))]
+    with caplog.at_level("INFO"):
+        results = node.preparer().prepare(refs)
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert sorted(r.getMessage() for r in refusals) == sorted(
+        [f"prepare of claim default/claim-uid-1 refused: {results['uid-1'].error}",
+         f"prepare of claim default/c refused: {results['x/../y'].error}"]
+    )
+    assert {r.levelname for r in refusals} == {"WARNING"}
+    assert "gpu-9 does not exist" in results["uid-1"].error and results["uid-2"].error == ""
