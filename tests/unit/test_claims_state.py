@@ -488,3 +488,35 @@ def test_each_refused_claim_is_logged_once_at_warning_with_its_reason(
     )
     assert {r.levelname for r in refusals} == {"WARNING"}
     assert "gpu-9 does not exist" in results["uid-1"].error and results["uid-2"].error == ""
+
+
+@pytest.mark.parametrize(
+    "mps",
+    [
+        {"defaultPerDevicePinnedMemoryLimit": {"\u00b2": "1Gi"}},  # a digit to str.isdigit(), not to int()
+        {"defaultPerDevicePinnedMemoryLimit": {"\u0661": "1Gi"}},  # an Arabic-Indic one
+        {"defaultPerDevicePinnedMemoryLimit": {"1" * 5000: "1Gi"}},
+        {"defaultPinnedDeviceMemoryLimit": "1" * 5000},
+        {"defaultPinnedDeviceMemoryLimit": 10**5000},
+        {"defaultPerDevicePinnedMemoryLimit": {"0": "9" * 5000 + "Gi"}},
+    ],
+    ids=["superscript-key", "arabic-key", "long-key", "5000-digits", "huge-int", "5000-digit-limit"],
+)
+def test_a_malformed_mps_config_is_a_bad_device_config(node: Node, mps: dict[str, Any]) -> None:
+    configs = [opaque(sharing={"strategy": "MPS", "mpsConfig": mps})]
+    bad, good = node.add(claim("uid-1", ["gpu-0", "gpu-1"], configs=configs)), node.add(claim("uid-2", ["gpu-2"]))
+    results = node.preparer().prepare([bad, good])
+    assert "bad device config" in results["uid-1"].error and "internal error" not in results["uid-1"].error
+    assert len(results["uid-1"].error) < 400  # the 5000 digits are not echoed back
+    ok(results["uid-2"])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [["not an object"], [{**opaque(), "requests": 5}], [{**opaque(), "requests": [1]}]],
+)
+def test_a_malformed_config_list_is_a_bad_device_config(node: Node, config: list[Any]) -> None:
+    body = claim("uid-1")
+    body["status"]["allocation"]["devices"]["config"] = config
+    result = node.preparer().prepare([node.add(body)])["uid-1"]
+    assert "bad device config" in result.error
