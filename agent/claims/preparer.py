@@ -117,8 +117,6 @@ def _log_refused(action: str, claims: Sequence[ClaimRef], errors: Mapping[str, s
     """One warning per refused claim, with its reason (the kubelet shows it too, but only on the pod)."""
     for ref in {ref.uid: ref for ref in claims}.values():
         if error := errors.get(ref.uid):
-            log.warning(
-                "%s of claim %s/%s refused: %s",
-                action, ref.namespace[:64], ref.name[:64], error,
-                extra={"claim_uid": ref.uid[:MAX_UID], "claim_namespace": ref.namespace[:64], "claim_name": ref.name[:64]},
-            )  # fmt: skip
+            namespace, name = ref.namespace[:64], ref.name[:64]
+            fields = {"claim_uid": ref.uid[:MAX_UID], "claim_namespace": namespace, "claim_name": name}
+            log.warning("%s of claim %s/%s refused: %s", action, namespace, name, error, extra=fields)
