@@ -371,14 +371,18 @@ def test_recover_repairs_every_kind_of_leftover(node: Node, monkeypatch: pytest.
 
 def test_a_corrupt_checkpoint_fails_every_claim_and_is_kept(node: Node) -> None:
     ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
-    path = node.state_dir / "checkpoint.json"
+    path = node.state_dir / "claims" / "uid-1.json"
     damaged = path.read_bytes().replace(b"gpu-0", b"gpu-7")
     path.write_bytes(damaged)
     refs = [ClaimRef("default", "uid-1", "claim-uid-1"), node.add(claim("uid-2", ["gpu-1"]))]
     results = node.preparer().prepare(refs)
-    assert all("checksum mismatch" in r.error for r in results.values())
+    assert all(f"{path}: checksum mismatch" in r.error for r in results.values())
+    # The refusal says what to do about it.
+    assert all("move it aside to reset (the kubelet prepares its claims again)" in r.error for r in results.values())
     assert all("checksum mismatch" in e for e in node.preparer().unprepare(refs).values())
     assert path.read_bytes() == damaged  # evidence kept; prepared claims not forgotten
+    path.rename(node.root / "aside.json")  # the remedy: the kubelet prepares uid-1 again
+    assert all(not r.error for r in node.preparer().prepare(refs).values())
 
 
 def _hold_lock(path: str, ready: Any, release: Any) -> None:
@@ -415,11 +419,17 @@ def test_prepared_lists_devices_in_use(node: Node) -> None:
     assert sorted(d.device_name for d in preparer.prepared()) == ["gpu-0", MIG0]
 
 
-def test_checkpoint_file_is_json_with_the_boot_id(node: Node) -> None:
-    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
-    doc = json.loads((node.state_dir / "checkpoint.json").read_text())
+def test_each_claim_has_a_json_record_with_the_boot_id(node: Node) -> None:
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1"))])["uid-1"])
+    ok(preparer.prepare([node.add(claim("uid-2", ["gpu-1"]))])["uid-2"])
+    assert sorted(p.name for p in (node.state_dir / "claims").iterdir()) == ["uid-1.json", "uid-2.json"]
+    doc = json.loads((node.state_dir / "claims" / "uid-1.json").read_text())
+    assert doc["version"] == 2
     assert doc["data"]["nodeBootID"] == "boot-1"
-    assert doc["data"]["claims"]["uid-1"]["state"] == "PrepareCompleted"
+    assert doc["data"]["uid"] == "uid-1" and doc["data"]["state"] == "PrepareCompleted"
+    assert preparer.unprepare([ClaimRef("default", "uid-1", "claim-uid-1")]) == {"uid-1": ""}
+    assert [p.name for p in (node.state_dir / "claims").iterdir()] == ["uid-2.json"]
 
 
 @pytest.mark.parametrize("spelling", ["gpu-01", "gpu-001", "gpu-1\n"])
