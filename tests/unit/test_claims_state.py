@@ -530,3 +530,54 @@ def test_a_malformed_config_list_is_a_bad_device_config(node: Node, config: list
     body["status"]["allocation"]["devices"]["config"] = config
     result = node.preparer().prepare([node.add(body)])["uid-1"]
     assert "bad device config" in result.error
+
+
+class TurnsReadOnly(cdi.CdiStore):
+    """A CDI root that turns read-only after `writable` spec writes: writes, and removals of existing
+    files, fail with EROFS as the kernel's would (a missing file is still ENOENT)."""
+
+    def __init__(self, root: pathlib.Path, writable: int) -> None:
+        super().__init__(root)
+        self.writable = writable
+
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> pathlib.Path:
+        if self.writable <= 0:
+            raise OSError(30, "Read-only file system", str(self.path(claim_uid)))
+        self.writable -= 1
+        return super().write(claim_uid, spec)
+
+    def remove(self, claim_uid: str) -> bool:
+        if self.writable <= 0 and self.path(claim_uid).exists():
+            raise OSError(30, "Read-only file system", str(self.path(claim_uid)))
+        return super().remove(claim_uid)
+
+
+def test_a_rollback_that_cannot_remove_the_spec_frees_the_claims_devices(node: Node) -> None:
+    # Tried: the CDI root turns read-only after the first spec of a batch is written, while uid-b's spec from
+    # an earlier attempt (the agent died after writing it) is still there, so its rollback cannot remove it.
+    preparer = node.preparer()
+    a, b = node.add(claim("uid-a", ["gpu-0"])), node.add(claim("uid-b", ["gpu-1"]))
+    cdi.CdiStore(node.cdi_root).write("uid-b", {"left": "by a crash"})
+    preparer.states.specs = readonly = TurnsReadOnly(node.cdi_root, writable=1)
+    results = preparer.prepare([a, b])
+    ok(results["uid-a"])  # the batch does not fail
+    assert "cannot write CDI spec" in results["uid-b"].error and "Read-only file system" in results["uid-b"].error
+    assert "cannot remove CDI spec" in results["uid-b"].error
+    assert node.checkpoint() == {"uid-a": ClaimState.COMPLETED}  # uid-b rolled back, not left half-prepared
+    readonly.writable = 1  # the root is writable again: gpu-1 is free for another claim
+    ok(preparer.prepare([node.add(claim("uid-c", ["gpu-1"]))])["uid-c"])
+    assert node.preparer().recover().removed_specs == ("uid-b",)  # the leftover goes at the next start
+
+
+def test_an_unprepare_that_cannot_remove_the_spec_is_that_claims_error_and_is_retried(node: Node) -> None:
+    preparer = node.preparer()
+    a, b = node.add(claim("uid-a", ["gpu-0"])), node.add(claim("uid-b", ["gpu-1"]))
+    assert not any(r.error for r in preparer.prepare([a, b]).values())
+    (node.cdi_root / cdi.spec_file_name("uid-b")).unlink()  # b's spec is gone: nothing read-only to remove
+    preparer.states.specs = readonly = TurnsReadOnly(node.cdi_root, writable=0)
+    errors = preparer.unprepare([a, b])
+    assert "Read-only file system" in errors["uid-a"] and errors["uid-b"] == ""
+    assert node.checkpoint() == {}
+    readonly.writable = 1
+    assert preparer.unprepare([a]) == {"uid-a": ""}  # the kubelet's retry removes the spec
+    assert node.spec_files() == set()
