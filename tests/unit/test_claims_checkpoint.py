@@ -239,9 +239,9 @@ def test_a_directory_where_a_checkpoint_file_belongs_is_one_sentence(tmp_path: p
 
 def test_the_lock_being_a_directory_is_one_sentence(tmp_path: pathlib.Path) -> None:
     (tmp_path / "pu.lock").mkdir()
+    lock = NodeLock(tmp_path / "pu.lock")
     with pytest.raises(LockUnusable, match=f"{tmp_path}/pu.lock is a directory where the node lock file belongs"):
-        with NodeLock(tmp_path / "pu.lock").hold():
-            pass
+        lock.hold().__enter__()
 
 
 def test_another_process_writing_is_seen_by_a_kept_copy(tmp_path: pathlib.Path) -> None:
