@@ -4,11 +4,11 @@
         api = kubernetes.client.ResourceV1Api(cp.api_client())
         cp.add_node("node-a")
 
-No kubelet runs. Nodes are API objects made Ready once; kube-controller-manager runs without its
-node-lifecycle controller, so nothing ever marks them NotReady or taints them for missing heartbeats (a
-Lease renewer would only keep that controller quiet; what we test is the scheduler and the claim
-controller). Pods bound to such a node never run: delete them with grace period 0, as `kubectl delete
---force` does, or they stay Terminating waiting for a kubelet.
+No kubelet runs. Nodes are API objects made Ready once (and relieved of the not-ready taint admission puts
+on new nodes); kube-controller-manager runs without its node-lifecycle controller, so nothing ever marks
+them NotReady or taints them for missing heartbeats (a Lease renewer would only keep that controller quiet;
+what we test is the scheduler and the claim controller). Pods bound to such a node never run: delete them
+with grace period 0, as `kubectl delete --force` does, or they stay Terminating waiting for a kubelet.
 """
 
 from __future__ import annotations
@@ -155,7 +155,12 @@ class ControlPlane:
                          "kubeProxyVersion": "", "bootID": "", "machineID": "", "systemUUID": "",
                          "containerRuntimeVersion": "", "kernelVersion": "", "osImage": ""},
         }  # fmt: skip
-        return self.request("PUT", f"/api/v1/nodes/{name}/status", node)
+        node = self.request("PUT", f"/api/v1/nodes/{name}/status", node)
+        # Admission (TaintNodesByCondition) gives every new node the not-ready taint; the node-lifecycle
+        # controller, which does not run here, lifts it once the node reports Ready. Do its part once.
+        taints = node["spec"].get("taints", [])
+        node["spec"]["taints"] = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
+        return self.request("PUT", f"/api/v1/nodes/{name}", node)
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """One admin request; the decoded JSON answer. Errors raise urllib.error.HTTPError."""
@@ -219,6 +224,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC",
+            "--endpoint-reconciler-type=none",  # the `kubernetes` Service may not point at loopback; no pods use it
             f"--runtime-config={','.join(RUNTIME_CONFIG)}",
             f"--feature-gates={gates}",
             "--profiling=false",
