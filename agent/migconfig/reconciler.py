@@ -72,6 +72,7 @@ class MigReconciler:
         *,
         partitionable: bool = False,
         claim_poll_s: float = 1.0,
+        retry_s: float = 5.0,
     ) -> None:
         self._configs = configs
         self._steps = steps
@@ -79,6 +80,7 @@ class MigReconciler:
         self._report = report
         self._partitionable = partitionable
         self._claim_poll_s = claim_poll_s
+        self._retry_s = retry_s
         self._wake = threading.Condition()
         self._wanted: str | None = None  # the label's value, as last offered
         self._offered = False
@@ -111,7 +113,8 @@ class MigReconciler:
     # --- the loop -----------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Reconcile each new value until `stop` is set (the caller also calls `wake_for_stop`)."""
+        """Reconcile each new value until `stop` is set (the caller also calls `wake_for_stop`). A value whose
+        end state could not be written (API trouble) is tried again after `retry_s`."""
         while not stop.is_set():
             with self._wake:
                 while not stop.is_set() and (not self._offered or self._wanted == self._done):
@@ -125,6 +128,9 @@ class MigReconciler:
                 log.exception("MIG reconfiguration for %r failed unexpectedly", value)
                 self._end(value, MigState.FAILED, "MigConfigFailed",
                           f"MIG config {value!r} failed: unexpected error, see the agent's log")  # fmt: skip
+            with self._wake:
+                if self._done != value and self._wanted == value and not stop.is_set():
+                    self._wake.wait(self._retry_s)  # a new value or stop wakes it early
 
     def wake_for_stop(self) -> None:
         with self._wake:
@@ -154,10 +160,13 @@ class MigReconciler:
         while True:
             if not self._wait_for_claims(value, changing, stop):
                 return None
-            with self._hooks.prepare_lock():
-                if self._claims(changing):
-                    continue  # a prepare won the race for the lock
-                return self._apply(value)
+            try:
+                with self._hooks.prepare_lock():
+                    if self._claims(changing):
+                        continue  # a prepare won the race for the lock
+                    return self._apply(value)
+            except TimeoutError:  # prepares kept the lock busy: wait again, the claims may have changed
+                log.info("the prepare lock was busy; MIG config %r waits", value)
 
     # --- internals ----------------------------------------------------------------------------------
 
@@ -225,14 +234,20 @@ class MigReconciler:
         return self._end(value, MigState.SUCCESS, "MigConfigApplied", f"MIG config {value!r} applied to GPU(s) {gpus}")
 
     def _end(self, value: str | None, state: MigState, reason: str, message: str) -> MigState:
-        self._done = value
         self._report.event("Normal" if state is MigState.SUCCESS else "Warning", reason, message)
-        self._set_state(state)
         log.info("MIG config %s: %s", state, message)
+        if self._set_state(state):
+            self._done = value  # else `run` tries the value again: the GPUs are done, the label is not
         return state
 
-    def _set_state(self, state: MigState) -> None:
+    def _set_state(self, state: MigState) -> bool:
+        """Write the state label unless it already says so; False when the write failed."""
         if self._state == state:
-            return
-        self._report.set_labels({STATE_LABEL: str(state)})
+            return True
+        try:
+            self._report.set_labels({STATE_LABEL: str(state)})
+        except Exception as exc:  # an API error of any kind: reported, retried by `run`
+            log.warning("setting %s=%s failed: %s", STATE_LABEL, state, exc)
+            return False
         self._state = state
+        return True

@@ -282,3 +282,31 @@ def test_operator_configs_apply_one_after_another_on_the_fake(nvml: NvmlSource, 
             got = Counter(m.profile for m in after.mig_devices_of(gpu.minor))
             assert got == Counter(dict(want.devices)), name
         assert not any(p.changes for p in plan_node(after, wanted)), name
+
+
+def test_a_state_label_that_cannot_be_written_is_written_on_the_next_try(nvml: NvmlSource) -> None:
+    """The API server refuses the `success` label once: the loop tries the value again and, the GPUs being
+    done by then, only writes the label."""
+    flow = Flow(nvml)
+    failures = iter([True])
+    original = flow.report.set_labels
+
+    def flaky(labels: dict[str, str | None]) -> None:
+        if labels.get("nvidia.com/mig.config.state") == "success" and next(failures, False):
+            raise ConnectionError("API server unreachable")
+        original(labels)
+
+    flow.report.set_labels = flaky  # type: ignore[method-assign]
+    flow.reconciler._retry_s = 0.05
+    stop = threading.Event()
+    worker = threading.Thread(target=flow.reconciler.run, args=(stop,))
+    flow.reconciler.offer({CONFIG_LABEL: "all-7g.80gb"})
+    worker.start()
+    deadline = time.monotonic() + 10
+    while flow.report.states[-1:] != ["success"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    flow.reconciler.wake_for_stop()
+    worker.join(5)
+    assert flow.report.states == ["pending", "success"]
+    assert flow.steps.changes == Counter({"mode": 8, "create": 8})  # the second try changed nothing
