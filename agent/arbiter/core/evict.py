@@ -71,7 +71,7 @@ def _run(session: Session, cause: Cause) -> None:
         req = job.chunk_request()
         if cause == "preempt" and not _has_lower_priority(job, by_queue):
             continue  # nothing to take in its queue: the scenario would change nothing
-        if cause == "reclaim" and not _may_reclaim(job, req):
+        if cause == "reclaim" and not may_reclaim(job, req):
             continue
         if not session.within_np_quota(job, req):
             continue
@@ -80,7 +80,7 @@ def _run(session: Session, cause: Cause) -> None:
             continue
         if cause == "reclaim":
             victims = _reclaim_victims(session, job, req, by_queue)
-            valid = _reclaim_boundaries_hold
+            valid = reclaimers_within_boundaries
         else:
             victims = _preempt_victims(session, job, by_queue)
             valid = _no_further_check
@@ -158,7 +158,7 @@ def _usable(job: Job) -> bool:
 # -- reclaim ---------------------------------------------------------------------------------------------
 
 
-def _may_reclaim(job: Job, req: Sequence[float]) -> bool:
+def may_reclaim(job: Job, req: Sequence[float]) -> bool:
     """KAI CanReclaimResources: the leaf queue stays within its fair share with the job (ancestors are judged
     by saturation once the scenario is known)."""
     q = job.queue
@@ -237,7 +237,7 @@ def _protected(victim: Job, now: float | None, min_runtime: float) -> bool:
     return now is not None and started is not None and now < started + min_runtime
 
 
-def _reclaim_boundaries_hold(session: Session, job: Job, req: Sequence[float], taken: Sequence[Unit]) -> bool:
+def reclaimers_within_boundaries(session: Session, job: Job, req: Sequence[float], taken: Sequence[Unit]) -> bool:
     """KAI reclaimingQueuesRemainWithinBoundaries, once the chunk is placed: at every level of the reclaimer's
     branch, a queue above its fair share stays strictly below each victim-side sibling's saturation in the
     resources involved; non-preemptible, it stays within quota too."""
