@@ -273,3 +273,18 @@ def test_usage_never_touches_the_in_quota_part() -> None:
     document["fairness"] = {"usage": {"a": {"gpu": 1.0}}, "kValue": 5}
     result = cycle(document, "allocate")
     assert result.fair_share["a"][0] >= 3 * G  # deserved stays, however much a used
+
+
+def test_metrics_report_usage_and_the_protections_in_force() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from agent.arbiter.metrics import ArbiterMetrics, cycle_values
+
+    document = _runtime_doc("2025-01-01T11:55:00Z")
+    document["fairness"] = {"usage": {"a": {"gpu": 0.25}}}
+    result = cycle(document, "reclaim")
+    registry = CollectorRegistry()
+    ArbiterMetrics(registry).record(cycle_values(result, now=0.0, cycle_seconds=0.01))
+    assert registry.get_sample_value("gpu_arbiter_queue_usage", {"queue": "a", "resource": "gpu"}) == 0.25
+    assert registry.get_sample_value(
+        "gpu_arbiter_protected_jobs", {"queue": "a", "protection": "reclaimMinRuntime"}) == 1
