@@ -40,6 +40,9 @@ _DAEMON_ENV = (
     "HEALTHCHECK_ADDR",
     "LOG_FORMAT",
     "PARTITIONABLE_DEVICES",
+    "MIG_CONFIG_FILE",
+    "MIG_RECONFIGURE",
+    "FAKE_NVML_STATE",
 )
 
 
@@ -71,10 +74,12 @@ class Daemon:
         root: pathlib.Path,
         kubeconfig: pathlib.Path,
         node: str = NODE,
+        env: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
         machine: str = MACHINE,
     ) -> None:
         self.root = root
+        self.env = env or {}  # e.g. FAKE_NVML_STATE, so the fake GPUs outlive the process
         self.extra_args = extra_args
         self.machine = machine
         self.kubelet_root = root / "kubelet"
@@ -105,7 +110,7 @@ class Daemon:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.started_at = time.perf_counter()
-            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=clean_env(), cwd=REPO)
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=clean_env() | self.env, cwd=REPO)
         return self
 
     def logs(self) -> list[dict[str, Any]]:

@@ -94,7 +94,7 @@ def site(control_plane: ControlPlane) -> Iterator[Site]:
             for node, (machine, extra) in NODES.items():
                 control_plane.add_node(node)
                 (root / node).mkdir()
-                daemons[node] = Daemon(root / node, kubeconfig, node, extra, machine).start()
+                daemons[node] = Daemon(root / node, kubeconfig, node, extra_args=extra, machine=machine).start()
             for node, daemon in daemons.items():
                 daemon.wait_serving(timeout=60)
                 kubelets[node] = FakeKubelet(daemon.kubelet_root)
