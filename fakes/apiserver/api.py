@@ -10,14 +10,10 @@ import re
 import uuid
 from typing import Any
 
-<<<<<<< HEAD
-from . import defaults, dra_rules, schemas
-=======
 import yaml
 
-from . import dra_rules, schemas
+from . import defaults, dra_rules, schemas
 from .apply import manager_name, record_update, server_side_apply
->>>>>>> main
 from .disabled_fields import drop_disabled_fields
 from .errors import ApiError, already_exists, conflict, invalid, not_found
 from .patch import json_patch, merge_patch, strategic_merge_patch
