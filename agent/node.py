@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.arbiter.node_service import NodeReservations
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Inventory
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.nodes import node_uid
+from agent.kube.rest import Rest
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
@@ -45,6 +47,9 @@ class NodeConfig:
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
+    reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
+    reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
+    node_ip: str | None = None  # advertised instead of 0.0.0.0
 
 
 class MeasuredPreparer:
@@ -117,6 +122,7 @@ class NodeAgent:
             on_inventory_changed=self._on_inventory_changed,
         )
         self.plugin: KubeletPlugin | None = None
+        self.reservations: NodeReservations | None = None
         self._threads: list[threading.Thread] = []
 
     @property
@@ -141,6 +147,13 @@ class NodeAgent:
             liveness_address=self.config.liveness_address,
         )
         self.plugin.start()
+        if self.config.reservation_address:
+            self.reservations = NodeReservations(
+                node_name=self.config.node_name, driver=self.config.driver_name, inventory=lambda: self._inventory,
+                prepared=lambda: [d.device_name for d in self._preparer.prepared()],
+                unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
+            )
+            self.reservations.start(self.config.reservation_address, self.config.node_ip)
         self._spawn("slice-resync", self._resync_loop)
         if self.config.health_events:
             self._monitor = HealthMonitor(
@@ -167,6 +180,8 @@ class NodeAgent:
             self._monitor.stop()  # before the NVML session closes
         if self.plugin is not None:
             self.plugin.stop()
+        if self.reservations is not None:
+            self.reservations.stop()
         for t in self._threads:
             t.join(timeout=5)
         log.info("node agent stopped")

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from agent import logs
+from agent.arbiter.node_service import TokenFileError, read_token, split_address
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.kube.errors import ApiError
 from agent.node import NodeAgent, NodeConfig
@@ -68,6 +69,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="watch NVML for critical XIDs and lost GPUs (env HEALTH_EVENTS)",
     )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
+    p.add_argument(
+        "--reservation-addr",
+        default=_env("RESERVATION_ADDR", ""),
+        help="HOST:PORT to serve the arbiter's reservation API on, empty to disable (env RESERVATION_ADDR)",
+    )
+    p.add_argument(
+        "--reservation-token-file",
+        default=_env("RESERVATION_TOKEN_FILE", ""),
+        help="file holding the bearer token the arbiter presents (env RESERVATION_TOKEN_FILE)",
+    )
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -92,6 +103,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 2
+    token = ""
+    if args.reservation_addr:
+        try:
+            split_address(args.reservation_addr)
+            if not args.reservation_token_file:
+                raise TokenFileError("--reservation-addr needs --reservation-token-file: no anonymous reservations")
+            token = read_token(args.reservation_token_file)
+        except ValueError as exc:
+            print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
+            return 2
     config = NodeConfig(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -104,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
         extra_ignored_xids=ignored_xids,
+        reservation_address=args.reservation_addr or None,
+        reservation_token=token,
+        node_ip=_env("NODE_IP"),
     )
     try:
         with open_nvml(args.nvml) as nvml:
@@ -123,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
             agent.run()
-    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError) as exc:
+    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError, OSError) as exc:
         print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 1
     return 0
