@@ -81,12 +81,17 @@ class NodeReservations:
         self._prepared = prepared
         self._unhealthy = unhealthy
         self._rest = rest
-        self._claims = Informer(rest, RESOURCE_CLAIMS)
+        self._claims = Informer(rest, RESOURCE_CLAIMS, self._claims_changed)
         self.book = ReservationBook(inventory, self.usage, Allocator(CelSelectors()), clock,
                                     lambda: uuid.uuid4().hex, hold_confirmed_s=HOLD_CONFIRMED_S)
         self.service = NodeAllocatorService(self.book, token)
         self._server: grpc.Server | None = None
         self.port = 0
+
+    def _claims_changed(self) -> None:
+        book = getattr(self, "book", None)  # the informer starts after the book exists; be safe anyway
+        if book is not None:
+            book.settle()
 
     def usage(self) -> NodeUsage:
         allocated = frozenset(

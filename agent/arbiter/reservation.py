@@ -53,7 +53,7 @@ class ReservationBook:
 
     `hold_confirmed_s`: how long a confirmed reservation keeps its devices (None: until released). A node
     agent sets it: the arbiter writes the claims before it confirms, so by then the allocation is in the API
-    and, once the agent has seen it, counts as allocated on its own."""
+    and, once the agent has seen it, counts as allocated on its own; the reservation then ends at once."""
 
     def __init__(self, inventory: Callable[[], Inventory], usage: Callable[[], NodeUsage],
                  allocator: Allocator, clock: Clock, new_id: Callable[[], str], *,
@@ -71,6 +71,24 @@ class ReservationBook:
         now = self._clock()
         for rid in [r.id for r in self._live.values() if r.expires_at <= now]:
             del self._live[rid]
+
+    def settle(self) -> int:
+        """Drop confirmed reservations whose devices the node now counts as allocated or prepared: the claim
+        holds them from here on (and frees them when it is deallocated). Call it whenever claims change;
+        returns how many ended."""
+        with self._lock:
+            return self._settle()
+
+    def _settle(self) -> int:
+        if self._hold_confirmed is None:
+            return 0
+        base = self._usage()
+        held = base.allocated | base.prepared
+        done = [r.id for r in self._live.values()
+                if r.confirmed and not r.fit.shared_milli and set(r.fit.all_devices) <= held]
+        for rid in done:
+            del self._live[rid]
+        return len(done)
 
     def _usage_with_reservations(self) -> NodeUsage:
         base = self._usage()
@@ -102,6 +120,7 @@ class ReservationBook:
                 raise UnknownReservation(reservation_id)
             held_until = self._clock() + self._hold_confirmed if self._hold_confirmed is not None else math.inf
             r = self._live[reservation_id] = dataclasses.replace(r, confirmed=True, expires_at=held_until)
+            self._settle()  # the claim may be seen already
             return r
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from agent.kube.errors import ApiError, Gone
+from agent.kube.errors import ApiError, Gone, NotFound
 from agent.kube.rest import Json, Resource, Rest
 
 log = logging.getLogger(__name__)
@@ -28,8 +28,9 @@ def key_of(obj: Json) -> Key:
 
 class Informer:
     def __init__(self, rest: Rest, resource: Resource, on_change: Callable[[], None] = lambda: None, *,
-                 watch_timeout_s: int = 300, max_backoff_s: float = 5.0) -> None:
+                 watch_timeout_s: int = 300, max_backoff_s: float = 5.0, optional: bool = False) -> None:
         self.resource = resource
+        self._optional = optional  # a type the server may not serve (a CRD not installed yet): empty until it is
         self._rest = rest
         self._on_change = on_change
         self._watch_timeout = watch_timeout_s
@@ -84,6 +85,17 @@ class Informer:
                 log.info("watch of %s expired (410): listing again", self.resource.plural)
                 listed = False
                 self.relists += 1
+            except NotFound as exc:
+                if not self._optional:
+                    log.warning("informer for %s: %s; retrying in %.1fs", self.resource.plural, exc, backoff)
+                    self._stop.wait(backoff)
+                    backoff = min(self._max_backoff, backoff * 2)
+                    continue
+                if not self._synced.is_set():
+                    log.warning("%s are not served; treating them as none until they are", self.resource.plural)
+                self._synced.set()
+                listed = False
+                self._stop.wait(self._max_backoff)
             except ApiError as exc:
                 log.warning("informer for %s: %s; retrying in %.1fs", self.resource.plural, exc, backoff)
                 self._stop.wait(backoff)

@@ -141,6 +141,12 @@ class Rest:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
         self._request("POST", PODS.path(namespace, name, "eviction"), body=body)
 
+    def bind(self, namespace: str, name: str, node: str) -> None:
+        """pods/binding: what kube-scheduler's bind step sends."""
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self._request("POST", PODS.path(namespace, name, "binding"), body=body)
+
     def watch(self, resource: Resource, resource_version: str, *, timeout_seconds: int = 300,
               namespace: str | None = None) -> Iterator[WatchEvent]:
         """Events after `resource_version`, with bookmarks; raises Gone when that version is too old (HTTP

@@ -57,7 +57,7 @@ def test_all_required_objects_are_present() -> None:
 
 
 def test_rbac_is_least_privilege() -> None:
-    rules = one("ClusterRole")["rules"]
+    rules = one("ClusterRole", "gpu-dra-agent-node")["rules"]
     granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert not any("*" in entry for entry in granted)
     for verb in ("create", "update", "patch", "delete", "get", "list", "watch"):
@@ -66,7 +66,7 @@ def test_rbac_is_least_privilege() -> None:
     assert {v for g, r, v in granted if r == "nodes"} == {"get", "list", "watch", "patch"}
     assert {v for g, r, v in granted if r == "pods"} == {"get", "list"}
     assert not any(r in ("secrets", "configmaps") for _, r, _ in granted)
-    binding = one("ClusterRoleBinding")
+    binding = one("ClusterRoleBinding", "gpu-dra-agent-node")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpu-dra-agent-node", "namespace": "gpu-dra-agent"}
     ]
