@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -96,6 +97,12 @@ class Committer:
         self._clients = clients
         self._ttl = ttl_seconds
         self._clock = clock
+        self.timings: dict[str, float] = {}  # seconds per step over all commits
+
+    def _add(self, step: str, since: float) -> float:
+        now = time.perf_counter()
+        self.timings[step] = self.timings.get(step, 0.0) + now - since
+        return now
 
     # -- commit ---------------------------------------------------------------------------------------
 
@@ -117,6 +124,7 @@ class Committer:
                     to_write[name] = (member, claim, node)
         except Unsupported as e:
             return Outcome(False, f"unsupported claim: {e}")
+        t = time.perf_counter()
         clients = self._clients()
         coordinator = GangCoordinator(clients)
         held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
@@ -131,6 +139,7 @@ class Committer:
                     except (OSError, Unauthenticated, UnknownReservation):
                         continue
             held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+        t = self._add("reserve", t)
         if reason:
             return Outcome(False, reason)
         outcome = Outcome(True)
@@ -146,7 +155,9 @@ class Committer:
             coordinator.release_all(held)
             self.deallocate(written, [m.pod for m, _ in members])
             return Outcome(False, f"writing claims failed: {e}")
+        t = self._add("write claims", t)
         reason = coordinator.confirm_all(held)
+        t = self._add("confirm", t)
         if reason:
             self.deallocate(written, [m.pod for m, _ in members])
             return Outcome(False, f"a node could not confirm: {reason}")
@@ -155,6 +166,7 @@ class Committer:
                 outcome.writes.append(self.ungate(member.pod, node))
             except ApiError as e:  # committed: the next cycle's recovery ungates it
                 log.warning("ungating %s failed (the next cycle retries): %s", member.key, e)
+        self._add("ungate", t)
         return outcome
 
     def _write_claim(self, claim: Json, pod: Json, status: Json, outcome: Outcome) -> Json:

@@ -14,11 +14,12 @@ reserved for it and valid on exactly the node its affinity now names.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,7 @@ class Arbiter:
         self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
         self._queue_status: dict[str, Any] = {}
         self.cycles = 0
+        self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
 
     # -- running ------------------------------------------------------------------------------------------
 
@@ -151,11 +153,14 @@ class Arbiter:
 
     def cycle(self) -> CycleReport:
         report = CycleReport()
-        self._await_expectations()
+        with self._timed("wait for informers"):
+            self._await_expectations()
         now = self._clock()
-        world = self._world(now)
+        with self._timed("snapshot"):
+            world = self._world(now)
         self.directory.addresses = world.addresses
-        writes, completed = self._committer.recover(world.gangs.values())
+        with self._timed("recover"):
+            writes, completed = self._committer.recover(world.gangs.values())
         if writes:
             report.recovered = completed
             self._expected.extend(writes)
@@ -165,16 +170,28 @@ class Arbiter:
         started = time.perf_counter()
         result = run_cycle(snapshot, self.config.actions)
         seconds = time.perf_counter() - started
+        self.timings["decide"] = self.timings.get("decide", 0.0) + seconds
         report.result = result
         self.cycles += 1
-        self._evict(world, result, report)
-        self._commit(world, result, report)
-        report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
-        self._tell_waiting(world, report.waiting)
-        self._write_queue_status(snapshot, result)
+        with self._timed("evict"):
+            self._evict(world, result, report)
+        with self._timed("commit"):
+            self._commit(world, result, report)
+        with self._timed("events and status"):
+            report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
+            self._tell_waiting(world, report.waiting)
+            self._write_queue_status(snapshot, result)
         if self.metrics is not None:
             self.metrics.record(cycle_values(result, now, seconds))
         return report
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
 
     def _world(self, now: float) -> World:
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),

@@ -72,9 +72,10 @@ def test_a_gang_of_two_by_eight_gpus_is_admitted_on_two_nodes(cluster: FakeClust
         assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
         assert DELETE_PROTECTION in claim["metadata"]["finalizers"]
     assert len(set(allocated_devices(cluster))) == 16
-    status = wait_for(lambda: (cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("allocated"),
+    status = wait_for(lambda: ((cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("allocated")
+                               or {}).get("gpu") == 16 and cluster.rest.get(QUEUES, None, "team-a")["status"],
                       what="queue status")
-    assert status["gpu"] == 16
+    assert status["fairShare"]["gpu"] == 16 and status["requested"]["gpu"] == 16
 
 
 def test_a_gang_that_cannot_fit_is_never_admitted_in_part(cluster: FakeCluster) -> None:
