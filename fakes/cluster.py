@@ -43,7 +43,6 @@ from agent.kube.rest import (
 from agent.nvml.source import open_nvml
 from agent.slices.build import build_resource_slices
 from fakes import apiserver
-from fakes.apiserver.schemas import KUBERNETES_VERSION
 from fakes.controllers.runner import Controllers
 
 DAEMONSET = pathlib.Path(__file__).resolve().parent.parent / "daemonset"
@@ -73,9 +72,7 @@ def _manifest(*names: str) -> list[dict[str, Any]]:
 
 class FakeCluster:
     def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti") -> None:
-        # the 1.37 API (PodGroups, a pod's schedulingGroup) validated where the fake plays it
-        self._validating = KUBERNETES_VERSION >= "1.37"
-        self.server = apiserver.start(port=0, validate=self._validating)
+        self.server = apiserver.start(port=0)  # Kubernetes 1.37: PodGroups and a pod's schedulingGroup served
         self.rest = Rest(self.server.api_client())
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="arbiter-cluster-"))
         self.token = secrets.token_urlsafe(24)

@@ -3,7 +3,7 @@
 Each cycle: wait until the informers show the previous cycle's writes; build the snapshot from them
 (agent.arbiter.world); finish or undo any commit a previous cycle or leader left half done; run the core
 (fair shares, allocate, consolidate, reclaim, preempt); evict victims through the Eviction API (the pod's
-grace period applies; victims still inside their queue's min-runtime are spared); commit each gang the core
+grace period applies; the core spares victims inside their queue's min-runtime); commit each gang the core
 bound (agent.arbiter.committing); say with Events why gangs wait; write Queue status; record metrics.
 
 Nothing lives only in memory: every decision is re-derived from the API each cycle, so a restarted or newly
@@ -15,7 +15,6 @@ reserved for it and valid on exactly the node its affinity now names.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -68,7 +67,6 @@ class CycleReport:
     admitted: list[str] = field(default_factory=list)  # gangs committed
     refused: dict[str, str] = field(default_factory=dict)  # gang -> why its commit failed
     evicted: list[str] = field(default_factory=list)
-    spared: list[str] = field(default_factory=list)  # victims inside their min-runtime
     recovered: list[str] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
     result: CycleResult | None = None
@@ -166,7 +164,7 @@ class Arbiter:
             self._expected.extend(writes)
             self._changed.set()  # decide on the repaired state next
             return report
-        snapshot = _protect(world)
+        snapshot = world.snapshot
         started = time.perf_counter()
         result = run_cycle(snapshot, self.config.actions)
         seconds = time.perf_counter() - started
@@ -229,13 +227,6 @@ class Arbiter:
                 continue
             member = world.members.get(name)
             if member is None:
-                continue
-            preempt_left, reclaim_left = world.protected.get(name, (0.0, 0.0))
-            left = reclaim_left if decision.cause == "reclaim" else preempt_left
-            if left > 0:
-                report.spared.append(name)
-                self._event(member.pod, "Pod", "v1", "MinRuntime",
-                            f"not evicted for {decision.cause}: {left:.0f}s of its queue's min-runtime left")
                 continue
             m = meta(member.pod)
             try:
@@ -324,17 +315,6 @@ def _seen(inf: Informer, write: Write) -> bool:
         return int(have) > int(version)
     except ValueError:
         return False
-
-
-def _protect(world: World) -> Snapshot:
-    """Jobs whose running pods are all inside both min-runtime protections are no victims at all; victims
-    protected against only one cause are spared when evicted for it (Arbiter._evict)."""
-    jobs = []
-    for job in world.snapshot.jobs:
-        running = [p for p in job.pods if p.status == "Running"]
-        protected = running and all(min(world.protected.get(p.name, (0.0, 0.0))) > 0 for p in running)
-        jobs.append(dataclasses.replace(job, preemptible=False) if job.preemptible and protected else job)
-    return dataclasses.replace(world.snapshot, jobs=tuple(jobs))
 
 
 __all__ = ["Arbiter", "ArbiterConfig", "CycleReport", "NodeDirectory"]

@@ -240,7 +240,6 @@ class World:
     members: dict[str, Member]  # by pod key
     waiting: dict[str, str]  # job name -> why its gang is not weighed this cycle
     addresses: dict[str, str]  # node -> reservation address
-    protected: dict[str, tuple[float, float]]  # pod key -> (seconds left of preempt, of reclaim min-runtime)
     queue_names: list[str]
 
 
@@ -266,7 +265,9 @@ def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
     priority = spec.get("priority")
     return QueueSpec(name=str(meta(obj).get("name")), parent=str(parent) if parent else None,
                      priority=int(priority) if priority is not None else 100,
-                     terms=(terms[0], terms[1], terms[2]))
+                     terms=(terms[0], terms[1], terms[2]),
+                     preempt_min_runtime=parse_duration(spec.get("preemptMinRuntime")),
+                     reclaim_min_runtime=parse_duration(spec.get("reclaimMinRuntime")))
 
 
 def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
@@ -317,7 +318,6 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     queue_specs = [queue_spec(q) for q in queues]
     by_queue = {q.name: q for q in queue_specs}
     parents = {q.parent for q in queue_specs if q.parent}
-    queue_objs = {str(meta(q).get("name")): q for q in queues}
 
     gangs: dict[str, Gang] = {}
     members: dict[str, Member] = {}
@@ -417,7 +417,6 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
 
     # jobs
     jobs = []
-    protected: dict[str, tuple[float, float]] = {}
     for job, gang in sorted(gangs.items()):
         if job in waiting and any(statuses[k] == "Pending" for k in gang.members):
             continue
@@ -426,6 +425,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         priority = 0
         created: float | None = parse_time(meta(group).get("creationTimestamp")) if group else None
         unsupported = ""
+        started: float | None = None  # when the gang last started: min-runtime protection counts from it
         for key, member in sorted(gang.members.items()):
             status = statuses[key]
             if status != "Pending" and member.node not in known_nodes:
@@ -443,8 +443,9 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                 created = born
             pods_out.append(PodSpec(name=key, gpu_milli=gpus * MILLI, cpu_milli=cpu, mem_bytes=mem, status=status,
                                     node=member.node if status != "Pending" else None))
-            if status == "Running":
-                protected[key] = _protection(member.pod, queue_objs, gang.queue, now)
+            admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
+            if status == "Running" and admitted is not None:
+                started = admitted if started is None else max(started, admitted)
         if unsupported and any(p.status == "Pending" for p in pods_out):
             waiting[job] = f"unsupported claim: {unsupported}"
             continue
@@ -457,32 +458,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         # minCount may exceed the pods created so far: the gang then waits for the rest
         jobs.append(JobSpec(name=job, queue=gang.queue, priority=priority,
                             preemptible=priority < NON_PREEMPTIBLE_PRIORITY, min_member=gang.min_member,
-                            created_at=created or now, pods=tuple(pods_out)))
+                            created_at=created or now, pods=tuple(pods_out), started_at=started))
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
-    snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs))
-    return World(snapshot, gangs, members, waiting, addresses, protected, queue_names)
-
-
-def _protection(pod: Mapping[str, Any], queues: Mapping[str, Mapping[str, Any]], queue: str,
-                now: float) -> tuple[float, float]:
-    """Seconds left of the queue's (or its nearest ancestor's) preemptMinRuntime and reclaimMinRuntime,
-    counted from when the arbiter admitted the pod."""
-    admitted = parse_time((meta(pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
-    if admitted is None:
-        return (0.0, 0.0)
-    out = []
-    for key in ("preemptMinRuntime", "reclaimMinRuntime"):
-        q: Mapping[str, Any] | None = queues.get(queue)
-        seen: set[str] = set()
-        duration = None
-        while q is not None and duration is None:
-            spec = q.get("spec") or {}
-            duration = parse_duration(spec.get(key))
-            parent = spec.get("parentQueue")
-            if not parent or parent in seen:
-                break
-            seen.add(parent)
-            q = queues.get(parent)
-        out.append(max(0.0, admitted + (duration or 0.0) - now))
-    return (out[0], out[1])
+    snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
+    return World(snapshot, gangs, members, waiting, addresses, queue_names)

@@ -13,6 +13,7 @@ from agent.arbiter.world import (
     allocation_status,
     build_world,
     parse_duration,
+    parse_time,
     reservation_claim,
 )
 
@@ -145,17 +146,17 @@ def test_nodes_without_an_agent_address_or_not_ready_are_left_out() -> None:
     assert [n.name for n in w.snapshot.nodes] == ["n0"] and w.addresses == {"n0": "n0:7000"}
 
 
-def test_min_runtime_counts_from_admission_and_is_inherited_from_the_parent() -> None:
+def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
     admitted = pod("r", "held", gated=False, node_name="n0",
                    annotations={ADMITTED_ANNOTATION: "2027-01-15T08:00:00Z"})
     queues = [queue("root", preemptMinRuntime="10m", reclaimMinRuntime="1h"),
               queue("team-a", "root", 8, preemptMinRuntime="5m")]
-    built = [node("n0")]
-    from datetime import UTC, datetime
-    now = datetime(2027, 1, 15, 8, 2, tzinfo=UTC).timestamp()
-    w = build_world(pods=[admitted], claims=[claim("held", 1, "n0", ("gpu-0",), "r")], pod_groups=[],
-                    queues=queues, nodes=[built[0][0]], slices=[built[0][1]], driver=DRIVER, now=now)
-    assert w.protected["team-a/r"] == (180.0, 3480.0)  # own 5m preempt; reclaim from the parent's 1h
+    w = world([admitted], [claim("held", 1, "n0", ("gpu-0",), "r")], queues=queues)
+    root, team = w.snapshot.queues
+    assert (root.preempt_min_runtime, root.reclaim_min_runtime) == (600.0, 3600.0)
+    assert (team.preempt_min_runtime, team.reclaim_min_runtime) == (300.0, None)  # None: the parent's
+    (job,) = w.snapshot.jobs
+    assert job.started_at == parse_time("2027-01-15T08:00:00Z") and w.snapshot.now == NOW
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90.0), ("1h30m", 5400.0), ("250ms", 0.25),
