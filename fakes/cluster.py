@@ -26,16 +26,18 @@ import yaml
 
 from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.names import GATE, QUEUE_LABEL
-from agent.arbiter.node_service import NodeReservations
+from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
 from agent.devices.model import Inventory
 from agent.kube.errors import Conflict, NotFound
 from agent.kube.events import EventRecorder
+from agent.kube.informer import Informer
 from agent.kube.rest import (
     NODES,
     POD_GROUPS,
     PODS,
     QUEUES,
     RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
     RESOURCE_SLICES,
     Resource,
     Rest,
@@ -89,12 +91,24 @@ class FakeCluster:
             self.rest.create(DEVICE_CLASSES, None, klass)
         self.inventory = machine_inventory(machine)
         self.agents: dict[str, NodeReservations] = {}
+        # one claim informer for every node of this process: a real node watches claims on its own machine's
+        # CPU; here one copy spares the process a decode of every claim event per node
+        self._pools = claim_pools(DRIVER)
+        self.node_claims = Informer(self.rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: self._pools},
+                                    on_event=self._claim_seen)
+        self.node_claims.start()
         for i in range(nodes):
             self.add_node(f"gpu-node-{i}", cpu=cpu, memory=memory)
         self.controllers = Controllers(self.rest, period_s=0.2).start()
         self._arbiters: list[tuple[Arbiter, threading.Event, threading.Thread]] = []
 
     # -- the cluster --------------------------------------------------------------------------------------
+
+    def _claim_seen(self, _type: str, claim: dict[str, Any]) -> None:
+        for pool in self._pools(claim):
+            agent = self.agents.get(pool)
+            if agent is not None:
+                agent.claim_seen(claim)
 
     def add_node(self, name: str, *, cpu: str = "224", memory: str = "2Ti") -> NodeReservations:
         node = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
@@ -104,7 +118,8 @@ class FakeCluster:
         for s in build_resource_slices(self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"]):
             self.rest.create(RESOURCE_SLICES, None, s)
         agent = NodeReservations(node_name=name, driver=DRIVER, inventory=lambda: self.inventory,
-                                 prepared=lambda: (), unhealthy=lambda: (), token=self.token, rest=self.rest)
+                                 prepared=lambda: (), unhealthy=lambda: (), token=self.token, rest=self.rest,
+                                 claims=self.node_claims)
         agent.start("127.0.0.1:0")
         self.agents[name] = agent
         return agent
@@ -134,7 +149,8 @@ class FakeCluster:
         self.controllers.stop()
         for agent in self.agents.values():
             agent.stop()
-        self.server.stop()
+        self.node_claims.stop()
+        self.server.stop()  # watches still open end here; their informers are stopping and say nothing
 
     def __enter__(self) -> FakeCluster:
         return self

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,11 +98,13 @@ class Committer:
         self._clients = clients
         self._ttl = ttl_seconds
         self._clock = clock
-        self.timings: dict[str, float] = {}  # seconds per step over all commits
+        self.timings: dict[str, float] = {}  # seconds per step over all commits (summed over parallel commits)
+        self._timings_lock = threading.Lock()
 
     def _add(self, step: str, since: float) -> float:
         now = time.perf_counter()
-        self.timings[step] = self.timings.get(step, 0.0) + now - since
+        with self._timings_lock:
+            self.timings[step] = self.timings.get(step, 0.0) + now - since
         return now
 
     # -- commit ---------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ class ArbiterConfig:
     actions: tuple[str, ...] = DEFAULT_ACTIONS
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
+    commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
 
 
 @dataclass
@@ -120,6 +122,7 @@ class Arbiter:
         self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
                                     clock=clock)
         self._expected: list[Write] = []
+        self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
         self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
         self._queue_status: dict[str, Any] = {}
@@ -134,6 +137,7 @@ class Arbiter:
     def stop(self) -> None:
         for inf in self._informers:
             inf.stop()
+        self._pool.shutdown(wait=True)
         self.directory.close()
 
     def run(self, stop: threading.Event) -> None:
@@ -250,9 +254,11 @@ class Arbiter:
                 if d.action == "bind" and d.node is not None:
                     bound.setdefault(spec.name, []).append((pod.name, d.node))
         classes = {str(meta(c).get("name")): c for c in self.classes.items()}
-        for job, pods in bound.items():
-            members = [(world.members[name], node) for name, node in pods]
-            outcome = self._committer.commit(job, members, classes)  # the gang id: stable across arbiters
+        gangs = {job: [(world.members[name], node) for name, node in pods] for job, pods in bound.items()}
+        # the gang id is the job's name: stable across arbiters, so a successor can release what it left
+        outcomes = self._pool.map(lambda job: self._committer.commit(job, gangs[job], classes), list(gangs))
+        for job, outcome in zip(list(gangs), outcomes, strict=True):
+            members = gangs[job]
             self._expected.extend(outcome.writes)
             gang = world.gangs[job]
             if outcome.committed:

@@ -30,7 +30,7 @@ from agent.allocation.selectors import CelSelectors
 from agent.arbiter import reservation_grpc
 from agent.arbiter.names import ADDRESS_ANNOTATION
 from agent.arbiter.reservation import NodeAllocatorService, ReservationBook
-from agent.arbiter.world import allocated_devices
+from agent.arbiter.world import Json, allocated_devices
 from agent.devices.model import Inventory
 from agent.kube.errors import ApiError
 from agent.kube.informer import Informer
@@ -39,6 +39,12 @@ from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
 log = logging.getLogger(__name__)
 
 HOLD_CONFIRMED_S = 60.0  # see ReservationBook: the claim is in the API before the arbiter confirms
+POOL_INDEX = "pool"
+
+
+def claim_pools(driver: str) -> Callable[[Json], Iterable[str]]:
+    """Indexer: the pools (nodes) a claim's allocation takes `driver`'s devices from."""
+    return lambda claim: {pool for pool, _ in allocated_devices(claim, driver)}
 
 
 class TokenFileError(ValueError):
@@ -75,27 +81,31 @@ class NodeReservations:
 
     def __init__(self, *, node_name: str, driver: str, inventory: Callable[[], Inventory],
                  prepared: Callable[[], Iterable[str]], unhealthy: Callable[[], Iterable[str]], token: str,
-                 rest: Rest, clock: Callable[[], float] = time.time) -> None:
+                 rest: Rest, clock: Callable[[], float] = time.time, claims: Informer | None = None) -> None:
+        """`claims`: an informer shared by several nodes in one process (fakes), indexed with `claim_pools`
+        and calling `claim_seen` of the nodes its claims name; by default the node watches claims itself."""
         self.node_name = node_name
         self._driver = driver
         self._prepared = prepared
         self._unhealthy = unhealthy
         self._rest = rest
-        self._claims = Informer(rest, RESOURCE_CLAIMS, self._claims_changed)
+        self._own_claims = claims is None
+        self._claims = claims or Informer(rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: claim_pools(driver)},
+                                          on_event=lambda _type, claim: self.claim_seen(claim))
         self.book = ReservationBook(inventory, self.usage, Allocator(CelSelectors()), clock,
                                     lambda: uuid.uuid4().hex, hold_confirmed_s=HOLD_CONFIRMED_S)
         self.service = NodeAllocatorService(self.book, token)
         self._server: grpc.Server | None = None
         self.port = 0
 
-    def _claims_changed(self) -> None:
-        book = getattr(self, "book", None)  # the informer starts after the book exists; be safe anyway
-        if book is not None:
-            book.settle()
+    def claim_seen(self, claim: Json) -> None:
+        """A claim changed: if it now holds devices of this node, a confirmed reservation for them ends."""
+        if any(pool == self.node_name for pool, _ in allocated_devices(claim, self._driver)):
+            self.book.settle()
 
     def usage(self) -> NodeUsage:
         allocated = frozenset(
-            device for claim in self._claims.items()
+            device for claim in self._claims.by_index(POOL_INDEX, self.node_name)
             for pool, device in allocated_devices(claim, self._driver) if pool == self.node_name
         )
         return NodeUsage(allocated=allocated, prepared=frozenset(self._prepared()),
@@ -103,7 +113,8 @@ class NodeReservations:
 
     def start(self, address: str, node_ip: str | None = None, sync_timeout: float = 30.0) -> str:
         """Start the claim informer and the server; write the address to the Node. Returns the address."""
-        self._claims.start()
+        if self._own_claims:
+            self._claims.start()
         if not self._claims.wait_synced(sync_timeout):
             raise ApiError(0, f"could not list ResourceClaims within {sync_timeout:.0f}s")
         host, port = split_address(address)
@@ -120,7 +131,8 @@ class NodeReservations:
         return where
 
     def stop(self) -> None:
-        self._claims.stop()
+        if self._own_claims:
+            self._claims.stop()
         if self._server is not None:
             done: threading.Event = self._server.stop(1.0)
             done.wait(2.0)
