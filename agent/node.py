@@ -12,9 +12,8 @@ import time
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.arbiter.node_service import NodeReservations
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Inventory
@@ -30,6 +29,9 @@ from agent.nvml.migctl import MigControl
 from agent.nvml.source import NvmlSource
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
+
+if TYPE_CHECKING:
+    from agent.arbiter.node_service import NodeReservations
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,9 @@ class NodeAgent:
         )
         self.plugin.start()
         if self.config.reservation_address:
+            # imported only when served: the allocator and its CEL library cost the daemon's start-up otherwise
+            from agent.arbiter.node_service import NodeReservations
+
             self.reservations = NodeReservations(
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=lambda: self._inventory,
                 prepared=lambda: [d.device_name for d in self._preparer.prepared()],

@@ -222,7 +222,7 @@ class FakeCluster:
         return items
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:
+def wait_for(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "") -> Any:
     """Poll until `check()` is truthy; returns its value or raises TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout
     while True:

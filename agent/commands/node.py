@@ -11,7 +11,6 @@ from pathlib import Path
 from types import FrameType
 
 from agent import logs
-from agent.arbiter.node_service import TokenFileError, read_token, split_address
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.kube.errors import ApiError
 from agent.node import NodeAgent, NodeConfig
@@ -105,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     token = ""
     if args.reservation_addr:
+        from agent.arbiter.node_service import TokenFileError, read_token, split_address
+
         try:
             split_address(args.reservation_addr)
             if not args.reservation_token_file:
