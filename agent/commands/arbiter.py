@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         rest = Rest(api_client(args.kubeconfig))
     except Exception as exc:  # a malformed kubeconfig: the client raises many kinds
         return _fail(f"cannot load the kubeconfig: {exc}")
-    identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"  # unique, and says which process
     metrics = None
     if metrics_at is not None:
         from prometheus_client import CollectorRegistry, start_http_server

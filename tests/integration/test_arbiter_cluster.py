@@ -245,3 +245,37 @@ def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
     except ApiError:  # pragma: no cover - the assertion below says what went wrong
         pytest.fail("a second cycle failed")
     assert len([e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]) == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of a subprocess")
+def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(cluster: FakeCluster) -> None:
+    from agent.kube.rest import LEASES
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
+               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", "0.1",
+               "--leader-elect", "--leader-elect-namespace", "default"]
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(2)]
+    try:
+        cluster.gang(NS, "first", "team-a", pods=1, gpus=8)
+        wait_for(lambda: running(cluster, "first-"), what="the leader admits")
+        holder = cluster.rest.get(LEASES, "default", "gpu-dra-arbiter")["spec"]["holderIdentity"]
+        assert holder
+        leader = procs[0] if _leads(procs[0], holder) else procs[1]
+        os.kill(leader.pid, signal.SIGKILL)  # tried: the leader dies without giving the Lease back
+        leader.wait(timeout=10)
+        cluster.gang(NS, "second", "team-a", pods=1, gpus=8)
+        wait_for(lambda: running(cluster, "second-"), timeout=90, what="the standby takes over and admits")
+        lease = cluster.rest.get(LEASES, "default", "gpu-dra-arbiter")["spec"]
+        assert lease["holderIdentity"] != holder and lease["leaseTransitions"] >= 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=20)
+
+
+def _leads(proc: subprocess.Popen[bytes], holder: str) -> bool:
+    """Whether `proc` holds the Lease: an arbiter's identity is `<hostname>_<pid>_<random>`."""
+    return f"_{proc.pid}_" in holder
