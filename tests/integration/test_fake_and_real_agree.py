@@ -125,3 +125,30 @@ def test_a_claim_in_a_missing_namespace_is_not_found(cluster: Cluster) -> None:
     answer = cluster.raw("POST", CLAIMS.replace("/default/", "/nowhere/"), claim_body("c1"))
     assert (answer.status, answer.body["reason"]) == (404, "NotFound")
     assert answer.body["message"] == 'namespaces "nowhere" not found'
+
+
+def test_a_pool_s_slices_may_repeat_device_names_but_one_slice_may_not(cluster: Cluster) -> None:
+    """Validation is per slice; duplicates across a pool's slices are the allocator's problem, not a 422."""
+    assert cluster.raw("POST", SLICES, slice_body("s1")).status == 201
+    assert cluster.raw("POST", SLICES, slice_body("s2")).status == 201
+    twice = slice_body("s3", devices=2)
+    twice["spec"]["devices"][1]["name"] = "gpu-0"
+    answer = cluster.raw("POST", SLICES, twice)
+    assert answer.status == 422
+    assert [c["field"] for c in answer.body["details"]["causes"]] in (["spec.devices[1]"], ["spec.devices[1].name"])
+
+
+def test_an_allocation_must_name_a_request_of_the_claim(cluster: Cluster) -> None:
+    cluster.raw("POST", CLAIMS, claim_body("c1"))
+    result = {"request": "nope", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}
+    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    answer = cluster.raw("PATCH", f"{CLAIMS}/c1/status", status)
+    assert (answer.status, answer.body["reason"]) == (422, "Invalid")
+    assert [c["field"] for c in answer.body["details"]["causes"]] == ["status.allocation.devices.results[0].request"]
+    result["request"] = "gpu"
+    assert cluster.raw("PATCH", f"{CLAIMS}/c1/status", status).status == 200
+
+
+def test_an_unknown_patch_type_is_415_before_the_object_is_looked_up(cluster: Cluster) -> None:
+    answer = cluster.raw("PATCH", f"{SLICES}/missing", b"{}", headers={"Content-Type": "text/plain"})
+    assert (answer.status, answer.body["reason"]) == (415, "UnsupportedMediaType")
