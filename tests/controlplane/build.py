@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,10 @@ ETCD_MAIN = "go.etcd.io/etcd/server/v3"
 
 class BuildError(RuntimeError):
     """The toolchain is missing or `go build` failed; the message says which and where the log is."""
+
+
+class BuildTimeout(BuildError):
+    """The build did not finish within its time budget (it was stopped; Go's caches keep what was compiled)."""
 
 
 def _required(go_mod: Path, module: str) -> str:
@@ -92,18 +97,23 @@ def go_command() -> str | None:
     return shutil.which("go")
 
 
-def build(log: Path | None = None) -> Path:
-    """The binary directory, building it first if needed (minutes cold, a file check warm)."""
+def build(log: Path | None = None, budget_s: float | None = None) -> Path:
+    """The binary directory, building it first if needed (minutes cold, a file check warm).
+
+    `budget_s` bounds the whole build, waiting for another session's build included: past it the build is
+    stopped and BuildTimeout raised, so a slow machine costs a bounded time rather than a CI timeout.
+    """
     ready = built()
     if ready:
         return ready
     go = go_command()
     if go is None:
         raise BuildError("`go` is not on PATH: building kube-apiserver 1.37 and etcd needs Go 1.26")
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     target = binary_dir()
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same thing: wait for it
+        _lock(lock, deadline, budget_s)  # another session may be building the same thing: wait for it
         ready = built()
         if ready:
             return ready
@@ -111,8 +121,9 @@ def build(log: Path | None = None) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
         try:
             with open(log, "w") as out:
-                _go_build(go, MODULE_DIR, [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS], staging, out)
-                _go_build(go, ETCD_MODULE_DIR, [ETCD_MAIN], staging / "etcd", out)
+                commands = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS]
+                _go_build(go, MODULE_DIR, commands, staging, out, deadline, budget_s)
+                _go_build(go, ETCD_MODULE_DIR, [ETCD_MAIN], staging / "etcd", out, deadline, budget_s)
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)  # whole or not at all: a killed build leaves no half directory behind
         finally:
@@ -120,16 +131,40 @@ def build(log: Path | None = None) -> Path:
     return target
 
 
-def _go_build(go: str, module: Path, packages: list[str], output: Path, out: IO[str]) -> None:
+def _lock(lock: IO[str], deadline: float | None, budget_s: float | None) -> None:
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
+            return
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() > deadline:
+                raise BuildTimeout(f"another build held the lock past the {budget_s:.0f}s budget") from None
+            time.sleep(1)
+
+
+def _go_build(go: str, module: Path, packages: list[str], output: Path, out: IO[str],
+              deadline: float | None = None, budget_s: float | None = None) -> None:  # fmt: skip
     ldflags = _ldflags() if module == MODULE_DIR else "-s -w"
     command = [go, "build", "-trimpath", "-buildvcs=false", "-mod=readonly", "-ldflags", ldflags,
                "-o", f"{output}{os.sep}" if len(packages) > 1 else str(output), *packages]  # fmt: skip
     print(f"$ (cd {module} && {' '.join(command)})", file=out, flush=True)
     started = time.monotonic()
-    done = subprocess.run(command, cwd=module, stdout=out, stderr=subprocess.STDOUT, check=False)
-    print(f"# exit {done.returncode} after {time.monotonic() - started:.0f}s", file=out, flush=True)
-    if done.returncode != 0:
-        raise BuildError(f"`go build` in {module} failed with exit {done.returncode}; see {out.name}")
+    # A session of its own, so a stop takes the compilers and linkers go started with it.
+    process = subprocess.Popen(command, cwd=module, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        returncode = process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        print(f"# stopped after {time.monotonic() - started:.0f}s: over the build budget", file=out, flush=True)
+        raise BuildTimeout(f"the build did not finish within its {budget_s:.0f}s budget; see {out.name}") from None
+    except BaseException:  # interrupted: do not leave a compile running behind us
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    print(f"# exit {returncode} after {time.monotonic() - started:.0f}s", file=out, flush=True)
+    if returncode != 0:
+        raise BuildError(f"`go build` in {module} failed with exit {returncode}; see {out.name}")
 
 
 def main() -> int:

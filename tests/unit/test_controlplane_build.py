@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,25 @@ def test_pki_chain_names_and_key_modes(tmp_path: Path) -> None:
         assert key.stat().st_mode & 0o777 == 0o600
     assert b"PUBLIC KEY" in pki.service_account_pub.read_bytes()
     assert isinstance(ca.public_key(), ec.EllipticCurvePublicKey)
+
+
+def test_a_build_over_its_budget_is_stopped_with_its_compilers(
+    modules: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `go` that never finishes (and has a child, as go has its compilers): stopped at the budget, all of it."""
+    pidfile = tmp_path / "child.pid"
+    fake_go = tmp_path / "bin" / "go"
+    fake_go.parent.mkdir()
+    fake_go.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pidfile}\nwait\n")
+    fake_go.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_go.parent}:/usr/bin:/bin")
+    started = time.monotonic()
+    with pytest.raises(build.BuildTimeout, match="within its 1s budget"):
+        build.build(tmp_path / "build.log", budget_s=1)
+    assert time.monotonic() - started < 10
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the killed child may linger a moment as a zombie of init
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    assert not build.binary_dir().exists()
