@@ -281,6 +281,13 @@ class CheckpointStore:
             raise ValueError(problem)
         return self.records / f"{uid}{_SUFFIX}"
 
+    def completed_hint(self, uid: str) -> bool:
+        """Whether the claim was Completed when last read or written here, without I/O or the lock: a hint
+        (another process may have changed it since) that spares reading a prepared claim again."""
+        saved = self._saved
+        entry = saved.claims.get(uid) if saved is not None else None
+        return entry is not None and entry.state is ClaimState.COMPLETED
+
     def load(self) -> Checkpoint:
         """Every claim recorded (a copy the caller may change and pass to `save`)."""
         if self._saved is None or self._read_generation() != self._generation:

@@ -34,13 +34,14 @@ from agent.claims.checkpoint import (
 from agent.claims.claim import AllocatedDevice, ClaimError, node_allocation
 from agent.claims.config import ConfigError, DeviceConfig, DeviceRef, Mps, TimeSlicing, resolve_device_configs
 from agent.claims.mig import MigDevices, left_behind
-from agent.claims.source import ClaimSource
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
 from agent.devices import names
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory
 
 log = logging.getLogger(__name__)
+
+Fetched = Mapping[str, Any] | Exception  # a claim as read from the API, or why it could not be
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,6 @@ class ClaimStates:
         driver_name: str,
         checkpoints: CheckpointStore,
         specs: CdiStore,
-        source: ClaimSource,
         inventory: Callable[[], Inventory],
         is_healthy: Callable[[str], bool] = lambda device_name: True,
         mig_caps: MigCaps | None = None,
@@ -114,7 +114,6 @@ class ClaimStates:
         self.pool_name = node_name  # one pool per node, named after it
         self.checkpoints = checkpoints
         self.specs = specs
-        self.source = source
         self.inventory = inventory
         self.is_healthy = is_healthy
         self.mig_caps = mig_caps or MigCaps()
@@ -141,22 +140,28 @@ class ClaimStates:
 
     # --- prepare ------------------------------------------------------------------------------------
 
-    def prepare(self, cp: Checkpoint, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        """Prepare a batch. Each claim's failure is its own result; the checkpoint is saved twice per batch
-        (all Started, then all Completed), not per claim, because every save costs two fsyncs."""
+    def prepare(
+        self, cp: Checkpoint, refs: Sequence[ClaimRef], claims: Mapping[str, Fetched]
+    ) -> dict[str, PrepareResult]:
+        """Prepare a batch. `claims` holds each claim as read from the API before the node lock was taken
+        (or why it could not be read); a claim left out was Completed when the caller looked. Each claim's
+        failure is its own result; the checkpoint is saved twice per batch (all Started, then all
+        Completed), not per claim, because every save costs fsyncs."""
         try:
-            return self._prepare(cp, refs)
+            return self._prepare(cp, refs, claims)
         finally:
             self._report_mig_changes()
 
-    def _prepare(self, cp: Checkpoint, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def _prepare(
+        self, cp: Checkpoint, refs: Sequence[ClaimRef], claims: Mapping[str, Fetched]
+    ) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         started: dict[str, tuple[ClaimEntry, list[CdiDevice]]] = {}
         for ref in refs:
             if ref.uid in results or ref.uid in started:
                 continue  # the kubelet never repeats a claim in one call; answer it once if it does
             try:
-                entry, devices = self._start(cp, ref)
+                entry, devices = self._start(cp, ref, claims.get(ref.uid))
             except ClaimError as exc:
                 results[ref.uid] = PrepareResult(error=str(exc))
                 continue
@@ -234,7 +239,7 @@ class ClaimStates:
             del cp.claims[uid]
         return error
 
-    def _start(self, cp: Checkpoint, ref: ClaimRef) -> tuple[ClaimEntry, list[CdiDevice]]:
+    def _start(self, cp: Checkpoint, ref: ClaimRef, fetched: Fetched | None) -> tuple[ClaimEntry, list[CdiDevice]]:
         """The claim's Completed entry, or a new Started one (added to `cp`, not saved yet) with its devices
         as the spec needs them. A Started entry's spec is left out while MIG devices are still to be made."""
         entry = cp.claims.get(ref.uid)
@@ -245,11 +250,12 @@ class ClaimStates:
         if entry is not None:
             log.info("claim %s was left in PrepareStarted: rolling back before preparing again", ref.uid)
             self.rollback(cp, ref.uid)
-        try:
-            claim = self.source.get(ref.namespace, ref.name)
-        except Exception as exc:
-            raise ClaimError(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
-        planned = self._plan(cp, ref, claim)
+        if fetched is None:  # it was Completed when the caller looked, and another agent unprepared it since
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} was unprepared while being prepared; "
+                             "the kubelet's retry prepares it")  # fmt: skip
+        if isinstance(fetched, Exception):
+            raise ClaimError(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {fetched}")
+        planned = self._plan(cp, ref, fetched)
         devices = [p.cdi for p in planned]
         to_create = any(_to_create(p.checkpointed) for p in planned)
         spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name)

@@ -28,9 +28,9 @@ class CountingSource(StaticClaimSource):
         super().__init__()
         self.gets = 0
 
-    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+    def get(self, namespace: str, name: str, timeout: float | None = None) -> Mapping[str, Any]:
         self.gets += 1
-        return super().get(namespace, name)
+        return super().get(namespace, name, timeout)
 
 
 @dataclass
@@ -313,10 +313,10 @@ def test_an_unexpected_error_stays_in_its_claim(node: Node, monkeypatch: pytest.
     preparer = node.preparer()
     real_get = node.source.get
 
-    def flaky(namespace: str, name: str) -> Mapping[str, Any]:
+    def flaky(namespace: str, name: str, timeout: float | None = None) -> Mapping[str, Any]:
         if name == "claim-uid-1":
             raise ConnectionResetError("connection reset by peer")
-        return real_get(namespace, name)
+        return real_get(namespace, name, timeout)
 
     monkeypatch.setattr(node.source, "get", flaky)
     results = preparer.prepare([a, b])
