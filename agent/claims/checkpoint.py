@@ -96,6 +96,9 @@ class CheckpointedDevice:
     admin_access: bool = False
     share_id: str = ""
     dynamic_mig: DynamicMig | None = None
+    # Prepare switched the GPU's MIG mode for this device (on for a created MIG device, off for a whole GPU);
+    # the last claim holding such a device switches it back.
+    mig_mode_switched: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ def _device_to_json(d: CheckpointedDevice) -> dict[str, Any]:
         "adminAccess": d.admin_access,
         "shareID": d.share_id,
     }
+    if d.mig_mode_switched:  # absent otherwise, as below
+        out["migModeSwitched"] = True
     if d.dynamic_mig is not None:  # absent otherwise: records without created devices read as before
         m = d.dynamic_mig
         out["dynamicMig"] = {
@@ -164,6 +169,7 @@ def _device_from_json(raw: Mapping[str, Any]) -> CheckpointedDevice:
         admin_access=bool(raw.get("adminAccess", False)),
         share_id=raw.get("shareID", ""),
         dynamic_mig=_dynamic_mig_from_json(raw.get("dynamicMig")),
+        mig_mode_switched=bool(raw.get("migModeSwitched", False)),
     )
 
 
