@@ -36,7 +36,7 @@ class MigDevices(Protocol):
         (repairs a crash between creating a device and saving its ids). False when there was none."""
         ...
 
-    def set_mig_mode(self, parent: str, enabled: bool) -> None:
+    def switch_mig_mode(self, parent: str, enabled: bool) -> None:
         """Turn the GPU's MIG mode on or off at once (a no-op when it already is), or raise and change
         nothing where that needs a reset or the GPU is busy."""
         ...

@@ -207,7 +207,7 @@ class ClaimStates:
         if self.migs is None:
             raise ClaimError(f"device {device.device_name} needs a MIG mode change, and this agent has no NVML")
         try:
-            self.migs.set_mig_mode(parent, on)
+            self.migs.switch_mig_mode(parent, on)
         except Exception as exc:
             raise ClaimError(f"cannot turn MIG mode {'on' if on else 'off'} on the GPU of {device.device_name}: "
                              f"{exc}") from exc  # fmt: skip

@@ -131,7 +131,7 @@ class MigControl:
         ci = call(f"finding {what}", pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)
         call(f"destroying {what}", pynvml.nvmlComputeInstanceDestroy, ci)
 
-    def set_mig_mode(self, parent: GpuRef, enabled: bool) -> None:
+    def switch_mig_mode(self, parent: GpuRef, enabled: bool) -> None:
         """Turn MIG mode on or off now. Where the change would wait for a GPU reset (Ampere) or for the GPU's
         processes to end, the pending mode is set back and ResetRequired / InUse raised: nothing changes."""
         what = f"turning MIG mode {'on' if enabled else 'off'} on GPU {parent}"

@@ -73,7 +73,7 @@ class FakeMigs:
     crash_after_create: bool = False
     destroy_error: BaseException | None = None
     mode_error: BaseException | None = None
-    mig_on: dict[str, bool] = field(default_factory=dict)  # MIG mode each set_mig_mode call left
+    mig_on: dict[str, bool] = field(default_factory=dict)  # MIG mode each switch_mig_mode call left
 
     def create(self, parent: str, gi_profile_id: int, start: int) -> Made:
         self.calls.append(f"create {gi_profile_id}@{start}")
@@ -98,7 +98,7 @@ class FakeMigs:
         key = next((k for k, v in self.live.items() if k[0] == parent and v == (gi_profile_id, start)), None)
         return key is not None and self.live.pop(key) is not None
 
-    def set_mig_mode(self, parent: str, enabled: bool) -> None:
+    def switch_mig_mode(self, parent: str, enabled: bool) -> None:
         self.calls.append(f"mig {'on' if enabled else 'off'} {parent[:12]}")
         if self.mode_error is not None:
             raise self.mode_error
