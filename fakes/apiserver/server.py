@@ -23,7 +23,7 @@ from .faults import Faults
 from .resources import Registry, ResourceType
 from .selectors import field_selector, label_selector
 from .store import Event, Store, namespace_of
-from .versions import DEFAULT, KubernetesVersion
+from .versions import KubernetesVersion, default_version
 
 _PRESET_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
@@ -35,7 +35,7 @@ class ApiServer:
         self,
         port: int = 0,
         *,
-        kubernetes_version: str = DEFAULT,
+        kubernetes_version: str | None = None,
         feature_gates: dict[str, bool] | None = None,
         history: int = 1000,
         drop_partitionable_fields: bool = False,
@@ -46,7 +46,7 @@ class ApiServer:
         gates = dict(feature_gates or {})
         if drop_partitionable_fields:  # the older spelling of DRAPartitionableDevices=false
             gates["DRAPartitionableDevices"] = False
-        self.version = KubernetesVersion(kubernetes_version, gates)
+        self.version = KubernetesVersion(kubernetes_version or default_version(), gates)
         self.registry = Registry(self.version)
         self.store = Store(self.registry, history)
         self.api = Api(self.registry, self.store, self.version, validate=validate)
