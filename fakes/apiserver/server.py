@@ -25,6 +25,9 @@ from .selectors import field_selector, label_selector
 from .store import Event, Store, namespace_of
 from .versions import KubernetesVersion, default_version
 
+_BODY_TYPES = ("application/json", "application/yaml", "application/json-patch+json",
+               "application/merge-patch+json", "application/strategic-merge-patch+json",
+               "application/apply-patch+yaml")
 _PRESET_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
@@ -198,6 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        body_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         injected = self.apiserver.faults.check(method, url.path)
         self._warnings: list[str] = []
         self._shown: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # watch events as Table rows
@@ -207,6 +211,10 @@ class _Handler(BaseHTTPRequestHandler):
             if injected is not None:
                 self._send(injected.code, injected.status())
                 return
+            if raw and body_type and body_type not in _BODY_TYPES:
+                # Protobuf and CBOR bodies are not decoded here; 415 tells client-go to send JSON instead.
+                raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
+                                    f"include: {', '.join(_BODY_TYPES)}")
             code, body = self._route(method, url.path, query, raw)
             if code:
                 self._send(code, body)
