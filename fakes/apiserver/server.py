@@ -212,9 +212,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(injected.code, injected.status())
                 return
             if raw and body_type and body_type not in _BODY_TYPES:
-                # Protobuf and CBOR bodies are not decoded here; 415 tells client-go to send JSON instead.
-                raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
-                                    f"include: {', '.join(_BODY_TYPES)}")
+                # Protobuf and CBOR bodies are not decoded here: refused, never misread.
+                unsupported = ApiError(415, f"the body of the request was in an unknown format - accepted media "
+                                            f"types include: {', '.join(_BODY_TYPES)}")
+                self._send(unsupported.code, unsupported.status())
+                return
             code, body = self._route(method, url.path, query, raw)
             if code:
                 self._send(code, body)
