@@ -20,6 +20,7 @@ from agent.devices.model import Inventory
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.nodes import node_uid
+from agent.kube.version import server_version
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
@@ -28,6 +29,7 @@ from agent.nvml.migctl import MigControl
 from agent.nvml.source import NvmlSource
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
+from agent.slices.versions import rules_for
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +100,15 @@ class NodeAgent:
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
         self._health_changed = threading.Event()  # wakes the publish thread: health or MIG devices changed
         self._monitor: HealthMonitor | None = None
+        self.slice_rules = rules_for(server_version(self._api))  # the shape this server's version accepts
+        log.info("API server is Kubernetes %s", self.slice_rules.label)
         self._publisher = Publisher(
             self._api,
             config.node_name,
             config.driver_name,
             partitionable=config.partitionable,
             node_uid=node_uid(self._api, config.node_name),
+            rules=self.slice_rules,
         )
         self._preparer = ClaimPreparer(
             node_name=config.node_name,
@@ -218,7 +223,9 @@ class NodeAgent:
             known = {(d.pool, d.device): d for d in self.health.snapshot().devices}
             names = {
                 d["name"]
-                for content in pool_content(inventory, partitionable=self._publisher.partitionable)
+                for content in pool_content(
+                    inventory, partitionable=self._publisher.partitionable, rules=self.slice_rules
+                )
                 for d in content.devices
             } | self._unhealthy.keys()
             self.health.replace(

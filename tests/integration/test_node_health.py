@@ -28,7 +28,7 @@ class Node:
     kubelet: FakeKubelet
 
     def published(self) -> set[str]:
-        return {d["name"] for s in self.server.store.objects("ResourceSlice") for d in s["spec"]["devices"]}
+        return {d["name"] for s in self.server.store.objects("ResourceSlice") for d in s["spec"].get("devices", [])}
 
 
 def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
