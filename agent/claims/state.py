@@ -201,7 +201,6 @@ class ClaimStates:
             try:
                 made = self.migs.create(plan.parent_uuid, plan.gi_profile_id, plan.start)
             except Exception as exc:
-                log.warning("creating MIG device %s for claim %s failed: %s", device.device_name, entry.uid, exc)
                 raise _CreateFailed(f"cannot create MIG device {device.device_name}: {exc}", left_behind(exc)) from exc
             self._migs_changed = True
             created = replace(plan, gpu_instance_id=made.gpu_instance_id, compute_instance_id=made.compute_instance_id)
@@ -510,11 +509,13 @@ def _to_create(device: CheckpointedDevice) -> DynamicMig | None:
 
 
 def _held_by_others(cp: Checkpoint, uid: str, device_name: str) -> Iterator[tuple[ClaimEntry, CheckpointedDevice]]:
-    """Every other claim in `cp` that holds `device_name`, with its entry for the device."""
+    """Every other claim in `cp` that holds `device_name`, with its entry for the device (compared in the
+    canonical spelling: a checkpoint of an older agent may hold a device under another)."""
+    wanted = names.canonical(device_name)
     for other in cp.claims.values():
         if other.uid != uid:
             for held in other.devices:
-                if held.device_name == device_name:
+                if names.canonical(held.device_name) == wanted:
                     yield other, held
 
 

@@ -374,3 +374,15 @@ def test_checkpoint_keeps_the_created_device_and_reads_files_without_it() -> Non
         ("gpu",), NODE, "gpu-0", ("id",)),))})  # fmt: skip
     assert "dynamicMig" not in encode(plain).decode()  # files without created devices stay as they were
     assert decode(encode(plain)).claims["u"].devices[0].dynamic_mig is None
+
+
+def test_a_second_spelling_of_a_created_mig_device_neither_shares_nor_destroys_it(node: Node) -> None:
+    # Tried: a claim allocated `...-19-03`, the same placement as another claim's `...-19-3` with a leading zero.
+    first, second = node.add("u1", [FREE_1G]), node.add("u2", ["gpu-2-mig-1g10gb-19-03"])
+    preparer = node.preparer()
+    ok(preparer.prepare([first])["u1"])
+    refused = preparer.prepare([second])["u2"]
+    assert "not a canonical device name" in refused.error and "gpu-2-mig-1g10gb-19-3" in refused.error
+    assert preparer.unprepare([second]) == {"u2": ""}  # it holds nothing, so it destroys nothing
+    assert node.migs.placements() == {(19, 3)}
+    assert set(node.checkpoint().claims) == {"u1"}
