@@ -10,16 +10,22 @@ import re
 import uuid
 from typing import Any
 
+import yaml
+
 from . import dra_rules, schemas
+from .apply import manager_name, record_update, server_side_apply
+from .disabled_fields import drop_disabled_fields
 from .errors import ApiError, already_exists, conflict, invalid, not_found
 from .patch import json_patch, merge_patch, strategic_merge_patch
 from .resources import Registry, ResourceType
 from .selectors import field_selector, label_selector
 from .store import Store
+from .versions import KubernetesVersion
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY = "application/apply-patch+yaml"
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 # Kinds whose names are path segments rather than DNS subdomains.
@@ -36,6 +42,21 @@ def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
+def _keep(meta: dict[str, Any], key: str, source: dict[str, Any]) -> None:
+    if key in source:
+        meta[key] = copy.deepcopy(source[key])
+    else:
+        meta.pop(key, None)
+
+
+def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Equal but for the times of managedFields entries (an apply that changes nothing is no write)."""
+    def untimed(obj: dict[str, Any]) -> Any:
+        entries = [{k: v for k, v in e.items() if k != "time"} for e in obj["metadata"].get("managedFields") or []]
+        return {**obj, "metadata": {**obj["metadata"], "managedFields": entries}}
+    return new == old or untimed(new) == untimed(old)
+
+
 def success(rt: ResourceType, name: str, uid: str, code: int = 200) -> dict[str, Any]:
     return {
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": code,
@@ -43,15 +64,38 @@ def success(rt: ResourceType, name: str, uid: str, code: int = 200) -> dict[str,
     }
 
 
+class WriteOptions:
+    """Per-request options of a write and what it reports back besides the object."""
+
+    def __init__(self, field_validation: str = "Warn", field_manager: str = "", dry_run: bool = False,
+                 user_agent: str = "", force: bool = False) -> None:
+        if field_validation not in ("Strict", "Warn", "Ignore"):
+            raise ApiError(400, f"fieldValidation must be Strict, Warn or Ignore, not {field_validation!r}")
+        self.field_validation = field_validation
+        self.field_manager = field_manager
+        self.dry_run = dry_run
+        self.user_agent = user_agent
+        self.force = force
+        self.applied = False  # managedFields were set by server-side apply already
+        self.warnings: list[str] = []
+
+    @property
+    def manager(self) -> str:
+        return manager_name(self.field_manager, self.user_agent)
+
+
 class Api:
-    def __init__(self, registry: Registry, store: Store, *, drop_partitionable_fields: bool = False,
-                 validate: bool = True) -> None:
+    def __init__(self, registry: Registry, store: Store, gates: KubernetesVersion, *, validate: bool = True) -> None:
         self.registry = registry
         self.store = store
-        self.drop_partitionable_fields = drop_partitionable_fields
+        self.gates = gates
         self.validate = validate
 
     # Reads.
+
+    def exists(self, rt: ResourceType, namespace: str, name: str) -> bool:
+        with self.store.lock:
+            return self.store.read(rt.key, namespace, name) is not None
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         with self.store.lock:
@@ -83,7 +127,9 @@ class Api:
 
     # Writes.
 
-    def create(self, rt: ResourceType, namespace: str, body: Any) -> dict[str, Any]:
+    def create(self, rt: ResourceType, namespace: str, body: Any,
+               options: WriteOptions | None = None) -> dict[str, Any]:
+        options = options or WriteOptions()
         obj = self._body(rt, namespace, body)
         meta = obj["metadata"]
         if not meta.get("name"):
@@ -102,23 +148,31 @@ class Api:
         with self.store.lock:
             if self.store.read(rt.key, namespace, meta["name"]) is not None:
                 raise already_exists(rt.group, rt.plural, meta["name"])
-            self._admit(rt, obj, None)
+            self._admit(rt, obj, None, options)
+            if not options.applied:
+                record_update(None, obj, options.manager, now())
+            if options.dry_run:
+                return obj
             created = self.store.write(rt.key, obj, None)
         if rt.kind == "CustomResourceDefinition":
             created = self._established(created)
         return created
 
-    def update(self, rt: ResourceType, namespace: str, name: str, body: Any, subresource: str = "") -> dict[str, Any]:
+    def update(self, rt: ResourceType, namespace: str, name: str, body: Any, subresource: str = "",
+               options: WriteOptions | None = None) -> dict[str, Any]:
         with self.store.lock:
             old = self._current(rt, namespace, name)
             obj = self._body(rt, namespace, body)
             if obj["metadata"].get("name", name) != name:
                 raise ApiError(400, f"the name of the object ({obj['metadata'].get('name')}) does not match the "
                                     f"name on the URL ({name})")
-            return self._replace(rt, old, obj, subresource)
+            return self._replace(rt, old, obj, subresource, options or WriteOptions())
 
     def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, body: Any,
-              subresource: str = "") -> dict[str, Any]:
+              subresource: str = "", options: WriteOptions | None = None) -> dict[str, Any]:
+        options = options or WriteOptions()
+        if content_type == APPLY:
+            return self.apply(rt, namespace, name, body, subresource, options)
         with self.store.lock:
             old = self._current(rt, namespace, name)
             if content_type == JSON_PATCH:
@@ -137,7 +191,31 @@ class Api:
             patched.setdefault("metadata", {})
             if patched["metadata"].get("resourceVersion") in (None, ""):
                 patched["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self._replace(rt, old, patched, subresource)
+            return self._replace(rt, old, patched, subresource, options)
+
+    def apply(self, rt: ResourceType, namespace: str, name: str, config: Any, subresource: str,
+              options: WriteOptions) -> dict[str, Any]:
+        """Server-side apply; it creates the object when there is none."""
+        if not isinstance(config, dict) or not config.get("apiVersion") or not config.get("kind"):
+            raise ApiError(400, "an applied configuration must be an object with apiVersion and kind")
+        config = self._body(rt, namespace, config)
+        if config["metadata"].get("name") not in (None, name):
+            raise ApiError(400, f"the name of the object ({config['metadata']['name']}) does not match the name on "
+                                f"the URL ({name})")
+        config["metadata"]["name"] = name
+        options.applied = True
+        with self.store.lock:
+            live = self.store.read(rt.key, namespace, name)
+            if live is None:
+                if subresource:
+                    raise not_found(rt.group, rt.plural, name)
+                merged = server_side_apply(None, config, options.field_manager, options.force, now())
+                return self.create(rt, namespace, merged, options)
+            merged = server_side_apply(copy.deepcopy(live), config, options.field_manager, options.force, now(),
+                                       subresource)
+            merged["metadata"]["resourceVersion"] = config["metadata"].get("resourceVersion") or \
+                live["metadata"]["resourceVersion"]
+            return self._replace(rt, copy.deepcopy(live), merged, subresource, options)
 
     def delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
         options = options or {}
@@ -158,7 +236,7 @@ class Api:
                 obj["metadata"]["deletionGracePeriodSeconds"] = 0
                 return self.store.write(rt.key, obj, old)
             gone = self._remove(rt, old, orphan)
-        if rt.kind == "Pod" or not rt.builtin:
+        if rt.returns_deleted or not rt.builtin:
             return gone
         return success(rt, name, old["metadata"]["uid"])
 
@@ -169,7 +247,8 @@ class Api:
             raise ApiError(400, "the body of an eviction must be a policy/v1 Eviction")
         body = {"apiVersion": "policy/v1", "kind": "Eviction", **body}
         body.setdefault("metadata", {}).setdefault("name", name)
-        causes = schemas.validate_builtin(body)
+        causes, unknown = schemas.validate_builtin(body, self.gates.version)
+        causes += [(f, "unknown field") for f in unknown]
         if causes:
             raise invalid("policy", body["kind"], body["metadata"]["name"], causes)
         self.delete(pods, namespace, name, body.get("deleteOptions"))
@@ -221,7 +300,8 @@ class Api:
             meta.pop("namespace", None)
         return obj
 
-    def _replace(self, rt: ResourceType, old: dict[str, Any], obj: dict[str, Any], subresource: str) -> dict[str, Any]:
+    def _replace(self, rt: ResourceType, old: dict[str, Any], obj: dict[str, Any], subresource: str,
+                 options: WriteOptions) -> dict[str, Any]:
         name = old["metadata"]["name"]
         wanted_rv = obj["metadata"].get("resourceVersion")
         if wanted_rv not in (None, "") and wanted_rv != old["metadata"]["resourceVersion"]:
@@ -234,6 +314,8 @@ class Api:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
+            if options.applied:
+                new["metadata"]["managedFields"] = obj["metadata"].get("managedFields")
         else:
             new = obj
             for field in (*_SERVER_META, "namespace", "name"):
@@ -249,14 +331,22 @@ class Api:
             if _spec_part(new) != _spec_part(old):
                 new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        if new == old:
+        if not options.applied and new["metadata"].get("managedFields") != []:
+            _keep(new["metadata"], "managedFields", old["metadata"])  # clients' copies never change ownership
+        if _same(new, old):
             return old  # a no-op write keeps its resourceVersion, like the real server
         if old["metadata"].get("deletionTimestamp"):
             added = set(new["metadata"].get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
             if added:
                 why = f"no new finalizers can be added if the object is being deleted, found {sorted(added)}"
                 raise invalid(rt.group, rt.kind, name, [("metadata.finalizers", why)])
-        self._admit(rt, new, old)
+        self._admit(rt, new, old, options)
+        if _same(new, old):
+            return old  # what was dropped on admission may turn the write into a no-op
+        if not options.applied:
+            record_update(old, new, options.manager, now(), subresource)
+        if options.dry_run:
+            return new
         if old["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
             return self._remove(rt, new, orphan=False)
         return self.store.write(rt.key, new, old)
@@ -280,18 +370,33 @@ class Api:
 
     # Validation.
 
-    def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        if rt.kind == "ResourceSlice" and self.drop_partitionable_fields:
-            dra_rules.drop_partitionable(obj)
+    def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
+               options: WriteOptions) -> None:
+        """Decode (unknown fields per fieldValidation), drop what disabled gates hide, validate."""
+        drop_disabled_fields(rt.group, rt.kind, obj, old, self.gates)
         if not self.validate:
             return
         causes = self._meta_causes(rt, obj["metadata"])
+        unknown: list[str] = []
         if rt.builtin:
-            causes += schemas.validate_builtin(obj)
+            found, unknown = schemas.validate_builtin(obj, self.gates.version, options.field_validation)
+            causes += found
         elif rt.schema is not None:
+            body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+            unknown = schemas.prune_custom(body, rt.schema)
+            if options.field_validation != "Strict":
+                obj.update(body)
+                for gone in [k for k in obj if k not in body and k not in ("apiVersion", "kind", "metadata")]:
+                    del obj[gone]
             causes += schemas.validate_custom(obj, rt.schema)
+        if unknown and options.field_validation == "Strict":
+            what = ", ".join(f'unknown field "{f}"' for f in unknown)
+            raise ApiError(400, f"{rt.kind} in version \"{rt.version}\" cannot be handled as a {rt.kind}: "
+                                f"strict decoding error: {what}")
+        if options.field_validation == "Warn":
+            options.warnings += [f'unknown field "{f}"' for f in unknown]
         if rt.group == "resource.k8s.io":
-            causes += dra_rules.validate_resource_object(rt.kind, obj, old)
+            causes += dra_rules.validate_resource_object(rt.kind, obj, old, self.gates.minor)
             if rt.kind == "ResourceSlice" and not causes:
                 others = [o for o in self.store.items(rt.key) if o["metadata"]["name"] != obj["metadata"]["name"]]
                 causes += dra_rules.duplicate_in_pool(obj, others)
@@ -326,9 +431,12 @@ class Api:
     # Custom resources.
 
     def register_custom(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
-                        schema: dict[str, Any] | None = None, status: bool = True) -> ResourceType:
+                        schema: dict[str, Any] | None = None, status: bool = True,
+                        columns: tuple[dict[str, Any], ...] = (), short_names: tuple[str, ...] = (),
+                        categories: tuple[str, ...] = ()) -> ResourceType:
         rt = ResourceType(group, version, plural, kind, namespaced, frozenset({"status"}) if status else frozenset(),
-                          builtin=False, schema=schema)
+                          short_names=short_names, builtin=False, schema=schema, columns=columns,
+                          returns_deleted=True, categories=categories)
         self.registry.add(rt)
         return rt
 
@@ -352,7 +460,9 @@ class Api:
                 schema = (version.get("schema") or {}).get("openAPIV3Schema")
                 self.register_custom(spec["group"], version["name"], names["plural"], names["kind"],
                                      spec.get("scope", "Namespaced") == "Namespaced", schema,
-                                     "status" in (version.get("subresources") or {}))
+                                     "status" in (version.get("subresources") or {}),
+                                     tuple(version.get("additionalPrinterColumns") or ()),
+                                     tuple(names.get("shortNames") or ()), tuple(names.get("categories") or ()))
         with self.store.lock:
             old = self._current(self.registry.find("CustomResourceDefinition"), "", crd["metadata"]["name"])
             new = copy.deepcopy(old)
@@ -373,6 +483,14 @@ class Api:
             key = (spec.get("group", ""), version.get("name", ""), (spec.get("names") or {}).get("plural", ""))
             self.store.drop_type(key)
             self.registry.remove(key)
+
+
+def parse_yaml(raw: bytes) -> Any:
+    """An apply-patch+yaml body (YAML, or JSON, which YAML includes)."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ApiError(400, f"the request body is not valid YAML: {exc}") from None
 
 
 def parse_json(raw: bytes) -> Any:
