@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from agent import quantity
@@ -261,6 +262,9 @@ def _canonical(spec: Json) -> Json:
 
     for device in spec.get("devices", []):
         numbers(device.get("capacity", {}))
+        for taint in device.get("taints", []):  # RFC 3339 either way: "...Z" or "...+00:00" (the client's)
+            if "timeAdded" in taint:
+                taint["timeAdded"] = datetime.fromisoformat(str(taint["timeAdded"]).replace("Z", "+00:00"))
         for use in device.get("consumesCounters", []):
             numbers(use.get("counters", {}))
     for counter_set in spec.get("sharedCounters", []):
