@@ -78,8 +78,9 @@ def test_apply_the_daemonset_directory_with_validation(server: ApiServer, kubect
         assert "kubectl.kubernetes.io/last-applied-configuration" in stored["metadata"]["annotations"]
     again = kubectl.run("apply", "--validate=strict", *args)
     assert again.stdout.count(" unchanged") == len(documents), again.stdout
-    if (DAEMONSET / "kustomization.yaml").exists():
-        kubectl.run("apply", "-k", str(DAEMONSET))
+    if any((DAEMONSET / name).exists() for name in ("kustomization.yaml", "Kustomization")):
+        installed = kubectl.run("apply", "-k", str(DAEMONSET))  # the README's install: the kustomize base
+        assert "daemonset.apps/gpu-dra-agent-node unchanged" in installed.stdout, installed.stdout
 
 
 def test_validation_rejects_unknown_fields_on_the_server(server: ApiServer, kubectl: Kubectl) -> None:
