@@ -13,6 +13,8 @@ from types import FrameType
 from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.kube.errors import ApiError
+from agent.migconfig.files import load_mig_configs
+from agent.migconfig.spec import InvalidMigConfig
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, open_nvml
@@ -68,6 +70,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="watch NVML for critical XIDs and lost GPUs (env HEALTH_EVENTS)",
     )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
+    p.add_argument(
+        "--mig-config-file",
+        default=_env("MIG_CONFIG_FILE"),
+        help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's "
+        "(env MIG_CONFIG_FILE)",
+    )
+    p.add_argument(
+        "--mig-reconfigure",
+        action=argparse.BooleanOptionalAction,
+        default=_env("MIG_RECONFIGURE", "true") not in ("0", "false"),
+        help="apply the MIG config the node label nvidia.com/mig.config names (env MIG_RECONFIGURE)",
+    )
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -92,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 2
+    try:
+        mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
+    except InvalidMigConfig as exc:
+        print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
+        return 2
     config = NodeConfig(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -104,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
         extra_ignored_xids=ignored_xids,
+        mig_configs=mig_configs,
     )
     try:
         with open_nvml(args.nvml) as nvml:

@@ -16,6 +16,7 @@ import yaml
 
 from agent.allocation.cel import DeviceSelector, device_variable
 from agent.devices.model import Inventory
+from agent.migconfig.spec import parse_mig_configs
 from agent.slices.build import build_resource_slices
 from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_inventory
 
@@ -80,7 +81,7 @@ def test_every_kustomization_renders_valid_objects_for_every_version(directory: 
 
 
 def test_daemonset_directory_installs_the_base_and_overlays_change_one_thing() -> None:
-    assert {"base", "overlays/partitionable-devices", "overlays/arbiter"} <= {
+    assert {"base", "overlays/partitionable-devices", "overlays/custom-mig-config", "overlays/arbiter"} <= {
         str(p.relative_to(DAEMONSET)) for p in KUSTOMIZATIONS}
     base = kustomize(DAEMONSET)
     assert sorted(map(key, base)) == sorted(map(key, base_documents()))
@@ -94,6 +95,15 @@ def test_daemonset_directory_installs_the_base_and_overlays_change_one_thing() -
     partitionable = kustomize(DAEMONSET / "overlays" / "partitionable-devices")
     assert agent_env(partitionable) == {**agent_env(base), "PARTITIONABLE_DEVICES": "true"}
     assert [d for d in partitionable if d["kind"] != "DaemonSet"] == [d for d in base if d["kind"] != "DaemonSet"]
+
+    def mig_configs(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+        (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+        return dict(parse_mig_configs(cm["data"]["config.yaml"], "the ConfigMap").configs)
+
+    custom = kustomize(DAEMONSET / "overlays" / "custom-mig-config")
+    assert set(mig_configs(custom)) == {"all-disabled", "inference-mixed"}  # parsed as the agent parses them
+    assert "all-1g.10gb" in mig_configs(base)  # the GPU Operator's default
+    assert [d for d in custom if d["kind"] != "ConfigMap"] == [d for d in base if d["kind"] != "ConfigMap"]
 
 
 def test_all_required_objects_are_present() -> None:
@@ -139,7 +149,7 @@ def test_daemonset_mounts_probes_and_identity() -> None:
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["nodeSelector"] and pod["tolerations"]
     (ctr,) = pod["containers"]
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["mountPath"] for m in ctr["volumeMounts"] if m["name"] in host_paths}
     expected = {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/dev"}
     assert set(host_paths.values()) >= expected and mounts >= expected
