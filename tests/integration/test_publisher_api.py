@@ -20,6 +20,7 @@ from agent.kube.slices import SliceApi
 from agent.kube.version import server_version
 from agent.slices.build import build_resource_slices
 from agent.slices.publisher import Publisher
+from agent.slices.versions import rules_for
 from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_inventory
 from tests.unit.upstream_slice_rules import pool_errors
 
@@ -276,3 +277,27 @@ def test_fake_dgx_h100_discovered_through_nvml_is_published_whole() -> None:
             assert len({d["attributes"]["nvlinkDomain"]["string"] for d in gpus}) == 1
             assert all("H100" in d["attributes"]["productName"]["string"] for d in gpus)
             assert result.devices == len(device_names(slices))
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
+def test_each_version_accepts_the_shape_the_publisher_picks_for_it(version: str) -> None:
+    """Against the API fake playing each version (with DRAPartitionableDevices on where it is alpha): the
+    partitionable pool and, on 1.36+, tainted devices are accepted as published; the other version's shape is
+    refused, so the choice matters."""
+    gates = {"DRAPartitionableDevices": True}
+    with fakes.apiserver.start(port=0, kubernetes_version=version, feature_gates=gates) as srv:
+        pub, _ = publisher(srv, partitionable=True)
+        result = pub.publish(dgx_h100())
+        slices = slices_in_api(srv)
+        assert pub.rules.label == version and pub.partitionable  # nothing dropped, nothing refused
+        assert result.slices == len(slices) and pool_errors(slices, version) == []
+        assert len(device_names(slices)) == result.devices > 8 * 20
+
+        other = rules_for("1.35" if version == "1.34" else "1.34")
+        refused = []
+        for wrong in build_resource_slices(dgx_h100(), "node-b", partitionable=True, rules=other):
+            try:
+                SliceApi(srv.api_client()).create(wrong)
+            except ApiError as exc:
+                refused.append(exc.status)
+        assert refused and set(refused) == {422}
