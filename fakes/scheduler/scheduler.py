@@ -81,14 +81,11 @@ class FakeScheduler:
         claim = self._raw(
             self._api.replace_namespaced_resource_claim_status(name, namespace, claim, _preload_content=False)
         )
-        pod["status"] = {
-            **(pod.get("status") or {}),
-            "extendedResourceClaimStatus": {
-                "resourceClaimName": name,
-                "requestMappings": extended.request_mappings(pod, claim),
-            },
-        }
-        self._core.replace_namespaced_pod_status(pod_name, namespace, pod, _preload_content=False)
+        status = {"extendedResourceClaimStatus": {
+            "resourceClaimName": name,
+            "requestMappings": extended.request_mappings(pod, claim),
+        }}
+        self._core.patch_namespaced_pod_status(pod_name, namespace, {"status": status}, _preload_content=False)
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod_name, "namespace": namespace},
                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         self._core.create_namespaced_pod_binding(pod_name, namespace, binding, _preload_content=False)
