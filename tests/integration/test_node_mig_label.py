@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 import fakes.apiserver
 from agent.claims.types import ClaimRef
@@ -48,7 +49,7 @@ class MigNode:
         kubectl = shutil.which("kubectl")
         if kubectl is None:
             body = {"metadata": {"labels": {"nvidia.com/mig.config": value}}}
-            self.server.store.patch("Node", NODE, body)  # type: ignore[attr-defined]
+            client.CoreV1Api(self.api).patch_node(NODE, body)
             return
         done = subprocess.run(
             [kubectl, "--kubeconfig", str(self.kubeconfig), "label", "node", NODE,
