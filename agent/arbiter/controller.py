@@ -134,6 +134,10 @@ class Arbiter:
     def start(self) -> None:
         start_all(self._informers, self.config.sync_timeout_s)
 
+    def flush_events(self, timeout: float = 10.0) -> bool:
+        """Wait until the Events recorded so far are written (they are written in the background)."""
+        return self._recorder.flush(timeout) if self._recorder is not None else True
+
     def stop(self) -> None:
         for inf in self._informers:
             inf.stop()
@@ -273,13 +277,17 @@ class Arbiter:
                 self._tell(gang.pod_group, gang.namespace, job, "NotAdmitted", outcome.reason, type_="Warning")
 
     def _tell_waiting(self, world: World, waiting: Mapping[str, str]) -> None:
+        self._told = {k: v for k, v in self._told.items() if k[1] in waiting}  # admitted or gone: forget
         for job, reason in waiting.items():
             gang = world.gangs.get(job)
             if gang is None:
                 continue
-            if self._told.get(("gang", job)) == reason:
+            # once per kind of reason ("no fit", "over limit", ...): the numbers in it change every cycle, and
+            # an Event per gang per cycle would cost more API writes than the admissions themselves
+            kind = reason.split(":", 1)[0]
+            if self._told.get(("gang", job)) == kind:
                 continue
-            self._told[("gang", job)] = reason
+            self._told[("gang", job)] = kind
             self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason)
             for m in gang.members.values():
                 if m.node is None:
