@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -60,6 +61,7 @@ class ArbiterConfig:
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
     commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
+    status_period_s: float = 1.0  # Queue status is written at most this often
 
 
 @dataclass
@@ -126,6 +128,7 @@ class Arbiter:
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
         self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
         self._queue_status: dict[str, Any] = {}
+        self._status_written = -math.inf
         self.cycles = 0
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
 
@@ -307,6 +310,12 @@ class Arbiter:
             self._recorder.record(obj, kind, api_version, reason, message, type_=type_)
 
     def _write_queue_status(self, snapshot: Snapshot, result: CycleResult) -> None:
+        # at most once a second, as KAI's queue controller does it periodically: a busy cycle changes every
+        # queue's numbers, and a status write per queue per cycle would compete with the admissions
+        now = time.monotonic()
+        if now - self._status_written < self.config.status_period_s:
+            return
+        self._status_written = now
         for name, status in queue_statuses(snapshot, result).items():
             if self._queue_status.get(name) == status:
                 continue
