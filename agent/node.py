@@ -26,6 +26,9 @@ from agent.metrics import NodeMetrics
 from agent.nvml.health import HealthMonitor, parent_gpu_name, without_devices
 from agent.nvml.migctl import MigControl
 from agent.nvml.source import NvmlSource
+from agent.sharing.claims import ClaimSharing
+from agent.sharing.commands import DriverRoot, SubprocessRunner
+from agent.sharing.control import SharingControl
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
 
@@ -45,6 +48,7 @@ class NodeConfig:
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
+    driver_root: Path = Path("/")  # where nvidia-smi and nvidia-cuda-mps-control are installed
 
 
 class MeasuredPreparer:
@@ -115,6 +119,7 @@ class NodeAgent:
             is_healthy=self._healthy_by_events,
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
+            sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
         )
         self.plugin: KubeletPlugin | None = None
         self._threads: list[threading.Thread] = []

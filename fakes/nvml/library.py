@@ -752,13 +752,18 @@ class FakeLibrary:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, exited but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _shared_engines(gi_profile: Profile) -> dict[str, int]:
