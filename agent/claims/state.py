@@ -508,7 +508,8 @@ class ClaimStates:
             rolled_back.append(uid)
         if self.sharing is not None:  # after rollbacks: stop daemons of claims gone, adopt the others'
             adoption = self.sharing.reconcile({u for u, e in cp.claims.items() if e.state is ClaimState.COMPLETED})
-            log.info("sharing reconciled: %s", adoption)
+            log.info("sharing reconciled", extra={"mps_adopted": adoption.adopted, "mps_restarted": adoption.restarted,
+                                                   "sharing_undone": adoption.undone})  # fmt: skip
         restored = tuple(
             uid
             for uid, e in cp.claims.items()

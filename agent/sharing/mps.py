@@ -61,9 +61,10 @@ class MpsDaemons:
     def start(self, claim_uid: str, plan: MpsPlan) -> None:
         """Start the claim's daemon (or keep the one already serving its pipe directory) and set its limits."""
         dirs = self.dirs(claim_uid)
+        running = self.running(claim_uid)  # before the directories exist it costs no process
         for d in (dirs.pipe, dirs.log):
             d.mkdir(parents=True, exist_ok=True, mode=0o755)
-        if not self.running(claim_uid):
+        if not running:
             env = dirs.env() | {"CUDA_VISIBLE_DEVICES": ",".join(plan.devices)}
             checked(self.runner, MPS_CONTROL, ["-d"], env=env)
         commands = []

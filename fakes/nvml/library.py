@@ -279,6 +279,15 @@ class FakeLibrary:
 
     nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
 
+    def nvmlSystemGetProcessName(self, pid: Any, buf: Any, length: Any) -> None:
+        wanted = C.value(pid)
+        for gpu in self.gpus:
+            for p in gpu.processes:
+                if p.pid == wanted:
+                    C.put_string(buf, length, p.name or f"/usr/bin/process-{wanted}")
+                    return
+        raise NvmlFail(N.NVML_ERROR_NOT_FOUND)
+
     def nvmlDeviceGetCount_v2(self, ref: Any) -> None:
         C.put(ref, len(self.gpus))
 

@@ -76,6 +76,8 @@ class Daemon:
         self.log_path = root / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self.extra_args: tuple[str, ...] = ()  # more flags, e.g. --driver-root
+        self.env: dict[str, str] = {}  # more environment, e.g. FAKE_NVML_STATE
 
     @property
     def registration_socket(self) -> pathlib.Path:
@@ -91,11 +93,12 @@ class Daemon:
             "--node-name", self.node, "--nvml", MACHINE, "--kubeconfig", str(self.kubeconfig),
             "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
+            *self.extra_args,
         )  # fmt: skip
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.started_at = time.perf_counter()
-            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=clean_env(), cwd=REPO)
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=clean_env() | self.env, cwd=REPO)
         return self
 
     def logs(self) -> list[dict[str, Any]]:
