@@ -13,6 +13,7 @@ that come from elsewhere (an allocation, an older checkpoint).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -75,6 +76,7 @@ def parse_device_name(name: str) -> GpuName | MigName:
     return parsed
 
 
+@functools.lru_cache(maxsize=4096)  # compared against every held device on each prepare
 def canonical(name: str) -> str:
     """The canonical spelling of `name` (`gpu-01` -> `gpu-1`); a string that names no device is returned as
     is, so it matches no device."""

@@ -371,14 +371,18 @@ def test_recover_repairs_every_kind_of_leftover(node: Node, monkeypatch: pytest.
 
 def test_a_corrupt_checkpoint_fails_every_claim_and_is_kept(node: Node) -> None:
     ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
-    path = node.state_dir / "checkpoint.json"
+    path = node.state_dir / "claims" / "uid-1.json"
     damaged = path.read_bytes().replace(b"gpu-0", b"gpu-7")
     path.write_bytes(damaged)
     refs = [ClaimRef("default", "uid-1", "claim-uid-1"), node.add(claim("uid-2", ["gpu-1"]))]
     results = node.preparer().prepare(refs)
-    assert all("checksum mismatch" in r.error for r in results.values())
+    assert all(f"{path}: checksum mismatch" in r.error for r in results.values())
+    # The refusal says what to do about it.
+    assert all("move it aside to reset (the kubelet prepares its claims again)" in r.error for r in results.values())
     assert all("checksum mismatch" in e for e in node.preparer().unprepare(refs).values())
     assert path.read_bytes() == damaged  # evidence kept; prepared claims not forgotten
+    path.rename(node.root / "aside.json")  # the remedy: the kubelet prepares uid-1 again
+    assert all(not r.error for r in node.preparer().prepare(refs).values())
 
 
 def _hold_lock(path: str, ready: Any, release: Any) -> None:
@@ -415,11 +419,17 @@ def test_prepared_lists_devices_in_use(node: Node) -> None:
     assert sorted(d.device_name for d in preparer.prepared()) == ["gpu-0", MIG0]
 
 
-def test_checkpoint_file_is_json_with_the_boot_id(node: Node) -> None:
-    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
-    doc = json.loads((node.state_dir / "checkpoint.json").read_text())
+def test_each_claim_has_a_json_record_with_the_boot_id(node: Node) -> None:
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1"))])["uid-1"])
+    ok(preparer.prepare([node.add(claim("uid-2", ["gpu-1"]))])["uid-2"])
+    assert sorted(p.name for p in (node.state_dir / "claims").iterdir()) == ["uid-1.json", "uid-2.json"]
+    doc = json.loads((node.state_dir / "claims" / "uid-1.json").read_text())
+    assert doc["version"] == 2
     assert doc["data"]["nodeBootID"] == "boot-1"
-    assert doc["data"]["claims"]["uid-1"]["state"] == "PrepareCompleted"
+    assert doc["data"]["uid"] == "uid-1" and doc["data"]["state"] == "PrepareCompleted"
+    assert preparer.unprepare([ClaimRef("default", "uid-1", "claim-uid-1")]) == {"uid-1": ""}
+    assert [p.name for p in (node.state_dir / "claims").iterdir()] == ["uid-2.json"]
 
 
 @pytest.mark.parametrize("spelling", ["gpu-01", "gpu-001", "gpu-1\n"])
@@ -520,3 +530,54 @@ def test_a_malformed_config_list_is_a_bad_device_config(node: Node, config: list
     body["status"]["allocation"]["devices"]["config"] = config
     result = node.preparer().prepare([node.add(body)])["uid-1"]
     assert "bad device config" in result.error
+
+
+class TurnsReadOnly(cdi.CdiStore):
+    """A CDI root that turns read-only after `writable` spec writes: writes, and removals of existing
+    files, fail with EROFS as the kernel's would (a missing file is still ENOENT)."""
+
+    def __init__(self, root: pathlib.Path, writable: int) -> None:
+        super().__init__(root)
+        self.writable = writable
+
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> pathlib.Path:
+        if self.writable <= 0:
+            raise OSError(30, "Read-only file system", str(self.path(claim_uid)))
+        self.writable -= 1
+        return super().write(claim_uid, spec)
+
+    def remove(self, claim_uid: str) -> bool:
+        if self.writable <= 0 and self.path(claim_uid).exists():
+            raise OSError(30, "Read-only file system", str(self.path(claim_uid)))
+        return super().remove(claim_uid)
+
+
+def test_a_rollback_that_cannot_remove_the_spec_frees_the_claims_devices(node: Node) -> None:
+    # Tried: the CDI root turns read-only after the first spec of a batch is written, while uid-b's spec from
+    # an earlier attempt (the agent died after writing it) is still there, so its rollback cannot remove it.
+    preparer = node.preparer()
+    a, b = node.add(claim("uid-a", ["gpu-0"])), node.add(claim("uid-b", ["gpu-1"]))
+    cdi.CdiStore(node.cdi_root).write("uid-b", {"left": "by a crash"})
+    preparer.states.specs = readonly = TurnsReadOnly(node.cdi_root, writable=1)
+    results = preparer.prepare([a, b])
+    ok(results["uid-a"])  # the batch does not fail
+    assert "cannot write CDI spec" in results["uid-b"].error and "Read-only file system" in results["uid-b"].error
+    assert "cannot remove CDI spec" in results["uid-b"].error
+    assert node.checkpoint() == {"uid-a": ClaimState.COMPLETED}  # uid-b rolled back, not left half-prepared
+    readonly.writable = 1  # the root is writable again: gpu-1 is free for another claim
+    ok(preparer.prepare([node.add(claim("uid-c", ["gpu-1"]))])["uid-c"])
+    assert node.preparer().recover().removed_specs == ("uid-b",)  # the leftover goes at the next start
+
+
+def test_an_unprepare_that_cannot_remove_the_spec_is_that_claims_error_and_is_retried(node: Node) -> None:
+    preparer = node.preparer()
+    a, b = node.add(claim("uid-a", ["gpu-0"])), node.add(claim("uid-b", ["gpu-1"]))
+    assert not any(r.error for r in preparer.prepare([a, b]).values())
+    (node.cdi_root / cdi.spec_file_name("uid-b")).unlink()  # b's spec is gone: nothing read-only to remove
+    preparer.states.specs = readonly = TurnsReadOnly(node.cdi_root, writable=0)
+    errors = preparer.unprepare([a, b])
+    assert "Read-only file system" in errors["uid-a"] and errors["uid-b"] == ""
+    assert node.checkpoint() == {}
+    readonly.writable = 1
+    assert preparer.unprepare([a]) == {"uid-a": ""}  # the kubelet's retry removes the spec
+    assert node.spec_files() == set()
