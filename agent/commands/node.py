@@ -13,6 +13,8 @@ from types import FrameType
 from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.kube.errors import ApiError
+from agent.migconfig.files import load_mig_configs
+from agent.migconfig.spec import InvalidMigConfig
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, open_nvml
@@ -74,6 +76,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "nvidiaDriverRoot (env NVIDIA_DRIVER_ROOT)",
     )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
+    p.add_argument(
+        "--mig-config-file",
+        default=_env("MIG_CONFIG_FILE"),
+        help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's "
+        "(env MIG_CONFIG_FILE)",
+    )
+    p.add_argument(
+        "--mig-reconfigure",
+        action=argparse.BooleanOptionalAction,
+        default=_env("MIG_RECONFIGURE", "true") not in ("0", "false"),
+        help="apply the MIG config the node label nvidia.com/mig.config names (env MIG_RECONFIGURE)",
+    )
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -98,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 2
+    try:
+        mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
+    except InvalidMigConfig as exc:
+        print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
+        return 2
     config = NodeConfig(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -111,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         health_events=args.health_events,
         extra_ignored_xids=ignored_xids,
         driver_root=Path(args.driver_root),
+        mig_configs=mig_configs,
     )
     try:
         with open_nvml(args.nvml) as nvml:
