@@ -83,7 +83,6 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.extra_args: tuple[str, ...] = ()  # more flags, e.g. --driver-root
-        self.env: dict[str, str] = {}  # more environment, e.g. FAKE_NVML_STATE
 
     @property
     def registration_socket(self) -> pathlib.Path:

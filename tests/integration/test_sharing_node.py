@@ -289,10 +289,9 @@ def test_the_node_daemon_killed_with_9_finds_its_mps_daemon_again(tmp_path: path
         api = server.api_client()
         create_node(api)
         ref = allocate_with_config(api, "mps-claim", ["gpu-5"], opaque(sharing=MPS_HALF))
-        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"))
-        driver_root = install_driver_root(root / "driver-root").parents[1]
         state = root / "gpus.json"
-        daemon.env = {persist.ENV: str(state)}
+        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), env={persist.ENV: str(state)})
+        driver_root = install_driver_root(root / "driver-root").parents[1]
         daemon.extra_args = ("--driver-root", str(driver_root))
         pipe = daemon.state_dir / "mps" / ref.uid / "pipe"
         try:
