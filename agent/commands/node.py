@@ -77,6 +77,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
     p.add_argument(
+        "--reservation-addr",
+        default=_env("RESERVATION_ADDR", ""),
+        help="HOST:PORT to serve the arbiter's reservation API on, empty to disable (env RESERVATION_ADDR)",
+    )
+    p.add_argument(
+        "--reservation-token-file",
+        default=_env("RESERVATION_TOKEN_FILE", ""),
+        help="file holding the bearer token the arbiter presents (env RESERVATION_TOKEN_FILE)",
+    )
+    p.add_argument(
         "--mig-config-file",
         default=_env("MIG_CONFIG_FILE"),
         help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's "
@@ -112,6 +122,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 2
+    token = ""
+    if args.reservation_addr:
+        from agent.arbiter.node_service import TokenFileError, read_token, split_address
+
+        try:
+            split_address(args.reservation_addr)
+            if not args.reservation_token_file:
+                raise TokenFileError("--reservation-addr needs --reservation-token-file: no anonymous reservations")
+            token = read_token(args.reservation_token_file)
+        except ValueError as exc:
+            print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
+            return 2
     try:
         mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
     except InvalidMigConfig as exc:
@@ -130,6 +152,9 @@ def run(args: argparse.Namespace) -> int:
         health_events=args.health_events,
         extra_ignored_xids=ignored_xids,
         driver_root=Path(args.driver_root),
+        reservation_address=args.reservation_addr or None,
+        reservation_token=token,
+        node_ip=_env("NODE_IP"),
         mig_configs=mig_configs,
     )
     try:
@@ -150,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, on_signal)
             signal.signal(signal.SIGINT, on_signal)
             agent.run()
-    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError) as exc:
+    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError, OSError) as exc:
         print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
         return 1
     return 0
