@@ -74,11 +74,12 @@ class MeasuredPreparer:
         self._inner = inner
         self._metrics = metrics
         self._prepared = set(prepared)  # claim uids; kept here so the gauge costs no checkpoint read
+        self._lock = threading.Lock()
         metrics.prepared_claims.set(len(self._prepared))
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
         with self._metrics.prepare_seconds.labels("prepare").time():
-            results = self._inner.prepare(claims)
+            results = self._inner.prepare(claims, timeout=timeout)
         failed = {uid for uid, r in results.items() if r.error}
         self._update("prepare", failed, added=set(results) - failed)
         return results
@@ -95,9 +96,10 @@ class MeasuredPreparer:
     ) -> None:
         if failed:
             self._metrics.errors.labels(operation).inc(len(failed))
-        self._prepared |= added
-        self._prepared -= removed
-        self._metrics.prepared_claims.set(len(self._prepared))
+        with self._lock:  # prepare and unprepare may run at once
+            self._prepared |= added
+            self._prepared -= removed
+            self._metrics.prepared_claims.set(len(self._prepared))
 
 
 class NodeAgent:

@@ -124,10 +124,11 @@ class FakeCluster:
         self.agents[name] = agent
         return agent
 
-    def arbiter(self, config: ArbiterConfig | None = None, *, start: bool = True) -> Arbiter:
+    def arbiter(self, config: ArbiterConfig | None = None, *, start: bool = True,
+                clock: Callable[[], float] = time.time) -> Arbiter:
         """An arbiter in this process, running its cycles in a thread (stopped with the cluster)."""
         arbiter = Arbiter(self.rest, self.token, config or ArbiterConfig(period_s=0.2),
-                          recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"))
+                          recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"), clock=clock)
         arbiter.start()
         stop = threading.Event()
         thread = threading.Thread(target=arbiter.run, args=(stop,), name="arbiter", daemon=True)

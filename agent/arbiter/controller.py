@@ -20,16 +20,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 
 from agent.arbiter.committing import Committer, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
-from agent.arbiter.core.model import Snapshot
+from agent.arbiter.core.model import Fairness, Snapshot, Vector
+from agent.arbiter.core.usage import Accumulator
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.queue_status import queue_statuses
+from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
 from agent.arbiter.reservation import NodeClient
 from agent.arbiter.reservation_grpc import GrpcNodeClient
 from agent.arbiter.waiting import wait_reasons
@@ -60,6 +62,9 @@ class ArbiterConfig:
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
     commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
+    # time-aware fair share: past usage decays with this half-life (seconds); None: plain fair share
+    usage_half_life_s: float | None = None
+    k_value: float = 1.0  # how strongly past usage shifts the over-quota division (KAI's kValue)
 
 
 @dataclass
@@ -126,6 +131,8 @@ class Arbiter:
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
         self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
         self._queue_status: dict[str, Any] = {}
+        self._usage: dict[str, Accumulator] = {}  # per queue, advanced every cycle
+        self._usage_state: dict[str, dict[str, Any]] = {}  # per queue, as last persisted in its status
         self.cycles = 0
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
 
@@ -169,6 +176,8 @@ class Arbiter:
             self._changed.set()  # decide on the repaired state next
             return report
         snapshot = world.snapshot
+        if self.config.usage_half_life_s is not None:
+            snapshot = self._with_usage(snapshot, now)
         started = time.perf_counter()
         result = run_cycle(snapshot, self.config.actions)
         seconds = time.perf_counter() - started
@@ -182,7 +191,7 @@ class Arbiter:
         with self._timed("events and status"):
             report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
             self._tell_waiting(world, report.waiting)
-            self._write_queue_status(snapshot, result)
+            self._write_queue_status(snapshot, result, now)
         if self.metrics is not None:
             self.metrics.record(cycle_values(result, now, seconds))
         return report
@@ -298,8 +307,30 @@ class Arbiter:
         if self._recorder is not None:
             self._recorder.record(obj, kind, api_version, reason, message, type_=type_)
 
-    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult) -> None:
-        for name, status in queue_statuses(snapshot, result).items():
+    def _with_usage(self, snapshot: Snapshot, now: float) -> Snapshot:
+        """Fold the time since the last cycle into every queue's decayed usage (resumed from its status after
+        a restart) and hand the normalised usage to the fair-share division."""
+        holding, total = held(snapshot), capacity(snapshot)
+        usage: dict[str, Vector] = {}
+        for q in snapshot.queues:
+            acc = self._usage.get(q.name)
+            if acc is None:
+                acc = from_status((self.queues.get("", q.name) or {}).get("status"))
+            acc = acc.advance(now, holding.get(q.name, (0.0, 0.0, 0.0)), total, self.config.usage_half_life_s)
+            self._usage[q.name] = acc
+            usage[q.name] = acc.usage
+        return replace(snapshot, fairness=Fairness(usage=usage, k_value=self.config.k_value))
+
+    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float) -> None:
+        statuses = queue_statuses(snapshot, result)
+        for name, acc in self._usage.items():
+            if name not in statuses:
+                continue
+            kept = self._usage_state.get(name)
+            if kept is None or now - _updated_at(kept) >= PERSIST_EVERY_S:
+                kept = self._usage_state[name] = to_status(acc)
+            statuses[name] = {**statuses[name], "usage": shown(acc), "usageState": kept}
+        for name, status in statuses.items():
             if self._queue_status.get(name) == status:
                 continue
             try:
@@ -307,6 +338,10 @@ class Arbiter:
                 self._queue_status[name] = status
             except ApiError as e:
                 log.debug("queue %s status not written: %s", name, e)
+
+
+def _updated_at(state: Mapping[str, Any]) -> float:
+    return from_status({"usageState": state}).at or 0.0
 
 
 def _seen(inf: Informer, write: Write) -> bool:

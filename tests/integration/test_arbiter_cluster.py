@@ -279,3 +279,28 @@ def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(clust
 def _leads(proc: subprocess.Popen[bytes], holder: str) -> bool:
     """Whether `proc` holds the Lease: an arbiter's identity is `<hostname>_<pid>_<random>`."""
     return f"_{proc.pid}_" in holder
+
+
+def test_time_aware_usage_is_kept_in_the_queue_status_and_survives_a_restart(cluster: FakeCluster) -> None:
+    # team-a holds all 16 GPUs for an hour; its decayed usage goes into its Queue's status, and a new arbiter
+    # (a restart, or a new leader) resumes from it instead of starting from nothing
+    cluster.gang(NS, "train", "team-a", pods=2, gpus=8)
+    now = [1_900_000_000.0]
+    config = ArbiterConfig(period_s=0.2, usage_half_life_s=3600.0)
+    first = cluster.arbiter(config, start=False, clock=lambda: now[0])
+    wait_for(lambda: first.cycle() and len(running(cluster, "train-")) == 2, what="gang running")
+    now[0] += 3600
+    first.cycle()
+    status = wait_for(lambda: (cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("usage"),
+                      what="usage in the queue status")
+    assert status["gpu"] > 0.9  # all of the cluster's GPUs for the whole hour
+    state = cluster.rest.get(QUEUES, None, "team-a")["status"]["usageState"]
+    assert state["possible"]["gpu"] > 0 and state["updatedAt"]
+    cluster.stop_arbiters()
+
+    now[0] += 10
+    second = cluster.arbiter(config, start=False, clock=lambda: now[0])
+    report = second.cycle()
+    assert report.result is not None
+    assert report.result.usage["team-a"][0] > 0.9  # resumed, not a fresh start
+    assert report.result.usage.get("team-b", (0.0,))[0] == 0.0

@@ -190,3 +190,41 @@ def test_requests_the_arbiter_does_not_handle_are_refused(exactly: dict[str, Any
     c = {"spec": {"devices": {"requests": [{"name": "r", "exactly": exactly}]}}}
     with pytest.raises(Unsupported):
         reservation_claim(c)
+
+
+# -- every DRA claim counts toward its queue, once, as allocated ------------------------------------------
+
+
+def test_a_claim_shared_by_several_pods_counts_once() -> None:
+    # two running pods of one gang share a 2-GPU claim (KAI would count it per pod: 4)
+    a = pod("a", "shared", gated=False, node_name="n0", group="g")
+    b = pod("b", "shared", gated=False, node_name="n0", group="g")
+    w = world([a, b], [claim("shared", 2, "n0", ("gpu-0", "gpu-1"), "a")], [pod_group("g", 2)])
+    (job,) = w.snapshot.jobs
+    assert sum(p.gpu_milli for p in job.pods) == 2000
+
+
+def test_a_first_available_claim_counts_what_was_allocated() -> None:
+    # asks for 8 GPUs or else 4; 4 were allocated: the queue holds 4, not the first choice's 8
+    c = claim("flex", 1, "n0", ("gpu-0", "gpu-1", "gpu-2", "gpu-3"), "r")
+    c["spec"]["devices"]["requests"] = [{"name": "gpus", "firstAvailable": [
+        {"name": "eight", "deviceClassName": "gpu.nvidia.com", "count": 8},
+        {"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4}]}]
+    for r in c["status"]["allocation"]["devices"]["results"]:
+        r["request"] = "gpus/four"
+    w = world([pod("r", "flex", gated=False, node_name="n0")], [c])
+    (job,) = w.snapshot.jobs
+    assert [p.gpu_milli for p in job.pods] == [4000]
+
+
+def test_a_mig_device_counts_as_its_share_of_a_gpu() -> None:
+    n, s = node("n0", 1)
+    s["spec"]["devices"][0].update(attributes={"type": {"string": "gpu"}, "uuid": {"string": "GPU-1"}},
+                                   capacity={"memory": {"value": "80Gi"}})
+    s["spec"]["devices"].append({"name": "gpu-0-mig-1g10gb-19-0", "attributes": {
+        "type": {"string": "mig"}, "parentUUID": {"string": "GPU-1"}}, "capacity": {"memory": {"value": "10Gi"}}})
+    c = claim("slice", 1, "n0", ("gpu-0-mig-1g10gb-19-0",), "r")
+    w = build_world(pods=[pod("r", "slice", gated=False, node_name="n0")], claims=[c], pod_groups=[],
+                    queues=[queue("root"), queue("team-a", "root", 8)], nodes=[n], slices=[s], driver=DRIVER, now=NOW)
+    (job,) = w.snapshot.jobs
+    assert [p.gpu_milli for p in job.pods] == [125]
