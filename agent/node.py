@@ -22,7 +22,7 @@ from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.node_status import NodeStatus, node_labels
-from agent.kube.nodes import node_uid
+from agent.kube.nodes import NodeLabelWatch, node_uid
 from agent.kube.rest import Rest
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
@@ -64,7 +64,6 @@ class NodeConfig:
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
-    label_poll_s: float = 1.0  # how often the Node's labels are read for a new nvidia.com/mig.config
 
 
 class MeasuredPreparer:
@@ -205,7 +204,8 @@ class NodeAgent:
         self._spawn("health-publish", self._health_publish_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
-            self._spawn("node-labels", self._label_loop)
+            # Not joined at shutdown: a watch blocks until its next event; the process ends it.
+            threading.Thread(target=self._watch_labels, name="node-labels", daemon=True).start()
             if labels is not None:
                 self._mig.offer(labels)
 
@@ -334,11 +334,11 @@ class NodeAgent:
         if self._mig is not None:
             self._mig.run(self._stop)
 
-    def _label_loop(self) -> None:
-        while not self._stop.wait(self.config.label_poll_s):
-            labels = self._node_labels()
-            if labels is not None and self._mig is not None:
-                self._mig.offer(labels)
+    def _watch_labels(self) -> None:
+        """The Node's labels to the MIG reconciler: each change of nvidia.com/mig.config starts a change."""
+        mig = self._mig
+        if mig is not None:
+            NodeLabelWatch(self._api, self.config.node_name, mig.offer).run(self._stop)
 
     def _reconfiguring(self, device_name: str) -> bool:
         """Whether the device is on a GPU a MIG reconfiguration is changing (prepare refuses it)."""

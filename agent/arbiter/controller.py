@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -62,6 +63,7 @@ class ArbiterConfig:
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
     commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
+    status_period_s: float = 1.0  # Queue status is written at most this often
     # time-aware fair share: past usage decays with this half-life (seconds); None: plain fair share
     usage_half_life_s: float | None = None
     k_value: float = 1.0  # how strongly past usage shifts the over-quota division (KAI's kValue)
@@ -131,6 +133,7 @@ class Arbiter:
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
         self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
         self._queue_status: dict[str, Any] = {}
+        self._status_written = -math.inf
         self._usage: dict[str, Accumulator] = {}  # per queue, advanced every cycle
         self._usage_state: dict[str, dict[str, Any]] = {}  # per queue, as last persisted in its status
         self.cycles = 0
@@ -140,6 +143,10 @@ class Arbiter:
 
     def start(self) -> None:
         start_all(self._informers, self.config.sync_timeout_s)
+
+    def flush_events(self, timeout: float = 10.0) -> bool:
+        """Wait until the Events recorded so far are written (they are written in the background)."""
+        return self._recorder.flush(timeout) if self._recorder is not None else True
 
     def stop(self) -> None:
         for inf in self._informers:
@@ -282,13 +289,17 @@ class Arbiter:
                 self._tell(gang.pod_group, gang.namespace, job, "NotAdmitted", outcome.reason, type_="Warning")
 
     def _tell_waiting(self, world: World, waiting: Mapping[str, str]) -> None:
+        self._told = {k: v for k, v in self._told.items() if k[1] in waiting}  # admitted or gone: forget
         for job, reason in waiting.items():
             gang = world.gangs.get(job)
             if gang is None:
                 continue
-            if self._told.get(("gang", job)) == reason:
+            # once per kind of reason ("no fit", "over limit", ...): the numbers in it change every cycle, and
+            # an Event per gang per cycle would cost more API writes than the admissions themselves
+            kind = reason.split(":", 1)[0]
+            if self._told.get(("gang", job)) == kind:
                 continue
-            self._told[("gang", job)] = reason
+            self._told[("gang", job)] = kind
             self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason)
             for m in gang.members.values():
                 if m.node is None:
@@ -322,6 +333,11 @@ class Arbiter:
         return replace(snapshot, fairness=Fairness(usage=usage, k_value=self.config.k_value))
 
     def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float) -> None:
+        # at most once a second, as KAI's queue controller does it periodically: a busy cycle changes every
+        # queue's numbers, and a status write per queue per cycle would compete with the admissions
+        if 0 <= now - self._status_written < self.config.status_period_s:
+            return
+        self._status_written = now
         statuses = queue_statuses(snapshot, result)
         for name, acc in self._usage.items():
             if name not in statuses:

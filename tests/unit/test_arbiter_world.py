@@ -192,6 +192,38 @@ def test_requests_the_arbiter_does_not_handle_are_refused(exactly: dict[str, Any
         reservation_claim(c)
 
 
+def test_queue_status_rolls_children_up_into_their_parent() -> None:
+    from agent.arbiter.core.cycle import run_cycle
+    from agent.arbiter.queue_status import queue_statuses
+
+    running = pod("r", "held", gated=False, node_name="n0")
+    waiting = pod("w", "wants")
+    w = world([running, waiting], [claim("held", 2, "n0", ("gpu-0", "gpu-1"), "r"), claim("wants", 4)])
+    status = queue_statuses(w.snapshot, run_cycle(w.snapshot))
+    assert status["root"]["childQueues"] == ["team-a"] and status["team-a"]["childQueues"] == []
+    assert status["team-a"]["requested"]["gpu"] == status["root"]["requested"]["gpu"] == 6
+    assert status["team-a"]["allocated"]["gpu"] == 6  # the waiting pod fits: bound this cycle
+    assert status["team-a"]["allocatedNonPreemptible"]["gpu"] == 0  # priority 0: preemptible
+    assert status["team-a"]["fairShare"]["gpu"] == 6
+
+
+@pytest.mark.parametrize(("queues", "pods", "groups", "reason"), [
+    ([queue("root"), queue("team-a", "root", 8, )], [pod("p", "c24")], [], "no fit: the gang needs 24 GPUs"),
+    ([queue("root"), {**queue("team-a", "root", 2), "spec": {"parentQueue": "root", "resources": {
+        "gpu": {"quota": 2, "limit": 4}}}}], [pod("p", "c24")], [], "over limit: queue team-a"),
+    ([queue("root"), queue("team-a", "root", 8)], [pod("p", "c1", group="g")], [pod_group("g", 3)],
+     "waiting for 2 more pod(s) of the gang (minCount 3)"),
+], ids=["no-fit", "over-limit", "gang-incomplete"])
+def test_why_a_gang_waits(queues: list[Any], pods: list[Any], groups: list[Any], reason: str) -> None:
+    from agent.arbiter.core.cycle import run_cycle
+    from agent.arbiter.waiting import wait_reasons
+
+    claims = [claim("c24", 24), claim("c1", 1)]
+    w = world(pods, claims, groups, queues=queues)
+    reasons = wait_reasons(w.snapshot, run_cycle(w.snapshot))
+    assert list(reasons.values())[0].startswith(reason)
+
+
 # -- every DRA claim counts toward its queue, once, as allocated ------------------------------------------
 
 
