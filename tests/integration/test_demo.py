@@ -68,6 +68,13 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     cdi_dirs = re.findall(r"CDI dir of \S+: (.*)", out)
     assert cdi_dirs
     assert set(cdi_dirs) == {"empty"}
+    # the device-plugin-style pod: nvidia.com/gpu through the scheduler's own claim, prepared like any other
+    found = re.search(r"pod device-plugin-style-pod \(nvidia.com/gpu: 1\) bound to (\S+); claim "
+                      r"(device-plugin-style-pod-extended-resources-\w+) made by the scheduler", out)
+    assert found, out
+    assert "ctr: nvidia.com/gpu -> request container-0-request-0" in out
+    assert re.search(r"gpu-\d+\s+container-0-request-0\s+k8s\.gpu\.nvidia\.com/claim=", out)
+    assert "pod device-plugin-style-pod done: claim unprepared and deallocated" in out
     # The MIG relabel on the DGX H100 node: devices before and after, as the slices show them.
     relabel = out[out.index("nvidia.com/mig.config=all-1g.10gb") :]
     assert re.search(r"nvidia\.com/mig\.config\.state: (\S+ -> )*pending -> success", relabel)
