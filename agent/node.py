@@ -35,6 +35,9 @@ from agent.nvml.health import HealthMonitor, device_taint, parent_gpu_name, with
 from agent.nvml.migctl import MigControl
 from agent.nvml.migmode import MigReconfiguration
 from agent.nvml.source import NvmlSource
+from agent.sharing.claims import ClaimSharing
+from agent.sharing.commands import DriverRoot, SubprocessRunner
+from agent.sharing.control import SharingControl
 from agent.slices.build import Json, pool_content
 from agent.slices.publisher import Publisher, PublishResult
 from agent.slices.versions import rules_for
@@ -58,6 +61,7 @@ class NodeConfig:
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
+    driver_root: Path = Path("/")  # where nvidia-smi and nvidia-cuda-mps-control are installed
     reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
@@ -142,6 +146,7 @@ class NodeAgent:
             is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
+            sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None

@@ -31,6 +31,7 @@ from agent.demo.kubectl import Json, Kubectl, KubectlError
 from agent.demo.node import DRIVER, DemoError, DemoNode
 from agent.demo.queues import run_queue_scene
 from fakes.kubelet import KubeletError
+from fakes.nvml.binaries import install_driver_root
 from fakes.scheduler import FakeScheduler, Unsatisfiable
 
 NAMESPACE = "default"
@@ -102,10 +103,13 @@ class Demo:
             f"  API server fake  {server.url}",
             f"  DeviceClasses    {', '.join(classes)}  (from {self.manifests / 'base' / 'deviceclasses.yaml'})",
         )
+        driver_root = self.workdir / "driver-root"
+        install_driver_root(driver_root)  # fake nvidia-smi and nvidia-cuda-mps-control for TimeSlicing and MPS
         for i, machine in enumerate(self.machines):
             name = f"node-{i}-{machine}"
             kubectl.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-            node = DemoNode(name, machine, self.workdir / name, kubeconfig, verbose=self.verbose)
+            node = DemoNode(name, machine, self.workdir / name, kubeconfig, driver_root=driver_root,
+                            verbose=self.verbose)  # fmt: skip
             self.stack.callback(node.close)  # kill the agent whatever happens below
             self.nodes[name] = node
             node.start()
@@ -207,6 +211,7 @@ class Demo:
             results = self._prepare(placed)
             for claim in placed:
                 _say(*report.prepared_claim(claim, results[claim["metadata"]["uid"]]))
+                self._show_sharing(claim, results[claim["metadata"]["uid"]])
             for claim, why in waiting:
                 _say(f"  {claim['metadata']['name']}: waits for the next round: {why}")
             failed = [c["metadata"]["name"] for c in placed if results[c["metadata"]["uid"]].error]
@@ -271,6 +276,14 @@ class Demo:
             results.update(node.kubelet.prepare(DRIVER, [_ref(claim)]))
         return results
 
+    def _show_sharing(self, claim: Json, result: PrepareResult) -> None:
+        """For a claim with a sharing config: what is in force on the node now (not what was asked)."""
+        if result.error or not report.sharing(claim):
+            return
+        node = self.nodes[report.node_of(claim)]
+        lines = node.sharing_report(claim["metadata"]["uid"], [d.device_name for d in result.devices])
+        _say("      on the node:", *(f"        {line}" for line in lines))
+
     def _show_cdi(self, claim: Json) -> None:
         node = self.nodes[report.node_of(claim)]
         path = node.cdi_root / cdi.spec_file_name(claim["metadata"]["uid"])
@@ -285,6 +298,10 @@ class Demo:
             errors = node.kubelet.unprepare(DRIVER, [_ref(claim)])
             if any(errors.values()):
                 raise DemoError(f"unprepare of {claim['metadata']['name']} failed: {errors}")
+            if report.sharing(claim):
+                devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+                lines = node.sharing_report(claim["metadata"]["uid"], devices)
+                _say(f"  {claim['metadata']['name']} unprepared; on the node:", *(f"    {line}" for line in lines))
             self.scheduler.deallocate(NAMESPACE, claim["metadata"]["name"])
         left = {n.name: sorted(p.name for p in n.cdi_root.iterdir()) for n in self.nodes.values()}
         names = ", ".join(c["metadata"]["name"] for c in claims)
