@@ -19,7 +19,7 @@ from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Inventory
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
-from agent.kube.nodes import node_uid
+from agent.kube.nodes import NodeInfo, NodeWatcher
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
@@ -30,6 +30,8 @@ from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
 
 log = logging.getLogger(__name__)
+
+NODE_SYNC_TIMEOUT_S = 10.0  # how long start-up waits for the first read of the Node
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,10 @@ class NodeAgent:
             config.node_name,
             config.driver_name,
             partitionable=config.partitionable,
-            node_uid=node_uid(self._api, config.node_name),
         )
+        # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
+        self._node = NodeWatcher(self._api, config.node_name)
+        self._node.subscribe(self._on_node_changed)
         self._preparer = ClaimPreparer(
             node_name=config.node_name,
             driver_name=config.driver_name,
@@ -124,6 +128,11 @@ class NodeAgent:
         return self._inventory
 
     @property
+    def node(self) -> NodeWatcher:
+        """This node's Node object, watched: subscribe to hear of uid and label changes."""
+        return self._node
+
+    @property
     def preparer(self) -> Preparer:
         return self._preparer
 
@@ -131,6 +140,8 @@ class NodeAgent:
         recovery = self._preparer.recover()
         log.info("claim checkpoint ready", extra={"recovery": str(recovery)})
         self._record_health(self._inventory)
+        self._node.start()
+        self._node.wait_synced(NODE_SYNC_TIMEOUT_S)  # else the publisher reads the uid itself
         self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
         measured = MeasuredPreparer(self._preparer, self.metrics, set(self._preparer.states.load().claims))
         self.plugin = KubeletPlugin(
@@ -163,6 +174,8 @@ class NodeAgent:
         """Stop serving and remove the sockets. Slices stay: a restarting agent keeps its pool visible."""
         self._stop.set()
         self._health_changed.set()  # wakes the health-publish thread to see the stop
+        self._publisher.wake()  # and the resync loop
+        self._node.stop()
         if self._monitor is not None:
             self._monitor.stop()  # before the NVML session closes
         if self.plugin is not None:
@@ -205,6 +218,16 @@ class NodeAgent:
             on_result=self._on_published,
             on_error=lambda exc: self.metrics.publish_errors.inc(),
         )
+
+    def _on_node_changed(self, node: NodeInfo) -> None:
+        """From the Node watch thread: note the owner, republish from the resync loop (no API I/O here)."""
+        if node.uid is None:
+            log.warning(
+                "there is no Node named %s: check --node-name; slices are published without an owner",
+                self.config.node_name,
+            )
+        if self._publisher.set_node_uid(node.uid):
+            self._publisher.wake()
 
     def _on_published(self, result: PublishResult) -> None:
         self.metrics.published_devices.set(result.devices)

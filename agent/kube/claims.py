@@ -21,8 +21,6 @@ class KubeClaimSource:
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
         # Raw JSON, not the client's models: opaque config parameters and fields newer than this client
         # arrive exactly as the server sent them, and skipping model decoding keeps prepare fast.
-        response: Any = errors.call(
-            lambda: self._resource.read_namespaced_resource_claim(name, namespace, **RAW)
-        )
+        response: Any = errors.call(lambda: self._resource.read_namespaced_resource_claim(name, namespace, **RAW))
         claim: Mapping[str, Any] = json.loads(response.data)
         return claim

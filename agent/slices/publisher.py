@@ -73,10 +73,12 @@ class Publisher:
         self.driver = driver_name
         self._partitionable = partitionable
         self._node_uid = node_uid
+        self._owner_known = node_uid is not None  # else looked up once, at the first write
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
         self._sleep = sleep
         self._lock = threading.Lock()
+        self._wake = threading.Event()
         self._inventory: Inventory | None = None
         self._published: tuple[SliceContent, ...] | None = None
         self._generation = 0
@@ -90,6 +92,17 @@ class Publisher:
     @property
     def published_devices(self) -> int:
         return self._last.devices
+
+    def set_node_uid(self, uid: str | None) -> bool:
+        """The Node's uid as watched (None: no Node object); True when it changed, and the slices need a
+        resync to carry the new owner (a Node deleted and created again has a new uid, and a real cluster's
+        garbage collector deletes slices owned by the old one)."""
+        with self._lock:
+            changed = uid != self._node_uid or not self._owner_known
+            self._node_uid, self._owner_known = uid, True
+            if changed:
+                self._published = None  # the next publish writes even if the content is the same
+            return changed
 
     def publish(self, inventory: Inventory) -> PublishResult:
         """Make the API match `inventory`; no request at all when its content was already published."""
@@ -109,6 +122,10 @@ class Publisher:
                 return self._last
             return self._reconcile(self._content())
 
+    def wake(self) -> None:
+        """Have `run` resync now instead of at the end of its interval (the Node or a slice changed)."""
+        self._wake.set()
+
     def run(
         self,
         stop: threading.Event,
@@ -117,8 +134,10 @@ class Publisher:
         on_result: Callable[[PublishResult], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        """Resync every `interval_s` until `stop` is set; any failure is reported and retried next round."""
+        """Resync every `interval_s` and on each `wake()` until `stop` is set; any failure is reported and
+        retried next round."""
         while not stop.is_set():
+            self._wake.clear()  # a wake from now on asks for another pass
             try:
                 result = self.resync(inventory_source())
             except Exception as exc:  # this loop is what repairs the slices: it must outlive any failure
@@ -131,7 +150,16 @@ class Publisher:
             else:
                 if on_result:
                     on_result(result)
-            stop.wait(interval_s)
+            self._pause(stop, interval_s)
+
+    def _pause(self, stop: threading.Event, seconds: float) -> None:
+        """Until `seconds` passed, `stop` is set or `wake()` is called (stop is looked at 4 times a second)."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(min(left, 0.25))
 
     # --- internals (called with the lock held) ---------------------------------------------------------
 
@@ -172,7 +200,9 @@ class Publisher:
         devices = sum(len(c.devices) for c in content)
         desired = self._slices(content, current)
         if desired.keys() == existing.keys() and all(
-            _canonical(desired[n]["spec"]) == _canonical(existing[n]["spec"]) for n in desired
+            _canonical(desired[n]["spec"]) == _canonical(existing[n]["spec"])
+            and _owners(desired[n]) == _owners(existing[n])
+            for n in desired
         ):
             self._generation = current
             return PublishResult(devices, len(desired), current)
@@ -194,19 +224,29 @@ class Publisher:
             deleted += 1
         log.info(
             "published ResourceSlices for pool %s generation %d: %d devices, %d created, %d updated, %d deleted",
-            self.node_name, generation, devices, created, updated, deleted,
+            self.node_name,
+            generation,
+            devices,
+            created,
+            updated,
+            deleted,
         )
         return PublishResult(devices, len(desired), generation, created, updated, deleted)
 
     def _slices(self, content: tuple[SliceContent, ...], generation: int) -> dict[str, Json]:
-        if self._node_uid is None and self._api_client is not None:
+        if not self._owner_known and self._api_client is not None:
             from agent.kube.nodes import node_uid
 
             self._node_uid = node_uid(self._api_client, self.node_name)
+            self._owner_known = True
         objs = resource_slices(
             content, node_name=self.node_name, driver=self.driver, generation=generation, node_uid=self._node_uid
         )
         return {o["metadata"]["name"]: o for o in objs}
+
+
+def _owners(obj: Json) -> list[tuple[str, str]]:
+    return [(str(r.get("kind")), str(r.get("uid"))) for r in obj.get("metadata", {}).get("ownerReferences") or []]
 
 
 def _generation(obj: Json) -> int:
