@@ -19,6 +19,8 @@ _SCALE = {k: Fraction(2**e) for k, e in _BINARY.items()} | {k: Fraction(10) ** e
 SYNTAX = f"a number with an optional suffix {_SUFFIX.replace('|', ', ')} or exponent, e.g. 40Gi, 500M, 250m, 1e3"
 # Far beyond any real quantity (Kubernetes' own limit is near 2**63); bounds the work `1e999999999` would cost.
 MAX_EXPONENT = 1000
+# Digits of the number itself, for the same reason (and Python refuses int() of 4300+ digits with a ValueError).
+MAX_DIGITS = 100
 
 
 class QuantityError(ValueError):
@@ -44,6 +46,8 @@ class Quantity(Fraction):
         if m is None:
             raise QuantityError(text)
         number, exponent, suffix = m.groups()
+        if len(number) > MAX_DIGITS:
+            raise QuantityError(f"{written[:20]}...", f"it has more than {MAX_DIGITS} digits")
         if exponent is not None and abs(int(exponent)) > MAX_EXPONENT:
             raise QuantityError(text, f"its exponent is beyond ±{MAX_EXPONENT}")
         scale = Fraction(10) ** int(exponent) if exponent is not None else _SCALE[suffix or ""]

@@ -17,7 +17,7 @@ from agent.allocation.cel import device_variable
 from agent.allocation.fragmentation import MILLI
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
-from agent.devices.names import gpu_device_name, mig_device_name
+from agent.devices.names import canonical, gpu_device_name, mig_device_name
 from agent.slices import build as slice_devices
 from agent.slices.build import DEFAULT_DRIVER
 
@@ -28,13 +28,25 @@ MIG_CLASS = "mig.nvidia.com"
 
 @dataclass(frozen=True)
 class NodeUsage:
-    """What is taken on one node, by device name. `shared_milli`: GPU fraction used on shared GPUs."""
+    """What is taken on one node, by device name. `shared_milli`: GPU fraction used on shared GPUs.
+
+    Names are kept in their canonical spelling: an allocation written `gpu-01` takes `gpu-1`, the device it
+    names, not a device of its own that the allocator would never offer."""
 
     allocated: frozenset[str] = frozenset()
     prepared: frozenset[str] = frozenset()
     reserved: frozenset[str] = frozenset()
     unhealthy: frozenset[str] = frozenset()
     shared_milli: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("allocated", "prepared", "reserved", "unhealthy"):
+            names: frozenset[str] = getattr(self, name)
+            object.__setattr__(self, name, frozenset(map(canonical, names)))
+        shared: dict[str, int] = {}
+        for device, milli in self.shared_milli.items():
+            shared[canonical(device)] = shared.get(canonical(device), 0) + milli
+        object.__setattr__(self, "shared_milli", shared)
 
     @cached_property
     def taken(self) -> frozenset[str]:  # asked once per device and placement: computed once

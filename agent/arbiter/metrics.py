@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 
 from agent.arbiter.core.cycle import CycleResult, fair_share_in_units
+from agent.arbiter.core.model import RESOURCES
 
 QUEUE_DEPTH = "gpu_arbiter_queue_depth"
 TIME_TO_ADMISSION = "gpu_arbiter_time_to_admission_seconds"
@@ -23,6 +24,8 @@ PREEMPTIONS = "gpu_arbiter_preemptions_total"
 RECLAIMS = "gpu_arbiter_reclaims_total"
 CONSOLIDATIONS = "gpu_arbiter_consolidation_moves_total"
 CYCLE_DURATION = "gpu_arbiter_cycle_duration_seconds"
+USAGE = "gpu_arbiter_queue_usage"
+PROTECTED = "gpu_arbiter_protected_jobs"
 
 # waits from seconds to days: gangs can queue for a long time
 ADMISSION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 24 * 3600)
@@ -41,6 +44,8 @@ class CycleValues:
     consolidation_moves: Mapping[str, int]  # queue -> pods moved by consolidation this cycle
     admission_waits: tuple[tuple[str, float], ...]  # (queue, seconds from creation to admission)
     cycle_seconds: float
+    usage: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (queue, resource) -> 0..1
+    protected: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (queue, protection) -> jobs
 
 
 def cycle_values(result: CycleResult, now: float, cycle_seconds: float) -> CycleValues:
@@ -57,6 +62,8 @@ def cycle_values(result: CycleResult, now: float, cycle_seconds: float) -> Cycle
         consolidation_moves=dict(by_cause["consolidate"]),
         admission_waits=tuple((a.queue, max(0.0, now - a.created_at)) for a in result.admissions),
         cycle_seconds=cycle_seconds,
+        usage={(q, r): v for q, vector in result.usage.items() for r, v in zip(RESOURCES, vector, strict=True)},
+        protected=dict(result.protected),
     )
 
 
@@ -83,6 +90,11 @@ class ArbiterMetrics:
                                     ["queue"], registry=registry)
         self.consolidation_moves = PromCounter(CONSOLIDATIONS, "Pods moved to defragment nodes.",
                                                ["queue"], registry=registry)
+        self.usage = Gauge(USAGE, "Time-aware fair share: a queue's decayed past usage as a share of the cluster "
+                           "(0..1).", ["queue", "resource"], registry=registry)
+        self.protected = Gauge(PROTECTED, "Jobs a protection shields this cycle (preemptMinRuntime, "
+                               "reclaimMinRuntime: too young to be victims; preemptionDelay: may not evict yet).",
+                               ["queue", "protection"], registry=registry)
         self.cycle_duration = Histogram(CYCLE_DURATION, "Seconds one arbiter cycle took, snapshot to decisions.",
                                         buckets=CYCLE_BUCKETS, registry=registry)
 
@@ -97,6 +109,11 @@ class ArbiterMetrics:
                                 (self.consolidation_moves, values.consolidation_moves)):
             for queue, n in counts.items():
                 counter.labels(queue=queue).inc(n)
+        for (queue, resource), v in values.usage.items():
+            self.usage.labels(queue=queue, resource=resource).set(v)
+        self.protected.clear()  # a protection that ended must not linger
+        for (queue, protection), n in values.protected.items():
+            self.protected.labels(queue=queue, protection=protection).set(n)
         for queue, wait in values.admission_waits:
             self.time_to_admission.labels(queue=queue).observe(wait)
         self.cycle_duration.observe(values.cycle_seconds)

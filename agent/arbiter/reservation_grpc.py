@@ -16,6 +16,7 @@ from agent._proto import arbiter_pb2_grpc as pb_grpc
 from agent.allocation.allocator import Claim, DeviceRequest, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.reservation import NodeAllocatorService, Reservation, Unauthenticated, UnknownReservation
+from agent.devices.names import parse_device_name
 
 T = TypeVar("T")
 BEARER = "bearer "
@@ -44,9 +45,12 @@ def reservation_to_pb(r: Reservation) -> pb.ReserveResponse:
 
 
 def reservation_from_pb(resp: pb.ReserveResponse, gang_id: str, member: str) -> Reservation:
+    """The node's answer; a device not named as the node publishes it is refused (InvalidDeviceName), since
+    committing it would allocate a name that no slice offers and no prepare accepts."""
     devices: dict[str, tuple[str, ...]] = {}
     shared: dict[str, int] = {}
     for d in resp.devices:
+        parse_device_name(d.device)
         devices[d.request] = (*devices.get(d.request, ()), d.device)
         if d.shared_milli:
             shared[d.device] = d.shared_milli

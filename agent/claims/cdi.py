@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from agent.claims import files
+from agent.claims.types import uid_problem
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
@@ -193,6 +194,8 @@ class CdiStore:
         self.root = Path(root)
 
     def path(self, claim_uid: str) -> Path:
+        if problem := uid_problem(claim_uid):  # callers check first; this keeps a bad UID out of any path
+            raise ValueError(problem)
         return self.root / spec_file_name(claim_uid)
 
     def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:

@@ -1,44 +1,60 @@
 """The prepared-claims checkpoint: which claims this node prepared, and how far each got.
 
-On disk (`<state-dir>/checkpoint.json`):
+On disk, one record per claim, so a prepare writes only its own claims whatever the node holds:
 
-    {"version": 1, "checksum": "sha256:<hex of canonical data>",
-     "data": {"nodeBootID": "...", "claims": {"<uid>": {"namespace", "name", "state", "devices", "cdiSpec"}}}}
+    <state-dir>/claims/<uid>.json
+        {"version": 2, "checksum": "sha256:<hex of canonical data>",
+         "data": {"nodeBootID", "uid", "namespace", "name", "state", "devices", "cdiSpec"}}
 
 - Two phases per claim: `PrepareStarted` is written before any side effect, `PrepareCompleted` after the
-  CDI spec is on disk, so a crash leaves either nothing or a Started entry that can be rolled back.
+  CDI spec is on disk, so a crash leaves either nothing or a Started record that can be rolled back. Each
+  record is replaced atomically (temp file, fsync, rename, directory fsync); records are independent, so a
+  crash between two of them is as good as a crash between two claims.
 - Versioned: this build reads every version up to `VERSION` and refuses a newer one (written by a newer
-  agent) instead of guessing. A new field gets a default when read, so older files stay readable.
+  agent) instead of guessing. A new field gets a default when read, so older records stay readable.
+  Version 1 was one file for every claim (`<state-dir>/checkpoint.json`): it is read once, written out as
+  records and removed (a crash before the removal repeats the same migration).
 - Checksummed over the canonical JSON of `data` (sorted keys), so re-encoding never changes it.
-- A corrupt file (bad JSON, bad checksum, bad shape) raises CheckpointCorrupt and is left where it is:
-  dropping it would forget prepared claims whose devices are in use, so the agent refuses to prepare or
-  unprepare and says why in every result (an operator moves the file aside to reset). A missing file is
-  an empty checkpoint.
-- `nodeBootID` is the boot the claims were prepared in; the state machine voids claims of another boot.
+- A corrupt record or file (bad JSON, bad checksum, bad shape, a directory in its place) raises
+  CheckpointCorrupt naming it, the reason and the remedy, and is left where it is: dropping it would forget
+  prepared claims whose devices are in use, so the agent refuses to prepare or unprepare until an operator
+  moves it aside (the kubelet then prepares the claim again). No record is an empty checkpoint.
+- `nodeBootID` is the boot a record was written in; the state machine voids claims of another boot.
 - A device that prepare created (a MIG placement offered as a partitionable device) carries `dynamicMig`:
-  the placement, written in the Started entry before creating, and the instance ids once created. Only
+  the placement, written in the Started record before creating, and the instance ids once created. Only
   such devices are ever destroyed by the agent; operators' MIG devices have no `dynamicMig`.
+- The store keeps what it last read or wrote, and reads the records again only when another process wrote
+  since (a rolling update runs two agents, serialised by the node lock): every write first changes a
+  token in `<state-dir>/claims.generation`, so a stale copy is noticed before it is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+import os
+import secrets
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.claims import files
+from agent.claims.types import uid_problem
 
-VERSION = 1
-FILE_NAME = "checkpoint.json"
+VERSION = 2
+LEGACY_FILE = "checkpoint.json"  # version 1: every claim in one file
+RECORDS_DIR = "claims"
+GENERATION_FILE = "claims.generation"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+_SUFFIX = ".json"
+REMEDY = "move it aside to reset (the kubelet prepares its claims again)"
 
 
 class CheckpointCorrupt(Exception):
-    """The checkpoint cannot be trusted; the message says where and why."""
+    """The checkpoint cannot be trusted; the message says where, why and what to do."""
 
 
 class CheckpointTooNew(CheckpointCorrupt):
@@ -98,6 +114,9 @@ class Checkpoint:
     claims: dict[str, ClaimEntry] = field(default_factory=dict)
 
 
+# --- encoding -------------------------------------------------------------------------------------------
+
+
 def _device_to_json(d: CheckpointedDevice) -> dict[str, Any]:
     out: dict[str, Any] = {
         "requestNames": list(d.request_names),
@@ -109,7 +128,7 @@ def _device_to_json(d: CheckpointedDevice) -> dict[str, Any]:
         "adminAccess": d.admin_access,
         "shareID": d.share_id,
     }
-    if d.dynamic_mig is not None:  # absent otherwise: files without created devices read as before
+    if d.dynamic_mig is not None:  # absent otherwise: records without created devices read as before
         m = d.dynamic_mig
         out["dynamicMig"] = {
             "parentUUID": m.parent_uuid,
@@ -148,6 +167,17 @@ def _device_from_json(raw: Mapping[str, Any]) -> CheckpointedDevice:
     )
 
 
+def _entry_from_json(uid: str, c: Mapping[str, Any]) -> ClaimEntry:
+    return ClaimEntry(
+        uid=uid,
+        namespace=c["namespace"],
+        name=c["name"],
+        state=ClaimState(c["state"]),
+        devices=tuple(_device_from_json(d) for d in c.get("devices", ())),
+        cdi_spec=c.get("cdiSpec"),
+    )
+
+
 def _canonical(data: Mapping[str, Any]) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
@@ -156,81 +186,187 @@ def _checksum(data: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
 
 
-def encode(cp: Checkpoint) -> bytes:
-    data = {
-        "nodeBootID": cp.boot_id,
-        "claims": {
-            uid: {
-                "namespace": e.namespace,
-                "name": e.name,
-                "state": e.state.value,
-                "devices": [_device_to_json(d) for d in e.devices],
-                "cdiSpec": e.cdi_spec,
-            }
-            for uid, e in sorted(cp.claims.items())
-        },
-    }
-    # Compact: the C encoder is ~10x faster than the indenting one, and prepare latency counts.
-    return json.dumps({"version": VERSION, "checksum": _checksum(data), "data": data}, separators=(",", ":")).encode()
-
-
-def decode(raw: bytes, where: str = "checkpoint") -> Checkpoint:
+def _verified_data(raw: bytes, where: str) -> tuple[int, Any]:
+    """The version and the checksummed `data` of a document, or CheckpointCorrupt saying what is wrong."""
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointCorrupt(f"{where}: not JSON ({exc})") from None
+        raise CheckpointCorrupt(f"{where}: not JSON ({exc}); {REMEDY}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
-        raise CheckpointCorrupt(f"{where}: not a checkpoint (no 'data' object)")
+        raise CheckpointCorrupt(f"{where}: not a checkpoint (no 'data' object); {REMEDY}")
     version = doc.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise CheckpointCorrupt(f"{where}: bad version {version!r}")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CheckpointCorrupt(f"{where}: bad version {version!r}; {REMEDY}")
     if version > VERSION:
         raise CheckpointTooNew(f"{where}: version {version} is newer than this agent's {VERSION}; upgrade it")
     data = doc["data"]
     if doc.get("checksum") != _checksum(data):
-        raise CheckpointCorrupt(f"{where}: checksum mismatch (file damaged or edited)")
+        raise CheckpointCorrupt(f"{where}: checksum mismatch (file damaged or edited); {REMEDY}")
+    return version, data
+
+
+def encode_record(boot_id: str, entry: ClaimEntry) -> bytes:
+    """One claim's record. Compact: the C encoder is ~10x faster than the indenting one."""
+    data = {
+        "nodeBootID": boot_id,
+        "uid": entry.uid,
+        "namespace": entry.namespace,
+        "name": entry.name,
+        "state": entry.state.value,
+        "devices": [_device_to_json(d) for d in entry.devices],
+        "cdiSpec": entry.cdi_spec,
+    }
+    return json.dumps({"version": VERSION, "checksum": _checksum(data), "data": data}, separators=(",", ":")).encode()
+
+
+def decode_record(raw: bytes, where: str = "record") -> tuple[str, ClaimEntry]:
+    """The boot id and claim of one record."""
+    version, data = _verified_data(raw, where)
+    if version < 2:
+        raise CheckpointCorrupt(f"{where}: a version {version} checkpoint is not a claim record; {REMEDY}")
+    try:
+        return str(data["nodeBootID"]), _entry_from_json(str(data["uid"]), data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointCorrupt(f"{where}: bad content ({type(exc).__name__}: {exc}); {REMEDY}") from None
+
+
+def decode_legacy(raw: bytes, where: str = "checkpoint") -> Checkpoint:
+    """A version 1 checkpoint file (every claim in one document)."""
+    version, data = _verified_data(raw, where)
+    if version != 1:
+        raise CheckpointCorrupt(f"{where}: version {version} is a claim record, not a checkpoint file; {REMEDY}")
     try:
         return Checkpoint(
             boot_id=str(data["nodeBootID"]),
-            claims={
-                uid: ClaimEntry(
-                    uid=uid,
-                    namespace=c["namespace"],
-                    name=c["name"],
-                    state=ClaimState(c["state"]),
-                    devices=tuple(_device_from_json(d) for d in c.get("devices", ())),
-                    cdi_spec=c.get("cdiSpec"),
-                )
-                for uid, c in data["claims"].items()
-            },
+            claims={uid: _entry_from_json(uid, c) for uid, c in data["claims"].items()},
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointCorrupt(f"{where}: bad content ({type(exc).__name__}: {exc})") from None
+        raise CheckpointCorrupt(f"{where}: bad content ({type(exc).__name__}: {exc}); {REMEDY}") from None
 
 
 def read_boot_id() -> str:
     return BOOT_ID_PATH.read_text().strip()
 
 
+# --- the store ------------------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> bytes:
+    """A checkpoint file's bytes; something else in its place is corrupt, not an OSError traceback."""
+    try:
+        return path.read_bytes()
+    except IsADirectoryError:
+        raise CheckpointCorrupt(f"{path} is a directory where a checkpoint file belongs; {REMEDY}") from None
+    except OSError as exc:
+        raise CheckpointCorrupt(f"{path} cannot be read ({exc.strerror or exc})") from None
+
+
 class CheckpointStore:
-    """The checkpoint file in `state_dir`; callers serialise access (agent.claims.lock)."""
+    """The claim records under `state_dir`; callers serialise access (agent.claims.lock)."""
 
     def __init__(self, state_dir: Path, boot_id: Callable[[], str] = read_boot_id) -> None:
-        self.path = Path(state_dir) / FILE_NAME
+        self.state_dir = Path(state_dir)
+        self.legacy_path = self.state_dir / LEGACY_FILE
+        self.records = self.state_dir / RECORDS_DIR
+        self._generation_path = self.state_dir / GENERATION_FILE
         self._boot_id = boot_id
+        self._saved: Checkpoint | None = None  # what the records hold, as of `_generation`
+        self._generation: bytes | None = None
 
     def boot_id(self) -> str:
         return self._boot_id()
 
+    def record_path(self, uid: str) -> Path:
+        if problem := uid_problem(uid):  # callers check first; this keeps a bad UID out of any path
+            raise ValueError(problem)
+        return self.records / f"{uid}{_SUFFIX}"
+
     def load(self) -> Checkpoint:
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return Checkpoint(boot_id=self.boot_id())
-        return decode(raw, str(self.path))
+        """Every claim recorded (a copy the caller may change and pass to `save`)."""
+        if self._saved is None or self._read_generation() != self._generation:
+            self._generation = self._read_generation()
+            self._saved = self._read_all()
+        return Checkpoint(self._saved.boot_id, dict(self._saved.claims))
 
     def save(self, cp: Checkpoint) -> None:
-        files.write_atomic(self.path, encode(cp))
+        """Write the records of claims that changed since the last load or save and remove those of claims
+        gone: one record per claim touched, whatever the node holds."""
+        saved = self._saved if self._saved is not None else self._read_all()
+        rewrite = saved.boot_id != cp.boot_id  # every record carries the boot id
+        changed = [e for uid, e in cp.claims.items() if rewrite or saved.claims.get(uid) is not e]
+        gone = [uid for uid in saved.claims if uid not in cp.claims]
+        if changed or gone:
+            try:
+                self._bump_generation()
+                self._write(cp.boot_id, changed, gone)
+            except BaseException:
+                self._saved = None  # some records may have changed: read them again next time
+                raise
+        self._saved = Checkpoint(cp.boot_id, dict(cp.claims))
 
     def leftover_temps(self) -> list[Path]:
-        return files.leftover_temps(self.path.parent, FILE_NAME + ".")
+        return files.leftover_temps(self.records, "") + files.leftover_temps(self.state_dir, LEGACY_FILE + ".")
+
+    # --- internals ------------------------------------------------------------------------------------
+
+    def _write(self, boot_id: str, changed: Iterable[ClaimEntry], gone: Iterable[str]) -> None:
+        if not self.records.is_dir():
+            if self.records.exists():
+                raise CheckpointCorrupt(f"{self.records} is not a directory; {REMEDY}")
+            self.records.mkdir(mode=0o700, parents=True, exist_ok=True)
+            files.fsync_dir(self.state_dir)
+        files.write_atomic_many({self.record_path(e.uid): encode_record(boot_id, e) for e in changed})
+        removed = [files.remove(self.record_path(uid)) for uid in gone]
+        if any(removed):
+            files.fsync_dir(self.records)
+
+    def _read_all(self) -> Checkpoint:
+        boot = self.boot_id()
+        claims: dict[str, ClaimEntry] = {}
+        boots: set[str] = set()
+        if self.legacy_path.exists() or self.legacy_path.is_symlink():
+            legacy = self._migrate()
+            claims, boots = dict(legacy.claims), {legacy.boot_id}
+        if self.records.exists() and not self.records.is_dir():
+            raise CheckpointCorrupt(f"{self.records} is not a directory; {REMEDY}")
+        for path in sorted(self.records.iterdir()) if self.records.is_dir() else ():
+            if not path.name.endswith(_SUFFIX):
+                continue  # temp files (recovery removes them) and anything else that is no record
+            record_boot, entry = decode_record(_read(path), str(path))
+            if path.name != f"{entry.uid}{_SUFFIX}":
+                raise CheckpointCorrupt(f"{path}: holds claim {entry.uid}, not the one its name says; {REMEDY}")
+            claims[entry.uid] = entry
+            boots.add(record_boot)
+        # Records of another boot make the whole checkpoint that boot's, which the state machine voids.
+        return Checkpoint(next(iter(sorted(boots - {boot})), boot), claims)
+
+    def _migrate(self) -> Checkpoint:
+        """Version 1 -> records: write them all, then remove the old file (a crash in between redoes it)."""
+        legacy = decode_legacy(_read(self.legacy_path), str(self.legacy_path))
+        self._bump_generation()
+        self._write(legacy.boot_id, legacy.claims.values(), ())
+        files.remove(self.legacy_path)
+        files.fsync_dir(self.state_dir)
+        return legacy
+
+    def _read_generation(self) -> bytes | None:
+        try:
+            return self._generation_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CheckpointCorrupt(f"{self._generation_path} cannot be read ({exc.strerror or exc})") from None
+
+    def _bump_generation(self) -> None:
+        """Tell other processes their copy is stale, before any record changes (not durable: after a crash
+        or reboot every process starts without a copy)."""
+        token = secrets.token_hex(8).encode()
+        with contextlib.suppress(FileNotFoundError):
+            if self._generation_path.is_dir():
+                raise CheckpointCorrupt(f"{self._generation_path} is a directory; {REMEDY}")
+        fd = os.open(self._generation_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, token)
+        finally:
+            os.close(fd)
+        self._generation = token

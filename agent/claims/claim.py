@@ -39,6 +39,13 @@ class NodeAllocation:
 def node_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str) -> NodeAllocation:
     """The part of `claim`'s allocation this node's driver prepares, or a ClaimError saying why none."""
     what = f"ResourceClaim {ref.namespace}/{ref.name}"
+    try:
+        return _node_allocation(claim, ref, driver, pool, what)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # a shape the API would not serve
+        raise ClaimError(f"{what} has a malformed allocation ({type(exc).__name__}: {str(exc)[:100]})") from None
+
+
+def _node_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str, what: str) -> NodeAllocation:
     uid = (claim.get("metadata") or {}).get("uid")
     if uid != ref.uid:
         raise ClaimError(f"{what} has UID {uid}, not {ref.uid}: the claim was deleted and recreated")
@@ -49,8 +56,8 @@ def node_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: 
     raw_results: Sequence[Mapping[str, Any]] = devices.get("results") or ()
     results = tuple(
         AllocatedDevice(
-            request=r["request"],
-            device=r["device"],
+            request=_text(r["request"], "request"),
+            device=_text(r["device"], "device"),
             admin_access=bool(r.get("adminAccess") or False),
             share_id=str(r.get("shareID") or ""),
         )
@@ -68,3 +75,9 @@ def node_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: 
     except ConfigError as exc:
         raise ClaimError(f"{what}: bad device config: {exc}") from None
     return NodeAllocation(results, tuple(configs))
+
+
+def _text(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{field} {value!r:.40} is not a string")
+    return value

@@ -9,6 +9,7 @@ device asked for; applying TimeSlicing and MPS on the node is not done yet (see 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +32,19 @@ class ConfigError(ValueError):
 def parse_quantity(raw: object, field: str = "quantity") -> Quantity:
     """`"1Gi"`, `"500M"`, `"250m"`, `"1e3"`, `"42"` or a JSON integer; anything else is a ConfigError."""
     if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-        raise ConfigError(f"{field}: want a quantity such as '1Gi', got {raw!r}")
+        raise ConfigError(f"{field}: want a quantity such as '1Gi', got {_shown(raw)}")
+    if isinstance(raw, int) and raw.bit_length() > 4 * quantity.MAX_DIGITS:  # str() of it may itself fail
+        raise ConfigError(f"{field}: an integer of {raw.bit_length()} bits is not a quantity")
     try:
         return quantity.parse(str(raw))
     except quantity.QuantityError as e:
-        raise ConfigError(f"{field}: {raw!r} is not a quantity ({e.reason})") from None
+        raise ConfigError(f"{field}: {_shown(raw)} is not a quantity ({e.reason})") from None
+
+
+def _shown(raw: object, limit: int = 40) -> str:
+    """`raw` for an error message, cut short: a claim may carry megabytes where a value belongs."""
+    text = repr(raw) if not isinstance(raw, int) or raw.bit_length() < 1000 else f"<integer of {raw.bit_length()} bits>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # --- Config types ---------------------------------------------------------------------------------------
@@ -120,11 +129,15 @@ def _parse_mps(raw: object, field: str) -> Mps:
         raise ConfigError(f"{field}.defaultPerDevicePinnedMemoryLimit: want a map of index or UUID to quantity")
     per_device = []
     for key, value in per_device_raw.items():
-        where = f"{field}.defaultPerDevicePinnedMemoryLimit[{key!r}]"
-        if not (str(key).isdigit() or str(key).startswith(("GPU-", "MIG-"))):
+        where = f"{field}.defaultPerDevicePinnedMemoryLimit[{_shown(key)}]"
+        if not isinstance(key, str) or not _PER_DEVICE_KEY.fullmatch(key):
             raise ConfigError(f"{where}: key must be a device index or a GPU-/MIG- UUID")
         per_device.append((str(key), _memory_limit(value, where)))
     return Mps(percentage, pinned, tuple(per_device))
+
+
+# An index (ASCII digits: str.isdigit() also takes '²', which int() refuses) or a GPU-/MIG- UUID.
+_PER_DEVICE_KEY = re.compile(r"[0-9]{1,6}|(GPU|MIG)-[0-9A-Za-z/-]{1,96}")  # old MIG uuids: MIG-GPU-<uuid>/<gi>/<ci>
 
 
 def _memory_limit(raw: object, field: str) -> Quantity:
@@ -199,6 +212,8 @@ def parse_allocation_configs(configs: Sequence[Mapping[str, Any]], driver: str) 
     """
     entries: list[ConfigEntry] = []
     for i, item in enumerate(configs):
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"config[{i}]: want an object, got {type(item).__name__}")
         opaque = item.get("opaque")
         if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
             continue
@@ -209,7 +224,10 @@ def parse_allocation_configs(configs: Sequence[Mapping[str, Any]], driver: str) 
             config = parse_config(opaque.get("parameters"))
         except ConfigError as exc:
             raise ConfigError(f"config[{i}] ({source}): {exc}") from None
-        entries.append(ConfigEntry(source, tuple(item.get("requests") or ()), config))
+        requests = item.get("requests") or ()
+        if not isinstance(requests, list | tuple) or not all(isinstance(r, str) for r in requests):
+            raise ConfigError(f"config[{i}].requests: want a list of request names")
+        entries.append(ConfigEntry(source, tuple(requests), config))
     return sorted(entries, key=lambda e: e.source != "FromClass")  # stable: keeps order within a source
 
 

@@ -11,11 +11,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from agent.claims.checkpoint import CheckpointCorrupt
+
 LOCK_FILE = "pu.lock"
 
 
 class LockTimeout(TimeoutError):
     """Another prepare or unprepare held the lock for longer than the timeout."""
+
+
+class LockUnusable(CheckpointCorrupt):
+    """Something other than a lock file is in its place: without the lock the checkpoint cannot be trusted."""
 
 
 class NodeLock:
@@ -31,7 +37,10 @@ class NodeLock:
         if not self._local.acquire(timeout=self.timeout):
             raise LockTimeout(f"{self.path}: held by another thread for {self.timeout:g}s")
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except IsADirectoryError:
+                raise LockUnusable(f"{self.path} is a directory where the node lock file belongs; remove it") from None
             try:
                 while True:
                     try:

@@ -8,7 +8,7 @@ checkpoint, unwritable state dir) fails the whole batch, since no claim could be
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from agent.claims.cdi import CdiStore, MigCaps
@@ -17,7 +17,7 @@ from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
 from agent.claims.mig import MigDevices
 from agent.claims.source import ClaimSource
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
-from agent.claims.types import ClaimRef, PrepareResult
+from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
 
 log = logging.getLogger(__name__)
@@ -67,29 +67,56 @@ class ClaimPreparer:
         return recovery
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        if not claims:
-            return {}
-        try:
-            with self.lock.hold():
-                return self.states.prepare(self.states.load(), claims)
-        except Exception as exc:
-            # The node's claim state is unusable (lock, checkpoint or state dir): every claim fails alike.
-            if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
-                log.exception("prepare batch failed")
-            return {ref.uid: PrepareResult(error=f"cannot prepare: {exc}") for ref in claims}
+        refused, valid = _screen(claims)
+        results = {uid: PrepareResult(error=error) for uid, error in refused.items()}
+        if valid:
+            try:
+                with self.lock.hold():
+                    results |= self.states.prepare(self.states.load(), valid)
+            except Exception as exc:
+                # The node's claim state is unusable (lock, checkpoint or state dir): every claim fails alike.
+                if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
+                    log.exception("prepare batch failed")
+                results |= {ref.uid: PrepareResult(error=f"cannot prepare: {exc}") for ref in valid}
+        _log_refused("prepare", claims, {uid: r.error for uid, r in results.items()})
+        return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        if not claims:
-            return {}
-        try:
-            with self.lock.hold():
-                return self.states.unprepare(self.states.load(), [ref.uid for ref in claims])
-        except Exception as exc:
-            if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
-                log.exception("unprepare batch failed")
-            return {ref.uid: f"cannot unprepare: {exc}" for ref in claims}
+        errors, valid = _screen(claims)
+        if valid:
+            try:
+                with self.lock.hold():
+                    errors |= self.states.unprepare(self.states.load(), [ref.uid for ref in valid])
+            except Exception as exc:
+                if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
+                    log.exception("unprepare batch failed")
+                errors |= {ref.uid: f"cannot unprepare: {exc}" for ref in valid}
+        _log_refused("unprepare", claims, errors)
+        return errors
 
     def prepared(self) -> Sequence[CheckpointedDevice]:
         """Devices of every claim prepared on this node (the local allocator counts them as used)."""
         with self.lock.hold():
             return prepared_devices(self.states.load())
+
+
+def _screen(claims: Sequence[ClaimRef]) -> tuple[dict[str, str], list[ClaimRef]]:
+    """Claims the kubelet cannot have meant (a UID unfit for a file name, names the API would refuse) get
+    their error here, before any path or request is built from them; the rest go on, each once."""
+    refused: dict[str, str] = {}
+    valid: dict[str, ClaimRef] = {}
+    for ref in claims:
+        if problem := ref_problem(ref):
+            refused[ref.uid] = problem
+        else:
+            valid.setdefault(ref.uid, ref)
+    return refused, list(valid.values())
+
+
+def _log_refused(action: str, claims: Sequence[ClaimRef], errors: Mapping[str, str]) -> None:
+    """One warning per refused claim, with its reason (the kubelet shows it too, but only on the pod)."""
+    for ref in {ref.uid: ref for ref in claims}.values():
+        if error := errors.get(ref.uid):
+            namespace, name = ref.namespace[:64], ref.name[:64]
+            fields = {"claim_uid": ref.uid[:MAX_UID], "claim_namespace": namespace, "claim_name": name}
+            log.warning("%s of claim %s/%s refused: %s", action, namespace, name, error, extra=fields)

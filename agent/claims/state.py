@@ -201,7 +201,6 @@ class ClaimStates:
             try:
                 made = self.migs.create(plan.parent_uuid, plan.gi_profile_id, plan.start)
             except Exception as exc:
-                log.warning("creating MIG device %s for claim %s failed: %s", device.device_name, entry.uid, exc)
                 raise _CreateFailed(f"cannot create MIG device {device.device_name}: {exc}", left_behind(exc)) from exc
             self._migs_changed = True
             created = replace(plan, gpu_instance_id=made.gpu_instance_id, compute_instance_id=made.compute_instance_id)
@@ -220,8 +219,12 @@ class ClaimStates:
 
     def _abandon(self, cp: Checkpoint, uid: str, error: str, keep: bool) -> str:
         """Undo a claim that failed after its Started save (in memory; the caller saves): spec, created MIG
-        devices, entry. The entry stays Started when something may be left on the GPU, for a later repair."""
-        self.specs.remove(uid)
+        devices, entry. The entry stays Started when something may be left on the GPU, for a later repair.
+        A spec that cannot be removed (the CDI root turned read-only) does not keep the entry: a spec with no
+        Completed claim is inert (the kubelet names its devices to the runtime only after a prepare that
+        succeeded) and the next prepare of the claim, or recovery, replaces or removes it."""
+        if problem := self._remove_spec(uid):
+            error = f"{error}; {problem}"
         entry = cp.claims[uid]
         try:
             self._destroy_created(cp, entry, find_unsaved=False)
@@ -414,24 +417,28 @@ class ClaimStates:
                 del cp.claims[uid]
         if known:
             self.checkpoints.save(cp)
-        for uid in uids:
-            self.specs.remove(uid)
         errors = {}
+        for uid in uids:  # also for unknown claims: a spec left by a failed removal goes on the retry
+            if problem := self._remove_spec(uid):
+                errors[uid] = problem  # the kubelet retries; the claim is forgotten, so only the spec remains
+        destroyed = False
         for uid in owning:
             try:
                 self._destroy_created(cp, cp.claims[uid], find_unsaved=True)
             except ClaimError as exc:
-                errors[uid] = str(exc)
+                errors[uid] = f"{errors[uid]}; {exc}" if uid in errors else str(exc)
                 continue
             del cp.claims[uid]
-        if len(errors) < len(owning):
+            destroyed = True
+        if destroyed:
             self.checkpoints.save(cp)
         return {uid: errors.get(uid, "") for uid in uids}
 
     def rollback(self, cp: Checkpoint, uid: str) -> None:
         """Undo a PrepareStarted claim: spec first, then the MIG devices it created, entry last, so a crash
-        here is rolled back again. Raises ClaimError (entry kept) when a device cannot be destroyed."""
-        self.specs.remove(uid)
+        here is rolled back again. Raises ClaimError (entry kept) when a device cannot be destroyed; a spec
+        that cannot be removed is left for recovery (see `_abandon`)."""
+        self._remove_spec(uid)
         entry = cp.claims.get(uid)
         if entry is None:
             return
@@ -461,6 +468,15 @@ class ClaimStates:
                                  f"{entry.uid}: {exc}") from exc  # fmt: skip
             log.info("destroyed MIG device %s (created for claim %s)", device.device_name, entry.uid)
             self._migs_changed = True
+
+    def _remove_spec(self, uid: str) -> str:
+        """Remove the claim's spec; "" when gone, else why not (logged here, returned for the claim's error)."""
+        try:
+            self.specs.remove(uid)
+        except OSError as exc:
+            log.warning("cannot remove the CDI spec of claim %s: %s", uid, exc)
+            return f"cannot remove CDI spec {self.specs.path(uid)}: {exc.strerror or exc}"
+        return ""
 
     def _report_mig_changes(self) -> None:
         if self._migs_changed:
@@ -510,11 +526,13 @@ def _to_create(device: CheckpointedDevice) -> DynamicMig | None:
 
 
 def _held_by_others(cp: Checkpoint, uid: str, device_name: str) -> Iterator[tuple[ClaimEntry, CheckpointedDevice]]:
-    """Every other claim in `cp` that holds `device_name`, with its entry for the device."""
+    """Every other claim in `cp` that holds `device_name`, with its entry for the device (compared in the
+    canonical spelling: a checkpoint of an older agent may hold a device under another)."""
+    wanted = names.canonical(device_name)
     for other in cp.claims.values():
         if other.uid != uid:
             for held in other.devices:
-                if held.device_name == device_name:
+                if names.canonical(held.device_name) == wanted:
                     yield other, held
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -14,6 +15,39 @@ class ClaimRef:
     namespace: str
     uid: str
     name: str
+
+
+# A claim's UID names its CDI spec file and its checkpoint record, so it must be one harmless path component:
+# the API server's UIDs are UUIDs; this allows any token of letters, digits, '.', '_' and '-' that starts and
+# ends alphanumeric (never '.' or '..'), short enough for every file name built from it.
+MAX_UID = 128
+_UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a namespace: at most 63
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # a name: 253
+
+
+def uid_problem(uid: str) -> str:
+    """Why `uid` cannot be a claim UID here ("" when it can)."""
+    if len(uid) > MAX_UID:
+        return f"claim UID {uid[:32]!r}... is longer than {MAX_UID} characters"
+    if not _UID.fullmatch(uid):
+        return f"claim UID {uid!r} is not a UID (letters, digits, '.', '_', '-')"
+    return ""
+
+
+def ref_problem(ref: ClaimRef) -> str:
+    """Why the kubelet's reference `ref` names no claim this agent can prepare ("" when it names one). Checked
+    before the UID touches a path or the names an API URL."""
+    missing = [field for field in ("namespace", "uid", "name") if not getattr(ref, field)]
+    if missing:
+        return f"claim {ref.namespace}/{ref.name} lacks {', '.join(missing)}"
+    if problem := uid_problem(ref.uid):
+        return problem
+    if len(ref.namespace) > 63 or not _DNS_LABEL.fullmatch(ref.namespace):
+        return f"claim namespace {ref.namespace[:64]!r} is not a namespace name (a DNS label)"
+    if len(ref.name) > 253 or not _DNS_SUBDOMAIN.fullmatch(ref.name):
+        return f"claim name {ref.name[:64]!r} is not a ResourceClaim name (a DNS subdomain)"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from agent._proto.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from agent.claims.types import ClaimRef, Preparer, PrepareResult
+from agent.claims.types import ClaimRef, Preparer, PrepareResult, ref_problem
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,10 @@ class ClaimService:
         outcome: dict[str, R | str] = {}
         valid: dict[str, ClaimRef] = {}
         for claim in claims:
-            problem = _invalid(claim)
+            problem = ref_problem(claim)
             if problem:
                 outcome[claim.uid] = f"{action}: {problem}"
+                log.warning("%s of a claim refused: %s", action, problem)
             else:
                 valid.setdefault(claim.uid, claim)  # the kubelet may repeat a claim; do it once
         if not valid:
@@ -62,11 +63,6 @@ class ClaimService:
         for uid in valid:
             outcome[uid] = results.get(uid, f"{action}: the driver returned no result")
         return outcome
-
-
-def _invalid(claim: ClaimRef) -> str:
-    missing = [field for field in ("namespace", "uid", "name") if not getattr(claim, field)]
-    return f"claim {claim.namespace}/{claim.name} lacks {', '.join(missing)}" if missing else ""
 
 
 def _clean(result: PrepareResult) -> PrepareResult:

@@ -1,4 +1,4 @@
-"""`python -m fakes.apiserver --port 0 --kubeconfig-out PATH`: serve until interrupted."""
+"""`python -m fakes.apiserver --kubernetes-version 1.37 --port 0 --kubeconfig-out PATH`: serve until interrupted."""
 
 from __future__ import annotations
 
@@ -9,19 +9,34 @@ import sys
 import threading
 
 from .server import start
+from .versions import DEFAULT, SUPPORTED
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fakes.apiserver", description=__doc__)
+    parser.add_argument("--kubernetes-version", default=DEFAULT, choices=SUPPORTED,
+                        help="the minor release to play: /version, served APIs, schemas, rules, gate defaults")
+    parser.add_argument("--feature-gates", default="",
+                        help="gate overrides as kube-apiserver takes them, e.g. DRADeviceTaints=false")
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 picks a free one)")
     parser.add_argument("--kubeconfig-out", help="write a kubeconfig for this server here")
     parser.add_argument("--history", type=int, default=1000, help="watch events kept for resuming watches")
     parser.add_argument("--drop-partitionable-fields", action="store_true",
-                        help="drop sharedCounters/consumesCounters like a 1.34 server without DRAPartitionableDevices")
+                        help="the same as --feature-gates DRAPartitionableDevices=false")
     parser.add_argument("--bookmark-interval", type=float, default=1.0, help="seconds between watch bookmarks")
     args = parser.parse_args(argv)
-    server = start(args.port, history=args.history, drop_partitionable_fields=args.drop_partitionable_fields,
-                   bookmark_interval=args.bookmark_interval)
+    gates: dict[str, bool] = {}
+    for item in filter(None, (p.strip() for p in args.feature_gates.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or value.lower() not in ("true", "false"):
+            parser.error(f"--feature-gates: {item!r} is not NAME=true or NAME=false")
+        gates[name] = value.lower() == "true"
+    try:
+        server = start(args.port, kubernetes_version=args.kubernetes_version, feature_gates=gates,
+                       history=args.history, drop_partitionable_fields=args.drop_partitionable_fields,
+                       bookmark_interval=args.bookmark_interval)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.kubeconfig_out:
         server.write_kubeconfig(args.kubeconfig_out)
     print(server.url, flush=True)

@@ -11,11 +11,13 @@ import uuid
 from typing import Any
 
 from . import dra_rules, schemas
+from .disabled_fields import drop_disabled_fields
 from .errors import ApiError, already_exists, conflict, invalid, not_found
 from .patch import json_patch, merge_patch, strategic_merge_patch
 from .resources import Registry, ResourceType
 from .selectors import field_selector, label_selector
 from .store import Store
+from .versions import KubernetesVersion
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -43,12 +45,23 @@ def success(rt: ResourceType, name: str, uid: str, code: int = 200) -> dict[str,
     }
 
 
+class WriteOptions:
+    """Per-request options of a write and what it reports back besides the object."""
+
+    def __init__(self, field_validation: str = "Warn", field_manager: str = "", dry_run: bool = False) -> None:
+        if field_validation not in ("Strict", "Warn", "Ignore"):
+            raise ApiError(400, f"fieldValidation must be Strict, Warn or Ignore, not {field_validation!r}")
+        self.field_validation = field_validation
+        self.field_manager = field_manager
+        self.dry_run = dry_run
+        self.warnings: list[str] = []
+
+
 class Api:
-    def __init__(self, registry: Registry, store: Store, *, drop_partitionable_fields: bool = False,
-                 validate: bool = True) -> None:
+    def __init__(self, registry: Registry, store: Store, gates: KubernetesVersion, *, validate: bool = True) -> None:
         self.registry = registry
         self.store = store
-        self.drop_partitionable_fields = drop_partitionable_fields
+        self.gates = gates
         self.validate = validate
 
     # Reads.
@@ -83,7 +96,9 @@ class Api:
 
     # Writes.
 
-    def create(self, rt: ResourceType, namespace: str, body: Any) -> dict[str, Any]:
+    def create(self, rt: ResourceType, namespace: str, body: Any,
+               options: WriteOptions | None = None) -> dict[str, Any]:
+        options = options or WriteOptions()
         obj = self._body(rt, namespace, body)
         meta = obj["metadata"]
         if not meta.get("name"):
@@ -102,23 +117,26 @@ class Api:
         with self.store.lock:
             if self.store.read(rt.key, namespace, meta["name"]) is not None:
                 raise already_exists(rt.group, rt.plural, meta["name"])
-            self._admit(rt, obj, None)
+            self._admit(rt, obj, None, options)
+            if options.dry_run:
+                return obj
             created = self.store.write(rt.key, obj, None)
         if rt.kind == "CustomResourceDefinition":
             created = self._established(created)
         return created
 
-    def update(self, rt: ResourceType, namespace: str, name: str, body: Any, subresource: str = "") -> dict[str, Any]:
+    def update(self, rt: ResourceType, namespace: str, name: str, body: Any, subresource: str = "",
+               options: WriteOptions | None = None) -> dict[str, Any]:
         with self.store.lock:
             old = self._current(rt, namespace, name)
             obj = self._body(rt, namespace, body)
             if obj["metadata"].get("name", name) != name:
                 raise ApiError(400, f"the name of the object ({obj['metadata'].get('name')}) does not match the "
                                     f"name on the URL ({name})")
-            return self._replace(rt, old, obj, subresource)
+            return self._replace(rt, old, obj, subresource, options or WriteOptions())
 
     def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, body: Any,
-              subresource: str = "") -> dict[str, Any]:
+              subresource: str = "", options: WriteOptions | None = None) -> dict[str, Any]:
         with self.store.lock:
             old = self._current(rt, namespace, name)
             if content_type == JSON_PATCH:
@@ -137,7 +155,7 @@ class Api:
             patched.setdefault("metadata", {})
             if patched["metadata"].get("resourceVersion") in (None, ""):
                 patched["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self._replace(rt, old, patched, subresource)
+            return self._replace(rt, old, patched, subresource, options or WriteOptions())
 
     def delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
         options = options or {}
@@ -158,7 +176,7 @@ class Api:
                 obj["metadata"]["deletionGracePeriodSeconds"] = 0
                 return self.store.write(rt.key, obj, old)
             gone = self._remove(rt, old, orphan)
-        if rt.kind == "Pod" or not rt.builtin:
+        if rt.returns_deleted or not rt.builtin:
             return gone
         return success(rt, name, old["metadata"]["uid"])
 
@@ -169,7 +187,8 @@ class Api:
             raise ApiError(400, "the body of an eviction must be a policy/v1 Eviction")
         body = {"apiVersion": "policy/v1", "kind": "Eviction", **body}
         body.setdefault("metadata", {}).setdefault("name", name)
-        causes = schemas.validate_builtin(body)
+        causes, unknown = schemas.validate_builtin(body, self.gates.version)
+        causes += [(f, "unknown field") for f in unknown]
         if causes:
             raise invalid("policy", body["kind"], body["metadata"]["name"], causes)
         self.delete(pods, namespace, name, body.get("deleteOptions"))
@@ -221,7 +240,8 @@ class Api:
             meta.pop("namespace", None)
         return obj
 
-    def _replace(self, rt: ResourceType, old: dict[str, Any], obj: dict[str, Any], subresource: str) -> dict[str, Any]:
+    def _replace(self, rt: ResourceType, old: dict[str, Any], obj: dict[str, Any], subresource: str,
+                 options: WriteOptions) -> dict[str, Any]:
         name = old["metadata"]["name"]
         wanted_rv = obj["metadata"].get("resourceVersion")
         if wanted_rv not in (None, "") and wanted_rv != old["metadata"]["resourceVersion"]:
@@ -256,7 +276,9 @@ class Api:
             if added:
                 why = f"no new finalizers can be added if the object is being deleted, found {sorted(added)}"
                 raise invalid(rt.group, rt.kind, name, [("metadata.finalizers", why)])
-        self._admit(rt, new, old)
+        self._admit(rt, new, old, options)
+        if new == old or options.dry_run:
+            return new  # what was dropped on admission may turn the write into a no-op
         if old["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
             return self._remove(rt, new, orphan=False)
         return self.store.write(rt.key, new, old)
@@ -280,18 +302,33 @@ class Api:
 
     # Validation.
 
-    def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        if rt.kind == "ResourceSlice" and self.drop_partitionable_fields:
-            dra_rules.drop_partitionable(obj)
+    def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
+               options: WriteOptions) -> None:
+        """Decode (unknown fields per fieldValidation), drop what disabled gates hide, validate."""
+        drop_disabled_fields(rt.group, rt.kind, obj, old, self.gates)
         if not self.validate:
             return
         causes = self._meta_causes(rt, obj["metadata"])
+        unknown: list[str] = []
         if rt.builtin:
-            causes += schemas.validate_builtin(obj)
+            found, unknown = schemas.validate_builtin(obj, self.gates.version, options.field_validation)
+            causes += found
         elif rt.schema is not None:
+            body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+            unknown = schemas.prune_custom(body, rt.schema)
+            if options.field_validation != "Strict":
+                obj.update(body)
+                for gone in [k for k in obj if k not in body and k not in ("apiVersion", "kind", "metadata")]:
+                    del obj[gone]
             causes += schemas.validate_custom(obj, rt.schema)
+        if unknown and options.field_validation == "Strict":
+            what = ", ".join(f'unknown field "{f}"' for f in unknown)
+            raise ApiError(400, f"{rt.kind} in version \"{rt.version}\" cannot be handled as a {rt.kind}: "
+                                f"strict decoding error: {what}")
+        if options.field_validation == "Warn":
+            options.warnings += [f'unknown field "{f}"' for f in unknown]
         if rt.group == "resource.k8s.io":
-            causes += dra_rules.validate_resource_object(rt.kind, obj, old)
+            causes += dra_rules.validate_resource_object(rt.kind, obj, old, self.gates.minor)
             if rt.kind == "ResourceSlice" and not causes:
                 others = [o for o in self.store.items(rt.key) if o["metadata"]["name"] != obj["metadata"]["name"]]
                 causes += dra_rules.duplicate_in_pool(obj, others)

@@ -1,5 +1,13 @@
-"""resource.k8s.io/v1 validation rules the schemas do not carry (limits and formats from Kubernetes 1.34:
-k8s.io/api resource/v1 types.go constants and pkg/apis/resource/validation)."""
+"""resource.k8s.io/v1 validation rules the schemas do not carry, per minor release.
+
+Where they live upstream (k8s.io/kubernetes): pkg/apis/resource/validation/validation.go
+(validateResourceSliceSpec, validateDevice, validateCounterSet, validateDeviceCounterConsumption,
+validateDeviceTaint) with the limits of pkg/apis/resource/types.go. 1.34 caps counters over all sets of a slice
+(ResourceSliceMaxSharedCounters = 32) and counter consumptions per slice (1024); from 1.35 counter sets sit in
+slices of their own ("only one of `sharedCounters` or `devices` is allowed"), at most 8 sets of 32 counters, at
+most 2 consumptions per device, 64 devices in a slice whose devices use taints or consume counters, 16 taints a
+device, and the taint effect None is valid.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +18,17 @@ from typing import Any
 Causes = list[tuple[str, str]]
 
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64  # 1.35+
+MAX_COUNTER_SETS = 8  # 1.35+
+MAX_COUNTERS_PER_SET = 32  # 1.35+
+MAX_CONSUMPTIONS_PER_DEVICE = 2  # 1.35+
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 MAX_SHARED_COUNTERS = 32
 MAX_COUNTERS_PER_DEVICE = 32
 MAX_COUNTER_CONSUMPTIONS_PER_SLICE = 1024
-MAX_TAINTS = 4
+MAX_TAINTS_134 = 4
+MAX_TAINTS = 16  # 1.35+
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
 MAX_SELECTORS = 32
@@ -37,8 +50,6 @@ _SEMVER = re.compile(
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
 _NODE_FIELDS = ("nodeName", "nodeSelector", "allNodes")  # where a slice's (or a device's) devices are usable
-PARTITIONABLE_SLICE_FIELDS = ("sharedCounters", "perDeviceNodeSelection")
-PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", *_NODE_FIELDS)
 
 
 def dns_label(value: Any) -> str | None:
@@ -78,16 +89,6 @@ def qualified_name(value: str) -> str | None:
     return None
 
 
-def drop_partitionable(obj: dict[str, Any]) -> None:
-    """What a 1.34 server without the DRAPartitionableDevices gate does to a ResourceSlice on write."""
-    spec = obj.get("spec") or {}
-    for name in PARTITIONABLE_SLICE_FIELDS:
-        spec.pop(name, None)
-    for device in spec.get("devices") or []:
-        for name in PARTITIONABLE_DEVICE_FIELDS:
-            device.pop(name, None)
-
-
 def _node_selection(where: str, holder: dict[str, Any], fields: tuple[str, ...]) -> Causes:
     given = [f for f in fields if holder.get(f) not in (None, False, "")]
     out: Causes = []
@@ -125,7 +126,8 @@ def _counters(where: str, counters: Any) -> Causes:
     return [(f"{where}[{name}]", why) for name in counters if (why := dns_label(name))]
 
 
-def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_sets: dict[str, set[str]]) -> Causes:
+def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_sets: dict[str, set[str]],
+            minor: int) -> Causes:
     out: Causes = []
     why = dns_label(device.get("name"))
     if why:
@@ -153,14 +155,21 @@ def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_
         if set_name in seen_sets:
             out.append((f"{at}.counterSet", f"duplicate counter set {set_name!r}"))
         seen_sets.add(set_name)
-        if set_name not in counter_sets:
+        if minor >= 35:
+            pass  # the counter set lives in another slice of the pool; a single write cannot check it
+        elif set_name not in counter_sets:
             out.append((f"{at}.counterSet", f"must reference a counter set in spec.sharedCounters (not {set_name!r})"))
         else:
             unknown = set(use.get("counters") or {}) - counter_sets[set_name]
             out += [(f"{at}.counters[{c}]", f"counter not in counter set {set_name!r}") for c in sorted(unknown)]
         out += _counters(f"{at}.counters", use.get("counters"))
         total += len(use.get("counters") or {})
-    if total > MAX_COUNTERS_PER_DEVICE:
+        if minor >= 35 and len(use.get("counters") or {}) > MAX_COUNTERS_PER_SET:
+            out.append((f"{at}.counters", f"must have at most {MAX_COUNTERS_PER_SET} counters"))
+    if minor >= 35 and len(consumed) > MAX_CONSUMPTIONS_PER_DEVICE:
+        out.append((f"{where}.consumesCounters",
+                    f"must have at most {MAX_CONSUMPTIONS_PER_DEVICE} entries (is {len(consumed)})"))
+    if minor < 35 and total > MAX_COUNTERS_PER_DEVICE:
         out.append((f"{where}.consumesCounters",
                     f"must consume at most {MAX_COUNTERS_PER_DEVICE} counters (is {total})"))
     if per_device_nodes:
@@ -169,15 +178,17 @@ def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_
         out += [(f"{where}.{f}", "may only be set when perDeviceNodeSelection is true")
                 for f in _NODE_FIELDS if device.get(f) not in (None, False, "")]
     taints = device.get("taints") or []
-    if len(taints) > MAX_TAINTS:
-        out.append((f"{where}.taints", f"must have at most {MAX_TAINTS} taints (is {len(taints)})"))
+    max_taints = MAX_TAINTS if minor >= 35 else MAX_TAINTS_134
+    effects = ("None", "NoSchedule", "NoExecute") if minor >= 35 else ("NoSchedule", "NoExecute")
+    if len(taints) > max_taints:
+        out.append((f"{where}.taints", f"must have at most {max_taints} taints (is {len(taints)})"))
     for i, taint in enumerate(taints):
-        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
-            out.append((f"{where}.taints[{i}].effect", "must be NoSchedule or NoExecute"))
+        if taint.get("effect") not in effects:
+            out.append((f"{where}.taints[{i}].effect", f"must be one of {', '.join(effects)}"))
     return out
 
 
-def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
+def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None, minor: int = 37) -> Causes:
     spec = obj.get("spec") or {}
     out: Causes = []
     why = dns_subdomain(spec.get("driver"), 63)
@@ -209,22 +220,32 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
         out += _counters(f"spec.sharedCounters[{i}].counters", counter_set.get("counters"))
         counter_sets.setdefault(name, set(counter_set.get("counters") or {}))
     total_shared = sum(len(s.get("counters") or {}) for s in shared)
-    if total_shared > MAX_SHARED_COUNTERS:
-        out.append(("spec.sharedCounters", f"must have at most {MAX_SHARED_COUNTERS} counters over all sets "
-                                           f"(is {total_shared})"))
-
     devices = spec.get("devices") or []
-    if len(devices) > MAX_DEVICES_PER_SLICE:
-        out.append(("spec.devices", f"must have at most {MAX_DEVICES_PER_SLICE} devices (is {len(devices)})"))
+    if minor < 35:
+        if total_shared > MAX_SHARED_COUNTERS:
+            out.append(("spec.sharedCounters", f"must have at most {MAX_SHARED_COUNTERS} counters over all sets "
+                                               f"(is {total_shared})"))
+        max_devices = MAX_DEVICES_PER_SLICE
+    else:
+        if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
+            out.append(("spec", "only one of `sharedCounters` or `devices` is allowed"))
+        if len(shared) > MAX_COUNTER_SETS:
+            out.append(("spec.sharedCounters", f"must have at most {MAX_COUNTER_SETS} counter sets (is {len(shared)})"))
+        out += [(f"spec.sharedCounters[{i}].counters", f"must have at most {MAX_COUNTERS_PER_SET} counters")
+                for i, s in enumerate(shared) if len(s.get("counters") or {}) > MAX_COUNTERS_PER_SET]
+        uses = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+        max_devices = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if uses else MAX_DEVICES_PER_SLICE
+    if len(devices) > max_devices:
+        out.append(("spec.devices", f"must have at most {max_devices} devices (is {len(devices)})"))
     names: set[Any] = set()
     consumptions = 0
     for i, device in enumerate(devices):
-        out += _device(f"spec.devices[{i}]", device, bool(spec.get("perDeviceNodeSelection")), counter_sets)
+        out += _device(f"spec.devices[{i}]", device, bool(spec.get("perDeviceNodeSelection")), counter_sets, minor)
         if device.get("name") in names:
             out.append((f"spec.devices[{i}].name", f"duplicate device name {device.get('name')!r}"))
         names.add(device.get("name"))
         consumptions += sum(len(u.get("counters") or {}) for u in device.get("consumesCounters") or [])
-    if consumptions > MAX_COUNTER_CONSUMPTIONS_PER_SLICE:
+    if minor < 35 and consumptions > MAX_COUNTER_CONSUMPTIONS_PER_SLICE:
         out.append(("spec.devices", f"must consume at most {MAX_COUNTER_CONSUMPTIONS_PER_SLICE} counters over all "
                                     f"devices (is {consumptions})"))
 
@@ -361,9 +382,9 @@ def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
     return out
 
 
-def validate_resource_object(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
+def validate_resource_object(kind: str, obj: dict[str, Any], old: dict[str, Any] | None, minor: int = 37) -> Causes:
     if kind == "ResourceSlice":
-        return validate_slice(obj, old)
+        return validate_slice(obj, old, minor)
     if kind == "ResourceClaim":
         return validate_claim(obj, old)
     if kind == "ResourceClaimTemplate":

@@ -1,7 +1,7 @@
-"""Schema validation: Kubernetes 1.34 strict schemas shipped by kubernetes-validate; CRDs' openAPIV3Schema.
+"""Schema validation: the strict schemas kubernetes-validate ships for 1.34-1.37; CRDs' openAPIV3Schema.
 
 kubernetes_validate.validate() re-reads its 1.5 MB definitions file on every call; this module loads the same
-files once and caches one validator per kind so a write costs milliseconds.
+files once per version and caches one validator per kind so a write costs milliseconds.
 """
 
 from __future__ import annotations
@@ -15,51 +15,120 @@ import jsonschema  # type: ignore[import-untyped]
 import referencing
 from kubernetes_validate import utils as kv
 
-KUBERNETES_VERSION = "1.34"
-_SCHEMA_DIR = f"kubernetes-json-schema/v{KUBERNETES_VERSION}.0-local-strict"
+Causes = list[tuple[str, str]]
 _lock = threading.Lock()
 
 
+def _schema_dir(version: str, strict: bool = True) -> str:
+    return f"kubernetes-json-schema/v{version}.0-local{'-strict' if strict else ''}"
+
+
 @functools.cache
-def _registry() -> referencing.Registry[Any]:
-    defs = kv.schema_contents(f"{_SCHEMA_DIR}/_definitions.json", KUBERNETES_VERSION)
+def definitions(version: str) -> dict[str, Any]:
+    """Every type of the version (non-strict form, x-kubernetes-* extensions kept), by OpenAPI name."""
+    return dict(kv.schema_contents(f"{_schema_dir(version, strict=False)}/_definitions.json", version)["$defs"])
+
+
+@functools.cache
+def _registry(version: str) -> referencing.Registry[Any]:
+    defs = kv.schema_contents(f"{_schema_dir(version)}/_definitions.json", version)
     return referencing.Resource.from_contents(defs) @ referencing.Registry()
 
 
-@functools.cache
-def _validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
+def _file(api_version: str, kind: str) -> str:
     # rbac.authorization.k8s.io/v1 -> rbac-v1, as kubernetes-validate names its files
     short = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
-    schema = kv.schema_contents(f"{_SCHEMA_DIR}/{kind.lower()}-{short}.json", KUBERNETES_VERSION)
-    registry = referencing.Resource.from_contents(schema) @ _registry()
+    return f"{kind.lower()}-{short}.json"
+
+
+@functools.cache
+def _validator(version: str, api_version: str, kind: str) -> jsonschema.protocols.Validator:
+    schema = kv.schema_contents(f"{_schema_dir(version)}/{_file(api_version, kind)}", version)
+    registry = referencing.Resource.from_contents(schema) @ _registry(version)
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
-def _path(error: jsonschema.ValidationError) -> str:
+def has_schema(version: str, api_version: str, kind: str) -> bool:
+    try:
+        kv.schema_contents(f"{_schema_dir(version)}/{_file(api_version, kind)}", version)
+    except Exception:  # kubernetes-validate raises its own error types for a missing file
+        return False
+    return True
+
+
+def _path(parts: Any) -> str:
     out = ""
-    for part in error.absolute_path:
+    for part in parts:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> list[tuple[str, str]]:
-    errors = sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
-    return [(_path(e), e.message) for e in errors[:10]]
+def _unknown(error: jsonschema.ValidationError) -> list[tuple[list[Any], str]]:
+    """(container path, key) for each field an additionalProperties error names."""
+    if error.validator != "additionalProperties" or not isinstance(error.instance, dict):
+        return []
+    known = set((error.schema or {}).get("properties") or {})
+    return [(list(error.absolute_path), key) for key in error.instance if key not in known]
 
 
-def validate_builtin(obj: dict[str, Any]) -> list[tuple[str, str]]:
-    """(field, message) for each violation of the official strict schema of obj's apiVersion and kind."""
+def _drop(obj: dict[str, Any], container: list[Any], key: str) -> None:
+    cur: Any = obj
+    for part in container:
+        cur = cur[part]
+    cur.pop(key, None)
+
+
+def validate_builtin(obj: dict[str, Any], version: str, field_validation: str = "Strict") -> tuple[Causes, list[str]]:
+    """(schema violations, unknown fields) of obj against the official strict schema of its apiVersion and kind.
+
+    With field_validation "Strict" unknown fields are reported and left in place (the caller rejects the write);
+    with "Warn" or "Ignore" they are removed from obj, as kube-apiserver's decoder drops them.
+    """
     with _lock:  # referencing's lazy resolution is not documented as thread-safe
-        validator = _validator(obj["apiVersion"], obj["kind"])
-        return _errors(validator, obj)
+        validator = _validator(version, obj["apiVersion"], obj["kind"])
+        errors = list(validator.iter_errors(obj))
+        unknown = [u for e in errors for u in _unknown(e)]
+        if unknown and field_validation != "Strict":
+            for container, key in sorted(unknown, key=lambda u: -len(u[0])):
+                _drop(obj, container, key)
+            errors = list(validator.iter_errors(obj))
+        errors = [e for e in errors if not (field_validation == "Strict" and _unknown(e))]
+        errors.sort(key=lambda e: list(map(str, e.absolute_path)))
+        names = [_path([*container, key]) for container, key in unknown]
+        return [(_path(e.absolute_path), e.message) for e in errors[:10]], names
 
 
-def validate_custom(obj: dict[str, Any], schema: dict[str, Any]) -> list[tuple[str, str]]:
+def validate_custom(obj: dict[str, Any], schema: dict[str, Any]) -> Causes:
     """Validate against a CRD's structural schema; apiVersion, kind and metadata are the server's business."""
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
     props = {k: v for k, v in (schema.get("properties") or {}).items() if k not in ("apiVersion", "kind", "metadata")}
     reduced = {**schema, "properties": props}
-    return _errors(jsonschema.Draft7Validator(_strip_k8s_extensions(reduced)), body)
+    errors = sorted(jsonschema.Draft7Validator(_strip_k8s_extensions(reduced)).iter_errors(body),
+                    key=lambda e: list(map(str, e.absolute_path)))
+    return [(_path(e.absolute_path), e.message) for e in errors[:10]]
+
+
+def prune_custom(obj: Any, schema: Any, at: str = "") -> list[str]:
+    """Drop fields a structural schema does not declare, as the apiextensions server prunes them; their paths."""
+    if not isinstance(schema, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    pruned: list[str] = []
+    if isinstance(obj, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key in list(obj):
+            where = f"{at}.{key}" if at else key
+            if props is not None and key in props:
+                pruned += prune_custom(obj[key], props[key], where)
+            elif isinstance(extra, dict):
+                pruned += prune_custom(obj[key], extra, where)
+            elif props is not None and not extra:
+                del obj[key]
+                pruned.append(where)
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            pruned += prune_custom(item, schema["items"], f"{at}[{i}]")
+    return pruned
 
 
 def _strip_k8s_extensions(schema: Any) -> Any:

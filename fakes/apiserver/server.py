@@ -15,15 +15,14 @@ from typing import Any
 
 import yaml
 
-from .api import Api, parse_json
+from .api import Api, WriteOptions, parse_json
 from .errors import ApiError
 from .faults import Faults
 from .resources import Registry, ResourceType
-from .schemas import KUBERNETES_VERSION
 from .selectors import field_selector, label_selector
 from .store import Event, Store, namespace_of
+from .versions import DEFAULT, KubernetesVersion
 
-_MAJOR, _MINOR = KUBERNETES_VERSION.split(".")
 _PRESET_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
@@ -34,16 +33,21 @@ class ApiServer:
         self,
         port: int = 0,
         *,
+        kubernetes_version: str = DEFAULT,
+        feature_gates: dict[str, bool] | None = None,
         history: int = 1000,
         drop_partitionable_fields: bool = False,
         bookmark_interval: float = 1.0,
         max_watch_seconds: float = 1800.0,
         validate: bool = True,
     ) -> None:
-        self.registry = Registry()
+        gates = dict(feature_gates or {})
+        if drop_partitionable_fields:  # the older spelling of DRAPartitionableDevices=false
+            gates["DRAPartitionableDevices"] = False
+        self.version = KubernetesVersion(kubernetes_version, gates)
+        self.registry = Registry(self.version)
         self.store = Store(self.registry, history)
-        self.api = Api(self.registry, self.store, drop_partitionable_fields=drop_partitionable_fields,
-                       validate=validate)
+        self.api = Api(self.registry, self.store, self.version, validate=validate)
         self.faults = Faults()
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
@@ -153,11 +157,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # Plumbing.
 
-    def _send(self, code: int, body: Any) -> None:
-        payload = json.dumps(body, separators=(",", ":")).encode()
+    def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+        payload = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+        warnings = "".join(f'Warning: 299 - "{_quoted(w)}"\r\n' for w in self._warnings)
         head = (
             f"HTTP/1.1 {code} {self.responses.get(code, ('',))[0]}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n{warnings}"
             f"Date: {self.date_time_string()}\r\n\r\n"
         ).encode()
         self.wfile.write(head + payload)
@@ -169,6 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         injected = self.apiserver.faults.check(method, url.path)
+        self._warnings: list[str] = []
         try:
             if self.apiserver.faults.delay:
                 time.sleep(self.apiserver.faults.delay)
@@ -187,11 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/") if p]
         registry = self.apiserver.registry
         if parts == ["version"]:
-            return 200, {"major": _MAJOR, "minor": _MINOR, "gitVersion": f"v{KUBERNETES_VERSION}.0",
-                         "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2025-08-27T00:00:00Z",
-                         "goVersion": "go1.24.6", "compiler": "gc", "platform": "linux/amd64",
-                         "emulationMajor": _MAJOR, "emulationMinor": _MINOR,
-                         "minCompatibilityMajor": _MAJOR, "minCompatibilityMinor": str(int(_MINOR) - 1)}
+            return 200, self.apiserver.version.version_info()
         if parts in (["healthz"], ["livez"], ["readyz"]):
             return 200, "ok"
         if parts == ["api"]:
@@ -231,6 +233,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, f"the server could not find the requested resource ({path})")
         ns = (namespace or "") if rt.namespaced else ""
         api = self.apiserver.api
+        options = WriteOptions(query.get("fieldValidation") or "Warn", query.get("fieldManager") or "",
+                               bool(query.get("dryRun")))
+        self._warnings = options.warnings
         if name is None:
             if method == "GET" and _flag(query, "watch"):
                 self._watch(rt, namespace, query)
@@ -240,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "POST":
                 if rt.namespaced and namespace is None:
                     raise ApiError(405, f"create {rt.plural} needs a namespace in the path")
-                return 201, api.create(rt, ns, parse_json(raw))
+                return 201, api.create(rt, ns, parse_json(raw), options)
             if method == "DELETE":
                 return 200, self._delete_collection(rt, namespace, query, parse_json(raw))
             raise ApiError(405, f"{method} is not allowed on a collection")
@@ -254,10 +259,10 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             return 200, api.get(rt, ns, name)
         if method == "PUT":
-            return 200, api.update(rt, ns, name, body, sub)
+            return 200, api.update(rt, ns, name, body, sub, options)
         if method == "PATCH":
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            return 200, api.patch(rt, ns, name, content_type, body, sub)
+            return 200, api.patch(rt, ns, name, content_type, body, sub, options)
         if method == "DELETE" and not sub:
             return 200, api.delete(rt, ns, name, body)
         raise ApiError(405, f"{method} is not allowed on {path}")
@@ -385,6 +390,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
+
+
+def _quoted(text: str) -> str:
+    """A Warning header's text as RFC 7234 quotes it (what client-go's warning parser unquotes)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _flag(query: dict[str, str], name: str) -> bool:

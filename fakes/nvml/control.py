@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Iterable
 from typing import Any
 
 import pynvml as N
 
+from fakes.nvml import persist
 from fakes.nvml.library import FakeLibrary
 from fakes.nvml.machines import Machine, get_machine
 from fakes.nvml.state import ALL_INSTANCES, FakeGpu, Process
@@ -18,9 +20,9 @@ XID_FALLEN_OFF_THE_BUS = 79
 class FakeNvml:
     """A fake libnvidia-ml installed as `pynvml.nvmlLib`, and the controls to change what it reports."""
 
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: Machine, state: str | os.PathLike[str] | None = None) -> None:
         self.machine = machine
-        self.library = FakeLibrary(machine)
+        self.library = FakeLibrary(machine, None if state is None else persist.StateFile(state))
         self.lib = types.SimpleNamespace(**self.library.symbols())
         self._saved: tuple[Any, int] | None = None
 
@@ -28,7 +30,10 @@ class FakeNvml:
 
     @property
     def gpus(self) -> list[FakeGpu]:
-        """The fake GPUs by NVML index: `.uuid`, `.minor`, `.mig_current`, `.gpu_instances`, `.processes`..."""
+        """The fake GPUs by NVML index: `.uuid`, `.minor`, `.mig_current`, `.gpu_instances`, `.processes`...
+        (as of now: with a state file, what other processes did is read first)."""
+        with self.library.lock:
+            self.library.refresh()
         return self.library.gpus
 
     @property
@@ -47,20 +52,27 @@ class FakeNvml:
     def inject_event(self, gpu_index: int, event_type: int, data: int = 0, gpu_instance_id: int = ALL_INSTANCES,
                      compute_instance_id: int = ALL_INSTANCES) -> int:
         self._gpu(gpu_index)
-        with self.library.lock:
+        with self.library.mutation():
             return self.library.deliver(gpu_index, event_type, data, gpu_instance_id, compute_instance_id)
 
     def lose_gpu(self, gpu_index: int, xid: int | None = XID_FALLEN_OFF_THE_BUS) -> None:
         """The GPU falls off the bus: every call on it (handles, MIG, GI/CI) returns GPU_IS_LOST, including
         getting its handle again. The driver reports Xid 79 first; pass xid=None to skip that event."""
-        if xid is not None:
-            self.inject_xid(gpu_index, xid)
-        with self.library.lock:
+        with self.library.mutation():
+            if xid is not None:
+                self.inject_xid(gpu_index, xid)
             self._gpu(gpu_index).lost = True
 
     def set_processes(self, gpu_index: int, processes: Iterable[tuple[int, int]],
-                      gpu_instance_id: int | None = None, compute_instance_id: int | None = None) -> None:
-        """Replace the compute processes running on a GPU, or on one of its MIG devices (GI and CI id)."""
+                      gpu_instance_id: int | None = None, compute_instance_id: int | None = None,
+                      name: str = "", tracked: bool = False) -> None:
+        """Replace the compute processes running on a GPU, or on one of its MIG devices (GI and CI id).
+        `tracked` processes leave the GPU by themselves once their pid has exited."""
+        with self.library.mutation():
+            self._set_processes(gpu_index, processes, gpu_instance_id, compute_instance_id, name, tracked)
+
+    def _set_processes(self, gpu_index: int, processes: Iterable[tuple[int, int]], gpu_instance_id: int | None,
+                       compute_instance_id: int | None, name: str, tracked: bool) -> None:
         gpu = self._gpu(gpu_index)
         gi_id = ALL_INSTANCES if gpu_instance_id is None else gpu_instance_id
         ci_id = ALL_INSTANCES if compute_instance_id is None else compute_instance_id
@@ -70,9 +82,8 @@ class FakeNvml:
                 raise ValueError(
                     f"GPU {gpu_index} has no MIG device GI {gpu_instance_id} / CI {compute_instance_id}"
                 )
-        with self.library.lock:
-            kept = [p for p in gpu.processes if (p.gpu_instance_id, p.compute_instance_id) != (gi_id, ci_id)]
-            gpu.processes = kept + [Process(pid, used, gi_id, ci_id) for pid, used in processes]
+        kept = [p for p in gpu.processes if (p.gpu_instance_id, p.compute_instance_id) != (gi_id, ci_id)]
+        gpu.processes = kept + [Process(pid, used, gi_id, ci_id, name, tracked) for pid, used in processes]
 
     def force_error(self, symbol: str, code: int, count: int = 1) -> None:
         """The next `count` calls of C symbol `symbol` (e.g. "nvmlDeviceGetHandleByIndex_v2") return `code`."""
@@ -92,7 +103,7 @@ class FakeNvml:
     def reset_gpu(self, gpu_index: int) -> None:
         """`nvidia-smi -r -i <gpu>`: applies the pending MIG mode and drops all GPU/compute instances.
         Raises GpuBusy while processes run on it (nvidia-smi refuses too)."""
-        with self.library.lock:
+        with self.library.mutation():
             self._gpu(gpu_index).reset()
 
     # --- install --------------------------------------------------------------------------------------
@@ -103,10 +114,15 @@ class FakeNvml:
     def __exit__(self, *exc: object) -> None:
         uninstall()
 
+    def mutation(self) -> Any:
+        """A context in which tests may change `gpus` directly; with a state file the change is saved."""
+        return self.library.mutation()
+
     def _gpu(self, index: int) -> FakeGpu:
-        if not 0 <= index < len(self.gpus):
-            raise ValueError(f"{self.machine.name} has GPUs 0..{len(self.gpus) - 1}, not {index}")
-        return self.gpus[index]
+        gpus = self.library.gpus
+        if not 0 <= index < len(gpus):
+            raise ValueError(f"{self.machine.name} has GPUs 0..{len(gpus) - 1}, not {index}")
+        return gpus[index]
 
     def _symbol(self, symbol: str) -> None:
         if symbol not in self.library.symbols():
@@ -119,12 +135,17 @@ class _Installed:
     fake: FakeNvml | None = None
 
 
-def install(machine: str | Machine) -> FakeNvml:
+def install(machine: str | Machine, state: str | os.PathLike[str] | None = None) -> FakeNvml:
     """Put a fake of `machine` behind pynvml; the real pynvml wrappers then talk to it.
 
-    Replaces any fake installed before. Undo with `uninstall()` or by leaving the returned context manager.
+    `state` (default: the FAKE_NVML_STATE environment variable) names a file that keeps the GPUs' state
+    across processes; it is created from the machine profile when absent. Replaces any fake installed
+    before. Undo with `uninstall()` or by leaving the returned context manager.
+    Raises ValueError for an unknown machine or an unusable state file (persist.StateFileError).
     """
-    fake = FakeNvml(get_machine(machine))
+    if state is None:
+        state = os.environ.get(persist.ENV) or None
+    fake = FakeNvml(get_machine(machine), state)
     previous = _Installed.fake
     fake._saved = previous._saved if previous is not None else (N.nvmlLib, N._nvmlLib_refcount)
     _Installed.fake = fake

@@ -7,13 +7,17 @@ expects from `CDLL("libnvidia-ml.so.1")`. Handles are opaque addresses kept in a
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pynvml as N
 
 from fakes.nvml import cabi as C
+from fakes.nvml import persist
 from fakes.nvml.machines import Machine
 from fakes.nvml.products import BRAND_NVIDIA, Profile
 from fakes.nvml.state import ALL_INSTANCES, ComputeInstance, FakeGpu, GpuInstance, NvmlFail
@@ -46,6 +50,14 @@ _ERROR_STRINGS = {
 _Instance = TypeVar("_Instance", GpuInstance, ComputeInstance)
 # Symbols that work before nvmlInit, as in the real library.
 _NO_INIT = {"nvmlInit_v2", "nvmlInitWithFlags", "nvmlErrorString"}
+# Symbols that change GPU state: with a state file they run under its write lock and save what they did.
+_MUTATING = {
+    "nvmlDeviceSetComputeMode", "nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstance",
+    "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy", "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlGpuInstanceCreateComputeInstanceWithPlacement", "nvmlComputeInstanceDestroy",
+}
+# How often a wait on an event set looks for events other processes queued in the state file.
+STATE_POLL_S = 0.05
 
 
 class MigDevice:
@@ -91,7 +103,7 @@ class Handles:
 
 
 class FakeLibrary:
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: Machine, state: persist.StateFile | None = None) -> None:
         self.machine = machine
         self.gpus = [FakeGpu(machine, i, spec) for i, spec in enumerate(machine.gpus)]
         self.handles = Handles()
@@ -100,6 +112,47 @@ class FakeLibrary:
         self.forced: dict[str, list[int]] = {}  # symbol -> [return code, calls left]
         self.lock = threading.RLock()
         self._mig_devices: dict[int, MigDevice] = {}
+        self.state = state
+        self.pending: list[persist.PendingEvent] = []  # events queued in the state file for a listener
+        if state is not None:
+            with state.exclusive():
+                data = state.read()
+                if data is None:  # a new state starts from the machine profile
+                    self.save()
+                else:
+                    self._load(data)
+
+    # --- the state file -------------------------------------------------------------------------------
+
+    def _load(self, data: dict[str, object]) -> None:
+        self.pending = persist.load(data, self.machine.name, self.gpus)
+
+    def save(self) -> None:
+        assert self.state is not None
+        self.state.write(persist.dump(self.machine.name, self.gpus, self.pending))
+
+    def refresh(self) -> None:
+        """Catch up with changes other processes made to the state file (no-op without one)."""
+        if self.state is None:
+            return
+        data = self.state.read_if_changed()
+        if data is not None:
+            self._load(data)
+        for gpu in self.gpus:
+            if any(p.tracked for p in gpu.processes):
+                gpu.processes = [p for p in gpu.processes if not p.tracked or _pid_alive(p.pid)]
+
+    @contextlib.contextmanager
+    def mutation(self) -> Iterator[None]:
+        """Change GPU state: under the library lock and the state file's write lock, saved when done."""
+        with self.lock:
+            if self.state is None:
+                yield
+                return
+            with self.state.exclusive():
+                self.refresh()
+                yield
+                self.save()
 
     # --- export ---------------------------------------------------------------------------------------
 
@@ -123,8 +176,12 @@ class FakeLibrary:
             try:
                 if waits:  # blocks on its own condition; must not hold the library lock
                     impl(*args)
+                elif name in _MUTATING:
+                    with self.mutation():
+                        impl(*args)
                 else:
                     with self.lock:
+                        self.refresh()
                         impl(*args)
             except NvmlFail as e:
                 return e.code
@@ -632,10 +689,17 @@ class FakeLibrary:
     def nvmlEventSetWait_v2(self, es_handle: Any, ref: Any, timeout_ms: Any) -> None:
         with self.lock:
             es = self._event_set(es_handle)
-        with es.ready:
-            if not es.ready.wait_for(lambda: bool(es.queue), timeout=C.value(timeout_ms) / 1000):
+        deadline = time.monotonic() + C.value(timeout_ms) / 1000
+        while True:
+            self._take_pending()
+            with es.ready:
+                left = deadline - time.monotonic()
+                poll = left if self.state is None else min(left, STATE_POLL_S)
+                if es.ready.wait_for(lambda: bool(es.queue), timeout=max(poll, 0)):
+                    index, event_type, data, gi_id, ci_id = es.queue.popleft()
+                    break
+            if left <= 0:
                 raise NvmlFail(N.NVML_ERROR_TIMEOUT)
-            index, event_type, data, gi_id, ci_id = es.queue.popleft()
         info = C.target(ref)
         C.put_field_handle(info, "device", self.handles.of("gpu", self.gpus[index]))
         C.fill(info, eventType=event_type, eventData=data, gpuInstanceId=gi_id, computeInstanceId=ci_id)
@@ -645,9 +709,38 @@ class FakeLibrary:
         self.event_sets.remove(es)
         self.handles.forget("events", es)
 
+    def _take_pending(self) -> None:
+        """Move events other processes queued in the state file to this process's sets that listen for them."""
+        if self.state is None:
+            return
+        with self.lock:
+            self.refresh()
+            if not any(self._listeners(e[0], e[1]) for e in self.pending):
+                return
+            with self.mutation():
+                kept = []
+                for event in self.pending:
+                    if not self._deliver_here(*event):
+                        kept.append(event)
+                self.pending = kept
+
+    def _listeners(self, index: int, event_type: int) -> list[EventSet]:
+        return [es for es in self.event_sets if es.registered.get(index, 0) & event_type]
+
     def deliver(self, index: int, event_type: int, data: int, gi_id: int = ALL_INSTANCES,
                 ci_id: int = ALL_INSTANCES) -> int:
-        """Queue an event on every set registered for it on that GPU; returns how many sets got it."""
+        """Queue an event on every set registered for it on that GPU; returns how many sets got it.
+
+        With a state file and no listener in this process, the event waits in the file for the process
+        that registers for it (the agent), as an Xid stays in the driver until someone reads it. Call
+        inside `mutation()`."""
+        delivered = self._deliver_here(index, event_type, data, gi_id, ci_id)
+        if not delivered and self.state is not None:
+            self.pending.append((index, event_type, data, gi_id, ci_id))
+        return delivered
+
+    def _deliver_here(self, index: int, event_type: int, data: int, gi_id: int = ALL_INSTANCES,
+                      ci_id: int = ALL_INSTANCES) -> int:
         delivered = 0
         for es in list(self.event_sets):
             if es.registered.get(index, 0) & event_type:
@@ -656,6 +749,16 @@ class FakeLibrary:
                     es.ready.notify_all()
                 delivered += 1
         return delivered
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _shared_engines(gi_profile: Profile) -> dict[str, int]:

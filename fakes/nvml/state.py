@@ -15,6 +15,7 @@ from fakes.nvml.products import Profile
 
 ALL_INSTANCES = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process or event on the whole GPU
 COMPUTE_SLICES = 7
+TIMESLICE_DEFAULT = 0  # compute-policy time slice: 0 Default, 1 Short, 2 Medium, 3 Long
 # Auto-placement (nvmlDeviceCreateGpuInstance) is driver-chosen, not lowest-first. Observed: successive
 # 1-slice GIs at 6,4,5,0,1,2,3; a lone 2g at 4; two 3g GIs get ids 2 then 1 (upper half first). The
 # driver fills the half that already has the unusable 8th memory slice first; this table encodes that.
@@ -46,6 +47,10 @@ class Process:
     used_bytes: int
     gpu_instance_id: int = ALL_INSTANCES
     compute_instance_id: int = ALL_INSTANCES
+    name: str = ""  # nvmlSystemGetProcessName; the fake MPS server is "nvidia-cuda-mps-server"
+    # A process a fake binary registered for itself: it leaves the GPU when that pid is gone, as the
+    # driver drops the contexts of a killed process.
+    tracked: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,7 @@ class FakeGpu:
         self.bus_id = spec.bus_id
         self.mig_current = self.mig_pending = 0
         self.compute_mode = N.NVML_COMPUTEMODE_DEFAULT
+        self.timeslice = TIMESLICE_DEFAULT  # `nvidia-smi compute-policy --set-timeslice` (0..3)
         self.lost = False
         self.processes: list[Process] = []
         self.gpu_instances: dict[int, GpuInstance] = {}

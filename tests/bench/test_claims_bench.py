@@ -60,3 +60,50 @@ def test_prepare_unprepare_latency(tmp_path: pathlib.Path) -> None:
         print(f"claims prepare+unprepare, {name}: {_percentiles(samples)}")
     if cdi_root.parent == TMPFS:
         shutil.rmtree(cdi_root)
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("held", [0, 1000])
+def test_prepare_latency_does_not_grow_with_claims_held(tmp_path: pathlib.Path, held: int) -> None:
+    """Prepare + unprepare of one 1-GPU claim while `held` other claims stay prepared (time-sliced on gpu-7)."""
+    from tests.unit.test_claims_support import opaque
+
+    cdi_root = pathlib.Path(tempfile.mkdtemp(dir=TMPFS)) if TMPFS.is_dir() else tmp_path / "cdi"
+    inv = Inventory("550.54.15", "12.4", gpus=tuple(gpu(i) for i in range(8)))
+    source = StaticClaimSource()
+    shared = [opaque(sharing={"strategy": "TimeSlicing"})]
+    held_refs = []
+    for i in range(held):
+        body = claim(f"held-{i:05d}", ["gpu-7"], configs=shared)
+        source.put(body)
+        held_refs.append(ClaimRef("default", f"held-{i:05d}", body["metadata"]["name"]))
+    body = claim("measured", ["gpu-0"])
+    source.put(body)
+    measured = [ClaimRef("default", "measured", body["metadata"]["name"])]
+    preparer = ClaimPreparer(
+        node_name=NODE,
+        driver_name=DRIVER,
+        state_dir=tmp_path / "state",
+        cdi_root=cdi_root,
+        source=source,
+        inventory=lambda: inv,
+        boot_id=lambda: "boot-1",
+        mig_caps=cdi.MigCaps(lambda: None),
+    )
+    for start in range(0, held, 50):
+        results = preparer.prepare(held_refs[start : start + 50])
+        assert not any(r.error for r in results.values())
+    prepares, cycles = [], []
+    for _ in range(CYCLES // 5):
+        start = time.perf_counter()
+        results = preparer.prepare(measured)
+        prepared = time.perf_counter()
+        errors = preparer.unprepare(measured)
+        cycles.append(time.perf_counter() - start)
+        prepares.append(prepared - start)
+        assert not results["measured"].error and not errors["measured"]
+    print(f"\nprepare of a 1-GPU claim with {held} claims held: {_percentiles(prepares)}")
+    print(f"prepare+unprepare with {held} claims held: {_percentiles(cycles)}")
+    if cdi_root.parent == TMPFS:
+        shutil.rmtree(cdi_root)

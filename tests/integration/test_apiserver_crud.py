@@ -53,7 +53,7 @@ def claim_body(name: str) -> dict:
 
 def test_version_and_discovery(server: ApiServer) -> None:
     api_client = server.api_client()
-    assert client.VersionApi(api_client).get_code().minor == "34"
+    assert client.VersionApi(api_client).get_code().minor == "37"
     groups = {g.name for g in client.ApisApi(api_client).get_api_versions().groups}
     assert {"resource.k8s.io", "coordination.k8s.io", "events.k8s.io", "apiextensions.k8s.io"} <= groups
     names = {r.name for r in client.ResourceV1Api(api_client).get_api_resources().resources}
@@ -285,7 +285,7 @@ def test_register_custom_in_process(server: ApiServer) -> None:
     custom.create_namespaced_custom_object("scheduling.example.com", "v1alpha1", "default", "podgroups", {
         "apiVersion": "scheduling.example.com/v1alpha1", "kind": "PodGroup", "metadata": {"name": "g"},
         "spec": {"minMember": 2}})
-    assert server.store.get("PodGroup", "g", "default")["spec"] == {"minMember": 2}
+    assert server.store.get("scheduling.example.com/PodGroup", "g", "default")["spec"] == {"minMember": 2}
     # Custom resources take JSON merge patch; a strategic merge patch is a 415 as on a real server.
     with pytest.raises(ApiException) as err:
         custom.patch_namespaced_custom_object("scheduling.example.com", "v1alpha1", "default", "podgroups", "g",

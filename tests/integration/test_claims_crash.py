@@ -86,7 +86,7 @@ def check_converged(root: pathlib.Path) -> None:
     assert all(s is ClaimState.COMPLETED for s in states.values()), states
     cdi_files = {p.name for p in (root / "cdi").iterdir()} if (root / "cdi").exists() else set()
     assert cdi_files == {cdi.spec_file_name(uid) for uid in states}, "spec files and Completed claims differ"
-    assert [p.name for p in (root / "state").iterdir() if p.name.endswith(".tmp")] == []
+    assert [p.name for p in (root / "state").rglob("*.tmp")] == []
     for uid in states:
         spec = yaml.safe_load((root / "cdi" / cdi.spec_file_name(uid)).read_text())
         assert [d["name"] for d in spec["devices"]] == [f"{uid}-{d.device_name}" for d in cp.claims[uid].devices]

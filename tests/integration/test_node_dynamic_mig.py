@@ -21,6 +21,10 @@ from tests.integration.test_node_support import DRIVER, NODE, allocate_claim, cd
 
 PLACEMENT = "gpu-1-mig-1g10gb-19-3"
 
+# The agent publishes counters beside the devices that consume them (the 1.34 shape), which 1.35+ rejects: these
+# tests run against 1.34 with DRAPartitionableDevices on until the agent publishes the split shape (issue 8).
+COMBINED_COUNTERS_SERVER: dict = {"kubernetes_version": "1.34", "feature_gates": {"DRAPartitionableDevices": True}}
+
 
 @dataclass
 class Node:
@@ -48,7 +52,7 @@ def node() -> Iterator[Node]:
     with (
         short_tmpdir("dynmig-") as root,
         open_nvml("fake:dgx-h100") as nvml,
-        fakes.apiserver.start(port=0) as server,
+        fakes.apiserver.start(port=0, **COMBINED_COUNTERS_SERVER) as server,
     ):
         h = pynvml.nvmlDeviceGetHandleByIndex(1)
         assert pynvml.nvmlDeviceSetMigMode(h, pynvml.NVML_DEVICE_MIG_ENABLE) == 0

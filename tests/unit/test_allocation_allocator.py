@@ -204,3 +204,14 @@ def test_gpu_instances_without_compute_instances_block_their_placements() -> Non
     with pytest.raises(NoFit):
         ALLOC.allocate(inventory(g), NodeUsage(), one(device_class=MIG_CLASS, count=5,
                        selectors=("device.attributes['gpu.nvidia.com'].profile == '1g.5gb'",)))
+
+
+def test_a_device_taken_under_another_spelling_is_still_taken() -> None:
+    # Tried: allocations and prepared claims naming gpu-0..gpu-3 with leading zeros, and a share of gpu-04.
+    usage = NodeUsage(allocated=frozenset({"gpu-00", "gpu-01"}), prepared=frozenset({"gpu-002"}),
+                      reserved=frozenset({"gpu-03"}), shared_milli={"gpu-04": 500})
+    assert usage.taken == {"gpu-0", "gpu-1", "gpu-2", "gpu-3"} and usage.shared_milli == {"gpu-4": 500}
+    fit = ALLOC.allocate(EIGHT, usage, one(count=3))
+    assert set(fit.devices["r"]) == {"gpu-5", "gpu-6", "gpu-7"}
+    with pytest.raises(NoFit):  # four whole GPUs, but gpu-4 is half used
+        ALLOC.allocate(EIGHT, usage, one(count=4))

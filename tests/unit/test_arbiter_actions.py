@@ -199,10 +199,13 @@ def test_reclaim_takes_back_from_a_queue_above_its_fair_share() -> None:
     assert all(result.pods[p].cause == "reclaim" for p in evicted)
 
 
-def test_reclaim_never_breaks_a_gang_nor_drives_the_victim_below_fair_share() -> None:
-    # the victim gang needs all 8: evicting any pod means evicting all, leaving queue a at 0 < fair share 6
+def test_reclaim_takes_a_gang_whole_judging_its_queue_before_it_leaves() -> None:
+    # KAI reclaimable.go reclaimResourcesFromReclaimees: the victim queue is judged on its allocation before the
+    # victim leaves (a holds 8 > max(quota 4, fair share 6)), so the 8-pod gang is eligible; a gang is never
+    # broken, so all 8 go, and none fits back beside the reclaimer's 2 (strategies.go FitsMaintainFairShare)
     result = cycle(_reclaim_doc(victim_min=8), "reclaim")
-    assert all(d.action == "keep" for d in result.pods.values())
+    assert len(placed(result, "ja", "evict")) == 8
+    assert placed(result, "jb", "pipeline") == ["jb-0", "jb-1"]
 
 
 def test_reclaim_is_refused_to_a_queue_that_would_exceed_its_fair_share() -> None:

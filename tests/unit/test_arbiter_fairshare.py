@@ -52,9 +52,23 @@ def test_unlimited_quota_means_the_whole_level() -> None:
     assert divide(6 * G, [claim(-1, 9 * G, weight=0)], G) == [6 * G]
 
 
-def test_oversubscribed_quotas_never_exceed_the_level_and_favour_higher_priority() -> None:
-    shares = divide(4 * G, [claim(3 * G, 3 * G, priority=100), claim(3 * G, 3 * G, priority=150, order=1)], G)
-    assert shares == [1 * G, 3 * G]
+def test_oversubscribed_quotas_are_not_scaled_down() -> None:
+    # KAI resource_division.go setDeservedResource: each child deserves min(quota, requestable) even when
+    # the quotas add up to more than the level has; nothing is then left over quota
+    shares = divide(4 * G, [claim(3 * G, 3 * G, priority=100), claim(3 * G, 5 * G, priority=150, order=1)], G)
+    assert shares == [3 * G, 3 * G]
+
+
+def test_usage_shifts_only_the_over_quota_division() -> None:
+    # time-aware fair share (KAI calcShareWeights): equal weights, but q0 used 60 % of the cluster lately and q1
+    # nothing: weights become max(0, w + k (w - usage)) = 0.4 and 1.0; the quota part (2 each) never moves
+    hungry = [claim(2 * G, 20 * G, order=0), claim(2 * G, 20 * G, order=1)]
+    used = [Claim(c.quota, c.limit, c.weight, c.priority, c.request, c.order, usage=u)
+            for c, u in zip(hungry, (0.6, 0.0), strict=True)]
+    assert divide(12 * G, hungry, G) == [6 * G, 6 * G]
+    shares = divide(12 * G, used, G)
+    assert shares[0] >= 2 * G and shares[1] >= 2 * G
+    assert shares == [4 * G, 8 * G]  # 8 over quota as 0.4 : 1.0 -> 2.29 and 5.71 -> 2 and 5, the last unit to q1
 
 
 def test_ties_on_remainders_go_to_the_older_queue() -> None:
@@ -106,13 +120,20 @@ claims = st.lists(
 )
 
 
+def _deserved(amount: float, c: Claim) -> float:
+    return min(amount if c.quota == -1 else c.quota, c.requestable)
+
+
 @settings(max_examples=300, deadline=None)
 @given(amount=st.floats(0, 50), claims=claims)
-def test_shares_never_exceed_the_amount_nor_what_a_queue_can_use(amount: float, claims: list[Claim]) -> None:
+def test_each_queue_gets_its_deserved_part_and_only_the_rest_is_divided_over_quota(
+        amount: float, claims: list[Claim]) -> None:
     shares = divide(amount, claims, 1.0)
-    assert sum(shares) <= amount + 1e-6
-    for share, c in zip(shares, claims, strict=True):
-        assert -1e-9 <= share <= c.requestable + 1e-6
+    deserved = [_deserved(amount, c) for c in claims]
+    over = sum(shares) - sum(deserved)
+    assert over <= max(0.0, amount - sum(deserved)) + 1e-6  # quotas are not scaled down; the rest is shared
+    for share, d, c in zip(shares, deserved, claims, strict=True):
+        assert d - 1e-9 <= share <= c.requestable + 1e-6
 
 
 @settings(max_examples=200, deadline=None)

@@ -18,16 +18,17 @@ from tests.unit.test_arbiter_properties import snapshots
 from tests.unit.test_arbiter_support import cycle, doc, gang, job, node, pod, queue
 
 
-def test_node_set_keeps_insertion_order_through_compaction() -> None:
+def test_node_set_walks_its_members_in_index_order_whatever_order_they_came_in() -> None:
     nodes = NodeSet()
-    for i in range(100):
+    for i in reversed(range(100)):
         nodes.add(i)
-    for i in range(0, 100, 3):  # enough deletions to make it rebuild itself
+    for i in range(0, 100, 3):
         nodes.discard(i)
-    nodes.add(1)  # already a member: keeps its place
-    nodes.add(0)  # back in: goes last
+    nodes.add(1)  # already a member: nothing changes
+    nodes.add(0)  # back in: still first, as index order (= node-name order) says
     nodes.discard(1000)  # not a member: nothing happens
-    assert list(nodes) == [i for i in range(100) if i % 3] + [0]
+    assert list(nodes) == [0] + [i for i in range(100) if i % 3]
+    assert len(nodes) == 67 and 0 in nodes and 3 not in nodes
     for i in list(nodes):
         nodes.discard(i)
     assert not nodes and list(nodes) == []
@@ -107,19 +108,21 @@ def test_a_jobs_next_chunk_follows_binds_and_rollbacks() -> None:
     assert [p.spec.name for p in j.pending()] == ["g-0", "g-1", "g-2"]
 
 
-def test_reclaim_passes_over_a_queue_whose_smallest_victim_would_drop_it_below_fair_share() -> None:
-    # b (lower priority, so first in victim order) runs 2 GPUs on a fair share of 1.5: any one pod taken leaves
-    # it at 1. c runs 5 on a fair share of 2: the two GPUs a wants come from c, newest jobs first.
+def test_reclaim_judges_a_victim_queue_before_each_pick_and_re_ranks_after_it() -> None:
+    # b (lower priority, so first in reverse queue order) runs 2 GPUs on an allocatable share of 1.5: judged
+    # before the pick it is above, so one of its pods goes (KAI reclaimable.go judges the victim queue's
+    # allocation before the victim leaves) and leaves it at 1. Re-ranked, b is now at or under its quota and
+    # no victim any more; the second GPU comes from c (5 on 2), its newest job.
     queues = [queue("a", quota=4, weight=0), queue("b", quota=1.5, weight=0, priority=50),
               queue("c", quota=2, weight=0)]
-    jobs = [*(gang(f"b{i}", "b", 1, node="n") for i in range(2)),
+    jobs = [*(gang(f"b{i}", "b", 1, node="n", created=f"2025-01-01T00:0{i}:00Z") for i in range(2)),
             *(gang(f"c{i}", "c", 1, node="n", created=f"2025-01-01T00:0{i}:00Z") for i in range(5)),
             gang("want", "a", 2, created="2025-01-02T00:00:00Z")]
     result = cycle(doc([node("n", 7)], queues, jobs), "reclaim")
     assert result.fair_share["b"][0] == 1500 and result.fair_share["c"][0] == 2000
     assert [n for n, d in result.pods.items() if d.action == "pipeline"] == ["want-0", "want-1"]
-    assert sorted(n for n, d in result.pods.items() if d.outcome == "evicted") == ["c3-0", "c4-0"]
-    assert result.allocated["b"][0] == 2000
+    assert sorted(n for n, d in result.pods.items() if d.outcome == "evicted") == ["b1-0", "c4-0"]
+    assert result.allocated["b"][0] == 1000
 
 
 def test_every_evicted_pod_names_its_cause_even_after_a_partial_restore() -> None:

@@ -1,10 +1,12 @@
-"""The prepared-claims checkpoint: round trips, the on-disk format, corruption, atomic writes."""
+"""The prepared-claims checkpoint: one record per claim, round trips, the version 1 file migrated, corruption,
+atomic writes, a copy kept in memory that another process's writes invalidate."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+from dataclasses import replace
 
 import pytest
 
@@ -17,9 +19,11 @@ from agent.claims.checkpoint import (
     CheckpointTooNew,
     ClaimEntry,
     ClaimState,
-    decode,
-    encode,
+    decode_legacy,
+    decode_record,
+    encode_record,
 )
+from agent.claims.lock import LockUnusable, NodeLock
 
 
 def sample() -> Checkpoint:
@@ -49,7 +53,7 @@ def sample() -> Checkpoint:
     )
 
 
-# Written by version 1 of the format. Must stay readable by every later build.
+# Written by version 1 of the format (one file, every claim). Must stay readable by every later build.
 V1_DOCUMENT = (
     '{"version": 1, "checksum": "sha256:e9bde1abcea23ab23d789be4edebce9ccfc5a3312295185e23a3fb3c509abe55", '
     '"data": {"nodeBootID": "boot-1", "claims": {"u1": {"namespace": "ns", "name": "c1", '
@@ -59,42 +63,40 @@ V1_DOCUMENT = (
 )
 
 
-def test_round_trip_keeps_every_field() -> None:
-    cp = sample()
-    back = decode(encode(cp))
-    assert back == cp
-    assert back.claims["u1"].cdi_spec == {"cdiVersion": "0.3.0"}
-    assert encode(back) == encode(cp)
+def store(root: pathlib.Path, boot: str = "boot-1") -> CheckpointStore:
+    return CheckpointStore(root, boot_id=lambda: boot)
 
 
-def test_writes_the_current_version() -> None:
-    assert json.loads(encode(sample()))["version"] == VERSION
+def records(root: pathlib.Path) -> list[str]:
+    return sorted(os.listdir(root / "claims"))
 
 
-def test_a_version_1_file_reads_back() -> None:
-    cp = decode(V1_DOCUMENT.encode())
-    assert cp.boot_id == "boot-1"
-    assert cp.claims["u1"] == sample().claims["u1"]
-    assert cp.claims["u1"].devices[0].sharing == "MPS"
+def test_a_record_round_trips_every_field() -> None:
+    entry = sample().claims["u1"]
+    boot, back = decode_record(encode_record("boot-1", entry))
+    assert (boot, back) == ("boot-1", entry)
+    assert back.cdi_spec == {"cdiVersion": "0.3.0"}
+    assert encode_record(boot, back) == encode_record("boot-1", entry)
+    assert json.loads(encode_record("b", entry))["version"] == VERSION == 2
 
 
 def test_a_newer_version_is_refused() -> None:
-    doc = json.loads(encode(sample()))
+    doc = json.loads(encode_record("b", sample().claims["u1"]))
     doc["version"] = VERSION + 1
     with pytest.raises(CheckpointTooNew, match="newer than this agent"):
-        decode(json.dumps(doc).encode())
+        decode_record(json.dumps(doc).encode())
 
 
-def test_checksum_detects_an_edit() -> None:
-    doc = json.loads(encode(sample()))
-    doc["data"]["claims"]["u1"]["state"] = "PrepareStarted"  # still valid JSON and shape
-    with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
-        decode(json.dumps(doc).encode())
+def test_checksum_detects_an_edit_and_the_error_says_the_remedy() -> None:
+    doc = json.loads(encode_record("b", sample().claims["u1"]))
+    doc["data"]["state"] = "PrepareStarted"  # still valid JSON and shape
+    with pytest.raises(CheckpointCorrupt, match=r"checksum mismatch .*; move it aside to reset \(the kubelet"):
+        decode_record(json.dumps(doc).encode())
 
 
 def test_key_order_and_whitespace_do_not_matter() -> None:
-    doc = json.loads(encode(sample()))
-    assert decode(json.dumps(doc, sort_keys=True).encode()) == sample()
+    doc = json.loads(encode_record("b", sample().claims["u1"]))
+    assert decode_record(json.dumps(doc, sort_keys=True, indent=2).encode())[1] == sample().claims["u1"]
 
 
 @pytest.mark.parametrize(
@@ -105,55 +107,155 @@ def test_key_order_and_whitespace_do_not_matter() -> None:
         (b"[]", "no 'data' object"),
         (b'{"version": 0, "data": {}}', "bad version"),
         (b'{"version": "1", "data": {}}', "bad version"),
+        (b'{"version": true, "data": {}}', "bad version"),
+        (V1_DOCUMENT.encode(), "not a claim record"),
     ],
 )
 def test_garbage_is_corrupt(raw: bytes, error: str) -> None:
     with pytest.raises(CheckpointCorrupt, match=error):
-        decode(raw, "cp.json")
+        decode_record(raw, "cp.json")
 
 
 def test_right_checksum_but_wrong_shape_is_corrupt() -> None:
     from agent.claims.checkpoint import _checksum
 
-    data = {"nodeBootID": "b", "claims": {"u": {"namespace": "n"}}}  # entry without name/state
-    raw = json.dumps({"version": 1, "checksum": _checksum(data), "data": data}).encode()
+    data = {"nodeBootID": "b", "uid": "u", "namespace": "n"}  # a record without name/state
+    raw = json.dumps({"version": 2, "checksum": _checksum(data), "data": data}).encode()
     with pytest.raises(CheckpointCorrupt, match="bad content"):
-        decode(raw)
+        decode_record(raw)
 
 
-def test_missing_file_is_an_empty_checkpoint_of_this_boot(tmp_path: pathlib.Path) -> None:
-    store = CheckpointStore(tmp_path, boot_id=lambda: "boot-7")
-    assert store.load() == Checkpoint("boot-7")
+def test_no_record_is_an_empty_checkpoint_of_this_boot(tmp_path: pathlib.Path) -> None:
+    assert store(tmp_path, "boot-7").load() == Checkpoint("boot-7")
 
 
-def test_save_and_load(tmp_path: pathlib.Path) -> None:
-    store = CheckpointStore(tmp_path, boot_id=lambda: "boot-1")
-    store.save(sample())
-    assert store.load() == sample()
-    assert os.listdir(tmp_path) == ["checkpoint.json"]  # no temp file left
+def test_save_and_load_one_record_per_claim(tmp_path: pathlib.Path) -> None:
+    store(tmp_path).save(sample())
+    assert store(tmp_path).load() == sample()
+    assert records(tmp_path) == ["u1.json", "u2.json"]  # no temp file left
 
 
-def test_a_failed_save_keeps_the_old_checkpoint_and_no_temp(
+def test_a_save_writes_only_the_claims_that_changed(tmp_path: pathlib.Path) -> None:
+    s = store(tmp_path)
+    s.save(sample())
+    before = {name: os.stat(tmp_path / "claims" / name).st_ino for name in records(tmp_path)}
+    cp = s.load()
+    cp.claims["u2"] = replace(cp.claims["u2"], state=ClaimState.COMPLETED)
+    del cp.claims["u1"]
+    cp.claims["u3"] = replace(sample().claims["u1"], uid="u3")
+    s.save(cp)
+    assert records(tmp_path) == ["u2.json", "u3.json"]
+    assert os.stat(tmp_path / "claims" / "u2.json").st_ino != before["u2.json"]  # replaced
+    untouched = s.load()
+    untouched.claims["u3"] = untouched.claims["u3"]
+    s.save(untouched)
+    after = os.stat(tmp_path / "claims" / "u3.json").st_ino
+    assert store(tmp_path).load() == cp
+    s.save(s.load())
+    assert os.stat(tmp_path / "claims" / "u3.json").st_ino == after  # an unchanged claim is not rewritten
+
+
+def test_a_failed_save_keeps_the_old_records_and_no_temp(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = CheckpointStore(tmp_path, boot_id=lambda: "boot-1")
-    store.save(sample())
+    s = store(tmp_path)
+    s.save(sample())
 
     def failing_fsync(fd: int) -> None:
         raise OSError("I/O error")
 
+    changed = s.load()
+    changed.claims["u1"] = replace(changed.claims["u1"], state=ClaimState.STARTED)
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(OSError, match="I/O error"):
-        store.save(Checkpoint("boot-1"))
+        s.save(changed)
     monkeypatch.undo()
-    assert store.load() == sample()
-    assert os.listdir(tmp_path) == ["checkpoint.json"]
+    assert s.load() == sample() == store(tmp_path).load()
+    assert records(tmp_path) == ["u1.json", "u2.json"]
 
 
-def test_corrupt_file_on_disk_is_reported_with_its_path(tmp_path: pathlib.Path) -> None:
-    store = CheckpointStore(tmp_path, boot_id=lambda: "boot-1")
-    store.save(sample())
-    raw = store.path.read_bytes()
-    store.path.write_bytes(raw.replace(b"gpu-0", b"gpu-9"))
-    with pytest.raises(CheckpointCorrupt, match=f"{tmp_path}/checkpoint.json: checksum mismatch"):
-        store.load()
+def test_a_corrupt_record_is_reported_with_its_path_and_the_remedy(tmp_path: pathlib.Path) -> None:
+    store(tmp_path).save(sample())
+    path = tmp_path / "claims" / "u1.json"
+    path.write_bytes(path.read_bytes().replace(b"gpu-0", b"gpu-9"))
+    with pytest.raises(CheckpointCorrupt, match=f"{path}: checksum mismatch .* move it aside"):
+        store(tmp_path).load()
+
+
+def test_a_record_under_another_claims_name_is_corrupt(tmp_path: pathlib.Path) -> None:
+    store(tmp_path).save(sample())
+    os.replace(tmp_path / "claims" / "u1.json", tmp_path / "claims" / "u9.json")
+    with pytest.raises(CheckpointCorrupt, match="holds claim u1, not the one its name says"):
+        store(tmp_path).load()
+
+
+def test_a_version_1_file_is_migrated_to_records(tmp_path: pathlib.Path) -> None:
+    legacy = tmp_path / "checkpoint.json"
+    legacy.write_text(V1_DOCUMENT)
+    cp = store(tmp_path).load()
+    assert cp.boot_id == "boot-1"
+    assert cp.claims["u1"] == sample().claims["u1"]
+    assert cp.claims["u1"].devices[0].sharing == "MPS"
+    assert not legacy.exists() and records(tmp_path) == ["u1.json"]
+    assert store(tmp_path).load() == cp  # read back from the records
+    assert decode_legacy(V1_DOCUMENT.encode()) == cp
+
+
+def test_a_migration_cut_short_is_done_again(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    legacy = tmp_path / "checkpoint.json"
+    legacy.write_text(V1_DOCUMENT)
+    from agent.claims import files
+
+    def crash(path: pathlib.Path) -> bool:
+        raise KeyboardInterrupt  # the agent dies after writing the records, before removing the old file
+
+    monkeypatch.setattr(files, "remove", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store(tmp_path).load()
+    monkeypatch.undo()
+    assert legacy.exists() and records(tmp_path) == ["u1.json"]
+    assert store(tmp_path).load().claims == decode_legacy(V1_DOCUMENT.encode()).claims
+    assert not legacy.exists()
+
+
+def test_a_corrupt_version_1_file_is_refused_with_the_remedy(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "checkpoint.json").write_text(V1_DOCUMENT.replace("gpu-0", "gpu-9"))
+    with pytest.raises(CheckpointCorrupt, match="checkpoint.json: checksum mismatch .* move it aside"):
+        store(tmp_path).load()
+
+
+@pytest.mark.parametrize("where", ["checkpoint.json", "claims/u1.json", "claims"])
+def test_a_directory_where_a_checkpoint_file_belongs_is_one_sentence(tmp_path: pathlib.Path, where: str) -> None:
+    if where == "claims":
+        (tmp_path / "claims").write_text("not a directory")
+    else:
+        (tmp_path / where).mkdir(parents=True)
+    with pytest.raises(CheckpointCorrupt) as caught:
+        store(tmp_path).load()
+    message = str(caught.value)
+    assert str(tmp_path / where) in message and "\n" not in message
+    assert "directory" in message
+
+
+def test_the_lock_being_a_directory_is_one_sentence(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "pu.lock").mkdir()
+    lock = NodeLock(tmp_path / "pu.lock")
+    with pytest.raises(LockUnusable, match=f"{tmp_path}/pu.lock is a directory where the node lock file belongs"):
+        lock.hold().__enter__()
+
+
+def test_another_process_writing_is_seen_by_a_kept_copy(tmp_path: pathlib.Path) -> None:
+    mine, other = store(tmp_path), store(tmp_path)  # two agents of a rolling update
+    mine.save(sample())
+    assert other.load() == sample()
+    cp = other.load()
+    del cp.claims["u1"]
+    other.save(cp)
+    assert set(mine.load().claims) == {"u2"}
+
+
+def test_a_claim_uid_unfit_for_a_path_gets_no_record(tmp_path: pathlib.Path) -> None:
+    cp = Checkpoint("boot-1", {"../x": replace(sample().claims["u1"], uid="../x")})
+    with pytest.raises(ValueError, match="not a UID"):
+        store(tmp_path).save(cp)
+    assert not (tmp_path / "x.json").exists()

@@ -25,8 +25,8 @@ from agent.claims.checkpoint import (
     ClaimEntry,
     ClaimState,
     DynamicMig,
-    decode,
-    encode,
+    decode_record,
+    encode_record,
 )
 from agent.claims.mig import MigDevices
 from agent.claims.preparer import ClaimPreparer
@@ -366,11 +366,22 @@ def test_checkpoint_keeps_the_created_device_and_reads_files_without_it() -> Non
     plan = DynamicMig("GPU-1", 19, 3, 103, 0)
     device = CheckpointedDevice(("mig",), NODE, FREE_1G, ("id",), uuid="MIG-1", dynamic_mig=plan)
     intent = CheckpointedDevice(("mig",), NODE, FREE_3G, ("id",), dynamic_mig=DynamicMig("GPU-1", 9, 4))
-    cp = Checkpoint("boot", {"u": ClaimEntry("u", "ns", "n", ClaimState.STARTED, (device, intent))})
-    raw = encode(cp)
-    assert json.loads(raw)["version"] == 1
-    assert decode(raw) == cp
-    plain = Checkpoint("boot", {"u": ClaimEntry("u", "ns", "n", ClaimState.COMPLETED, (CheckpointedDevice(
-        ("gpu",), NODE, "gpu-0", ("id",)),))})  # fmt: skip
-    assert "dynamicMig" not in encode(plain).decode()  # files without created devices stay as they were
-    assert decode(encode(plain)).claims["u"].devices[0].dynamic_mig is None
+    entry = ClaimEntry("u", "ns", "n", ClaimState.STARTED, (device, intent))
+    raw = encode_record("boot", entry)
+    assert json.loads(raw)["version"] == 2
+    assert decode_record(raw) == ("boot", entry)
+    plain = ClaimEntry("u", "ns", "n", ClaimState.COMPLETED, (CheckpointedDevice(("gpu",), NODE, "gpu-0", ("id",)),))
+    assert "dynamicMig" not in encode_record("boot", plain).decode()  # records without created devices
+    assert decode_record(encode_record("boot", plain))[1].devices[0].dynamic_mig is None
+
+
+def test_a_second_spelling_of_a_created_mig_device_neither_shares_nor_destroys_it(node: Node) -> None:
+    # Tried: a claim allocated `...-19-03`, the same placement as another claim's `...-19-3` with a leading zero.
+    first, second = node.add("u1", [FREE_1G]), node.add("u2", ["gpu-2-mig-1g10gb-19-03"])
+    preparer = node.preparer()
+    ok(preparer.prepare([first])["u1"])
+    refused = preparer.prepare([second])["u2"]
+    assert "not a canonical device name" in refused.error and "gpu-2-mig-1g10gb-19-3" in refused.error
+    assert preparer.unprepare([second]) == {"u2": ""}  # it holds nothing, so it destroys nothing
+    assert node.migs.placements() == {(19, 3)}
+    assert set(node.checkpoint().claims) == {"u1"}

@@ -371,14 +371,18 @@ def test_recover_repairs_every_kind_of_leftover(node: Node, monkeypatch: pytest.
 
 def test_a_corrupt_checkpoint_fails_every_claim_and_is_kept(node: Node) -> None:
     ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
-    path = node.state_dir / "checkpoint.json"
+    path = node.state_dir / "claims" / "uid-1.json"
     damaged = path.read_bytes().replace(b"gpu-0", b"gpu-7")
     path.write_bytes(damaged)
     refs = [ClaimRef("default", "uid-1", "claim-uid-1"), node.add(claim("uid-2", ["gpu-1"]))]
     results = node.preparer().prepare(refs)
-    assert all("checksum mismatch" in r.error for r in results.values())
+    assert all(f"{path}: checksum mismatch" in r.error for r in results.values())
+    # The refusal says what to do about it.
+    assert all("move it aside to reset (the kubelet prepares its claims again)" in r.error for r in results.values())
     assert all("checksum mismatch" in e for e in node.preparer().unprepare(refs).values())
     assert path.read_bytes() == damaged  # evidence kept; prepared claims not forgotten
+    path.rename(node.root / "aside.json")  # the remedy: the kubelet prepares uid-1 again
+    assert all(not r.error for r in node.preparer().prepare(refs).values())
 
 
 def _hold_lock(path: str, ready: Any, release: Any) -> None:
@@ -415,8 +419,165 @@ def test_prepared_lists_devices_in_use(node: Node) -> None:
     assert sorted(d.device_name for d in preparer.prepared()) == ["gpu-0", MIG0]
 
 
-def test_checkpoint_file_is_json_with_the_boot_id(node: Node) -> None:
-    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
-    doc = json.loads((node.state_dir / "checkpoint.json").read_text())
+def test_each_claim_has_a_json_record_with_the_boot_id(node: Node) -> None:
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1"))])["uid-1"])
+    ok(preparer.prepare([node.add(claim("uid-2", ["gpu-1"]))])["uid-2"])
+    assert sorted(p.name for p in (node.state_dir / "claims").iterdir()) == ["uid-1.json", "uid-2.json"]
+    doc = json.loads((node.state_dir / "claims" / "uid-1.json").read_text())
+    assert doc["version"] == 2
     assert doc["data"]["nodeBootID"] == "boot-1"
-    assert doc["data"]["claims"]["uid-1"]["state"] == "PrepareCompleted"
+    assert doc["data"]["uid"] == "uid-1" and doc["data"]["state"] == "PrepareCompleted"
+    assert preparer.unprepare([ClaimRef("default", "uid-1", "claim-uid-1")]) == {"uid-1": ""}
+    assert [p.name for p in (node.state_dir / "claims").iterdir()] == ["uid-2.json"]
+
+
+@pytest.mark.parametrize("spelling", ["gpu-01", "gpu-001", "gpu-1\n"])
+def test_a_gpu_is_prepared_only_under_the_name_the_agent_publishes(node: Node, spelling: str) -> None:
+    # Tried: the same GPU under another spelling, which a string comparison takes for a free device.
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1", ["gpu-1"]))])["uid-1"])
+    result = preparer.prepare([node.add(claim("uid-2", [spelling]))])["uid-2"]
+    assert result.error and "device name" in result.error and result.devices == ()
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
+
+
+def test_an_unhealthy_gpu_is_refused_whatever_the_spelling(node: Node) -> None:
+    node.unhealthy.add("gpu-2")
+    result = node.preparer().prepare([node.add(claim("uid-1", ["gpu-02"]))])["uid-1"]
+    assert "not a canonical device name" in result.error
+
+
+@pytest.mark.parametrize(
+    "bad_uid",
+    ["x/../y", "../../etc/passwd", "a\0b", "u" * 256, ".", "..", "-lead", "sp ace", "uid\n"],
+)
+def test_a_bad_uid_is_that_claims_error_and_touches_no_path(
+    node: Node, tmp_path: pathlib.Path, bad_uid: str
+) -> None:
+    # Tried: UIDs that are paths, NUL bytes, over-long: each would name a file outside the CDI root or fail
+    # the file system call, and so the whole batch.
+    outside = tmp_path / "y.yaml"
+    outside.write_text("precious")
+    (node.cdi_root).mkdir(parents=True)
+    (node.cdi_root.parent / "y.yaml").write_text("precious")
+    preparer = node.preparer()
+    good = node.add(claim("uid-good", ["gpu-0"]))
+    bad = ClaimRef("default", bad_uid, "claim-bad")
+    results = preparer.prepare([bad, good])
+    assert "claim UID" in results[bad_uid].error and results[bad_uid].devices == ()
+    ok(results["uid-good"])
+    assert preparer.unprepare([bad, good]) == {bad_uid: results[bad_uid].error, "uid-good": ""}
+    assert outside.read_text() == "precious" and (node.cdi_root.parent / "y.yaml").read_text() == "precious"
+    assert node.checkpoint() == {}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "why"),
+    [("", "c", "lacks namespace"), ("Default", "c", "namespace"), ("a/b", "c", "namespace"),
+     ("default", "../c", "not a ResourceClaim name"), ("default", "c" * 254, "not a ResourceClaim name")],
+)
+def test_names_the_api_would_refuse_are_refused_before_any_request(
+    node: Node, namespace: str, name: str, why: str
+) -> None:
+    result = node.preparer().prepare([ClaimRef(namespace, "uid-x", name)])["uid-x"]
+    assert why in result.error
+    assert node.source.gets == 0
+
+
+def test_each_refused_claim_is_logged_once_at_warning_with_its_reason(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    refs = [node.add(claim("uid-1", ["gpu-9"])), ClaimRef("default", "x/../y", "c"), node.add(claim("uid-2"))]
+    with caplog.at_level("INFO"):
+        results = node.preparer().prepare(refs)
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert sorted(r.getMessage() for r in refusals) == sorted(
+        [f"prepare of claim default/claim-uid-1 refused: {results['uid-1'].error}",
+         f"prepare of claim default/c refused: {results['x/../y'].error}"]
+    )
+    assert {r.levelname for r in refusals} == {"WARNING"}
+    assert "gpu-9 does not exist" in results["uid-1"].error and results["uid-2"].error == ""
+
+
+@pytest.mark.parametrize(
+    "mps",
+    [
+        {"defaultPerDevicePinnedMemoryLimit": {"\u00b2": "1Gi"}},  # a digit to str.isdigit(), not to int()
+        {"defaultPerDevicePinnedMemoryLimit": {"\u0661": "1Gi"}},  # an Arabic-Indic one
+        {"defaultPerDevicePinnedMemoryLimit": {"1" * 5000: "1Gi"}},
+        {"defaultPinnedDeviceMemoryLimit": "1" * 5000},
+        {"defaultPinnedDeviceMemoryLimit": 10**5000},
+        {"defaultPerDevicePinnedMemoryLimit": {"0": "9" * 5000 + "Gi"}},
+    ],
+    ids=["superscript-key", "arabic-key", "long-key", "5000-digits", "huge-int", "5000-digit-limit"],
+)
+def test_a_malformed_mps_config_is_a_bad_device_config(node: Node, mps: dict[str, Any]) -> None:
+    configs = [opaque(sharing={"strategy": "MPS", "mpsConfig": mps})]
+    bad, good = node.add(claim("uid-1", ["gpu-0", "gpu-1"], configs=configs)), node.add(claim("uid-2", ["gpu-2"]))
+    results = node.preparer().prepare([bad, good])
+    assert "bad device config" in results["uid-1"].error and "internal error" not in results["uid-1"].error
+    assert len(results["uid-1"].error) < 400  # the 5000 digits are not echoed back
+    ok(results["uid-2"])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [["not an object"], [{**opaque(), "requests": 5}], [{**opaque(), "requests": [1]}]],
+)
+def test_a_malformed_config_list_is_a_bad_device_config(node: Node, config: list[Any]) -> None:
+    body = claim("uid-1")
+    body["status"]["allocation"]["devices"]["config"] = config
+    result = node.preparer().prepare([node.add(body)])["uid-1"]
+    assert "bad device config" in result.error
+
+
+class TurnsReadOnly(cdi.CdiStore):
+    """A CDI root that turns read-only after `writable` spec writes: writes, and removals of existing
+    files, fail with EROFS as the kernel's would (a missing file is still ENOENT)."""
+
+    def __init__(self, root: pathlib.Path, writable: int) -> None:
+        super().__init__(root)
+        self.writable = writable
+
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> pathlib.Path:
+        if self.writable <= 0:
+            raise OSError(30, "Read-only file system", str(self.path(claim_uid)))
+        self.writable -= 1
+        return super().write(claim_uid, spec)
+
+    def remove(self, claim_uid: str) -> bool:
+        if self.writable <= 0 and self.path(claim_uid).exists():
+            raise OSError(30, "Read-only file system", str(self.path(claim_uid)))
+        return super().remove(claim_uid)
+
+
+def test_a_rollback_that_cannot_remove_the_spec_frees_the_claims_devices(node: Node) -> None:
+    # Tried: the CDI root turns read-only after the first spec of a batch is written, while uid-b's spec from
+    # an earlier attempt (the agent died after writing it) is still there, so its rollback cannot remove it.
+    preparer = node.preparer()
+    a, b = node.add(claim("uid-a", ["gpu-0"])), node.add(claim("uid-b", ["gpu-1"]))
+    cdi.CdiStore(node.cdi_root).write("uid-b", {"left": "by a crash"})
+    preparer.states.specs = readonly = TurnsReadOnly(node.cdi_root, writable=1)
+    results = preparer.prepare([a, b])
+    ok(results["uid-a"])  # the batch does not fail
+    assert "cannot write CDI spec" in results["uid-b"].error and "Read-only file system" in results["uid-b"].error
+    assert "cannot remove CDI spec" in results["uid-b"].error
+    assert node.checkpoint() == {"uid-a": ClaimState.COMPLETED}  # uid-b rolled back, not left half-prepared
+    readonly.writable = 1  # the root is writable again: gpu-1 is free for another claim
+    ok(preparer.prepare([node.add(claim("uid-c", ["gpu-1"]))])["uid-c"])
+    assert node.preparer().recover().removed_specs == ("uid-b",)  # the leftover goes at the next start
+
+
+def test_an_unprepare_that_cannot_remove_the_spec_is_that_claims_error_and_is_retried(node: Node) -> None:
+    preparer = node.preparer()
+    a, b = node.add(claim("uid-a", ["gpu-0"])), node.add(claim("uid-b", ["gpu-1"]))
+    assert not any(r.error for r in preparer.prepare([a, b]).values())
+    (node.cdi_root / cdi.spec_file_name("uid-b")).unlink()  # b's spec is gone: nothing read-only to remove
+    preparer.states.specs = readonly = TurnsReadOnly(node.cdi_root, writable=0)
+    errors = preparer.unprepare([a, b])
+    assert "Read-only file system" in errors["uid-a"] and errors["uid-b"] == ""
+    assert node.checkpoint() == {}
+    readonly.writable = 1
+    assert preparer.unprepare([a]) == {"uid-a": ""}  # the kubelet's retry removes the spec
+    assert node.spec_files() == set()

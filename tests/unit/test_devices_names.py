@@ -10,6 +10,7 @@ from agent.devices.names import (
     GpuName,
     InvalidDeviceName,
     MigName,
+    canonical,
     gpu_device_name,
     mig_device_name,
     parse_device_name,
@@ -70,3 +71,29 @@ def test_every_gpu_name_parses_back(minor: int) -> None:
 def test_strings_that_are_not_device_names_are_rejected(bad: str) -> None:
     with pytest.raises(InvalidDeviceName, match="not a device name"):
         parse_device_name(bad)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "published"),
+    [
+        ("gpu-01", "gpu-1"),
+        ("gpu-001", "gpu-1"),
+        ("gpu-00", "gpu-0"),
+        ("gpu-02-mig-1g10gb-19-3", "gpu-2-mig-1g10gb-19-3"),
+        ("gpu-2-mig-1g10gb-019-3", "gpu-2-mig-1g10gb-19-3"),
+        ("gpu-2-mig-1g10gb-19-03", "gpu-2-mig-1g10gb-19-3"),
+    ],
+)
+def test_only_the_published_spelling_of_a_device_is_accepted(spelling: str, published: str) -> None:
+    # Tried: leading zeros, which name the same device as the published name and would dodge string checks.
+    with pytest.raises(InvalidDeviceName, match=f"not a canonical device name.*would be {published}"):
+        parse_device_name(spelling)
+    assert canonical(spelling) == published
+    assert canonical(published) == published
+
+
+@pytest.mark.parametrize("bad", ["gpu-1\n", "gpu-\u0661", "gpu-1-mig-1g10gb-19-\u0663", "gpu-" + "9" * 5000])
+def test_newlines_unicode_digits_and_huge_numbers_are_no_device_names(bad: str) -> None:
+    with pytest.raises(InvalidDeviceName, match="not a device name"):
+        parse_device_name(bad)
+    assert canonical(bad) == bad  # matches no device

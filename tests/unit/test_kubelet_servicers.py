@@ -74,6 +74,18 @@ def test_claims_missing_identity_are_refused_without_reaching_the_preparer():
     assert preparer.calls == [("prepare", ("uid-a",))]
 
 
+@pytest.mark.parametrize("uid", ["x/../y", "a\0b", "u" * 256])
+def test_a_claim_with_a_uid_unfit_for_a_path_is_refused_alone(uid, caplog):
+    # Tried: a path, a NUL byte, 256 characters; the valid claim beside it is prepared.
+    preparer = InMemoryPreparer()
+    with caplog.at_level("WARNING"):
+        results = ClaimService(preparer).prepare([ClaimRef("default", uid, "c"), A])
+    assert "claim UID" in results[uid].error
+    assert results["uid-a"].error == ""
+    assert preparer.calls == [("prepare", ("uid-a",))]
+    assert [r.levelname for r in caplog.records if "claim UID" in r.getMessage()] == ["WARNING"]
+
+
 def test_a_repeated_claim_is_prepared_once_and_an_empty_batch_not_at_all():
     preparer = InMemoryPreparer()
     service = ClaimService(preparer)

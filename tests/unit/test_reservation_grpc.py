@@ -83,3 +83,15 @@ def test_bad_request_is_invalid_argument(endpoint: tuple[str, Clock]) -> None:
             stub.Reserve(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "device class" in (err.value.details() or "")
+
+
+def test_a_reserved_device_the_node_names_unlike_its_slices_is_refused() -> None:
+    from agent.arbiter.reservation_grpc import reservation_from_pb
+    from agent.devices.names import InvalidDeviceName
+
+    # Tried: a node answering gpu-01 for gpu-1; committing it would allocate a device no slice publishes.
+    answer = pb.ReserveResponse(reservation_id="r1", devices=[pb.ReservedDevice(request="r", device="gpu-01")])
+    with pytest.raises(InvalidDeviceName, match="gpu-01"):
+        reservation_from_pb(answer, "g", "m0")
+    good = pb.ReserveResponse(reservation_id="r1", devices=[pb.ReservedDevice(request="r", device="gpu-1")])
+    assert reservation_from_pb(good, "g", "m0").fit.devices == {"r": ("gpu-1",)}

@@ -1,16 +1,16 @@
 """Consolidate: move preemptible running pods to defragment, so a pending preemptible gang fits.
 
 Only for chunks that do not fit as things are while the cluster as a whole has enough free GPUs for them.
-Pods are moved from the emptiest nodes first (they are the closest to fitting a big pod), smallest first, at
-most `MAX_MOVES` per job. A scenario counts only if the chunk fits and every moved pod gets a new seat on
-another node (pipelined: it moves when its eviction completes); no scenario ever loses a pod.
+Victims are tried in reverse job order, as KAI's consolidation does: lowest priority first, then the newest
+job, its pods by lowest task priority; at most `MAX_MOVES` per job. A scenario counts only if the chunk fits
+and every moved pod gets a new seat (pipelined: it moves when its eviction completes), on another node or
+another GPU of its own; a victim whose old seat is still free after all stays. No scenario loses a pod.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.arbiter.core.model import MILLI
 from agent.arbiter.core.placing import chunk_shape, place_chunk
 from agent.arbiter.core.session import Job, JobOrder, Pod, Session, gpu_request
 
@@ -64,10 +64,12 @@ def _reseat(session: Session, moved: Sequence[Pod]) -> bool:
     cluster = session.cluster
     for pod in sorted(moved, key=lambda p: -p.spec.gpu_milli):
         assert pod.seat is not None
-        origin = pod.seat.node
-        seat = cluster.find(pod.spec, True, {}, exclude=origin)
+        if cluster.seat_free(pod.spec, pod.seat, bind=False):
+            session.restore(pod)  # the chunk did not need its place: it stays
+            continue
+        seat = cluster.find(pod.spec, True, {})
         if seat is None and cluster.releasing:
-            seat = cluster.find(pod.spec, False, {}, exclude=origin)
+            seat = cluster.find(pod.spec, False, {})
         if seat is None:
             return False
         session.move(pod, seat)
@@ -75,19 +77,14 @@ def _reseat(session: Session, moved: Sequence[Pod]) -> bool:
 
 
 def _movable(session: Session, job: Job) -> list[Pod]:
-    nodes = session.cluster.nodes
-    ranked = sorted(
-        (n for n in nodes if n.gpu_after.count(0) < n.spec.gpus),
-        key=lambda n: (-n.gpu_after.count(0), -(n.spec.gpus * MILLI - sum(n.gpu_after)), n.index),
+    """Victims in reverse job order: lowest priority, then newest job; inside a job, lowest task first."""
+    jobs = sorted(
+        (j for j in session.jobs if j is not job and j.preemptible and j.running and j.gained == 0),
+        key=lambda j: (j.spec.priority, -j.spec.created_at, -j.index),
     )
     pods: list[Pod] = []
-    for node in ranked:
-        candidates = [
-            p for p in session.node_pods[node.index]
-            if p.state == "running" and p.job is not job and p.job.preemptible
-            and p.job.gained == 0
-        ]
-        pods.extend(sorted(candidates, key=lambda p: (p.spec.gpu_milli, p.spec.name)))
+    for victim in jobs:
+        pods.extend(p for p in reversed(victim.pods) if p.state == "running")
         if len(pods) >= MAX_MOVES:
             break
     return pods[:MAX_MOVES]

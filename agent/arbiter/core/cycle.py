@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from agent.arbiter.core.allocate import allocate
@@ -65,6 +65,14 @@ class CycleResult:
     evictions: tuple[Eviction, ...]
     admissions: tuple[Admission, ...]  # gangs that reached minMember with every member bound
     before: Snapshot  # the snapshot the cycle decided over
+    # (queue, protection) -> jobs it shields this cycle: "preemptMinRuntime" and "reclaimMinRuntime" (running
+    # jobs too young to be victims), "preemptionDelay" (pending jobs not yet allowed to evict)
+    protected: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def usage(self) -> dict[str, Vector]:
+        """Time-aware fair share: each queue's normalised past usage the division was given."""
+        return dict(self.before.fairness.usage)
 
     @property
     def next(self) -> Snapshot:
@@ -172,6 +180,7 @@ def _result(session: Session, snapshot: Snapshot) -> CycleResult:
         if job.active < job.spec.min_member or any(p.state == "pending" for p in job.pods):
             pending[job.queue.spec.name] += 1
     return CycleResult(
+        protected=_protected(session),
         pods=pods,
         fair_share={q.spec.name: q.fair for q in session.queues},
         allocated={q.spec.name: (q.alloc[0], q.alloc[1], q.alloc[2]) for q in session.queues},
@@ -180,6 +189,27 @@ def _result(session: Session, snapshot: Snapshot) -> CycleResult:
         admissions=tuple(admissions),
         before=snapshot,
     )
+
+
+def _protected(session: Session) -> dict[tuple[str, str], int]:
+    now = session.now
+    counts: dict[tuple[str, str], int] = {}
+    if now is None:
+        return counts
+    for job in session.jobs:
+        queue = job.queue
+        started = job.spec.started_at
+        if job.running and job.preemptible and started is not None:
+            if now < started + session.preempt_min_runtime(queue):
+                key = (queue.spec.name, "preemptMinRuntime")
+                counts[key] = counts.get(key, 0) + 1
+            if now < started + session.reclaim_min_runtime(queue, queue):
+                key = (queue.spec.name, "reclaimMinRuntime")
+                counts[key] = counts.get(key, 0) + 1
+        if job.pending() and not session.may_evict_for(job):
+            key = (queue.spec.name, "preemptionDelay")
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _next_snapshot(snapshot: Snapshot, pods: dict[str, PodDecision]) -> Snapshot:

@@ -1,27 +1,31 @@
 """Reclaim (across queues) and preempt (within a queue): evict running pods so a pending gang fits.
 
-Both share one solver: victims are taken one unit at a time in victim order (a unit is one pod of elastic
-growth above minMember, or the rest of a gang whole, so no gang is left below minMember); after each, the
-pending chunk is tried (bind or pipeline onto the releasing resources). On success, victims the placement
-turned out not to need are restored; on failure everything is rolled back.
+Both share one solver, KAI's (actions/common/solvers): victims are taken one unit at a time (a unit is one pod
+of elastic growth above minMember, or the rest of a gang whole, so no gang is left below minMember); after
+each, the pending chunk is tried (bind, or pipeline onto the releasing resources). On success the victims go
+back through normal allocation in queue and job order: each that still fits, and whose queue stays within its
+limits, is restored; the rest stay evicted. On failure everything is rolled back.
 
-- reclaim: only for a job whose queue stays within its fair share (at every level) with it; victims are
-  preemptible jobs of other queues, most over-served queue first, and a victim is taken only if its queue,
-  and each of its ancestors below the level where the two hierarchies meet, stays at or above fair share in
-  the contended resource (GPUs for GPU jobs, else CPU and memory).
-- preempt: victims are preemptible jobs of the same queue with strictly lower priority.
+- reclaim (plugins/proportion/reclaimable): only for a job whose leaf queue stays within its fair share with
+  it (and, non-preemptible, within quota). Victims are preemptible jobs of other queues, the victim queues
+  ranked in reverse queue order, re-ranked after every pick. A victim is eligible when, at the level where the
+  two queue branches meet, the victim side's queue, judged *before* the victim leaves, is above its
+  allocatable share (max(quota, fair share), capped by its limit) in some resource (MaintainFairShare), or
+  the reclaimer's side stays within quota with the job while the victim side is above quota
+  (GuaranteeDeservedQuota). A queue at or under its quota is never a victim. Once the chunk fits, every
+  ancestor of the reclaimer above its fair share must stay strictly below the saturation (allocation / fair
+  share) of each victim-side sibling.
+- preempt (actions/preempt): victims are preemptible jobs of the same queue with strictly lower priority; only
+  "non-preemptible over quota" is checked before, the queue's limits once the victims have left.
+- protections (plugins/minruntime; KAI v0.17 preemption delay): a job that started less than the queue's
+  min runtime ago gives only its elastic pods; a pending job within its preemption delay evicts no one.
 Non-preemptible jobs (priority >= 100 by default) are never victims and may only claim resources in quota.
-
-At scale most pending jobs can take nothing, so the checks that end a scenario before it starts come first
-(a preemptor with no lower priority in its queue, a reclaimer at its fair share), and a victim queue's scan
-stops as soon as even its smallest unit would take it below fair share. None of them changes a decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from agent.arbiter.core.model import CPU, GPU, MEMORY, Vector
 from agent.arbiter.core.placing import chunk_shape, place_chunk
 from agent.arbiter.core.session import (
     EPS,
@@ -30,6 +34,7 @@ from agent.arbiter.core.session import (
     JobOrder,
     Pod,
     Queue,
+    QueueKey,
     Session,
     gpu_request,
     queue_key,
@@ -37,6 +42,8 @@ from agent.arbiter.core.session import (
 )
 
 Unit = list[Pod]
+SATURATION_MULTIPLIER = 1.0  # KAI's reclaimerSaturationMultiplier default
+_ZERO = (0.0, 0.0, 0.0)
 
 
 def reclaim(session: Session) -> None:
@@ -49,41 +56,46 @@ def preempt(session: Session) -> None:
 
 def _run(session: Session, cause: Cause) -> None:
     order = JobOrder(session, (j for j in session.jobs if j.chunk() is not None))
-    # candidate victims per queue, cheapest first: lowest priority, then newest
+    # candidate victims per queue, cheapest first: lowest priority, then newest (reverse job order)
     by_queue: dict[Queue, list[Job]] = {}
     for j in session.jobs:
         if j.preemptible and j.running:
             by_queue.setdefault(j.queue, []).append(j)
     for jobs in by_queue.values():
         jobs.sort(key=lambda j: (j.spec.priority, -j.spec.created_at, -j.index))
-    # the least any unit of a queue frees, per resource: victims are pods running when the action starts (a
-    # restore only puts one back), so the bound holds throughout and ends the scan of a queue early
-    least = {q: _least(jobs) for q, jobs in by_queue.items()}
     hopeless: set[tuple[object, ...]] = set()  # chunk shapes that found no victims in their queue
     while (job := order.pop()) is not None:
         chunk = job.chunk()
-        if chunk is None:
+        if chunk is None or not session.may_evict_for(job):
             continue
         req = job.chunk_request()
         if cause == "preempt" and not _has_lower_priority(job, by_queue):
             continue  # nothing to take in its queue: the scenario would change nothing
-        if cause == "reclaim" and not _within_fair_share(job.queue, req):
+        if cause == "reclaim" and not may_reclaim(job, req):
             continue
-        if not session.admissible(job, req):
+        if not session.within_np_quota(job, req):
             continue
         attempt = (job.queue.index, job.spec.priority, chunk_shape(chunk))
         if attempt in hopeless:
             continue
-        reclaiming = cause == "reclaim"
-        victims = _reclaim_victims(job, req, by_queue, least) if reclaiming else _preempt_victims(job, by_queue)
-        if _solve(session, job, chunk, victims, cause=cause):
+        if cause == "reclaim":
+            victims = _reclaim_victims(session, job, req, by_queue)
+            valid = reclaimers_within_boundaries
+        else:
+            victims = _preempt_victims(session, job, by_queue)
+            valid = _no_further_check
+        if _solve(session, job, chunk, victims, cause=cause, valid=valid):
             if job.chunk() is not None:
                 order.push(job)
         else:
             hopeless.add(attempt)
 
 
-def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[Unit], *, cause: Cause) -> bool:
+Check = Callable[[Session, Job, Sequence[float], Sequence[Unit]], bool]
+
+
+def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[Unit], *, cause: Cause,
+           valid: Check) -> bool:
     mark = session.checkpoint()
     taken: list[Unit] = []
     need = gpu_request(chunk)
@@ -94,18 +106,29 @@ def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[U
         taken.append(unit)
         if cluster.gpu_after_free < need:
             continue
+        trial = session.checkpoint()
         if place_chunk(session, job, chunk):
             _restore_unneeded(session, taken)
-            return True
+            if session.limits_hold(job) and valid(session, job, request_of(chunk), taken):
+                return True
+            session.rollback(trial)
     session.rollback(mark)
     return False
 
 
 def _restore_unneeded(session: Session, taken: list[Unit]) -> None:
-    for unit in reversed(taken):
+    """Victims back through allocation, in queue then job order: a unit that still fits where it ran and keeps
+    its queue within its limits stays; a unit that would break a gang's minMember stays evicted."""
+    def order(unit: Unit) -> tuple[QueueKey, tuple[int, int, float, int]]:
+        job = unit[0].job
+        return queue_key(job.queue, request_of(unit)), job.key()
+
+    for unit in sorted(taken, key=order):
         job = unit[0].job
         if job.active + len(unit) < job.spec.min_member:
             continue  # an elastic pod alone would leave its gang below minMember: it stays evicted
+        if not session.within_limits(job, request_of(unit)):
+            continue  # never back in breach of its queue's limit
         mark = session.checkpoint()
         for pod in unit:
             assert pod.seat is not None
@@ -115,66 +138,135 @@ def _restore_unneeded(session: Session, taken: list[Unit]) -> None:
             session.restore(pod)
 
 
-def _units(job: Job) -> list[Unit]:
+def _units(job: Job, protected: bool) -> list[Unit]:
     """Elastic pods above minMember one by one (lowest task priority first), then the rest of the gang; every
-    unit holds running pods only."""
+    unit holds running pods only. A protected job (min runtime) gives its elastic pods only."""
     running = [p for p in reversed(job.pods) if p.state == "running"]
     extra = max(0, len(running) - job.spec.min_member)
     units = [[pod] for pod in running[:extra]]
-    if running[extra:]:
+    if running[extra:] and not protected:
         units.append(running[extra:])
     return units
 
 
 def _usable(job: Job) -> bool:
-    # a job that gained pods this cycle is not a victim in the same cycle; one with nothing running has nothing
-    return job.gained == 0 and job.running > 0
+    # a job that gained pods this cycle, or is being moved by consolidation, is not a victim in the same cycle;
+    # one with nothing running has nothing to give
+    return job.gained == 0 and job.running > 0 and not any(p.moved_to is not None for p in job.pods)
 
 
-def _reclaim_victims(
-    job: Job, req: Sequence[float], by_queue: dict[Queue, list[Job]], least: dict[Queue, Vector]
-) -> Iterator[Unit]:
-    """Units of other queues' jobs, most over-served queue first, each yielded only if taking it now keeps both
-    sides fair, at every level below where the two hierarchies meet: the reclaimer's queues stay within their
-    fair share with the job, the victim's stay at or above theirs in the contended resource (GPUs for GPU jobs,
-    else CPU and memory). Checked when the unit comes up, after the units taken before it."""
+# -- reclaim ---------------------------------------------------------------------------------------------
+
+
+def may_reclaim(job: Job, req: Sequence[float]) -> bool:
+    """KAI CanReclaimResources: the leaf queue stays within its fair share with the job (ancestors are judged
+    by saturation once the scenario is known)."""
+    q = job.queue
+    return all(q.alloc[r] + req[r] <= q.fair[r] + EPS for r in range(3))
+
+
+def _meeting(mine: Queue, theirs: Queue) -> tuple[Queue, Queue]:
+    """The two queues, one on each side, just below the level where the branches meet (KAI getLeveledQueues);
+    two top-level queues meet at the root."""
+    ours, other = mine.path[::-1], theirs.path[::-1]  # top-level first
+    for a, b in zip(ours, other, strict=False):
+        if a is not b:
+            return a, b
+    return ours[min(len(ours), len(other)) - 1], other[min(len(ours), len(other)) - 1]
+
+
+def eligible(reclaimer: Queue, req: Sequence[float], victim: Queue) -> bool:
+    """Whether a job of `victim` may be taken for a job of `reclaimer` asking `req`, judged on the victim
+    side's allocation before it leaves (strategies.go: MaintainFairShare, then GuaranteeDeservedQuota)."""
+    mine, theirs = _meeting(reclaimer, victim)
+    alloc = theirs.alloc
+    if any(alloc[r] > theirs.allocatable[r] + EPS for r in range(3)):
+        return True  # above its allocatable share: reclaiming keeps fair share
+    reclaimer_in_quota = all(mine.alloc[r] + req[r] <= mine.quota[r] + EPS for r in range(3))
+    return reclaimer_in_quota and any(alloc[r] > theirs.quota[r] + EPS for r in range(3))
+
+
+class _Reversed:
+    """A queue key compared the other way round: victim queues in reverse queue order."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: QueueKey) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Reversed) -> bool:
+        return other.key < self.key
+
+
+def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue: dict[Queue, list[Job]]
+                     ) -> Iterator[Unit]:
+    """Units of other queues' jobs: the most over-served eligible queue first, re-ranked after every pick
+    (the solver evicts each unit before asking for the next)."""
     mine = job.queue
-    ours = mine.path
-    gpu = req[GPU] > 0
-    contended = (GPU,) if gpu else (CPU, MEMORY)
-    zero = (0.0, 0.0, 0.0)
-    queues = sorted((q for q in by_queue if q is not mine), key=lambda q: _neg(queue_key(q, zero)))
-    for q in queues:
-        theirs: list[Queue] = []
-        for a in q.path:
-            if a in ours:
-                break
-            theirs.append(a)
-        # the reclaimer's side below the meeting point: taking from q does not change it
-        if not all(_within_fair_share(a, req) for a in ours if a not in q.path):
-            continue
-        for victim in by_queue[q]:
-            if gpu and q.alloc[GPU] <= q.fair[GPU] + EPS:
-                break  # at or below its fair share: nothing more can be taken from this queue
-            if not _stays_fair(theirs, contended, least[q]):
-                break  # even the smallest unit would take the victim's side below its fair share
-            if _usable(victim):
-                for unit in _units(victim):
-                    if _stays_fair(theirs, contended, request_of(unit)):
-                        yield unit
+    now = session.now
+    pending: dict[Queue, Iterator[Unit]] = {}
+    for q, jobs in by_queue.items():
+        if q is not mine:
+            minimum = session.reclaim_min_runtime(mine, q)
+            pending[q] = _queue_units(jobs, now, minimum)
+    heads: dict[Queue, Unit] = {}
+    while True:
+        for q in list(pending):
+            if q not in heads:
+                unit = next(pending[q], None)
+                if unit is None:
+                    del pending[q]
+                else:
+                    heads[q] = unit
+        ranked = sorted(heads, key=lambda q: _Reversed(queue_key(q, _ZERO)))
+        picked = next((q for q in ranked if eligible(mine, req, q)), None)
+        if picked is None:
+            return
+        yield heads.pop(picked)
 
 
-def _least(jobs: Sequence[Job]) -> Vector:
-    running = [p.req for j in jobs for p in j.pods if p.state == "running"]
-    return (min(r[0] for r in running), min(r[1] for r in running), min(r[2] for r in running))
+def _queue_units(jobs: Sequence[Job], now: float | None, min_runtime: float) -> Iterator[Unit]:
+    for victim in jobs:
+        if _usable(victim):
+            yield from _units(victim, _protected(victim, now, min_runtime))
 
 
-def _stays_fair(theirs: Sequence[Queue], contended: Sequence[int], freed: Sequence[float]) -> bool:
-    for a in theirs:
-        for r in contended:
-            if freed[r] > 0 and a.alloc[r] - freed[r] < a.fair[r] - EPS:
-                return False
+def _protected(victim: Job, now: float | None, min_runtime: float) -> bool:
+    """Started less than `min_runtime` ago (KAI minruntime: LastStartTimestamp + min runtime after now)."""
+    started = victim.spec.started_at
+    return now is not None and started is not None and now < started + min_runtime
+
+
+def reclaimers_within_boundaries(session: Session, job: Job, req: Sequence[float], taken: Sequence[Unit]) -> bool:
+    """KAI reclaimingQueuesRemainWithinBoundaries, once the chunk is placed: at every level of the reclaimer's
+    branch, a queue above its fair share stays strictly below each victim-side sibling's saturation in the
+    resources involved; non-preemptible, it stays within quota too."""
+    victims = [u for u in taken if u[0].state == "evicted"]
+    involved_by_queue: dict[Queue, set[int]] = {}
+    for unit in victims:
+        freed = request_of(unit)
+        for q in unit[0].job.queue.path:
+            involved_by_queue.setdefault(q, set()).update(r for r in range(3) if freed[r] > 0)
+    mine = {r for r in range(3) if req[r] > 0}
+    for q in job.queue.path:
+        for sibling, involved in involved_by_queue.items():
+            if sibling is q or sibling.parent is not q.parent:
+                continue
+            for r in involved | mine:
+                ratio = _saturation(q.alloc[r], q.fair[r])
+                if ratio > 1 + EPS and sibling.fair[r] > 0 and \
+                        ratio * SATURATION_MULTIPLIER >= _saturation(sibling.alloc[r], sibling.fair[r]) - EPS:
+                    return False
     return True
+
+
+def _saturation(alloc: float, fair: float) -> float:
+    if fair <= 0:
+        return float("inf") if alloc > EPS else 0.0
+    return alloc / fair
+
+
+# -- preempt ---------------------------------------------------------------------------------------------
 
 
 def _has_lower_priority(job: Job, by_queue: dict[Queue, list[Job]]) -> bool:
@@ -182,19 +274,16 @@ def _has_lower_priority(job: Job, by_queue: dict[Queue, list[Job]]) -> bool:
     return jobs is not None and jobs[0].spec.priority < job.spec.priority
 
 
-def _preempt_victims(job: Job, by_queue: dict[Queue, list[Job]]) -> Iterator[Unit]:
+def _preempt_victims(session: Session, job: Job, by_queue: dict[Queue, list[Job]]) -> Iterator[Unit]:
     priority = job.spec.priority
+    now = session.now
     for victim in by_queue.get(job.queue, []):
         if victim.spec.priority >= priority:
             break
         if victim is not job and _usable(victim):
-            yield from _units(victim)
+            yield from _units(victim, _protected(victim, now, session.preempt_min_runtime(job.queue)))
 
 
-def _neg(key: tuple[bool, bool, int, float, int]) -> tuple[bool, bool, int, float, int]:
-    over, outside, prio, share, index = key
-    return (not over, not outside, -prio, -share, -index)
-
-
-def _within_fair_share(queue: Queue, req: Sequence[float]) -> bool:
-    return all(queue.alloc[r] + req[r] <= queue.fair[r] + EPS for r in range(3) if req[r] > 0)
+def _no_further_check(session: Session, job: Job, req: Sequence[float], taken: Sequence[Unit]) -> bool:
+    """Preempt stays inside one queue: its limits, checked once the victims have left, are all there is."""
+    return True

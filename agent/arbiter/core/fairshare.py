@@ -4,14 +4,20 @@ At each level of the queue tree the parent's share (the cluster total at the top
 children in two phases:
 
 1. deserved: each child gets its quota (-1 = the whole level), capped by what it can use (its demand,
-   capped by its limit). Where quotas over-subscribe the level, higher-priority (then older) queues are served
-   first, so shares never add up to more than there is (KAI lets them; we keep the sum bounded).
+   capped by its limit). Quotas that over-subscribe the level are not scaled down (KAI,
+   resource_division.go setDeservedResource): each child still deserves min(quota, requestable), the shares
+   then add up to more than the level, and nothing is left for the over-quota phase.
 2. over quota: priority bands from highest down; inside a band, rounds divide what is left by
    overQuotaWeight among the still-hungry queues. A queue whose remaining need fits its part takes exactly
    that (and the next round re-divides the rest); the others take whole units only and remember the
    fractional remainder. Weight 0 gets nothing over quota; weight -1 outranks every weighted queue.
    What whole-unit rounding leaves over goes one unit at a time to the largest remainders (ties: higher
    band, then older queue).
+
+Time-aware fairness (KAI v0.10's time-based fair share): a queue's `usage` (its share of the cluster's
+capacity used over a past window, decayed, 0..1) shifts only the over-quota division: each hungry queue's
+normalised weight w becomes max(0, w + k (w - usage)) (resource_division.go calcShareWeights). With no usage
+history every usage is 0 and the weights divide as plain overQuotaWeight. The in-quota part never moves.
 """
 
 from __future__ import annotations
@@ -36,22 +42,26 @@ class Claim:
     priority: int
     request: float
     order: int  # smaller = older queue; the final tie-break
+    usage: float = 0.0  # time-aware fair share: the queue's normalised past usage of this resource (0..1)
 
     @property
     def requestable(self) -> float:
         return self.request if self.limit == UNLIMITED else min(self.limit, self.request)
 
 
-def divide(amount: float, claims: Sequence[Claim], unit: float = 1.0) -> list[float]:
-    """Split `amount` among `claims`; returns each claim's share, in order."""
+def divide(amount: float, claims: Sequence[Claim], unit: float = 1.0, k_value: float = 1.0) -> list[float]:
+    """Split `amount` among `claims`; returns each claim's share, in order. `k_value` weighs past usage
+    against the configured weights (KAI's kValue); it matters only where some claim has usage."""
     n = len(claims)
     cap = [c.requestable for c in claims]
     share = [0.0] * n
     remaining = amount
-    for i in sorted(range(n), key=lambda i: (-claims[i].priority, claims[i].order)):
+    for i in range(n):
         quota = amount if claims[i].quota == UNLIMITED else claims[i].quota
-        share[i] = max(0.0, min(quota, cap[i], remaining))
+        share[i] = max(0.0, min(quota, cap[i]))
         remaining -= share[i]
+    if remaining <= _EPS:
+        return share
 
     remainder = [0.0] * n
     for band in sorted({c.priority for c in claims}, reverse=True):
@@ -62,7 +72,10 @@ def divide(amount: float, claims: Sequence[Claim], unit: float = 1.0) -> list[fl
                 break
             unlimited = [i for i in hungry if claims[i].weight == UNLIMITED]
             weights = {i: 1.0 for i in unlimited} if unlimited else {i: claims[i].weight for i in hungry}
+            weights = _usage_adjusted(weights, claims, k_value)
             total_weight = sum(weights.values())
+            if total_weight <= 0:
+                break
             pool, given, satisfied = remaining, 0.0, False
             for i, weight in weights.items():
                 offer = pool * weight / total_weight
@@ -92,10 +105,27 @@ def divide(amount: float, claims: Sequence[Claim], unit: float = 1.0) -> list[fl
     return share
 
 
+def _usage_adjusted(weights: dict[int, float], claims: Sequence[Claim], k_value: float) -> dict[int, float]:
+    """KAI's share weight: the normalised weight, pulled down by usage above it and up by usage below it."""
+    if not any(claims[i].usage for i in weights):
+        return weights
+    total = sum(weights.values())
+    if total <= 0:
+        return weights
+    adjusted = {}
+    for i, weight in weights.items():
+        normal = weight / total
+        adjusted[i] = max(0.0, normal + k_value * (normal - claims[i].usage))
+    return adjusted
+
+
 def fair_shares(
-    queues: Sequence[QueueSpec], demand: Mapping[str, Vector], total: Vector
+    queues: Sequence[QueueSpec], demand: Mapping[str, Vector], total: Vector,
+    usage: Mapping[str, Vector] | None = None, k_value: float = 1.0,
 ) -> dict[str, Vector]:
-    """Fair share of every queue, parents included. `demand` is allocated + pending per leaf queue."""
+    """Fair share of every queue, parents included. `demand` is allocated + pending per leaf queue; `usage`
+    (time-aware fair share) the normalised past usage per queue, parents included, 0..1 per resource."""
+    usage = usage or {}
     order = {q.name: i for i, q in enumerate(queues)}
     children: dict[str | None, list[QueueSpec]] = {}
     for q in queues:
@@ -128,10 +158,11 @@ def fair_shares(
                     priority=k.priority,
                     request=rolled[k.name][r],
                     order=order[k.name],
+                    usage=usage.get(k.name, (0.0, 0.0, 0.0))[r],
                 )
                 for k in kids
             ]
-            for k, s in zip(kids, divide(amounts[r], claims, UNITS[r]), strict=True):
+            for k, s in zip(kids, divide(amounts[r], claims, UNITS[r], k_value), strict=True):
                 shares[k.name][r] = s
         for k in kids:
             split(k.name, shares[k.name])

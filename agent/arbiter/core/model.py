@@ -36,6 +36,9 @@ class QueueSpec:
     parent: str | None
     priority: int
     terms: tuple[ResourceTerms, ResourceTerms, ResourceTerms]  # gpu, cpu, memory
+    # KAI's minruntime: a job running for less than this (seconds) is no victim; None: inherit from the parent
+    preempt_min_runtime: float | None = None
+    reclaim_min_runtime: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,9 @@ class JobSpec:
     min_member: int
     created_at: float  # seconds since the epoch
     pods: tuple[PodSpec, ...]
+    started_at: float | None = None  # when it last started running (min-runtime protection counts from here)
+    preemption_delay: float = 0.0  # seconds it must have been pending before it may evict anyone
+    pending_since: float | None = None  # when it last became pending (None: since created_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +94,19 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class Fairness:
+    """Time-aware fair share: each queue's normalised past usage (0..1 per resource, parents included) and
+    KAI's kValue, how strongly usage shifts the over-quota division."""
+
+    usage: Mapping[str, Vector] = field(default_factory=dict)
+    k_value: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     nodes: tuple[NodeSpec, ...]
     queues: tuple[QueueSpec, ...]
     jobs: tuple[JobSpec, ...]
     placement: Placement = Placement()
+    fairness: Fairness = Fairness()
+    now: float | None = None  # seconds since the epoch; None: no clock, so no time-based protection applies

@@ -27,8 +27,8 @@ Cause = Literal["reclaim", "preempt", "consolidate"]
 
 
 class Queue:
-    __slots__ = ("alloc", "alloc_np", "fair", "heap", "index", "limit", "parent", "path", "priority", "quota",
-                 "quota_raw", "spec")
+    __slots__ = ("alloc", "alloc_np", "allocatable", "fair", "heap", "index", "limit", "parent", "path",
+                 "priority", "quota", "quota_raw", "rank_allocatable", "spec")
 
     def __init__(self, spec: QueueSpec, index: int) -> None:
         self.spec = spec
@@ -42,6 +42,10 @@ class Queue:
         self.quota_raw = tuple(t.quota for t in spec.terms)
         self.quota: Vector = (0.0, 0.0, 0.0)  # -1 resolved to the level total
         self.limit = tuple(math.inf if t.limit == UNLIMITED else t.limit for t in spec.terms)
+        # KAI's allocatable share: max(quota, fair share) capped by the limit (an unlimited quota: the limit, or
+        # the cluster when there is none). The denominator of the dominant share; set with the fair shares.
+        self.allocatable: Vector = (0.0, 0.0, 0.0)
+        self.rank_allocatable = AllocatableShare(self.allocatable)
         self.heap: list[_Entry] = []
 
 
@@ -156,6 +160,7 @@ class Session:
             specs.sort(key=_TASK_ORDER, reverse=True)
             job.pods = [Pod(p, job) for p in specs]
             self.pods.extend(job.pods)
+        self.now = snapshot.now
         self.log: list[_Op] = []
         self.dirty: set[Queue] = set()  # queues whose allocation changed: JobOrder re-ranks them
         self._load_placed()
@@ -229,23 +234,80 @@ class Session:
             float(sum(n.mem_bytes for n in nodes)),
         )
         self.capacity = capacity
-        shares = fair_shares(snapshot.queues, demand, capacity)
+        fairness = snapshot.fairness
+        shares = fair_shares(snapshot.queues, demand, capacity, fairness.usage, fairness.k_value)
         for q in self.queues:
             q.fair = shares[q.spec.name]
             level = capacity if q.parent is None else q.parent.fair
             quota = [level[r] if raw == UNLIMITED else raw for r, raw in enumerate(q.quota_raw)]
             q.quota = (quota[0], quota[1], quota[2])
+            allocatable = [0.0, 0.0, 0.0]
+            for r, raw in enumerate(q.quota_raw):
+                if raw == UNLIMITED:
+                    allocatable[r] = q.limit[r] if q.limit[r] != math.inf else capacity[r]
+                else:
+                    allocatable[r] = min(q.limit[r], max(raw, q.fair[r]))
+            q.allocatable = (allocatable[0], allocatable[1], allocatable[2])
+            q.rank_allocatable = AllocatableShare(q.allocatable)
+
+    # -- protections ------------------------------------------------------------------------------------
+
+    def may_evict_for(self, job: Job) -> bool:
+        """A pending job within its preemption delay evicts no one (KAI v0.17): it waits for capacity."""
+        if not job.spec.preemption_delay or self.now is None:
+            return True
+        since = job.spec.pending_since if job.spec.pending_since is not None else job.spec.created_at
+        return self.now >= since + job.spec.preemption_delay
+
+    @staticmethod
+    def preempt_min_runtime(queue: Queue) -> float:
+        """The victim queue's preemptMinRuntime, inherited from the nearest ancestor that sets one."""
+        for q in queue.path:
+            if q.spec.preempt_min_runtime is not None:
+                return q.spec.preempt_min_runtime
+        return 0.0
+
+    @staticmethod
+    def reclaim_min_runtime(reclaimer: Queue, victim: Queue) -> float:
+        """KAI's "lca" resolution: the victim side's reclaimMinRuntime, looked up from the victim's queue just
+        below the lowest common ancestor upward (minruntime/resolver.go resolveReclaimMinRuntimeLCA)."""
+        ours = set(reclaimer.path)
+        below = [q for q in victim.path if q not in ours]  # victim side, leaf first
+        start = victim.path.index(below[-1]) if below else 0
+        for q in victim.path[start:]:
+            if q.spec.reclaim_min_runtime is not None:
+                return q.spec.reclaim_min_runtime
+        return 0.0
 
     # -- checks -----------------------------------------------------------------------------------------
 
     def admissible(self, job: Job, req: Sequence[float]) -> bool:
         """Limits hold at every ancestor; a non-preemptible job stays within quota at every ancestor."""
+        return self.within_limits(job, req) and self.within_np_quota(job, req)
+
+    @staticmethod
+    def within_limits(job: Job, req: Sequence[float]) -> bool:
+        """The queue and every ancestor stay within their limits with `req` added (KAI max_allowed_check)."""
         for q in job.queue.path:
             for r in range(3):
                 if req[r] and q.alloc[r] + req[r] > q.limit[r] + EPS:
                     return False
-                capped = not job.preemptible and req[r] and q.quota_raw[r] != UNLIMITED
-                if capped and q.alloc_np[r] + req[r] > q.quota_raw[r] + EPS:
+        return True
+
+    @staticmethod
+    def limits_hold(job: Job) -> bool:
+        """The job's queue and its ancestors are within their limits as things stand."""
+        return all(q.alloc[r] <= q.limit[r] + EPS for q in job.queue.path for r in range(3))
+
+    @staticmethod
+    def within_np_quota(job: Job, req: Sequence[float]) -> bool:
+        """A non-preemptible job keeps the non-preemptible allocation within quota at every ancestor (KAI
+        quota_check: such jobs are never victims, so they may only hold what is guaranteed)."""
+        if job.preemptible:
+            return True
+        for q in job.queue.path:
+            for r in range(3):
+                if req[r] and q.quota_raw[r] != UNLIMITED and q.alloc_np[r] + req[r] > q.quota_raw[r] + EPS:
                     return False
         return True
 
@@ -368,24 +430,68 @@ def request_of(pods: Iterable[Pod]) -> Vector:
     return (gpu, cpu, mem)
 
 
-def queue_key(q: Queue, req: Sequence[float]) -> tuple[bool, bool, int, float, int]:
-    """Queue order (KAI's, condensed): over-served queues last; a job that stays within its queue's quota
-    first; higher priority; smaller dominant share of max(quota, fair share) with the job; older queue."""
-    alloc, fair, quota = q.alloc, q.fair, q.quota
-    over = alloc[0] > fair[0] + EPS and alloc[1] > fair[1] + EPS and alloc[2] > fair[2] + EPS
-    within = True
+class AllocatableShare:
+    """KAI's allocatable-share tie-break: a queue whose allocatable share is no larger in every resource and
+    smaller in one goes first (the "weaker" queue); otherwise the two are equal here. A partial order, so it
+    is spelled as `==` (neither dominates) and `<` (dominates downward) for the tuple comparison of `QueueKey`
+    (queue_order.go prioritizeBasedOnAllocatableShare)."""
+
+    __slots__ = ("share",)
+
+    def __init__(self, share: Vector) -> None:
+        self.share = share
+
+    def __lt__(self, other: AllocatableShare) -> bool:
+        a, b = self.share, other.share
+        return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
+
+    def __gt__(self, other: AllocatableShare) -> bool:
+        return other < self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AllocatableShare) and not (self < other or other < self)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# (over-served, outside quota with the job, -priority, uses a resource with no allocatable share, dominant
+# share with the job, dominant share without it, allocatable share, creation order)
+QueueKey = tuple[bool, bool, int, bool, float, float, AllocatableShare, int]
+_UNIT = (1.0 / MILLI, 1.0, 1e-6)  # KAI's units: GPUs, millicores, megabytes
+_NO_SHARE = 1000.0  # KAI noFairShareDrfMultiplier: use of a resource with a zero allocatable share
+
+
+def _dominant_share(alloc: Sequence[float], allocatable: Vector) -> float:
     share = 0.0
     for r in (0, 1, 2):
-        want = alloc[r] + req[r]
-        base = quota[r] if quota[r] > fair[r] else fair[r]
-        if want > quota[r] + EPS:
+        base = allocatable[r]
+        value = alloc[r] / base if base > 0 else alloc[r] * _UNIT[r] * _NO_SHARE
+        share = value if value > share else share  # max() costs a call on this hot path
+    return share
+
+
+def queue_key(q: Queue, req: Sequence[float]) -> QueueKey:
+    """Queue order, KAI's (queue_order.go GetQueueOrderResult), in its order of tie-breaks: over-served queues
+    (above fair share in every resource) last; a job that keeps its queue within quota first; higher priority;
+    a queue that would use a resource it has no allocatable share of last; smaller dominant share of the
+    allocatable share with the job, then without it; the weaker allocatable share; the older queue."""
+    alloc, fair, quota, allocatable = q.alloc, q.fair, q.quota, q.allocatable
+    over = alloc[0] > fair[0] + EPS and alloc[1] > fair[1] + EPS and alloc[2] > fair[2] + EPS
+    within = True
+    penalised = False
+    want = [0.0, 0.0, 0.0]
+    for r in (0, 1, 2):
+        w = alloc[r] + req[r]
+        want[r] = w
+        if w > quota[r] + EPS:
             within = False
-        ratio = want / base if base > 0 else (math.inf if want > EPS else 0.0)
-        share = ratio if ratio > share else share  # max() costs a call on this hot path
-    return (over, not within, -q.priority, share, q.index)
+        if allocatable[r] <= 0 and w > EPS:
+            penalised = True
+    return (over, not within, -q.priority, penalised, _dominant_share(want, allocatable),
+            _dominant_share(alloc, allocatable), q.rank_allocatable, q.index)
 
 
-Ranked = tuple[Job, Vector, tuple[bool, bool, int, float, int]]  # a subtree's best job, its request, the key
+Ranked = tuple[Job, Vector, QueueKey]  # a subtree's best job, its request, the key
 
 
 class JobOrder:

@@ -7,6 +7,7 @@ Every rejection is a `SnapshotError` whose message is one sentence naming the of
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
@@ -16,6 +17,7 @@ from agent.arbiter.core.model import (
     NON_PREEMPTIBLE_PRIORITY,
     RESOURCES,
     UNLIMITED,
+    Fairness,
     JobSpec,
     NodeSpec,
     Placement,
@@ -26,6 +28,7 @@ from agent.arbiter.core.model import (
     ResourceTerms,
     Snapshot,
 )
+from agent.arbiter.core.usage import UsageSample, queue_usage
 
 _STATUSES = ("Running", "Pending", "Releasing")
 _POLICIES = ("binpack", "spread")
@@ -41,7 +44,9 @@ def parse_snapshot(doc: object) -> Snapshot:
     nodes = tuple(_node(n, i) for i, n in enumerate(_list(top, "nodes", "the snapshot")))
     queues = tuple(_queue(q, i) for i, q in enumerate(_list(top, "queues", "the snapshot")))
     jobs = tuple(_job(j, i) for i, j in enumerate(_list(top, "jobs", "the snapshot")))
-    snapshot = Snapshot(nodes=nodes, queues=queues, jobs=jobs, placement=placement)
+    now = _timestamp(top["now"], "the snapshot", "now") if top.get("now") is not None else None
+    fairness = _fairness(top.get("fairness"), queues, nodes, now)
+    snapshot = Snapshot(nodes=nodes, queues=queues, jobs=jobs, placement=placement, fairness=fairness, now=now)
     _check_references(snapshot)
     return snapshot
 
@@ -123,6 +128,8 @@ def _queue(raw: object, index: int) -> QueueSpec:
         parent=parent,
         priority=_int(queue, "priority", where, default=100),
         terms=(terms[0], terms[1], terms[2]),
+        preempt_min_runtime=_opt_duration(queue, "preemptMinRuntime", where),
+        reclaim_min_runtime=_opt_duration(queue, "reclaimMinRuntime", where),
     )
 
 
@@ -152,6 +159,10 @@ def _job(raw: object, index: int) -> JobSpec:
         min_member=min_member,
         created_at=_timestamp(job.get("createdAt"), where),
         pods=pods,
+        started_at=_timestamp(job["startedAt"], where, "startedAt") if job.get("startedAt") is not None else None,
+        preemption_delay=_opt_duration(job, "preemptionDelay", where) or 0.0,
+        pending_since=(_timestamp(job["pendingSince"], where, "pendingSince")
+                       if job.get("pendingSince") is not None else None),
     )
 
 
@@ -298,13 +309,88 @@ def _labels(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
     return dict(value)
 
 
-def _timestamp(value: object, where: str) -> float:
+def _timestamp(value: object, where: str, key: str = "createdAt") -> float:
     if not isinstance(value, str):
-        raise SnapshotError(f"{where} needs createdAt as an RFC 3339 timestamp.")
+        raise SnapshotError(f"{where} needs {key} as an RFC 3339 timestamp.")
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise SnapshotError(f"{where} has a malformed createdAt {value!r} (want RFC 3339).") from None
+        raise SnapshotError(f"{where} has a malformed {key} {value!r} (want RFC 3339).") from None
     if parsed.tzinfo is None or "T" not in value.upper():
-        raise SnapshotError(f"{where} has a malformed createdAt {value!r} (want RFC 3339 with a time zone).")
+        raise SnapshotError(f"{where} has a malformed {key} {value!r} (want RFC 3339 with a time zone).")
     return parsed.timestamp()
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|m|s|ms)")
+_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def duration(value: object, what: str) -> float:
+    """A Kubernetes duration ("90s", "5m", "1h30m", as metav1.Duration writes them) in seconds."""
+    if not isinstance(value, str) or not value:
+        raise SnapshotError(f"{what} must be a duration such as \"5m\" or \"1h30m\", not {value!r}.")
+    if value == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(value):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(value):
+        raise SnapshotError(f"{what} must be a duration such as \"5m\" or \"1h30m\", not {value!r}.")
+    return total
+
+
+def _opt_duration(obj: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = obj.get(key)
+    return None if value is None else duration(value, f"{where} {key}")
+
+
+def _fairness(raw: object, queues: tuple[QueueSpec, ...], nodes: tuple[NodeSpec, ...], now: float | None
+              ) -> Fairness:
+    """Time-aware fair share: `usage` per queue (normalised, 0..1), or a `history` of what queues held, with
+    `windowSize` and an optional `halfLife`, folded into usage as of `now`; `kValue` (default 1)."""
+    if raw is None:
+        return Fairness()
+    block = _obj(raw, "fairness")
+    k_value = _number(block.get("kValue", 1.0), "fairness kValue")
+    if k_value < 0:
+        raise SnapshotError(f"fairness kValue must not be negative, not {k_value:g}.")
+    usage: dict[str, tuple[float, float, float]] = {}
+    for name, value in _obj(block.get("usage", {}), "fairness usage").items():
+        entry = _obj(value, f"fairness usage of {name!r}")
+        usage[name] = (_fraction(entry, "gpu", name), _fraction(entry, "cpu", name), _fraction(entry, "memory", name))
+    history = block.get("history")
+    if history is not None:
+        if now is None:
+            raise SnapshotError("fairness history needs the snapshot's now.")
+        window = duration(block.get("windowSize"), "fairness windowSize")
+        half_life = _opt_duration(block, "halfLife", "fairness")
+        samples = [_sample(s, i) for i, s in enumerate(_list(block, "history", "fairness"))]
+        capacity = (float(sum(n.gpus for n in nodes) * MILLI), sum(n.cpu_milli for n in nodes),
+                    sum(n.mem_bytes for n in nodes))
+        usage.update(queue_usage(samples, queues, capacity, now=now, window=window, half_life=half_life))
+    return Fairness(usage=usage, k_value=k_value)
+
+
+def _fraction(entry: Mapping[str, Any], key: str, queue: str) -> float:
+    value = _number(entry.get(key, 0.0), f"fairness usage of {queue!r} {key}")
+    if not 0 <= value <= 1:
+        raise SnapshotError(f"fairness usage of {queue!r} {key} must be between 0 and 1, not {value:g}.")
+    return value
+
+
+def _sample(raw: object, index: int) -> UsageSample:
+    where = f"fairness history[{index}]"
+    sample = _obj(raw, where)
+    queue = sample.get("queue")
+    if not isinstance(queue, str):
+        raise SnapshotError(f"{where} has no queue name.")
+    start = _timestamp(sample.get("start"), where, "start")
+    end = _timestamp(sample.get("end"), where, "end")
+    if end < start:
+        raise SnapshotError(f"{where} ends before it starts.")
+    return UsageSample(queue, start, end, (_quantity(sample, "gpus", where, 0.0) * MILLI,
+                                           _quantity(sample, "cpuMilli", where, 0.0),
+                                           _quantity(sample, "memBytes", where, 0.0)))
