@@ -9,29 +9,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Collection, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
-from agent.devices.model import Inventory
+from agent.devices.model import Gpu, Inventory
+from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
-from agent.kube.nodes import NodeInfo, NodeWatcher
+from agent.kube.errors import ApiError, NotFound
+from agent.kube.node_status import NodeStatus, node_labels
+from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
+from agent.migconfig.reconciler import MigReconciler, NodeHooks
+from agent.migconfig.reset import reset_gpu
+from agent.migconfig.spec import MigConfigs
 from agent.nvml.health import HealthMonitor, parent_gpu_name, without_devices
 from agent.nvml.migctl import MigControl
+from agent.nvml.migmode import MigReconfiguration
 from agent.nvml.source import NvmlSource
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
 
 log = logging.getLogger(__name__)
-
-NODE_SYNC_TIMEOUT_S = 10.0  # how long start-up waits for the first read of the Node
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class NodeConfig:
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
+    mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
+    label_poll_s: float = 1.0  # how often the Node's labels are read for a new nvidia.com/mig.config
 
 
 class MeasuredPreparer:
@@ -100,15 +107,18 @@ class NodeAgent:
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
         self._health_changed = threading.Event()  # wakes the publish thread: health or MIG devices changed
         self._monitor: HealthMonitor | None = None
+        self._node_uid = node_uid(self._api, config.node_name)
         self._publisher = Publisher(
             self._api,
             config.node_name,
             config.driver_name,
             partitionable=config.partitionable,
+            node_uid=self._node_uid,
         )
         # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
         self._node = NodeWatcher(self._api, config.node_name)
         self._node.subscribe(self._on_node_changed)
+        self._withheld: frozenset[int] = frozenset()  # GPU minors a MIG reconfiguration keeps out of the slices
         self._preparer = ClaimPreparer(
             node_name=config.node_name,
             driver_name=config.driver_name,
@@ -116,12 +126,27 @@ class NodeAgent:
             cdi_root=config.cdi_root,
             source=KubeClaimSource(self._api),
             inventory=lambda: self._inventory,
-            is_healthy=self._healthy_by_events,
+            is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
         )
         self.plugin: KubeletPlugin | None = None
         self._threads: list[threading.Thread] = []
+        self._mig: MigReconciler | None = None
+        if config.mig_configs is not None:
+            self._mig = MigReconciler(
+                config.mig_configs,
+                MigReconfiguration(),
+                NodeHooks(
+                    discover=self._refresh,
+                    withhold=self._withhold,
+                    claims_on=self._claims_on,
+                    prepare_lock=self._preparer.lock.hold,
+                    reset=self._reset_gpu,
+                ),
+                NodeStatus(self._api, config.node_name, self._node_uid),
+                partitionable=config.partitionable,
+            )
 
     @property
     def inventory(self) -> Inventory:
@@ -141,7 +166,10 @@ class NodeAgent:
         log.info("claim checkpoint ready", extra={"recovery": str(recovery)})
         self._record_health(self._inventory)
         self._node.start()
-        self._node.wait_synced(NODE_SYNC_TIMEOUT_S)  # else the publisher reads the uid itself
+        labels = self._node_labels()
+        if self._mig is not None and labels is not None:
+            # GPUs a MIG change still has to reach (e.g. after a crash mid-apply) never show up in between.
+            self._withheld = self._mig.withheld_at_start(self._inventory, labels)
         self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
         measured = MeasuredPreparer(self._preparer, self.metrics, set(self._preparer.states.load().claims))
         self.plugin = KubeletPlugin(
@@ -159,6 +187,11 @@ class NodeAgent:
             )
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
+        if self._mig is not None:
+            self._spawn("mig-reconfigure", self._mig_loop)
+            self._spawn("node-labels", self._label_loop)
+            if labels is not None:
+                self._mig.offer(labels)
 
     def run(self) -> None:
         try:
@@ -176,6 +209,8 @@ class NodeAgent:
         self._health_changed.set()  # wakes the health-publish thread to see the stop
         self._publisher.wake()  # and the resync loop
         self._node.stop()
+        if self._mig is not None:
+            self._mig.wake_for_stop()
         if self._monitor is not None:
             self._monitor.stop()  # before the NVML session closes
         if self.plugin is not None:
@@ -271,10 +306,71 @@ class NodeAgent:
     def _schedulable(self, inventory: Inventory) -> Inventory:
         """What the slices offer: unhealthy devices are left out rather than tainted, because device taints
         (DRADeviceTaints) are alpha and off by default in 1.34, where the server would silently drop the taint
-        and the scheduler would keep picking the device. Prepare refuses them in any case."""
+        and the scheduler would keep picking the device. Prepare refuses them in any case. GPUs a MIG
+        reconfiguration is changing are left out with everything carved from them."""
         with self._health_lock:
             unhealthy = set(self._unhealthy)
-        return without_devices(inventory, unhealthy)
+        return without_devices(inventory, unhealthy | {gpu_device_name(m) for m in self._withheld})
+
+    # --- MIG reconfiguration from the node label ---------------------------------------------------------
+
+    def _node_labels(self) -> dict[str, str] | None:
+        """The Node's labels, or None when they cannot be read (no Node object, API trouble)."""
+        try:
+            return node_labels(self._api, self.config.node_name)
+        except NotFound:
+            return None
+        except ApiError as exc:
+            log.warning("reading node %s labels failed: %s", self.config.node_name, exc)
+            return None
+
+    def _mig_loop(self) -> None:
+        if self._mig is not None:
+            self._mig.run(self._stop)
+
+    def _label_loop(self) -> None:
+        while not self._stop.wait(self.config.label_poll_s):
+            labels = self._node_labels()
+            if labels is not None and self._mig is not None:
+                self._mig.offer(labels)
+
+    def _reconfiguring(self, device_name: str) -> bool:
+        """Whether the device is on a GPU a MIG reconfiguration is changing (prepare refuses it)."""
+        try:
+            parsed = parse_device_name(device_name)
+        except InvalidDeviceName:
+            return False
+        return (parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor) in self._withheld
+
+    def _withhold(self, minors: frozenset[int]) -> None:
+        """Keep these GPUs out of the slices from now on, and publish at once (a failure is retried by the
+        resync loop, which publishes the same view)."""
+        self._withheld = minors
+        try:
+            self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
+        except Exception:
+            log.exception("publishing slices after a MIG change failed")
+            self.metrics.publish_errors.inc()
+
+    def _claims_on(self, minors: Collection[int]) -> dict[int, set[str]]:
+        """Claims in the checkpoint (prepared, or being prepared) holding a device of these GPUs."""
+        held: dict[int, set[str]] = {}
+        for entry in self._preparer.states.load().claims.values():
+            for device in entry.devices:
+                try:
+                    parsed = parse_device_name(device.device_name)
+                except InvalidDeviceName:
+                    continue
+                minor = parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor
+                if minor in minors:
+                    held.setdefault(minor, set()).add(f"{entry.namespace}/{entry.name}")
+        return held
+
+    def _reset_gpu(self, gpu: Gpu) -> None:
+        if self._nvml.fake is not None:
+            self._nvml.fake.reset_gpu(gpu.index)  # the fake machine's `nvidia-smi -r`
+        else:
+            reset_gpu(gpu.pci_bus_id)
 
     def _health_publish_loop(self) -> None:
         while True:

@@ -24,7 +24,7 @@ import agent
 import fakes.apiserver
 from agent.claims import cdi
 from agent.claims.types import ClaimRef, PrepareResult
-from agent.demo import report
+from agent.demo import mig, report
 from agent.demo.kubectl import Json, Kubectl, KubectlError
 from agent.demo.node import DRIVER, DemoError, DemoNode
 from fakes.kubelet import KubeletError
@@ -131,7 +131,12 @@ class Demo:
         _say("", f"== 4. Claims from {self.manifests / 'examples'}: {names}")
         self._rounds(claims)
 
-        _say("", "== 6. Stopping the agents with SIGTERM")
+        first = next(iter(self.nodes.values()))
+        _say("", f"== 6. MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}")
+        for value in ("all-1g.10gb", "all-disabled"):
+            _say(*mig.relabel(kubectl, first.name, value, lambda: self._slices(kubectl, first.name)))
+
+        _say("", "== 7. Stopping the agents with SIGTERM")
         for node in self.nodes.values():
             code = node.terminate()
             left = [str(s) for s in node.sockets if s.exists()]

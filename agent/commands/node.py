@@ -18,6 +18,8 @@ from agent.commands.preflight import StartupError
 from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
 from agent.kubelet.sockets import SocketError
+from agent.migconfig.files import load_mig_configs
+from agent.migconfig.spec import InvalidMigConfig
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, open_nvml
@@ -73,6 +75,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="watch NVML for critical XIDs and lost GPUs (env HEALTH_EVENTS)",
     )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
+    p.add_argument(
+        "--mig-config-file",
+        default=_env("MIG_CONFIG_FILE"),
+        help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's "
+        "(env MIG_CONFIG_FILE)",
+    )
+    p.add_argument(
+        "--mig-reconfigure",
+        action=argparse.BooleanOptionalAction,
+        default=_env("MIG_RECONFIGURE", "true") not in ("0", "false"),
+        help="apply the MIG config the node label nvidia.com/mig.config names (env MIG_RECONFIGURE)",
+    )
 
 
 def _xids(text: str) -> frozenset[int]:
@@ -93,6 +107,10 @@ def _config(args: argparse.Namespace) -> NodeConfig:
     for flag, value in (("--metrics-addr", args.metrics_addr), ("--healthcheck-addr", args.healthcheck_addr)):
         if value:
             preflight.address(flag, value)
+    try:
+        mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
+    except InvalidMigConfig as exc:
+        raise StartupError(str(exc)) from None
     return NodeConfig(
         node_name=preflight.dns_subdomain("--node-name", args.node_name),
         driver_name=driver_name,
@@ -105,6 +123,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
+        mig_configs=mig_configs,
     )
 
 

@@ -20,6 +20,7 @@ _RESOURCES = {
     "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
     "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
+    "Event": ("/api/v1", "events", True),
 }
 
 
@@ -41,6 +42,11 @@ class Kubectl:
     def get(self, kind: str, name: str, namespace: str = "default") -> Json:
         return self._request("GET", f"{self._path(kind, namespace)}/{urllib.parse.quote(name)}")
 
+    def label(self, kind: str, name: str, labels: dict[str, str], namespace: str = "default") -> Json:
+        """`kubectl label --overwrite`: a JSON merge patch of the labels alone."""
+        path = f"{self._path(kind, namespace)}/{urllib.parse.quote(name)}"
+        return self._request("PATCH", path, {"metadata": {"labels": labels}}, "application/merge-patch+json")
+
     def list(self, kind: str, namespace: str = "default", field_selector: str = "") -> list[Json]:
         query = f"?fieldSelector={urllib.parse.quote(field_selector)}" if field_selector else ""
         items: list[Json] = self._request("GET", self._path(kind, namespace) + query).get("items") or []
@@ -53,11 +59,13 @@ class Kubectl:
         prefix, plural, namespaced = _RESOURCES[kind]
         return f"{prefix}/namespaces/{namespace}/{plural}" if namespaced else f"{prefix}/{plural}"
 
-    def _request(self, method: str, path: str, body: Json | None = None) -> Json:
+    def _request(
+        self, method: str, path: str, body: Json | None = None, content_type: str = "application/json"
+    ) -> Json:
         data = None if body is None else json.dumps(body).encode()
         # The scheme is checked in __init__: only http(s) reaches urlopen.
         request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310
-        request.add_header("Content-Type", "application/json")
+        request.add_header("Content-Type", content_type)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
                 result: Json = json.loads(response.read())

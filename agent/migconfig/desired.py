@@ -25,6 +25,7 @@ class WantedLayout:
 
     mig_enabled: bool
     devices: tuple[tuple[str, int], ...] = ()  # (profile name, count > 0), sorted
+    mode_only: bool = False  # dynamic MIG: instances belong to claims, only the mode is the config's
 
     def describe(self) -> str:
         if not self.mig_enabled:
@@ -40,7 +41,8 @@ def wanted_layouts(
     """The layout config `name` asks of each GPU it covers, by GPU minor.
 
     With `partitionable` (dynamic MIG) the config decides MIG mode only: MIG devices are made per claim at
-    prepare, so a config that lists static instances for a GPU is refused.
+    prepare, so a config that lists static instances for a GPU is refused, and the instances claims made
+    stay while MIG stays on.
 
     Raises:
         ConfigRefused: unknown config name, a profile a GPU does not have, a MIG-incapable GPU named by
@@ -68,7 +70,7 @@ def wanted_layouts(
                 f"MIG config {name!r} lists MIG devices for GPU {gpu.index}, but with --partitionable-devices "
                 "MIG devices are created per claim: use a config that only enables MIG (e.g. all-enabled)"
             )
-        out[gpu.minor] = WantedLayout(spec.mig_enabled, spec.mig_devices)
+        out[gpu.minor] = WantedLayout(spec.mig_enabled, spec.mig_devices, mode_only=partitionable)
     return out
 
 

@@ -80,6 +80,8 @@ def plan_gpu(gpu: Gpu, mig_devices: Sequence[MigDevice], wanted: WantedLayout) -
     existing = _existing(gpu, mig_devices)
     if not wanted.mig_enabled:
         return GpuPlan(gpu.minor, gpu.index, gpu.uuid, destroy=tuple(sorted(existing)), mig_mode=mode)
+    if wanted.mode_only:  # dynamic MIG: the instances are the claims', not the config's
+        return GpuPlan(gpu.minor, gpu.index, gpu.uuid, mig_mode=mode, layout=tuple(sorted(existing)))
     profiles = _profiles(gpu, wanted)
     # A GPU whose MIG mode is only pending has no instances that count: a reset drops them.
     keepable = [p for p, whole in existing.items() if whole] if gpu.mig_enabled else []

@@ -10,7 +10,10 @@ import re
 import uuid
 from typing import Any
 
+import yaml
+
 from . import dra_rules, schemas
+from .apply import manager_name, record_update, server_side_apply
 from .disabled_fields import drop_disabled_fields
 from .errors import ApiError, already_exists, conflict, invalid, not_found
 from .patch import json_patch, merge_patch, strategic_merge_patch
@@ -22,6 +25,7 @@ from .versions import KubernetesVersion
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY = "application/apply-patch+yaml"
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 # Kinds whose names are path segments rather than DNS subdomains.
@@ -38,6 +42,21 @@ def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
+def _keep(meta: dict[str, Any], key: str, source: dict[str, Any]) -> None:
+    if key in source:
+        meta[key] = copy.deepcopy(source[key])
+    else:
+        meta.pop(key, None)
+
+
+def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Equal but for the times of managedFields entries (an apply that changes nothing is no write)."""
+    def untimed(obj: dict[str, Any]) -> Any:
+        entries = [{k: v for k, v in e.items() if k != "time"} for e in obj["metadata"].get("managedFields") or []]
+        return {**obj, "metadata": {**obj["metadata"], "managedFields": entries}}
+    return new == old or untimed(new) == untimed(old)
+
+
 def success(rt: ResourceType, name: str, uid: str, code: int = 200) -> dict[str, Any]:
     return {
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": code,
@@ -48,13 +67,21 @@ def success(rt: ResourceType, name: str, uid: str, code: int = 200) -> dict[str,
 class WriteOptions:
     """Per-request options of a write and what it reports back besides the object."""
 
-    def __init__(self, field_validation: str = "Warn", field_manager: str = "", dry_run: bool = False) -> None:
+    def __init__(self, field_validation: str = "Warn", field_manager: str = "", dry_run: bool = False,
+                 user_agent: str = "", force: bool = False) -> None:
         if field_validation not in ("Strict", "Warn", "Ignore"):
             raise ApiError(400, f"fieldValidation must be Strict, Warn or Ignore, not {field_validation!r}")
         self.field_validation = field_validation
         self.field_manager = field_manager
         self.dry_run = dry_run
+        self.user_agent = user_agent
+        self.force = force
+        self.applied = False  # managedFields were set by server-side apply already
         self.warnings: list[str] = []
+
+    @property
+    def manager(self) -> str:
+        return manager_name(self.field_manager, self.user_agent)
 
 
 class Api:
@@ -65,6 +92,10 @@ class Api:
         self.validate = validate
 
     # Reads.
+
+    def exists(self, rt: ResourceType, namespace: str, name: str) -> bool:
+        with self.store.lock:
+            return self.store.read(rt.key, namespace, name) is not None
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         with self.store.lock:
@@ -118,6 +149,8 @@ class Api:
             if self.store.read(rt.key, namespace, meta["name"]) is not None:
                 raise already_exists(rt.group, rt.plural, meta["name"])
             self._admit(rt, obj, None, options)
+            if not options.applied:
+                record_update(None, obj, options.manager, now())
             if options.dry_run:
                 return obj
             created = self.store.write(rt.key, obj, None)
@@ -137,6 +170,9 @@ class Api:
 
     def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, body: Any,
               subresource: str = "", options: WriteOptions | None = None) -> dict[str, Any]:
+        options = options or WriteOptions()
+        if content_type == APPLY:
+            return self.apply(rt, namespace, name, body, subresource, options)
         with self.store.lock:
             old = self._current(rt, namespace, name)
             if content_type == JSON_PATCH:
@@ -155,7 +191,31 @@ class Api:
             patched.setdefault("metadata", {})
             if patched["metadata"].get("resourceVersion") in (None, ""):
                 patched["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self._replace(rt, old, patched, subresource, options or WriteOptions())
+            return self._replace(rt, old, patched, subresource, options)
+
+    def apply(self, rt: ResourceType, namespace: str, name: str, config: Any, subresource: str,
+              options: WriteOptions) -> dict[str, Any]:
+        """Server-side apply; it creates the object when there is none."""
+        if not isinstance(config, dict) or not config.get("apiVersion") or not config.get("kind"):
+            raise ApiError(400, "an applied configuration must be an object with apiVersion and kind")
+        config = self._body(rt, namespace, config)
+        if config["metadata"].get("name") not in (None, name):
+            raise ApiError(400, f"the name of the object ({config['metadata']['name']}) does not match the name on "
+                                f"the URL ({name})")
+        config["metadata"]["name"] = name
+        options.applied = True
+        with self.store.lock:
+            live = self.store.read(rt.key, namespace, name)
+            if live is None:
+                if subresource:
+                    raise not_found(rt.group, rt.plural, name)
+                merged = server_side_apply(None, config, options.field_manager, options.force, now())
+                return self.create(rt, namespace, merged, options)
+            merged = server_side_apply(copy.deepcopy(live), config, options.field_manager, options.force, now(),
+                                       subresource)
+            merged["metadata"]["resourceVersion"] = config["metadata"].get("resourceVersion") or \
+                live["metadata"]["resourceVersion"]
+            return self._replace(rt, copy.deepcopy(live), merged, subresource, options)
 
     def delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
         options = options or {}
@@ -254,6 +314,8 @@ class Api:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
+            if options.applied:
+                new["metadata"]["managedFields"] = obj["metadata"].get("managedFields")
         else:
             new = obj
             for field in (*_SERVER_META, "namespace", "name"):
@@ -269,7 +331,9 @@ class Api:
             if _spec_part(new) != _spec_part(old):
                 new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        if new == old:
+        if not options.applied and new["metadata"].get("managedFields") != []:
+            _keep(new["metadata"], "managedFields", old["metadata"])  # clients' copies never change ownership
+        if _same(new, old):
             return old  # a no-op write keeps its resourceVersion, like the real server
         if old["metadata"].get("deletionTimestamp"):
             added = set(new["metadata"].get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
@@ -277,8 +341,12 @@ class Api:
                 why = f"no new finalizers can be added if the object is being deleted, found {sorted(added)}"
                 raise invalid(rt.group, rt.kind, name, [("metadata.finalizers", why)])
         self._admit(rt, new, old, options)
-        if new == old or options.dry_run:
-            return new  # what was dropped on admission may turn the write into a no-op
+        if _same(new, old):
+            return old  # what was dropped on admission may turn the write into a no-op
+        if not options.applied:
+            record_update(old, new, options.manager, now(), subresource)
+        if options.dry_run:
+            return new
         if old["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
             return self._remove(rt, new, orphan=False)
         return self.store.write(rt.key, new, old)
@@ -363,9 +431,12 @@ class Api:
     # Custom resources.
 
     def register_custom(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
-                        schema: dict[str, Any] | None = None, status: bool = True) -> ResourceType:
+                        schema: dict[str, Any] | None = None, status: bool = True,
+                        columns: tuple[dict[str, Any], ...] = (), short_names: tuple[str, ...] = (),
+                        categories: tuple[str, ...] = ()) -> ResourceType:
         rt = ResourceType(group, version, plural, kind, namespaced, frozenset({"status"}) if status else frozenset(),
-                          builtin=False, schema=schema)
+                          short_names=short_names, builtin=False, schema=schema, columns=columns,
+                          returns_deleted=True, categories=categories)
         self.registry.add(rt)
         return rt
 
@@ -389,7 +460,9 @@ class Api:
                 schema = (version.get("schema") or {}).get("openAPIV3Schema")
                 self.register_custom(spec["group"], version["name"], names["plural"], names["kind"],
                                      spec.get("scope", "Namespaced") == "Namespaced", schema,
-                                     "status" in (version.get("subresources") or {}))
+                                     "status" in (version.get("subresources") or {}),
+                                     tuple(version.get("additionalPrinterColumns") or ()),
+                                     tuple(names.get("shortNames") or ()), tuple(names.get("categories") or ()))
         with self.store.lock:
             old = self._current(self.registry.find("CustomResourceDefinition"), "", crd["metadata"]["name"])
             new = copy.deepcopy(old)
@@ -410,6 +483,14 @@ class Api:
             key = (spec.get("group", ""), version.get("name", ""), (spec.get("names") or {}).get("plural", ""))
             self.store.drop_type(key)
             self.registry.remove(key)
+
+
+def parse_yaml(raw: bytes) -> Any:
+    """An apply-patch+yaml body (YAML, or JSON, which YAML includes)."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ApiError(400, f"the request body is not valid YAML: {exc}") from None
 
 
 def parse_json(raw: bytes) -> Any:

@@ -155,12 +155,15 @@ class Registry:
     def __init__(self, gates: KubernetesVersion | None = None) -> None:
         self._types: dict[tuple[str, str, str], ResourceType] = {
             t.key: t for t in builtin_types(gates or KubernetesVersion())}
+        self.generation = 0  # bumped whenever the served types change (CRDs), for caches of derived documents
 
     def add(self, rt: ResourceType) -> None:
         self._types[rt.key] = rt
+        self.generation += 1
 
     def remove(self, key: tuple[str, str, str]) -> None:
         self._types.pop(key, None)
+        self.generation += 1
 
     def all(self) -> list[ResourceType]:
         return list(self._types.values())

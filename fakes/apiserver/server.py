@@ -9,13 +9,15 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .api import Api, WriteOptions, parse_json
+from . import openapi, tables
+from .api import APPLY, Api, WriteOptions, parse_json, parse_yaml
 from .errors import ApiError
 from .faults import Faults
 from .resources import Registry, ResourceType
@@ -49,6 +51,7 @@ class ApiServer:
         self.store = Store(self.registry, history)
         self.api = Api(self.registry, self.store, self.version, validate=validate)
         self.faults = Faults()
+        self._openapi_cache: dict[tuple[str, int], dict[str, Any]] = {}
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
         self.watch_epoch = 0  # bumped by drop_watches(); open watches notice and cut their connection
@@ -75,6 +78,28 @@ class ApiServer:
                         schema: dict[str, Any] | None = None, status: bool = True) -> ResourceType:
         """Serve a custom resource type, validated against `schema` (an openAPIV3Schema) when given."""
         return self.api.register_custom(group, version, plural, kind, namespaced, schema, status)
+
+    def openapi_v3(self, group_version: str) -> dict[str, Any] | None:
+        """The OpenAPI v3 document of 'api/v1' or 'apis/<group>/<version>', or None when not served."""
+        key = (group_version, self.registry.generation)
+        if key not in self._openapi_cache:
+            types = [t for t in self.registry.all() if _gv_path(t) == group_version]
+            if not types:
+                return None
+            self._openapi_cache[key] = openapi.group_version_document(self.version.version, types,
+                                                                      f"v{self.version.version}.0")
+        return self._openapi_cache[key]
+
+    def openapi_v3_hashes(self) -> dict[str, str]:
+        return {gv: openapi.document_hash(doc) for gv in sorted({_gv_path(t) for t in self.registry.all()})
+                if (doc := self.openapi_v3(gv)) is not None}
+
+    def openapi_v2(self) -> dict[str, Any]:
+        key = ("swagger", self.registry.generation)
+        if key not in self._openapi_cache:
+            self._openapi_cache[key] = openapi.swagger_document(self.version.version, self.registry.all(),
+                                                                f"v{self.version.version}.0")
+        return self._openapi_cache[key]
 
     def drop_watches(self) -> None:
         """Cut every open watch connection, as a restarting API server or a flaky network does."""
@@ -175,6 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         injected = self.apiserver.faults.check(method, url.path)
         self._warnings: list[str] = []
+        self._shown: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # watch events as Table rows
         try:
             if self.apiserver.faults.delay:
                 time.sleep(self.apiserver.faults.delay)
@@ -196,6 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, self.apiserver.version.version_info()
         if parts in (["healthz"], ["livez"], ["readyz"]):
             return 200, "ok"
+        if parts[:1] == ["openapi"]:
+            return self._openapi(parts[1:])
         if parts == ["api"]:
             cidrs = [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.apiserver.url}]
             return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": cidrs}
@@ -234,14 +262,21 @@ class _Handler(BaseHTTPRequestHandler):
         ns = (namespace or "") if rt.namespaced else ""
         api = self.apiserver.api
         options = WriteOptions(query.get("fieldValidation") or "Warn", query.get("fieldManager") or "",
-                               bool(query.get("dryRun")))
+                               bool(query.get("dryRun")), self.headers.get("User-Agent") or "", _flag(query, "force"))
         self._warnings = options.warnings
+        as_table = method == "GET" and tables.wants_table(self.headers.get("Accept") or "")
+        include = query.get("includeObject") or "Metadata"
         if name is None:
             if method == "GET" and _flag(query, "watch"):
-                self._watch(rt, namespace, query)
+                self._watch(rt, namespace, query, as_table)
                 return 0, None
             if method == "GET":
-                return 200, api.list_objects(rt, namespace if rt.namespaced else None, query)
+                listed = api.list_objects(rt, namespace if rt.namespaced else None, query)
+                if as_table:
+                    meta = {k: v for k, v in listed["metadata"].items() if k != "resourceVersion"}
+                    return 200, tables.table(rt, listed["items"], include=include, list_meta=meta,
+                                             resource_version=listed["metadata"]["resourceVersion"])
+                return 200, listed
             if method == "POST":
                 if rt.namespaced and namespace is None:
                     raise ApiError(405, f"create {rt.plural} needs a namespace in the path")
@@ -251,21 +286,41 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(405, f"{method} is not allowed on a collection")
         if rt.namespaced and namespace is None:
             raise ApiError(404, f"the server could not find the requested resource ({path})")
-        body = parse_json(raw) if raw else None
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        body = (parse_yaml(raw) if content_type == APPLY else parse_json(raw)) if raw else None
         if sub == "eviction" and method == "POST":
             return 201, api.evict(ns, name, body)
         if sub == "binding" and method == "POST":
             return 201, api.bind(ns, name, body)
         if method == "GET":
-            return 200, api.get(rt, ns, name)
+            found = api.get(rt, ns, name)
+            if as_table and not sub:
+                return 200, tables.table(rt, [found], include=include,
+                                         resource_version=found["metadata"].get("resourceVersion", ""))
+            return 200, found
         if method == "PUT":
             return 200, api.update(rt, ns, name, body, sub, options)
         if method == "PATCH":
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            return 200, api.patch(rt, ns, name, content_type, body, sub, options)
+            existed = content_type != APPLY or api.exists(rt, ns, name)
+            return (200 if existed else 201), api.patch(rt, ns, name, content_type, body, sub, options)
         if method == "DELETE" and not sub:
             return 200, api.delete(rt, ns, name, body)
         raise ApiError(405, f"{method} is not allowed on {path}")
+
+    def _openapi(self, parts: list[str]) -> tuple[int, Any]:
+        server = self.apiserver
+        if parts == ["v2"]:
+            accept = self.headers.get("Accept") or ""
+            if accept and "json" not in accept and "*/*" not in accept:
+                raise ApiError(406, "only application/json is served for /openapi/v2", reason="NotAcceptable")
+            return 200, server.openapi_v2()
+        if parts == ["v3"]:
+            return 200, {"paths": {gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={digest}"}
+                                   for gv, digest in server.openapi_v3_hashes().items()}}
+        document = server.openapi_v3("/".join(parts[1:])) if parts[:1] == ["v3"] else None
+        if document is None:
+            raise ApiError(404, f"the server could not find the requested resource (/openapi/{'/'.join(parts)})")
+        return 200, document
 
     def _delete_collection(self, rt: ResourceType, namespace: str | None, query: dict[str, str],
                            options: Any) -> dict[str, Any]:
@@ -285,11 +340,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        shown = self._shown
+        if shown is not None and kind in ("ADDED", "MODIFIED", "DELETED"):
+            obj = shown(obj)
         self._chunk(json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n")
 
-    def _watch(self, rt: ResourceType, namespace: str | None, query: dict[str, str]) -> None:
+    def _watch(self, rt: ResourceType, namespace: str | None, query: dict[str, str], as_table: bool = False) -> None:
         server = self.apiserver
         store = server.store
+        include = query.get("includeObject") or "Metadata"
+        self._shown = (lambda obj: tables.table(rt, [obj], include=include)) if as_table else None
         labels = label_selector(query.get("labelSelector"))
         fields = field_selector(query.get("fieldSelector"), rt.field_selectors)
 
@@ -400,6 +460,10 @@ def _quoted(text: str) -> str:
 def _flag(query: dict[str, str], name: str) -> bool:
     """A boolean query parameter (watch, allowWatchBookmarks, sendInitialEvents) that is set to true."""
     return query.get(name) in ("1", "true", "True")
+
+
+def _gv_path(rt: ResourceType) -> str:
+    return f"apis/{rt.group}/{rt.version}" if rt.group else f"api/{rt.version}"
 
 
 def _group(name: str, versions: list[str]) -> dict[str, Any]:

@@ -59,6 +59,10 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     cdi_dirs = re.findall(r"CDI dir of \S+: (.*)", out)
     assert cdi_dirs
     assert set(cdi_dirs) == {"empty"}
+    # The MIG relabel on the DGX H100 node: devices before and after, as the slices show them.
+    relabel = out[out.index("nvidia.com/mig.config=all-1g.10gb") :]
+    assert re.search(r"nvidia\.com/mig\.config\.state: (\S+ -> )*pending -> success", relabel)
+    assert re.search(r"before: 8 devices: 8x NVIDIA H100 80GB HBM3\n\s+after:\s+56 devices: 56x 1g\.10gb", relabel)
     assert out.count("exited 0; sockets removed") == 2
     for pid in re.findall(r"pid (\d+)", out):
         assert_gone(int(pid))

@@ -40,6 +40,9 @@ _DAEMON_ENV = (
     "HEALTHCHECK_ADDR",
     "LOG_FORMAT",
     "PARTITIONABLE_DEVICES",
+    "MIG_CONFIG_FILE",
+    "MIG_RECONFIGURE",
+    "FAKE_NVML_STATE",
 )
 
 
@@ -66,8 +69,11 @@ def clean_env() -> dict[str, str]:
 class Daemon:
     """One `gpu-dra-agent node` process with its own directories under `root`; JSON logs go to a file."""
 
-    def __init__(self, root: pathlib.Path, kubeconfig: pathlib.Path, node: str = NODE) -> None:
+    def __init__(
+        self, root: pathlib.Path, kubeconfig: pathlib.Path, node: str = NODE, env: dict[str, str] | None = None
+    ) -> None:
         self.root = root
+        self.env = env or {}  # e.g. FAKE_NVML_STATE, so the fake GPUs outlive the process
         self.kubelet_root = root / "kubelet"
         self.cdi_root = root / "cdi"
         self.state_dir = root / "state"
@@ -95,7 +101,7 @@ class Daemon:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.started_at = time.perf_counter()
-            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=clean_env(), cwd=REPO)
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log, env=clean_env() | self.env, cwd=REPO)
         return self
 
     def logs(self) -> list[dict[str, Any]]:

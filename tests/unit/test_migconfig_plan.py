@@ -95,9 +95,18 @@ mig-configs:
 
 def test_dynamic_mig_takes_the_mode_and_refuses_static_instances() -> None:
     inv = inventory("dgx-h100")
-    assert set(wanted_layouts(CONFIGS, "all-enabled", inv, partitionable=True).values()) == {WantedLayout(True)}
+    wanted = wanted_layouts(CONFIGS, "all-enabled", inv, partitionable=True)
+    assert set(wanted.values()) == {WantedLayout(True, mode_only=True)}
     with pytest.raises(ConfigRefused, match="with --partitionable-devices MIG devices are created per claim"):
         wanted_layouts(CONFIGS, "all-1g.10gb", inv, partitionable=True)
+
+
+def test_dynamic_mig_keeps_the_instances_claims_made_while_mig_stays_on() -> None:
+    inv = inventory("mixed-mig")  # GPUs 0-1 hold instances (as if claims had made them), 2-3 MIG off
+    enabled = plan_node(inv, wanted_layouts(CONFIGS, "all-enabled", inv, partitionable=True))
+    assert [(p.destroy, p.create, p.mig_mode) for p in enabled] == [((), (), None)] * 2 + [((), (), True)] * 2
+    disabled = plan_node(inv, wanted_layouts(CONFIGS, "all-disabled", inv, partitionable=True))
+    assert [len(p.destroy) for p in disabled] == [4, 4, 0, 0]  # waits for their claims, then goes
 
 
 # --- plans ------------------------------------------------------------------------------------------

@@ -144,3 +144,23 @@ def test_unreadable_file_names_the_path(tmp_path: pathlib.Path) -> None:
     bad.write_text("version: v1\nmig-configs:\n  a: []\n")
     with pytest.raises(InvalidMigConfig, match=r"--mig-config-file .*bad.yaml: config 'a'"):
         load_mig_configs(bad)
+
+
+def test_the_daemonset_mounts_the_same_configs_as_a_configmap() -> None:
+    """daemonset/mig-parted-config.yaml holds the default configs; the DaemonSet points MIG_CONFIG_FILE at
+    its mounted key, so a cluster edits the ConfigMap to offer its own layouts."""
+    import yaml
+
+    daemonset_dir = pathlib.Path(__file__).resolve().parents[2] / "daemonset"
+    [configmap] = [d for d in yaml.safe_load_all((daemonset_dir / "mig-parted-config.yaml").read_text()) if d]
+    assert parse_mig_configs(configmap["data"]["config.yaml"]) == load_mig_configs()
+    [daemonset] = [d for d in yaml.safe_load_all((daemonset_dir / "daemonset.yaml").read_text())
+                   if d and d["kind"] == "DaemonSet"]  # fmt: skip
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "mig-parted-config"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "mig-parted-config"]
+    assert env["MIG_CONFIG_FILE"] == mount["mountPath"] + "/config.yaml"
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert configmap["metadata"]["namespace"] == daemonset["metadata"]["namespace"]

@@ -1,0 +1,70 @@
+"""What the agent tells people about its Node: labels it owns (a merge patch of just those) and Events.
+
+Events are core/v1 Events on the Node in namespace `default`, as the kubelet writes its own node events, so
+`kubectl describe node` and `kubectl get events --field-selector involvedObject.name=<node>` show them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from typing import Any
+
+from kubernetes import client
+
+from agent.kube.client import REQUEST_TIMEOUT
+from agent.kube.errors import ApiError, call
+
+log = logging.getLogger(__name__)
+
+EVENT_NAMESPACE = "default"
+COMPONENT = "gpu-dra-agent"
+
+
+def node_labels(api_client: client.ApiClient, node_name: str) -> dict[str, str]:
+    """The Node's labels now (raises agent.kube.errors.ApiError, NotFound when there is no such Node)."""
+    api = client.CoreV1Api(api_client)
+    node = call(lambda: api.read_node(node_name, _request_timeout=REQUEST_TIMEOUT))
+    return dict(node.metadata.labels or {}) if node.metadata else {}
+
+
+class NodeStatus:
+    """Labels and Events of one Node."""
+
+    def __init__(self, api_client: client.ApiClient, node_name: str, node_uid: str | None = None) -> None:
+        self._api = client.CoreV1Api(api_client)
+        self.node_name = node_name
+        self._node_uid = node_uid
+
+    def set_labels(self, labels: dict[str, str | None]) -> None:
+        """Set (or, for None, remove) these labels and no others. Raises ApiError."""
+        body = {"metadata": {"labels": labels}}
+        call(lambda: self._api.patch_node(self.node_name, body, _request_timeout=REQUEST_TIMEOUT))
+
+    def event(self, event_type: str, reason: str, message: str) -> None:
+        """Record an Event on the Node; a failure is logged, never raised (the Event is for people, the
+        work goes on)."""
+        now = datetime.datetime.now(datetime.UTC)
+        involved = {"apiVersion": "v1", "kind": "Node", "name": self.node_name}
+        if self._node_uid:
+            involved["uid"] = self._node_uid
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.node_name}.{time.time_ns():x}", "namespace": EVENT_NAMESPACE},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": COMPONENT, "host": self.node_name},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "lastTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "count": 1,
+        }
+        try:
+            call(lambda: self._api.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=REQUEST_TIMEOUT))
+        except ApiError as exc:
+            log.warning("could not record Event %s on node %s: %s", reason, self.node_name, exc)
