@@ -23,6 +23,7 @@ from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.node_status import NodeStatus, node_labels
 from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
+from agent.kube.slices import watch_changes
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
@@ -107,7 +108,7 @@ class NodeAgent:
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
         self._health_changed = threading.Event()  # wakes the publish thread: health or MIG devices changed
         self._monitor: HealthMonitor | None = None
-        self._node_uid = node_uid(self._api, config.node_name)
+        self._node_uid = self._read_node_uid()
         self._publisher = Publisher(
             self._api,
             config.node_name,
@@ -118,6 +119,8 @@ class NodeAgent:
         # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
         self._node = NodeWatcher(self._api, config.node_name)
         self._node.subscribe(self._on_node_changed)
+        # Slices deleted behind our back (an API server that lost its store) come back at once.
+        self._slice_watch = watch_changes(self._api, config.node_name, config.driver_name, self._on_slices_changed)
         self._withheld: frozenset[int] = frozenset()  # GPU minors a MIG reconfiguration keeps out of the slices
         self._preparer = ClaimPreparer(
             node_name=config.node_name,
@@ -170,7 +173,12 @@ class NodeAgent:
         if self._mig is not None and labels is not None:
             # GPUs a MIG change still has to reach (e.g. after a crash mid-apply) never show up in between.
             self._withheld = self._mig.withheld_at_start(self._inventory, labels)
-        self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
+        try:
+            self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
+        except ApiError as exc:  # the resync loop retries with backoff; the kubelet is served meanwhile
+            log.warning("publishing ResourceSlices at start failed, serving the kubelet and retrying: %s", exc)
+            self.metrics.publish_errors.inc()
+        self._slice_watch.start(name="slice-watch")
         measured = MeasuredPreparer(self._preparer, self.metrics, set(self._preparer.states.load().claims))
         self.plugin = KubeletPlugin(
             self.config.driver_name,
@@ -209,6 +217,7 @@ class NodeAgent:
         self._health_changed.set()  # wakes the health-publish thread to see the stop
         self._publisher.wake()  # and the resync loop
         self._node.stop()
+        self._slice_watch.stop()
         if self._mig is not None:
             self._mig.wake_for_stop()
         if self._monitor is not None:
@@ -253,6 +262,21 @@ class NodeAgent:
             on_result=self._on_published,
             on_error=lambda exc: self.metrics.publish_errors.inc(),
         )
+
+    def _read_node_uid(self) -> str | None:
+        """The Node's uid at start, or None when the API is away: the Node watch (retrying with backoff)
+        supplies it once the API answers, and the publisher reads it before its first write."""
+        try:
+            return node_uid(self._api, self.config.node_name)  # None without a Node: the watch warns
+        except ApiError as exc:
+            log.warning("cannot read Node %s yet, going on without it: %s", self.config.node_name, exc)
+            return None
+
+    def _on_slices_changed(self, kind: str, name: str) -> None:
+        """From the slice watch thread: a slice of ours was deleted (or the watch relisted): resync now."""
+        if kind == "DELETED":
+            log.info("ResourceSlice %s was deleted, checking the pool", name)
+        self._publisher.wake()
 
     def _on_node_changed(self, node: NodeInfo) -> None:
         """From the Node watch thread: note the owner, republish from the resync loop (no API I/O here)."""

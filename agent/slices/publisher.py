@@ -60,6 +60,7 @@ class Publisher:
         node_uid: str | None = None,
         max_attempts: int = 5,
         backoff_s: float = 0.05,
+        retry_s: float = 0.5,
         store: SliceStore | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -76,6 +77,7 @@ class Publisher:
         self._owner_known = node_uid is not None  # else looked up once, at the first write
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
+        self._retry_s = retry_s  # first pause of `run` after a failed pass
         self._sleep = sleep
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -111,7 +113,11 @@ class Publisher:
             content = self._content()
             if content == self._published:
                 return PublishResult(self._last.devices, self._last.slices, self._last.generation)
-            return self._reconcile(content)
+            try:
+                return self._reconcile(content)
+            except Exception:
+                self._wake.set()  # `run` retries soon, not at the end of its interval
+                raise
 
     def resync(self, inventory: Inventory | None = None) -> PublishResult:
         """Re-read this node's slices and repair whatever differs from the last (or given) inventory."""
@@ -134,23 +140,30 @@ class Publisher:
         on_result: Callable[[PublishResult], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        """Resync every `interval_s` and on each `wake()` until `stop` is set; any failure is reported and
-        retried next round."""
+        """Resync every `interval_s` and on each `wake()` until `stop` is set. A failed pass (or a failed
+        `publish` elsewhere) is retried after `retry_s`, doubling up to `interval_s`: a pool left half
+        written (slices of mixed generations, which the scheduler sees as incomplete) is fixed in seconds."""
+        failures = 0
         while not stop.is_set():
             self._wake.clear()  # a wake from now on asks for another pass
             try:
                 result = self.resync(inventory_source())
             except Exception as exc:  # this loop is what repairs the slices: it must outlive any failure
+                failures += 1
+                delay = min(interval_s, self._retry_s * 2 ** min(failures - 1, 16))
                 if isinstance(exc, ApiError):
-                    log.warning("publishing ResourceSlices failed, retrying in %.0fs: %s", interval_s, exc)
+                    log.warning("publishing ResourceSlices failed, retrying in %.1fs: %s", delay, exc)
                 else:
-                    log.exception("publishing ResourceSlices failed, retrying in %.0fs", interval_s)
+                    log.exception("publishing ResourceSlices failed, retrying in %.1fs", delay)
                 if on_error:
                     on_error(exc)
             else:
+                if failures:
+                    log.info("ResourceSlices published again after %d failed attempts", failures)
+                failures, delay = 0, interval_s
                 if on_result:
                     on_result(result)
-            self._pause(stop, interval_s)
+            self._pause(stop, delay)
 
     def _pause(self, stop: threading.Event, seconds: float) -> None:
         """Until `seconds` passed, `stop` is set or `wake()` is called (stop is looked at 4 times a second)."""
