@@ -15,6 +15,7 @@ from typing import NoReturn
 COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("agent.commands.node", "run the node agent: DRA kubelet plugin and ResourceSlice publisher"),
     "inventory": ("agent.commands.inventory", "print this node's GPU inventory"),
+    "arbiter": ("agent.commands.arbiter", "run the queue arbiter: gangs admitted through the API, whole or not at all"),
     "demo": ("agent.commands.demo", "run the whole driver against the embedded fakes"),
     "simulate": ("agent.commands.simulate", "run arbiter cycles on a cluster snapshot"),
     "replay-trace": ("agent.commands.replay_trace", "replay a GPU cluster trace under placement policies"),

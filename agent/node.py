@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Collection, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
@@ -23,6 +23,7 @@ from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.node_status import NodeStatus, node_labels
 from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
+from agent.kube.rest import Rest
 from agent.kube.slices import watch_changes
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
@@ -36,6 +37,9 @@ from agent.nvml.migmode import MigReconfiguration
 from agent.nvml.source import NvmlSource
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
+
+if TYPE_CHECKING:
+    from agent.arbiter.node_service import NodeReservations
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,9 @@ class NodeConfig:
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
+    reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
+    reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
+    node_ip: str | None = None  # advertised instead of 0.0.0.0
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
     label_poll_s: float = 1.0  # how often the Node's labels are read for a new nvidia.com/mig.config
 
@@ -134,6 +141,7 @@ class NodeAgent:
             on_inventory_changed=self._on_inventory_changed,
         )
         self.plugin: KubeletPlugin | None = None
+        self.reservations: NodeReservations | None = None
         self._threads: list[threading.Thread] = []
         self._mig: MigReconciler | None = None
         if config.mig_configs is not None:
@@ -188,6 +196,16 @@ class NodeAgent:
             liveness_address=self.config.liveness_address,
         )
         self.plugin.start()
+        if self.config.reservation_address:
+            # imported only when served: the allocator and its CEL library cost the daemon's start-up otherwise
+            from agent.arbiter.node_service import NodeReservations
+
+            self.reservations = NodeReservations(
+                node_name=self.config.node_name, driver=self.config.driver_name, inventory=lambda: self._inventory,
+                prepared=lambda: [d.device_name for d in self._preparer.prepared()],
+                unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
+            )
+            self.reservations.start(self.config.reservation_address, self.config.node_ip)
         self._spawn("slice-resync", self._resync_loop)
         if self.config.health_events:
             self._monitor = HealthMonitor(
@@ -224,6 +242,8 @@ class NodeAgent:
             self._monitor.stop()  # before the NVML session closes
         if self.plugin is not None:
             self.plugin.stop()
+        if self.reservations is not None:
+            self.reservations.stop()
         for t in self._threads:
             t.join(timeout=5)
         log.info("node agent stopped")

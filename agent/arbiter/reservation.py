@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ class Unauthenticated(Exception):
     """The call carried no bearer token or the wrong one."""
 
 
+class NodeUnavailable(ConnectionError):
+    """The node's reservation service could not be reached or did not answer in time."""
+
+
 class UnknownReservation(KeyError):
     """No live reservation has this id (never made, released, or expired)."""
 
@@ -48,10 +53,16 @@ class Reservation:
 
 
 class ReservationBook:
-    """Thread-safe reservations on one node. `inventory` and `usage` give the node's fresh state."""
+    """Thread-safe reservations on one node. `inventory` and `usage` give the node's fresh state.
+
+    `hold_confirmed_s`: how long a confirmed reservation keeps its devices (None: until released). A node
+    agent sets it: the arbiter writes the claims before it confirms, so by then the allocation is in the API
+    and, once the agent has seen it, counts as allocated on its own; the reservation then ends at once."""
 
     def __init__(self, inventory: Callable[[], Inventory], usage: Callable[[], NodeUsage],
-                 allocator: Allocator, clock: Clock, new_id: Callable[[], str]) -> None:
+                 allocator: Allocator, clock: Clock, new_id: Callable[[], str], *,
+                 hold_confirmed_s: float | None = None) -> None:
+        self._hold_confirmed = hold_confirmed_s
         self._inventory = inventory
         self._usage = usage
         self._allocator = allocator
@@ -62,8 +73,26 @@ class ReservationBook:
 
     def _expire(self) -> None:
         now = self._clock()
-        for rid in [r.id for r in self._live.values() if not r.confirmed and r.expires_at <= now]:
+        for rid in [r.id for r in self._live.values() if r.expires_at <= now]:
             del self._live[rid]
+
+    def settle(self) -> int:
+        """Drop confirmed reservations whose devices the node now counts as allocated or prepared: the claim
+        holds them from here on (and frees them when it is deallocated). Call it whenever claims change;
+        returns how many ended."""
+        with self._lock:
+            return self._settle()
+
+    def _settle(self) -> int:
+        if self._hold_confirmed is None:
+            return 0
+        base = self._usage()
+        held = base.allocated | base.prepared
+        done = [r.id for r in self._live.values()
+                if r.confirmed and not r.fit.shared_milli and set(r.fit.all_devices) <= held]
+        for rid in done:
+            del self._live[rid]
+        return len(done)
 
     def _usage_with_reservations(self) -> NodeUsage:
         base = self._usage()
@@ -93,7 +122,9 @@ class ReservationBook:
             r = self._live.get(reservation_id)
             if r is None:
                 raise UnknownReservation(reservation_id)
-            r = self._live[reservation_id] = dataclasses.replace(r, confirmed=True)
+            held_until = self._clock() + self._hold_confirmed if self._hold_confirmed is not None else math.inf
+            r = self._live[reservation_id] = dataclasses.replace(r, confirmed=True, expires_at=held_until)
+            self._settle()  # the claim may be seen already
             return r
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:
@@ -198,14 +229,30 @@ class GangOutcome:
     reason: str = ""
 
 
+Held = dict[str, tuple[str, Reservation]]  # member -> (node, reservation)
+
+
 class GangCoordinator:
-    """Two-phase gang placement across nodes: reserve all, then confirm all, or release all."""
+    """Two-phase gang placement across nodes: reserve all, then confirm all, or release all.
+
+    `place` does both phases at once (the simulator); the controller calls `reserve_all`, writes the claims,
+    then `confirm_all`, releasing everything with `release_all` when any step fails."""
 
     def __init__(self, nodes: Mapping[str, NodeClient]) -> None:
         self.nodes = nodes
 
     def place(self, gang_id: str, members: Sequence[MemberPlacement], ttl_seconds: float) -> GangOutcome:
-        held: dict[str, tuple[str, Reservation]] = {}
+        held, reason = self.reserve_all(gang_id, members, ttl_seconds)
+        if reason:
+            return GangOutcome(False, {}, reason)
+        reason = self.confirm_all(held)
+        if reason:
+            return GangOutcome(False, {}, reason)
+        return GangOutcome(True, held)
+
+    def reserve_all(self, gang_id: str, members: Sequence[MemberPlacement], ttl_seconds: float) -> tuple[Held, str]:
+        """Reserve every member on its node; on the first refusal release what was got and say why."""
+        held: Held = {}
         reason = ""
         try:
             for m in members:
@@ -218,21 +265,32 @@ class GangCoordinator:
                 except NoFit as e:
                     reason = f"member {m.member} does not fit on {m.node}: {e}"
                     break
-            if not reason:
-                for member, (node, r) in list(held.items()):
-                    self.nodes[node].confirm(r.id)
-                    # what reserve returned, confirmed: a transport's confirm need not echo the devices (gRPC's doesn't)
-                    held[member] = (node, dataclasses.replace(r, confirmed=True))
-                return GangOutcome(True, held)
         except (UnknownReservation, Unauthenticated, OSError) as e:
             reason = f"{type(e).__name__}: {e}"
         except BaseException:
-            self._release_all(held)
+            self.release_all(held)
             raise
-        self._release_all(held)
-        return GangOutcome(False, {}, reason)
+        if reason:
+            self.release_all(held)
+            return {}, reason
+        return held, ""
 
-    def _release_all(self, held: Mapping[str, tuple[str, Reservation]]) -> None:
+    def confirm_all(self, held: Held) -> str:
+        """Confirm every reservation ("" on success); on failure release all and say why."""
+        try:
+            for member, (node, r) in list(held.items()):
+                self.nodes[node].confirm(r.id)
+                # what reserve returned, confirmed: a transport's confirm need not echo the devices (gRPC's doesn't)
+                held[member] = (node, dataclasses.replace(r, confirmed=True))
+        except (UnknownReservation, Unauthenticated, OSError) as e:
+            self.release_all(held)
+            return f"{type(e).__name__}: {e}"
+        except BaseException:
+            self.release_all(held)
+            raise
+        return ""
+
+    def release_all(self, held: Mapping[str, tuple[str, Reservation]]) -> None:
         for node, r in held.values():
             try:
                 self.nodes[node].release(reservation_id=r.id)

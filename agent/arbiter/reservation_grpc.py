@@ -15,7 +15,13 @@ from agent._proto import arbiter_pb2 as pb
 from agent._proto import arbiter_pb2_grpc as pb_grpc
 from agent.allocation.allocator import Claim, DeviceRequest, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary
-from agent.arbiter.reservation import NodeAllocatorService, Reservation, Unauthenticated, UnknownReservation
+from agent.arbiter.reservation import (
+    NodeAllocatorService,
+    NodeUnavailable,
+    Reservation,
+    Unauthenticated,
+    UnknownReservation,
+)
 from agent.devices.names import parse_device_name
 
 T = TypeVar("T")
@@ -108,7 +114,7 @@ def add_to_server(service: NodeAllocatorService, server: grpc.Server) -> None:
 
 class GrpcNodeClient:
     """NodeClient over a gRPC channel: RESOURCE_EXHAUSTED -> NoFit, NOT_FOUND -> UnknownReservation,
-    UNAUTHENTICATED -> Unauthenticated; other failures surface as grpc.RpcError."""
+    UNAUTHENTICATED -> Unauthenticated; any other failure (unreachable, deadline) -> NodeUnavailable."""
 
     def __init__(self, channel: grpc.Channel, token: str, timeout_s: float = 5.0) -> None:
         self._stub = pb_grpc.NodeAllocatorStub(channel)
@@ -127,7 +133,7 @@ class GrpcNodeClient:
                 raise UnknownReservation(detail) from e
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 raise Unauthenticated(detail) from e
-            raise
+            raise NodeUnavailable(f"{code.name if code else 'RPC failed'}: {detail}") from e
 
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
         resp = self._rpc(self._stub.Reserve, claim_to_pb(gang_id, member, claim, ttl_seconds))

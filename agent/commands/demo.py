@@ -3,7 +3,9 @@
 API server fake, Nodes and DeviceClasses, the real node agent as a subprocess per fake machine, the kubelet
 fake, claims from daemonset/examples allocated by the fake scheduler and prepared through the kubelet, then
 unprepared, and the agents stopped with SIGTERM. Claims that cannot all fit at once run in rounds: what
-does not fit waits for the next round; what fits in no round is reported unsatisfiable.
+does not fit waits for the next round; what fits in no round is reported unsatisfiable. Then the queue scene
+(agent.demo.queues): a gang admitted across two nodes by the arbiter, a burst over quota, and a reclaim when
+the other team arrives.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agent.claims.types import ClaimRef, PrepareResult
 from agent.demo import mig, report
 from agent.demo.kubectl import Json, Kubectl, KubectlError
 from agent.demo.node import DRIVER, DemoError, DemoNode
+from agent.demo.queues import run_queue_scene
 from fakes.kubelet import KubeletError
 from fakes.scheduler import FakeScheduler, Unsatisfiable
 
@@ -143,6 +146,9 @@ class Demo:
             if code != 0 or left:
                 raise DemoError(f"agent on {node.name} exited with {code}; sockets left: {left or 'none'}")
             _say(f"  {node.name}: exited 0; sockets removed: {', '.join(s.name for s in node.sockets)}")
+
+        _say("", "== 7. Queues: two teams share two 8-GPU nodes through the arbiter")
+        run_queue_scene()
 
     # --- steps -------------------------------------------------------------------------------------------
 

@@ -76,6 +76,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
     p.add_argument(
+        "--reservation-addr",
+        default=_env("RESERVATION_ADDR", ""),
+        help="HOST:PORT to serve the arbiter's reservation API on, empty to disable (env RESERVATION_ADDR)",
+    )
+    p.add_argument(
+        "--reservation-token-file",
+        default=_env("RESERVATION_TOKEN_FILE", ""),
+        help="file holding the bearer token the arbiter presents (env RESERVATION_TOKEN_FILE)",
+    )
+    p.add_argument(
         "--mig-config-file",
         default=_env("MIG_CONFIG_FILE"),
         help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's "
@@ -107,6 +117,17 @@ def _config(args: argparse.Namespace) -> NodeConfig:
     for flag, value in (("--metrics-addr", args.metrics_addr), ("--healthcheck-addr", args.healthcheck_addr)):
         if value:
             preflight.address(flag, value)
+    token = ""
+    if args.reservation_addr:
+        from agent.arbiter.node_service import TokenFileError, read_token, split_address
+
+        try:
+            split_address(args.reservation_addr)
+            if not args.reservation_token_file:
+                raise TokenFileError("--reservation-addr needs --reservation-token-file: no anonymous reservations")
+            token = read_token(args.reservation_token_file)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
     try:
         mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
     except InvalidMigConfig as exc:
@@ -123,6 +144,9 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
+        reservation_address=args.reservation_addr or None,
+        reservation_token=token,
+        node_ip=_env("NODE_IP"),
         mig_configs=mig_configs,
     )
 
@@ -186,6 +210,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except _OPERATOR_ERRORS as exc:
         log.critical("%s", exc)
+        return 1
+    except OSError as exc:  # e.g. a port taken since it was probed
+        log.critical("gpu-dra-agent node: %s", exc)
         return 1
     except Exception as exc:  # a bug: still one line for the operator, the traceback for whoever debugs it
         log.debug("start-up failed", exc_info=True)

@@ -66,6 +66,12 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     assert out.count("exited 0; sockets removed") == 2
     for pid in re.findall(r"pid (\d+)", out):
         assert_gone(int(pid))
+    # the queue scene: a 2 x 8-GPU gang across both nodes, then team-b reclaims team-a's burst over quota
+    assert re.search(r"llm-train-0\s+admitted\s+gpu-node-0\s+gpu 0,1,2,3,4,5,6,7", out)
+    assert re.search(r"llm-train-1\s+admitted\s+gpu-node-1\s+gpu 0,1,2,3,4,5,6,7", out)
+    assert len(re.findall(r"event  sweep-\d-0: evicted by the arbiter \(reclaim\)", out)) == 2
+    assert len(re.findall(r"eval-\d\s+admitted", out)) == 2
+    assert re.search(r"team-b\s+research\s+8\s+8\s+8\s+8", out)
 
 
 def test_demo_on_dgx_h100_alone_calls_the_mig_claim_unsatisfiable(capsys: pytest.CaptureFixture[str]) -> None:

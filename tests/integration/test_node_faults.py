@@ -151,9 +151,10 @@ def test_a_burst_of_500s_mid_publish_leaves_mixed_generations_for_seconds_not_a_
     """Tried: the Node re-created (every slice is rewritten for the new owner) while writes of the second
     slice fail 12 times in a row; the pool stays incomplete to the scheduler until the publisher tries again,
     which used to wait for the next 30 s resync."""
-    with short_tmpdir("faults-") as root, fakes.apiserver.start(port=0) as server:
+    # Partitionable devices make a DGX H100 pool of two slices; the agent publishes them in the 1.34 shape.
+    combined_counters = {"kubernetes_version": "1.34", "feature_gates": {"DRAPartitionableDevices": True}}
+    with short_tmpdir("faults-") as root, fakes.apiserver.start(port=0, **combined_counters) as server:
         create_node(server.api_client())
-        # partitionable devices on a DGX H100 make a pool of more than one slice
         daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), env={"PARTITIONABLE_DEVICES": "1"})
         with running(daemon):
             cluster = Cluster(server, daemon)
@@ -163,8 +164,8 @@ def test_a_burst_of_500s_mid_publish_leaves_mixed_generations_for_seconds_not_a_
             cluster.core.delete_node(NODE)
             create_node(server.api_client())
             new = cluster.node_uid()
-            if len(names) > 1:
-                eventually(lambda: not pool_complete(cluster), timeout=5, what="a half-written pool")
+            assert len(names) > 1
+            eventually(lambda: not pool_complete(cluster), timeout=5, what="a half-written pool")
             took = eventually(
                 lambda: pool_complete(cluster) and cluster.owners() == {new}, timeout=15, what="the pool whole again"
             )

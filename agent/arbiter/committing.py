@@ -1,0 +1,288 @@
+"""Committing an admitted gang through the nodes and the API, whole or not at all.
+
+1. Reserve: each member claim on the node the arbiter chose (the node's local allocator picks the devices).
+2. Write each claim as kube-scheduler's DRA plugin does in PreBind: first the finalizer
+   `resource.kubernetes.io/delete-protection` (metadata update), then `status.allocation` (results,
+   nodeSelector for that node) together with `reservedFor` (the pod), every write conditional on the
+   resourceVersion read.
+3. Confirm every reservation: a node that let one expire meanwhile may have given its devices away.
+4. Ungate each pod: its required node affinity narrowed to its node (the only change a gated pod's affinity
+   allows), the arbiter's gate removed, the admission time annotated.
+
+Any failure before step 4 deallocates the claims written and releases every reservation: no partial gang
+holds devices, in the API or on a node. Once every claim is written and confirmed the gang is committed;
+a failure while ungating is finished by the next cycle (`recover`), which completes gangs whose gated pods
+all hold their claims and rolls back the others (a crash between steps 2 and 4).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.allocation.allocator import Claim
+from agent.arbiter.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, GATE
+from agent.arbiter.reservation import (
+    GangCoordinator,
+    MemberPlacement,
+    NodeClient,
+    Unauthenticated,
+    UnknownReservation,
+)
+from agent.arbiter.world import (
+    Gang,
+    Json,
+    Member,
+    Unsupported,
+    allocated_node,
+    allocation_status,
+    is_allocated,
+    is_gated,
+    meta,
+    reservation_claim,
+    reserved_for,
+)
+from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.rest import PODS, RESOURCE_CLAIMS, Resource, Rest
+
+log = logging.getLogger(__name__)
+
+Write = tuple[Resource, str, str, str]  # what was written: (resource, namespace, name, resourceVersion)
+
+
+@dataclass
+class Outcome:
+    committed: bool
+    reason: str = ""
+    writes: list[Write] = field(default_factory=list)
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def narrowed(pod: Json, node: str, now: float) -> Json:
+    """The pod ungated for `node`: each required node-affinity term gains `metadata.name In [node]` (or one
+    such term is added), the arbiter's gate is removed and the admission time annotated."""
+    out = copy.deepcopy(pod)
+    spec = out["spec"]
+    field_req = {"key": "metadata.name", "operator": "In", "values": [node]}
+    required = (spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        terms = [{}]
+    for term in terms:
+        fields = term.setdefault("matchFields", [])
+        if field_req not in fields:
+            fields.append(field_req)
+    required["nodeSelectorTerms"] = terms
+    spec["schedulingGates"] = [g for g in spec.get("schedulingGates") or () if g.get("name") != GATE]
+    if not spec["schedulingGates"]:
+        del spec["schedulingGates"]
+    out["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = _rfc3339(now)
+    return out
+
+
+class Committer:
+    def __init__(self, rest: Rest, driver: str, clients: Callable[[], Mapping[str, NodeClient]], *,
+                 ttl_seconds: float, clock: Callable[[], float]) -> None:
+        self._rest = rest
+        self._driver = driver
+        self._clients = clients
+        self._ttl = ttl_seconds
+        self._clock = clock
+        self.timings: dict[str, float] = {}  # seconds per step over all commits (summed over parallel commits)
+        self._timings_lock = threading.Lock()
+
+    def _add(self, step: str, since: float) -> float:
+        now = time.perf_counter()
+        with self._timings_lock:
+            self.timings[step] = self.timings.get(step, 0.0) + now - since
+        return now
+
+    # -- commit ---------------------------------------------------------------------------------------
+
+    def commit(self, gang_id: str, members: Sequence[tuple[Member, str]],
+               classes: Mapping[str, Mapping[str, Any]]) -> Outcome:
+        placements: list[MemberPlacement] = []
+        to_write: dict[str, tuple[Member, Json, str]] = {}  # reservation member -> (pod, claim, node)
+        shared: list[tuple[Member, Json]] = []  # allocated already (by someone else): only reservedFor added
+        try:
+            for member, node in members:
+                for claim in member.claims:
+                    if is_allocated(claim):
+                        if not reserved_for(claim, member.pod):
+                            shared.append((member, claim))
+                        continue
+                    name = f"{member.key}/{meta(claim).get('name')}"
+                    req: Claim = reservation_claim(claim)
+                    placements.append(MemberPlacement(name, node, req))
+                    to_write[name] = (member, claim, node)
+        except Unsupported as e:
+            return Outcome(False, f"unsupported claim: {e}")
+        t = time.perf_counter()
+        clients = self._clients()
+        coordinator = GangCoordinator(clients)
+        held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+        if reason and "does not fit" in reason:
+            # reservations of this gang left by an arbiter killed mid-commit hold devices until their TTL:
+            # only one arbiter commits a gang at a time, so they are stale; free them and try once more
+            for node in {p.node for p in placements}:
+                client = clients.get(node)
+                if client is not None:
+                    try:
+                        client.release(gang_id=gang_id)
+                    except (OSError, Unauthenticated, UnknownReservation):
+                        continue
+            held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+        t = self._add("reserve", t)
+        if reason:
+            return Outcome(False, reason)
+        outcome = Outcome(True)
+        written: list[Json] = []
+        try:
+            for name, (member, claim, node) in to_write.items():
+                devices = held[name][1].fit.devices
+                status = {"allocation": allocation_status(claim, node, self._driver, devices, classes)}
+                written.append(self._write_claim(claim, member.pod, status, outcome))
+            for member, claim in shared:
+                written.append(self._write_claim(claim, member.pod, {}, outcome))
+        except ApiError as e:
+            coordinator.release_all(held)
+            self.deallocate(written, [m.pod for m, _ in members])
+            return Outcome(False, f"writing claims failed: {e}")
+        t = self._add("write claims", t)
+        reason = coordinator.confirm_all(held)
+        t = self._add("confirm", t)
+        if reason:
+            self.deallocate(written, [m.pod for m, _ in members])
+            return Outcome(False, f"a node could not confirm: {reason}")
+        for member, node in members:
+            try:
+                outcome.writes.append(self.ungate(member.pod, node))
+            except ApiError as e:  # committed: the next cycle's recovery ungates it
+                log.warning("ungating %s failed (the next cycle retries): %s", member.key, e)
+        self._add("ungate", t)
+        return outcome
+
+    def _write_claim(self, claim: Json, pod: Json, status: Json, outcome: Outcome) -> Json:
+        """Finalizer, then allocation (when given) and reservedFor the pod; returns the claim as written."""
+        current = claim
+        finalizers = list(meta(current).get("finalizers") or ())
+        if DELETE_PROTECTION not in finalizers:
+            body = copy.deepcopy(current)
+            body["metadata"]["finalizers"] = [*finalizers, DELETE_PROTECTION]
+            body.setdefault("kind", "ResourceClaim")
+            current = self._rest.replace(RESOURCE_CLAIMS, body)
+        body = copy.deepcopy(current)
+        body.setdefault("kind", "ResourceClaim")
+        new_status = body.setdefault("status", {})
+        new_status.update(status)
+        pm = meta(pod)
+        new_status["reservedFor"] = [*(new_status.get("reservedFor") or ()),
+                                     {"resource": "pods", "name": pm.get("name"), "uid": pm.get("uid")}]
+        written = self._rest.replace(RESOURCE_CLAIMS, body, "status")
+        m = meta(written)
+        outcome.writes.append((RESOURCE_CLAIMS, str(m.get("namespace")), str(m.get("name")),
+                               str(m.get("resourceVersion"))))
+        return written
+
+    # -- undo -----------------------------------------------------------------------------------------
+
+    def deallocate(self, claims: Iterable[Json], pods: Iterable[Json]) -> list[Write]:
+        """Take back what the arbiter wrote into these claims for these pods: drop the pods from reservedFor;
+        a claim reserved for nobody else is deallocated and its finalizer removed (what kube-controller-manager
+        does once the last consumer is gone). Best effort: a claim that changed meanwhile is left to the next
+        cycle's recovery."""
+        uids = {meta(p).get("uid") for p in pods}
+        writes: list[Write] = []
+        for claim in claims:
+            m = meta(claim)
+            ns, name = str(m.get("namespace")), str(m.get("name"))
+            for _ in range(3):
+                try:
+                    fresh = self._rest.get(RESOURCE_CLAIMS, ns, name)
+                    status = fresh.setdefault("status", {})
+                    others = [r for r in status.get("reservedFor") or () if r.get("uid") not in uids]
+                    status["reservedFor"] = others
+                    if not others:
+                        status.pop("allocation", None)
+                    fresh.setdefault("kind", "ResourceClaim")
+                    fresh = self._rest.replace(RESOURCE_CLAIMS, fresh, "status")
+                    finalizers = list(meta(fresh).get("finalizers") or ())
+                    if not others and DELETE_PROTECTION in finalizers:
+                        fresh["metadata"]["finalizers"] = [f for f in finalizers if f != DELETE_PROTECTION]
+                        fresh = self._rest.replace(RESOURCE_CLAIMS, fresh)
+                    writes.append((RESOURCE_CLAIMS, ns, name, str(meta(fresh).get("resourceVersion"))))
+                    break
+                except Conflict:
+                    continue
+                except NotFound:
+                    break
+                except ApiError as e:
+                    log.warning("could not deallocate claim %s/%s (recovery retries): %s", ns, name, e)
+                    break
+        return writes
+
+    def ungate(self, pod: Json, node: str) -> Write:
+        m = meta(pod)
+        ns, name = str(m.get("namespace")), str(m.get("name"))
+        current = pod
+        for attempt in range(3):
+            body = narrowed(current, node, self._clock())
+            body.setdefault("kind", "Pod")
+            try:
+                written = self._rest.replace(PODS, body)
+                return (PODS, ns, name, str(meta(written).get("resourceVersion")))
+            except Conflict:
+                if attempt == 2:
+                    raise
+                current = self._rest.get(PODS, ns, name)
+                if not is_gated(current):
+                    return (PODS, ns, name, str(meta(current).get("resourceVersion")))
+        raise AssertionError("unreachable")
+
+    # -- recovery -------------------------------------------------------------------------------------
+
+    def recover(self, gangs: Iterable[Gang]) -> tuple[list[Write], list[str]]:
+        """Finish or undo commits a previous cycle (or leader) left half done. A gated pod whose claims are
+        all allocated and reserved for it was committed; one holding only some was interrupted. A gang is
+        completed (its committed pods ungated) when none of its pods was interrupted and its committed and
+        running pods reach minCount; otherwise its committed claims are deallocated. Returns the writes
+        and the gangs completed."""
+        writes: list[Write] = []
+        completed: list[str] = []
+        for gang in gangs:
+            gated = [m for m in gang.members.values() if is_gated(m.pod) and not meta(m.pod).get("deletionTimestamp")]
+            holding = [(m, [c for c in m.claims if is_allocated(c) and reserved_for(c, m.pod)]) for m in gated]
+            holding = [(m, held) for m, held in holding if held]
+            if not holding:
+                continue
+            committed = [(m, held) for m, held in holding if len(held) == len(m.claims)]
+            running = sum(1 for m in gang.members.values() if not is_gated(m.pod) and m.node is not None)
+            nodes = {m.key: _node_of(held) for m, held in committed}
+            if len(committed) == len(holding) and len(committed) + running >= gang.min_member \
+                    and all(nodes.values()):
+                for m, _ in committed:
+                    try:
+                        writes.append(self.ungate(m.pod, str(nodes[m.key])))
+                    except ApiError as e:
+                        log.warning("recovery could not ungate %s: %s", m.key, e)
+                completed.append(gang.name)
+                continue
+            log.info("rolling back the interrupted commit of %s", gang.name)
+            for m, held in holding:
+                writes.extend(self.deallocate(held, [m.pod]))
+        return writes, completed
+
+
+def _node_of(claims: Sequence[Json]) -> str | None:
+    nodes = {allocated_node(c) for c in claims}
+    return nodes.pop() if len(nodes) == 1 else None

@@ -1,0 +1,326 @@
+"""The arbiter as a running controller: informers in, one cycle at a time, decisions out through the API.
+
+Each cycle: wait until the informers show the previous cycle's writes; build the snapshot from them
+(agent.arbiter.world); finish or undo any commit a previous cycle or leader left half done; run the core
+(fair shares, allocate, consolidate, reclaim, preempt); evict victims through the Eviction API (the pod's
+grace period applies; the core spares victims inside their queue's min-runtime); commit each gang the core
+bound (agent.arbiter.committing); say with Events why gangs wait; write Queue status; record metrics.
+
+Nothing lives only in memory: every decision is re-derived from the API each cycle, so a restarted or newly
+elected arbiter continues where the last one stopped. Claims are only ever written for gated pods, which
+kube-scheduler does not look at; once a pod is ungated it is the scheduler's, with its claims allocated,
+reserved for it and valid on exactly the node its affinity now names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from agent.arbiter.committing import Committer, Write
+from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
+from agent.arbiter.core.model import Snapshot
+from agent.arbiter.metrics import ArbiterMetrics, cycle_values
+from agent.arbiter.queue_status import queue_statuses
+from agent.arbiter.reservation import NodeClient
+from agent.arbiter.reservation_grpc import GrpcNodeClient
+from agent.arbiter.waiting import wait_reasons
+from agent.arbiter.world import World, build_world, meta
+from agent.kube.errors import ApiError, NotFound
+from agent.kube.events import EventRecorder
+from agent.kube.informer import Informer, start_all
+from agent.kube.rest import (
+    DEVICE_CLASSES,
+    NODES,
+    POD_GROUPS,
+    PODS,
+    QUEUES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    Rest,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ArbiterConfig:
+    driver: str = "gpu.nvidia.com"
+    ttl_seconds: float = 30.0  # how long a node holds a reservation the arbiter has not confirmed
+    period_s: float = 1.0  # a cycle at least this often; changes seen by the informers start one sooner
+    actions: tuple[str, ...] = DEFAULT_ACTIONS
+    sync_timeout_s: float = 60.0
+    expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
+    commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did (for tests, logs and the benchmark)."""
+
+    admitted: list[str] = field(default_factory=list)  # gangs committed
+    refused: dict[str, str] = field(default_factory=dict)  # gang -> why its commit failed
+    evicted: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
+    result: CycleResult | None = None
+
+
+class NodeDirectory:
+    """gRPC clients to the nodes' reservation APIs, one channel per advertised address."""
+
+    def __init__(self, token: str, timeout_s: float = 5.0) -> None:
+        self._token = token
+        self._timeout = timeout_s
+        self._channels: dict[str, grpc.Channel] = {}
+        self.addresses: Mapping[str, str] = {}
+
+    def clients(self) -> dict[str, NodeClient]:
+        out: dict[str, NodeClient] = {}
+        for node, address in self.addresses.items():
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.insecure_channel(address)
+            out[node] = GrpcNodeClient(channel, self._token, self._timeout)
+        return out
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+
+class Arbiter:
+    def __init__(self, rest: Rest, token: str, config: ArbiterConfig = ArbiterConfig(), *,
+                 metrics: ArbiterMetrics | None = None, recorder: EventRecorder | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self._rest = rest
+        self._clock = clock
+        self.metrics = metrics
+        self._recorder = recorder
+        self._changed = threading.Event()
+        wake = self._changed.set
+        self.pods = Informer(rest, PODS, wake)
+        self.claims = Informer(rest, RESOURCE_CLAIMS, wake)
+        self.pod_groups = Informer(rest, POD_GROUPS, wake, optional=True)
+        self.queues = Informer(rest, QUEUES, wake, optional=True)
+        self.nodes = Informer(rest, NODES, wake)
+        self.slices = Informer(rest, RESOURCE_SLICES, wake)
+        self.classes = Informer(rest, DEVICE_CLASSES, wake)
+        self._informers = [self.pods, self.claims, self.pod_groups, self.queues, self.nodes, self.slices,
+                           self.classes]
+        self.directory = NodeDirectory(token)
+        self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
+                                    clock=clock)
+        self._expected: list[Write] = []
+        self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
+        self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
+        self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
+        self._queue_status: dict[str, Any] = {}
+        self.cycles = 0
+        self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
+
+    # -- running ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        start_all(self._informers, self.config.sync_timeout_s)
+
+    def stop(self) -> None:
+        for inf in self._informers:
+            inf.stop()
+        self._pool.shutdown(wait=True)
+        self.directory.close()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._changed.wait(self.config.period_s)
+            self._changed.clear()
+            if stop.is_set():
+                return
+            try:
+                self.cycle()
+            except Exception:  # one bad cycle must not stop the arbiter: the next one starts from the API
+                log.exception("arbiter cycle failed")
+
+    # -- one cycle ------------------------------------------------------------------------------------------
+
+    def cycle(self) -> CycleReport:
+        report = CycleReport()
+        with self._timed("wait for informers"):
+            self._await_expectations()
+        now = self._clock()
+        with self._timed("snapshot"):
+            world = self._world(now)
+        self.directory.addresses = world.addresses
+        with self._timed("recover"):
+            writes, completed = self._committer.recover(world.gangs.values())
+        if writes:
+            report.recovered = completed
+            self._expected.extend(writes)
+            self._changed.set()  # decide on the repaired state next
+            return report
+        snapshot = world.snapshot
+        started = time.perf_counter()
+        result = run_cycle(snapshot, self.config.actions)
+        seconds = time.perf_counter() - started
+        self.timings["decide"] = self.timings.get("decide", 0.0) + seconds
+        report.result = result
+        self.cycles += 1
+        with self._timed("evict"):
+            self._evict(world, result, report)
+        with self._timed("commit"):
+            self._commit(world, result, report)
+        with self._timed("events and status"):
+            report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
+            self._tell_waiting(world, report.waiting)
+            self._write_queue_status(snapshot, result)
+        if self.metrics is not None:
+            self.metrics.record(cycle_values(result, now, seconds))
+        return report
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
+
+    def _world(self, now: float) -> World:
+        return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
+                           queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
+                           driver=self.config.driver, now=now)
+
+    def _await_expectations(self) -> None:
+        """Until the informers show what we wrote (or deleted): a decision on an older copy could commit a
+        gang twice or evict more victims than needed."""
+        deadline = time.monotonic() + self.config.expectation_timeout_s
+        by_resource = {inf.resource: inf for inf in self._informers}
+        while self._expected or self._terminating:
+            self._expected = [w for w in self._expected if not _seen(by_resource[w[0]], w)]
+            self._terminating = {k: uid for k, uid in self._terminating.items() if not self._terminates(k, uid)}
+            if not (self._expected or self._terminating):
+                return
+            if time.monotonic() > deadline:
+                log.warning("informers did not show %d writes in time; deciding anyway",
+                            len(self._expected) + len(self._terminating))
+                self._expected.clear()
+                self._terminating.clear()
+                return
+            time.sleep(0.005)
+
+    def _terminates(self, key: str, uid: str) -> bool:
+        ns, _, name = key.partition("/")
+        pod = self.pods.get(ns, name)
+        return pod is None or meta(pod).get("uid") != uid or bool(meta(pod).get("deletionTimestamp"))
+
+    # -- decisions out ----------------------------------------------------------------------------------------
+
+    def _evict(self, world: World, result: CycleResult, report: CycleReport) -> None:
+        for name, decision in result.pods.items():
+            if decision.action != "evict" or decision.cause is None:
+                continue
+            member = world.members.get(name)
+            if member is None:
+                continue
+            m = meta(member.pod)
+            try:
+                self._rest.evict(str(m.get("namespace")), str(m.get("name")), str(m.get("uid")))
+            except NotFound:
+                continue
+            except ApiError as e:  # e.g. a PodDisruptionBudget says not now: the next cycle decides again
+                log.warning("evicting %s failed: %s", name, e)
+                continue
+            report.evicted.append(name)
+            self._terminating[name] = str(m.get("uid"))
+            self._event(member.pod, "Pod", "v1", "Evicted",
+                        f"evicted by the arbiter ({decision.cause}) for a gang waiting in its queue",
+                        type_="Warning")
+
+    def _commit(self, world: World, result: CycleResult, report: CycleReport) -> None:
+        bound: dict[str, list[tuple[str, str]]] = {}
+        for spec in result.before.jobs:
+            for pod in spec.pods:
+                d = result.pods[pod.name]
+                if d.action == "bind" and d.node is not None:
+                    bound.setdefault(spec.name, []).append((pod.name, d.node))
+        classes = {str(meta(c).get("name")): c for c in self.classes.items()}
+        gangs = {job: [(world.members[name], node) for name, node in pods] for job, pods in bound.items()}
+        # the gang id is the job's name: stable across arbiters, so a successor can release what it left
+        outcomes = self._pool.map(lambda job: self._committer.commit(job, gangs[job], classes), list(gangs))
+        for job, outcome in zip(list(gangs), outcomes, strict=True):
+            members = gangs[job]
+            self._expected.extend(outcome.writes)
+            gang = world.gangs[job]
+            if outcome.committed:
+                report.admitted.append(job)
+                placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
+                self._tell(gang.pod_group, gang.namespace, job, "Admitted", f"admitted: {placed}")
+                for m, node in members:
+                    self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
+            else:
+                report.refused[job] = outcome.reason
+                log.info("gang %s not committed: %s", job, outcome.reason)
+                self._tell(gang.pod_group, gang.namespace, job, "NotAdmitted", outcome.reason, type_="Warning")
+
+    def _tell_waiting(self, world: World, waiting: Mapping[str, str]) -> None:
+        for job, reason in waiting.items():
+            gang = world.gangs.get(job)
+            if gang is None:
+                continue
+            if self._told.get(("gang", job)) == reason:
+                continue
+            self._told[("gang", job)] = reason
+            self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason)
+            for m in gang.members.values():
+                if m.node is None:
+                    self._event(m.pod, "Pod", "v1", "Waiting", reason)
+
+    def _tell(self, pod_group: str | None, namespace: str, job: str, reason: str, message: str, *,
+              type_: str = "Normal") -> None:
+        if pod_group is None:
+            return
+        group = self.pod_groups.get(namespace, pod_group)
+        if group is not None:
+            self._event(group, "PodGroup", POD_GROUPS.api_version, reason, message, type_=type_)
+
+    def _event(self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *,
+               type_: str = "Normal") -> None:
+        if self._recorder is not None:
+            self._recorder.record(obj, kind, api_version, reason, message, type_=type_)
+
+    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult) -> None:
+        for name, status in queue_statuses(snapshot, result).items():
+            if self._queue_status.get(name) == status:
+                continue
+            try:
+                self._rest.patch(QUEUES, None, name, {"status": status}, subresource="status")
+                self._queue_status[name] = status
+            except ApiError as e:
+                log.debug("queue %s status not written: %s", name, e)
+
+
+def _seen(inf: Informer, write: Write) -> bool:
+    _, ns, name, version = write
+    obj = inf.get(ns, name)
+    if obj is None:
+        return True  # deleted meanwhile: nothing more to wait for
+    have = str(meta(obj).get("resourceVersion") or "")
+    if have == version:
+        return True
+    try:
+        return int(have) > int(version)
+    except ValueError:
+        return False
+
+
+__all__ = ["Arbiter", "ArbiterConfig", "CycleReport", "NodeDirectory"]

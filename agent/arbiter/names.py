@@ -1,0 +1,13 @@
+"""Names users and other components depend on (DESIGN section 4): fixed, never renamed."""
+
+GATE = "scheduling.gpu-dra-agent.io/arbiter"  # the scheduling gate that hands a pod to the arbiter
+QUEUE_LABEL = "scheduling.gpu-dra-agent.io/queue"  # on a pod or its PodGroup: the leaf Queue it waits in
+# on a Node: where its agent serves the reservation API (host:port), written by the agent itself
+ADDRESS_ANNOTATION = "scheduling.gpu-dra-agent.io/reservation-address"
+# on a pod the arbiter admitted: when (RFC 3339); min-runtime protections count from it
+ADMITTED_ANNOTATION = "scheduling.gpu-dra-agent.io/admitted-at"
+# the finalizer kube-scheduler (and KAI's binder) put on a claim they allocate; kube-controller-manager removes
+# it once it has deallocated the claim
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
+QUEUE_GROUP = "scheduling.gpu-dra-agent.io"
+COMPONENT = "gpu-dra-arbiter"  # Events' reportingComponent and the Lease's name

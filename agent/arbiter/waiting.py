@@ -1,0 +1,49 @@
+"""Why a gang still waits after a cycle, in words for an Event: pure, from the snapshot and the decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from agent.arbiter.core.cycle import CycleResult, PodDecision
+from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, QueueSpec, Snapshot
+
+
+def wait_reasons(snapshot: Snapshot, result: CycleResult) -> dict[str, str]:
+    """job name -> reason, for every job with pods still pending (or pipelined) after the cycle."""
+    queues = {q.name: q for q in snapshot.queues}
+    used: dict[str, int] = {}
+    for job in snapshot.jobs:
+        for pod in job.pods:
+            d = result.pods[pod.name]
+            if d.node is not None:
+                used[d.node] = used.get(d.node, 0) + pod.gpu_milli
+    free = {n.name: n.gpus * MILLI - used.get(n.name, 0) for n in snapshot.nodes}
+    out: dict[str, str] = {}
+    for job in snapshot.jobs:
+        decisions = [result.pods[p.name] for p in job.pods]
+        if any(d.outcome == "pending" for d in decisions) or len(job.pods) < job.min_member:
+            out[job.name] = _reason(job, decisions, queues, result, free)
+    return out
+
+
+def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str, QueueSpec], result: CycleResult,
+            free: Mapping[str, int]) -> str:
+    if any(d.action == "pipeline" for d in decisions):
+        return "waiting for evicted pods to release their devices (reclaim or preemption under way)"
+    if len(job.pods) < job.min_member:
+        return f"waiting for {job.min_member - len(job.pods)} more pod(s) of the gang (minCount {job.min_member})"
+    want = sum(p.gpu_milli for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending")
+    q = queues.get(job.queue)
+    while q is not None:
+        held = result.allocated.get(q.name, (0.0, 0.0, 0.0))[0]
+        limit, quota = q.terms[0].limit, q.terms[0].quota
+        if limit != UNLIMITED and held + want > limit:
+            return (f"over limit: queue {q.name} holds {held / MILLI:g} GPUs, its limit is {limit / MILLI:g}, "
+                    f"the gang needs {want / MILLI:g} more")
+        if not job.preemptible and quota != UNLIMITED and held + want > quota:
+            return (f"over quota: a non-preemptible gang may only use queue {q.name}'s quota of "
+                    f"{quota / MILLI:g} GPUs ({held / MILLI:g} in use)")
+        q = queues.get(q.parent) if q.parent else None
+    pods = sum(1 for d in decisions if d.outcome == "pending")
+    return (f"no fit: the gang needs {want / MILLI:g} GPUs in {pods} pod(s); {sum(free.values()) / MILLI:g} "
+            f"free on {len(free)} node(s), at most {max(free.values(), default=0) / MILLI:g} on one")

@@ -1,0 +1,465 @@
+"""What the API says, as the arbiter core's snapshot: pure, from the informers' objects (API JSON dicts).
+
+- Queues: our `Queue` CRD (KAI v2 fields): GPU quota in devices, CPU in millicores, memory in MB (10^6 B).
+- Gangs: a `scheduling.k8s.io/v1beta1` PodGroup (pods join it with `spec.schedulingGroup.podGroupName`;
+  `spec.schedulingPolicy.gang.minCount`), or a pod alone. The queue label sits on the pod or its PodGroup.
+- A pod waits (Pending) while it carries our scheduling gate; it holds devices (Running on its node) once its
+  claims are allocated; it is Releasing while it terminates with claims still allocated.
+- Nodes: those whose agent advertises a reservation address; GPUs are the `type=gpu` devices of our driver's
+  newest pool generation, less devices held by claims no arbiter pod accounts for (other schedulers' pods).
+
+A gang whose pods cannot be weighed yet (claims not created, a queue missing, a request the arbiter does not
+handle) is left out of the snapshot, with the reason in `World.waiting`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from agent.allocation.allocator import Claim, DeviceRequest
+from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
+from agent.arbiter.core.model import (
+    MILLI,
+    NON_PREEMPTIBLE_PRIORITY,
+    UNLIMITED,
+    JobSpec,
+    NodeSpec,
+    PodSpec,
+    PodStatus,
+    QueueSpec,
+    ResourceTerms,
+    Snapshot,
+)
+from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
+from agent.quantity import QuantityError, parse
+
+Json = dict[str, Any]
+MB = 1_000_000
+_UNBOUNDED_CPU = 1e12  # a node that reports no allocatable CPU/memory is not limited by them
+_UNBOUNDED_MEM = 1e18
+
+
+# --- small readers ------------------------------------------------------------------------------------
+
+
+def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    m = meta(pod)
+    return f"{m.get('namespace', '')}/{m.get('name', '')}"
+
+
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
+
+
+def parse_time(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: object) -> float | None:
+    """A Go duration ("90s", "1h30m") in seconds; None when absent or malformed."""
+    if not isinstance(text, str) or not text:
+        return None
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+def _quantity(text: object, scale: float = 1.0) -> float:
+    try:
+        return float(parse(str(text)).value) * scale
+    except QuantityError:
+        return 0.0
+
+
+def claim_names(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The pod's ResourceClaim names, and the names of its pod-level claims whose generated claim does not
+    exist yet (kube-controller-manager creates claims from templates and records them in the pod status)."""
+    spec = pod.get("spec") or {}
+    statuses = {s.get("name"): s.get("resourceClaimName")
+                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    names, missing = [], []
+    for rc in spec.get("resourceClaims") or ():
+        if rc.get("resourceClaimName"):
+            names.append(str(rc["resourceClaimName"]))
+        elif rc.get("resourceClaimTemplateName"):
+            generated = statuses.get(rc.get("name"))
+            if generated:
+                names.append(str(generated))
+            else:
+                missing.append(str(rc.get("name")))
+    return names, missing
+
+
+def allocated_node(claim: Mapping[str, Any]) -> str | None:
+    """The node a claim's allocation is bound to (the metadata.name its nodeSelector names), if any."""
+    selector = (((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {})
+    for term in selector.get("nodeSelectorTerms") or ():
+        for req in (term.get("matchFields") or ()):
+            if req.get("key") == "metadata.name" and req.get("operator") == "In" and len(req.get("values") or ()) == 1:
+                return str(req["values"][0])
+    return None
+
+
+def reserved_for(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    uid = meta(pod).get("uid")
+    return any(r.get("uid") == uid for r in (claim.get("status") or {}).get("reservedFor") or ())
+
+
+def is_allocated(claim: Mapping[str, Any]) -> bool:
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[tuple[str, str]]:
+    """(pool, device) of each of our driver's devices in the claim's allocation."""
+    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ())
+    return [(str(r.get("pool")), str(r.get("device"))) for r in results if r.get("driver") == driver]
+
+
+# --- claims as the local allocator's requests -----------------------------------------------------------
+
+
+class Unsupported(ValueError):
+    """A claim the arbiter cannot reserve for; the message says which request and why."""
+
+
+def reservation_claim(claim: Mapping[str, Any]) -> Claim:
+    """The allocator's view of a ResourceClaim's spec: `exactly` requests of our classes, ExactCount, with
+    their CEL selectors; constraints that span the whole claim. firstAvailable takes its first entry."""
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    requests = []
+    for r in devices.get("requests") or ():
+        name = str(r.get("name"))
+        exact = r.get("exactly")
+        if exact is None and r.get("firstAvailable"):
+            exact = r["firstAvailable"][0]
+            name = f"{name}/{exact.get('name')}"
+        if exact is None:
+            raise Unsupported(f"request {name!r} has neither exactly nor firstAvailable")
+        klass = exact.get("deviceClassName")
+        if klass not in (GPU_CLASS, MIG_CLASS):
+            raise Unsupported(f"request {name!r} asks for device class {klass!r}")
+        if (exact.get("allocationMode") or "ExactCount") != "ExactCount":
+            raise Unsupported(f"request {name!r} uses allocationMode {exact.get('allocationMode')}")
+        if exact.get("adminAccess"):
+            raise Unsupported(f"request {name!r} asks for admin access")
+        selectors = tuple(str(s["cel"]["expression"]) for s in exact.get("selectors") or () if s.get("cel"))
+        requests.append(DeviceRequest(name, klass, selectors, int(exact.get("count") or 1)))
+    if not requests:
+        raise Unsupported("the claim has no device requests")
+    match: list[str] = []
+    all_names = {r.name.split("/")[0] for r in requests}
+    for c in devices.get("constraints") or ():
+        attr = c.get("matchAttribute")
+        if not attr:
+            raise Unsupported("only matchAttribute constraints are handled")
+        if set(c.get("requests") or all_names) != all_names:
+            raise Unsupported(f"a matchAttribute constraint on {attr} covers only some requests")
+        match.append(str(attr))
+    return Claim(tuple(requests), tuple(match))
+
+
+def device_count(claim: Claim) -> int:
+    return sum(r.count for r in claim.requests)
+
+
+def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices: Mapping[str, Sequence[str]],
+                      classes: Mapping[str, Mapping[str, Any]]) -> Json:
+    """`status.allocation` for devices a node reserved, as kube-scheduler writes it: results naming driver,
+    pool (the node's pool is named after the node) and device; the class's then the claim's opaque configs;
+    a nodeSelector for exactly that node."""
+    spec_devices = (claim.get("spec") or {}).get("devices") or {}
+    results = [{"request": request, "driver": driver, "pool": node, "device": d}
+               for request, names in devices.items() for d in names]
+    requested = {r.split("/")[0] for r in devices}
+    config: list[Json] = []
+    for r in spec_devices.get("requests") or ():
+        klass = classes.get(str((r.get("exactly") or (r.get("firstAvailable") or [{}])[0]).get("deviceClassName")))
+        for c in ((klass or {}).get("spec") or {}).get("config") or ():
+            config.append({"source": "FromClass", "requests": [r["name"]], **c})
+    for c in spec_devices.get("config") or ():
+        reqs = [x for x in c.get("requests") or () if x.split("/")[0] in requested]
+        entry = {"source": "FromClaim", **{k: v for k, v in c.items() if k != "requests"}}
+        if reqs:
+            entry["requests"] = reqs
+        config.append(entry)
+    allocation: Json = {
+        "devices": {"results": results},
+        "nodeSelector": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+    }
+    if config:
+        allocation["devices"]["config"] = config
+    return allocation
+
+
+# --- the snapshot --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Member:
+    """One pod of a gang as the controller acts on it."""
+
+    key: str  # namespace/name, the core's pod name
+    pod: Json
+    claims: list[Json]  # its ResourceClaims, in pod order
+    node: str | None = None  # where it holds devices (running or releasing)
+
+
+@dataclass
+class Gang:
+    name: str  # the core's job name
+    namespace: str
+    queue: str
+    pod_group: str | None
+    min_member: int
+    members: dict[str, Member] = field(default_factory=dict)
+
+
+@dataclass
+class World:
+    snapshot: Snapshot
+    gangs: dict[str, Gang]  # by job name
+    members: dict[str, Member]  # by pod key
+    waiting: dict[str, str]  # job name -> why its gang is not weighed this cycle
+    addresses: dict[str, str]  # node -> reservation address
+    queue_names: list[str]
+
+
+def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
+    spec = obj.get("spec") or {}
+    res = spec.get("resources") or {}
+    terms = []
+    for resource, scale in (("gpu", MILLI), ("cpu", 1), ("memory", MB)):
+        r = res.get(resource) or {}
+
+        def term(key: str, default: float, r: Mapping[str, Any] = r, scale: float = scale) -> float:
+            v = r.get(key)
+            if v is None:
+                return default
+            value = float(v)
+            return UNLIMITED if value == UNLIMITED else value * scale
+
+        quota = term("quota", 0.0)
+        limit = term("limit", UNLIMITED)
+        weight = float(r.get("overQuotaWeight", 1.0))
+        terms.append(ResourceTerms(quota=quota, limit=limit, over_quota_weight=weight))
+    parent = spec.get("parentQueue") or None
+    priority = spec.get("priority")
+    return QueueSpec(name=str(meta(obj).get("name")), parent=str(parent) if parent else None,
+                     priority=int(priority) if priority is not None else 100,
+                     terms=(terms[0], terms[1], terms[2]),
+                     preempt_min_runtime=parse_duration(spec.get("preemptMinRuntime")),
+                     reclaim_min_runtime=parse_duration(spec.get("reclaimMinRuntime")))
+
+
+def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
+    cpu = mem = 0.0
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        req = (c.get("resources") or {}).get("requests") or {}
+        if "cpu" in req:
+            cpu += _quantity(req["cpu"], 1000.0)
+        if "memory" in req:
+            mem += _quantity(req["memory"])
+    return cpu, mem
+
+
+def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, set[str]]:
+    """node -> names of its whole-GPU devices in the newest generation of its pool."""
+    newest: dict[str, int] = {}
+    mine = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
+    for s in mine:
+        pool = s["spec"].get("pool") or {}
+        newest[str(pool.get("name"))] = max(newest.get(str(pool.get("name")), 0), int(pool.get("generation") or 0))
+    out: dict[str, set[str]] = {}
+    for s in mine:
+        spec = s["spec"]
+        pool = spec.get("pool") or {}
+        if int(pool.get("generation") or 0) != newest[str(pool.get("name"))] or not spec.get("nodeName"):
+            continue
+        for d in spec.get("devices") or ():
+            kind = ((d.get("attributes") or {}).get("type") or {}).get("string")
+            if kind == "gpu":
+                out.setdefault(str(spec["nodeName"]), set()).add(str(d.get("name")))
+    return out
+
+
+def _node_ready(node: Mapping[str, Any]) -> bool:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "Ready":
+            return bool(c.get("status") == "True")
+    return True  # no conditions reported (a test cluster): taken as ready
+
+
+def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
+                queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
+                now: float) -> World:
+    claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
+    groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
+    queue_specs = [queue_spec(q) for q in queues]
+    by_queue = {q.name: q for q in queue_specs}
+    parents = {q.parent for q in queue_specs if q.parent}
+
+    gangs: dict[str, Gang] = {}
+    members: dict[str, Member] = {}
+    waiting: dict[str, str] = {}
+    attributed: set[str] = set()  # claims some snapshot pod accounts for
+    other_pods: list[Json] = []
+    statuses: dict[str, PodStatus] = {}
+    for pod in pods:
+        m = meta(pod)
+        spec = pod.get("spec") or {}
+        ns = str(m.get("namespace"))
+        group_name = (spec.get("schedulingGroup") or {}).get("podGroupName")
+        group = groups.get(f"{ns}/{group_name}") if group_name else None
+        queue = (m.get("labels") or {}).get(QUEUE_LABEL) or meta(group or {}).get("labels", {}).get(QUEUE_LABEL)
+        if not queue:
+            other_pods.append(pod)
+            continue
+        job = f"{ns}/{group_name}" if group_name else f"{ns}/pod/{m.get('name')}"
+        names, missing = claim_names(pod)
+        found = [claims_by_key.get(f"{ns}/{n}") for n in names]
+        gated = is_gated(pod)
+        deleting = bool(m.get("deletionTimestamp"))
+        phase = (pod.get("status") or {}).get("phase")
+        held = [c for c in found if c is not None and is_allocated(c)]
+        node = spec.get("nodeName") or next((allocated_node(c) for c in held if allocated_node(c)), None)
+        status: PodStatus
+        if deleting or phase in ("Succeeded", "Failed"):
+            if not held or node is None:
+                continue  # gone for the arbiter: holds nothing
+            status = "Releasing"
+        elif gated:
+            status = "Pending"
+        elif held and node is not None:
+            status = "Running"
+        else:
+            other_pods.append(pod)
+            continue  # ungated and holding nothing: kube-scheduler's pod now
+        if group_name and group is None and job not in waiting:
+            waiting[job] = f"PodGroup {group_name} does not exist"
+        if queue not in by_queue:
+            waiting[job] = f"queue {queue} does not exist"
+        elif queue in parents:
+            waiting[job] = f"queue {queue} is a parent queue; only leaf queues take pods"
+        if status == "Pending":
+            if missing:
+                waiting.setdefault(job, f"waiting for the ResourceClaims of {m.get('name')} "
+                                        f"({', '.join(missing)}) to be created from their templates")
+            elif any(c is None for c in found):
+                waiting.setdefault(job, f"ResourceClaim of {m.get('name')} not found")
+        gang = gangs.get(job)
+        if gang is None:
+            policy = ((group or {}).get("spec") or {}).get("schedulingPolicy") or {}
+            min_count = int((policy.get("gang") or {}).get("minCount") or 1) if group else 1
+            gang = gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
+        member = Member(pod_key(pod), pod, [c for c in found if c is not None],
+                        node if status != "Pending" else None)
+        gang.members[member.key] = member
+        members[member.key] = member
+        statuses[member.key] = status
+        if status != "Pending":
+            attributed.update(f"{ns}/{n}" for n in names)
+
+    # nodes
+    devices = _pool_devices(slices, driver)
+    held_elsewhere: dict[str, int] = {}
+    for key, c in claims_by_key.items():
+        if key in attributed or not is_allocated(c):
+            continue
+        for pool, _device in allocated_devices(c, driver):
+            if pool in devices:
+                held_elsewhere[pool] = held_elsewhere.get(pool, 0) + 1
+    other_cpu: dict[str, float] = {}
+    other_mem: dict[str, float] = {}
+    for pod in other_pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            cpu, mem = _requests(pod)
+            other_cpu[node_name] = other_cpu.get(node_name, 0.0) + cpu
+            other_mem[node_name] = other_mem.get(node_name, 0.0) + mem
+    node_specs = []
+    addresses: dict[str, str] = {}
+    for n in nodes:
+        name = str(meta(n).get("name"))
+        address = (meta(n).get("annotations") or {}).get(ADDRESS_ANNOTATION)
+        if not address or name not in devices or not _node_ready(n):
+            continue
+        addresses[name] = str(address)
+        alloc = (n.get("status") or {}).get("allocatable") or {}
+        cpu = _quantity(alloc["cpu"], 1000.0) if "cpu" in alloc else _UNBOUNDED_CPU
+        mem = _quantity(alloc["memory"]) if "memory" in alloc else _UNBOUNDED_MEM
+        node_specs.append(NodeSpec(
+            name=name, gpus=max(0, len(devices[name]) - held_elsewhere.get(name, 0)),
+            cpu_milli=max(0.0, cpu - other_cpu.get(name, 0.0)), mem_bytes=max(0.0, mem - other_mem.get(name, 0.0)),
+            labels=dict(meta(n).get("labels") or {}),
+        ))
+    known_nodes = {s.name for s in node_specs}
+
+    # jobs
+    jobs = []
+    for job, gang in sorted(gangs.items()):
+        if job in waiting and any(statuses[k] == "Pending" for k in gang.members):
+            continue
+        pods_out = []
+        group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
+        priority = 0
+        created: float | None = parse_time(meta(group).get("creationTimestamp")) if group else None
+        unsupported = ""
+        started: float | None = None  # when the gang last started: min-runtime protection counts from it
+        for key, member in sorted(gang.members.items()):
+            status = statuses[key]
+            if status != "Pending" and member.node not in known_nodes:
+                continue  # on a node the arbiter does not manage: its devices are not ours to count
+            try:
+                gpus = sum(device_count(reservation_claim(c)) for c in member.claims)
+            except Unsupported as e:
+                unsupported = f"{key}: {e}"
+                gpus = 0
+            cpu, mem = _requests(member.pod)
+            pod_priority = (member.pod.get("spec") or {}).get("priority")
+            priority = max(priority, int(pod_priority or 0))
+            born = parse_time(meta(member.pod).get("creationTimestamp"))
+            if born is not None and (created is None or born < created) and group is None:
+                created = born
+            pods_out.append(PodSpec(name=key, gpu_milli=gpus * MILLI, cpu_milli=cpu, mem_bytes=mem, status=status,
+                                    node=member.node if status != "Pending" else None))
+            admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
+            if status == "Running" and admitted is not None:
+                started = admitted if started is None else max(started, admitted)
+        if unsupported and any(p.status == "Pending" for p in pods_out):
+            waiting[job] = f"unsupported claim: {unsupported}"
+            continue
+        if not pods_out:
+            continue
+        if group is not None:
+            group_priority = (group.get("spec") or {}).get("priority")
+            if group_priority is not None:
+                priority = int(group_priority)
+        # minCount may exceed the pods created so far: the gang then waits for the rest
+        jobs.append(JobSpec(name=job, queue=gang.queue, priority=priority,
+                            preemptible=priority < NON_PREEMPTIBLE_PRIORITY, min_member=gang.min_member,
+                            created_at=created or now, pods=tuple(pods_out), started_at=started))
+    queue_names = [q.name for q in queue_specs]
+    leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
+    snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
+    return World(snapshot, gangs, members, waiting, addresses, queue_names)

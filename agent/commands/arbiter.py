@@ -1,0 +1,120 @@
+"""`gpu-dra-agent arbiter`: the queue arbiter (one Deployment per cluster). Flags have environment fallbacks.
+
+With --leader-elect only the holder of the Lease decides; it starts its informers once elected and exits
+when it loses the Lease (its Deployment restarts it as a standby), so two arbiters never commit at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from types import FrameType
+
+from agent import logs
+from agent.arbiter.controller import Arbiter, ArbiterConfig
+from agent.arbiter.metrics import ArbiterMetrics
+from agent.arbiter.names import COMPONENT
+from agent.arbiter.node_service import TokenFileError, read_token, split_address
+from agent.kube.client import api_client
+from agent.kube.errors import ApiError
+from agent.kube.events import EventRecorder
+from agent.kube.leader import LeaderElector
+from agent.kube.rest import Rest
+
+log = logging.getLogger("agent.arbiter")
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(name) or default
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG") or None, help="kubeconfig; in-cluster when absent")
+    p.add_argument("--reservation-token-file", default=_env("RESERVATION_TOKEN_FILE"),
+                   help="file holding the bearer token the node agents expect (env RESERVATION_TOKEN_FILE)")
+    p.add_argument("--leader-elect", action="store_true", default=_env("LEADER_ELECT") in ("1", "true"),
+                   help="decide only while holding the Lease (run several replicas)")
+    p.add_argument("--leader-elect-namespace", default=_env("POD_NAMESPACE", "gpu-dra-agent"),
+                   help="namespace of the Lease (env POD_NAMESPACE)")
+    p.add_argument("--metrics-addr", default=_env("METRICS_ADDR", ":9401"),
+                   help="Prometheus [host]:port, empty to disable (env METRICS_ADDR)")
+    p.add_argument("--driver-name", default=_env("DRIVER_NAME", "gpu.nvidia.com"), help="DRA driver name")
+    p.add_argument("--reservation-ttl", type=float, default=30.0,
+                   help="seconds a node holds an unconfirmed reservation")
+    p.add_argument("--period", type=float, default=1.0, help="seconds between cycles when nothing changes")
+    p.add_argument("--log-format", choices=("json", "text"), default=_env("LOG_FORMAT", "text"))
+
+
+def _fail(message: str) -> int:
+    print(f"gpu-dra-agent arbiter: {message}", file=sys.stderr)
+    return 2
+
+
+def _stop_when(lost: threading.Event, stop: threading.Event) -> None:
+    lost.wait()
+    stop.set()
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_format)
+    if not args.reservation_token_file:
+        return _fail("--reservation-token-file is required: node agents refuse anonymous reservations")
+    if args.reservation_ttl <= 0 or args.period <= 0:
+        return _fail("--reservation-ttl and --period must be positive")
+    try:
+        token = read_token(args.reservation_token_file)
+        metrics_at = split_address(args.metrics_addr) if args.metrics_addr else None
+    except (TokenFileError, ValueError) as exc:
+        return _fail(str(exc).replace("--reservation-addr", "--metrics-addr"))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        rest = Rest(api_client(args.kubeconfig))
+    except Exception as exc:  # a malformed kubeconfig: the client raises many kinds
+        return _fail(f"cannot load the kubeconfig: {exc}")
+    identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"  # unique, and says which process
+    metrics = None
+    if metrics_at is not None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry()
+        metrics = ArbiterMetrics(registry)
+        server, _ = start_http_server(metrics_at[1], metrics_at[0], registry=registry)
+        log.info("metrics serving", extra={"address": f"{metrics_at[0]}:{server.server_port}"})
+    elector = None
+    if args.leader_elect:
+        elector = LeaderElector(rest, args.leader_elect_namespace, COMPONENT, identity)
+        threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
+        while not elector.leading.wait(0.5):
+            if stop.is_set():
+                return 0
+    config = ArbiterConfig(driver=args.driver_name, ttl_seconds=args.reservation_ttl, period_s=args.period)
+    arbiter = Arbiter(rest, token, config, metrics=metrics, recorder=EventRecorder(rest, COMPONENT, identity))
+    try:
+        arbiter.start()
+        log.info("arbiter running", extra={"identity": identity})
+        if elector is not None:
+            threading.Thread(target=_stop_when, args=(elector.lost, stop), daemon=True).start()
+        arbiter.run(stop)
+    except ApiError as exc:
+        print(f"gpu-dra-agent arbiter: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        arbiter.stop()
+        if elector is not None and not elector.lost.is_set():
+            elector.release()
+    if elector is not None and elector.lost.is_set():
+        return 1  # lost the Lease: exit so the Deployment restarts us as a standby
+    return 0

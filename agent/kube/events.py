@@ -1,0 +1,59 @@
+"""core/v1 Events about objects, as client-go's recorder writes them: one Event per (object, reason,
+message), its count raised when the same thing happens again, so `kubectl describe` shows why."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.kube.errors import ApiError
+from agent.kube.rest import EVENTS, Rest
+
+log = logging.getLogger(__name__)
+
+
+def _now(clock: Callable[[], float]) -> str:
+    return datetime.fromtimestamp(clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    def __init__(self, rest: Rest, component: str, instance: str, clock: Callable[[], float] = time.time) -> None:
+        self._rest = rest
+        self._component = component
+        self._instance = instance
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}  # event name -> count written
+
+    def record(self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *,
+               type_: str = "Normal") -> None:
+        """Best effort: an Event that cannot be written is logged, never raised."""
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        digest = hashlib.sha256(f"{meta.get('uid')}/{reason}/{message}".encode()).hexdigest()[:10]
+        name = f"{meta.get('name')}.{digest}"
+        now = _now(self._clock)
+        with self._lock:
+            count = self._counts.get(name, 0) + 1
+            self._counts[name] = count
+        try:
+            if count > 1:
+                self._rest.patch(EVENTS, namespace, name, {"count": count, "lastTimestamp": now})
+                return
+            self._rest.create(EVENTS, namespace, {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": namespace},
+                "involvedObject": {"apiVersion": api_version, "kind": kind, "name": meta.get("name"),
+                                   "namespace": namespace, "uid": meta.get("uid")},
+                "reason": reason, "message": message[:1024], "type": type_, "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now,
+                "source": {"component": self._component},
+                "reportingComponent": self._component, "reportingInstance": self._instance,
+            })
+        except ApiError as exc:
+            log.debug("event %s/%s not written: %s", namespace, name, exc)

@@ -1,0 +1,183 @@
+"""Any API resource as plain JSON: list, watch, get, create, update, patch, delete, evict.
+
+Objects stay dicts exactly as the server sends them, so custom resources (our Queue), types newer than this
+client (scheduling.k8s.io/v1beta1 PodGroup) and fields it does not model all read the same way. Every call
+goes through `errors.call`: callers see agent.kube.errors, never the client's exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from agent.kube.client import REQUEST_TIMEOUT
+from agent.kube.errors import ApiError, Gone, call
+
+Json = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a resource type lives in the URL space."""
+
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+PODS = Resource("", "v1", "pods", True)
+NODES = Resource("", "v1", "nodes", False)
+EVENTS = Resource("", "v1", "events", True)
+LEASES = Resource("coordination.k8s.io", "v1", "leases", True)
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", True)
+RESOURCE_CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True)
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", False)
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
+POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups", True)
+QUEUES = Resource("scheduling.gpu-dra-agent.io", "v1alpha1", "queues", False)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: Json
+
+
+class Rest:
+    """JSON calls over one ApiClient (thread-safe: the client's pool is)."""
+
+    def __init__(self, api: client.ApiClient, timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
+        self._api = api
+        self._timeout = timeout
+
+    def _request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None,
+                 content_type: str = "application/json", stream: bool = False,
+                 timeout: tuple[float, float] | None = None) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+
+        def go() -> Any:
+            _, url, hdrs, payload, _ = self._api.param_serialize(
+                method=method, resource_path=path, query_params=params, header_params=headers, body=body,
+                auth_settings=["BearerToken"])
+            response = self._api.call_api(method, url, header_params=hdrs, body=payload,
+                                          _request_timeout=timeout or self._timeout)
+            if response.status >= 400:
+                raise ApiException(status=response.status, reason=response.reason,
+                                   body=response.read().decode("utf-8", "replace"))
+            return response
+
+        response = call(go)
+        if stream:
+            return response.response  # the urllib3 response, not yet read
+        data = response.read()
+        return json.loads(data) if data else {}
+
+    def list(self, resource: Resource, namespace: str | None = None, *, label_selector: str | None = None,
+             field_selector: str | None = None, resource_version: str | None = None) -> Json:
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector,
+                 "resourceVersion": resource_version}
+        out: Json = self._request("GET", resource.path(namespace), query=query)
+        return out
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> Json:
+        out: Json = self._request("GET", resource.path(namespace, name))
+        return out
+
+    def create(self, resource: Resource, namespace: str | None, body: Json) -> Json:
+        out: Json = self._request("POST", resource.path(namespace), body=body)
+        return out
+
+    def replace(self, resource: Resource, body: Json, subresource: str = "") -> Json:
+        """PUT; the body's resourceVersion makes a concurrent change a Conflict."""
+        meta = body["metadata"]
+        out: Json = self._request("PUT", resource.path(meta.get("namespace"), meta["name"], subresource), body=body)
+        return out
+
+    def patch(self, resource: Resource, namespace: str | None, name: str, patch: Any, *,
+              content_type: str = MERGE_PATCH, subresource: str = "") -> Json:
+        out: Json = self._request("PATCH", resource.path(namespace, name, subresource), body=patch,
+                                  content_type=content_type)
+        return out
+
+    def delete(self, resource: Resource, namespace: str | None, name: str, *,
+               preconditions: Mapping[str, str] | None = None) -> Json:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if preconditions:
+            body["preconditions"] = dict(preconditions)  # type: ignore[assignment]
+        out: Json = self._request("DELETE", resource.path(namespace, name), body=body)
+        return out
+
+    def evict(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """pods/eviction with no grace period of our own: the pod's terminationGracePeriodSeconds applies
+        (SIGTERM, time to checkpoint, then SIGKILL), and PodDisruptionBudgets are honoured by the server."""
+        body: Json = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        self._request("POST", PODS.path(namespace, name, "eviction"), body=body)
+
+    def bind(self, namespace: str, name: str, node: str) -> None:
+        """pods/binding: what kube-scheduler's bind step sends."""
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self._request("POST", PODS.path(namespace, name, "binding"), body=body)
+
+    def watch(self, resource: Resource, resource_version: str, *, timeout_seconds: int = 300,
+              namespace: str | None = None) -> Iterator[WatchEvent]:
+        """Events after `resource_version`, with bookmarks; raises Gone when that version is too old (HTTP
+        410 or an ERROR event with code 410), ApiError on other failures. Ends when the server closes."""
+        query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": str(timeout_seconds)}
+        response = self._request("GET", resource.path(namespace), query=query, stream=True,
+                                 timeout=(self._timeout[0], timeout_seconds + 30.0))
+        try:
+            buffer = b""
+            for chunk in response.stream(64 * 1024, decode_content=False):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield _event(json.loads(line))
+            if buffer.strip():
+                yield _event(json.loads(buffer))
+        except (OSError, HTTPError) as exc:
+            raise ApiError(0, f"watch of {resource.plural} broke: {exc}") from exc
+        finally:
+            response.release_conn()
+
+
+def _event(raw: Json) -> WatchEvent:
+    kind = str(raw.get("type", ""))
+    obj = raw.get("object") or {}
+    if kind == "ERROR":
+        code = int(obj.get("code") or 0)
+        message = str(obj.get("message") or obj)
+        if code == 410:
+            raise Gone(410, message)
+        raise ApiError(code, message)
+    return WatchEvent(kind, obj)

@@ -1,0 +1,234 @@
+"""A small GPU cluster for the queue arbiter, all fakes: the API server, the Queue CRD and DeviceClasses from
+daemonset/, GPU nodes whose agents publish their slices and serve the reservation API over a fake NVML
+machine, and the stand-ins for kube-controller-manager and kube-scheduler (fakes.controllers).
+
+    with FakeCluster(nodes=2) as cluster:
+        cluster.queue("team-a", gpu_quota=8)
+        cluster.gang("team-a", "train", pods=2, gpus=8)
+        arbiter = cluster.arbiter()            # in-process; or run `gpu-dra-agent arbiter --kubeconfig ...`
+
+A node here is the agent's reservation side (agent.arbiter.node_service over the real local allocator) and
+its published ResourceSlices; kubelet and prepare are not involved (tests of the node agent cover them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from agent.arbiter.controller import Arbiter, ArbiterConfig
+from agent.arbiter.names import GATE, QUEUE_LABEL
+from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
+from agent.devices.model import Inventory
+from agent.kube.errors import Conflict, NotFound
+from agent.kube.events import EventRecorder
+from agent.kube.informer import Informer
+from agent.kube.rest import (
+    NODES,
+    POD_GROUPS,
+    PODS,
+    QUEUES,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    Resource,
+    Rest,
+)
+from agent.nvml.source import open_nvml
+from agent.slices.build import build_resource_slices
+from fakes import apiserver
+from fakes.controllers.runner import Controllers
+
+DAEMONSET = pathlib.Path(__file__).resolve().parent.parent / "daemonset"
+DRIVER = "gpu.nvidia.com"
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
+NAMESPACES = Resource("", "v1", "namespaces", False)
+
+_inventories: dict[str, Inventory] = {}
+
+
+def machine_inventory(machine: str) -> Inventory:
+    """What the fake NVML reports for `machine` (discovered once per process)."""
+    if machine not in _inventories:
+        with open_nvml(f"fake:{machine}") as nvml:
+            _inventories[machine] = nvml.discover()
+    return _inventories[machine]
+
+
+def _manifest(*names: str) -> list[dict[str, Any]]:
+    for name in names:
+        found = sorted(DAEMONSET.rglob(name))
+        if found:
+            return [d for d in yaml.safe_load_all(found[0].read_text()) if d]
+    raise FileNotFoundError(f"none of {names} under {DAEMONSET}")
+
+
+class FakeCluster:
+    def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti") -> None:
+        self.server = apiserver.start(port=0)  # Kubernetes 1.37: PodGroups and a pod's schedulingGroup served
+        self.rest = Rest(self.server.api_client())
+        self.root = pathlib.Path(tempfile.mkdtemp(prefix="arbiter-cluster-"))
+        self.token = secrets.token_urlsafe(24)
+        self.token_file = self.root / "token"
+        self.token_file.write_text(self.token)
+        self.kubeconfig = self.server.write_kubeconfig(self.root / "kubeconfig")
+        for crd in _manifest("queue-crd.yaml"):
+            self.rest.create(CRDS, None, crd)
+        try:
+            self.rest.list(POD_GROUPS)
+        except NotFound:  # an API fake without PodGroups yet: serve the type without a schema
+            self.server.register_custom("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True)
+        for klass in _manifest("deviceclasses.yaml"):
+            self.rest.create(DEVICE_CLASSES, None, klass)
+        self.inventory = machine_inventory(machine)
+        self.agents: dict[str, NodeReservations] = {}
+        # one claim informer for every node of this process: a real node watches claims on its own machine's
+        # CPU; here one copy spares the process a decode of every claim event per node
+        self._pools = claim_pools(DRIVER)
+        self.node_claims = Informer(self.rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: self._pools},
+                                    on_event=self._claim_seen)
+        self.node_claims.start()
+        for i in range(nodes):
+            self.add_node(f"gpu-node-{i}", cpu=cpu, memory=memory)
+        self.controllers = Controllers(self.rest, period_s=0.2).start()
+        self._arbiters: list[tuple[Arbiter, threading.Event, threading.Thread]] = []
+
+    # -- the cluster --------------------------------------------------------------------------------------
+
+    def _claim_seen(self, _type: str, claim: dict[str, Any]) -> None:
+        for pool in self._pools(claim):
+            agent = self.agents.get(pool)
+            if agent is not None:
+                agent.claim_seen(claim)
+
+    def add_node(self, name: str, *, cpu: str = "224", memory: str = "2Ti") -> NodeReservations:
+        node = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        node["status"] = {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                          "conditions": [{"type": "Ready", "status": "True"}]}
+        self.rest.replace(NODES, node, "status")
+        for s in build_resource_slices(self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"]):
+            self.rest.create(RESOURCE_SLICES, None, s)
+        agent = NodeReservations(node_name=name, driver=DRIVER, inventory=lambda: self.inventory,
+                                 prepared=lambda: (), unhealthy=lambda: (), token=self.token, rest=self.rest,
+                                 claims=self.node_claims)
+        agent.start("127.0.0.1:0")
+        self.agents[name] = agent
+        return agent
+
+    def arbiter(self, config: ArbiterConfig | None = None, *, start: bool = True) -> Arbiter:
+        """An arbiter in this process, running its cycles in a thread (stopped with the cluster)."""
+        arbiter = Arbiter(self.rest, self.token, config or ArbiterConfig(period_s=0.2),
+                          recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"))
+        arbiter.start()
+        stop = threading.Event()
+        thread = threading.Thread(target=arbiter.run, args=(stop,), name="arbiter", daemon=True)
+        if start:
+            thread.start()
+        self._arbiters.append((arbiter, stop, thread))
+        return arbiter
+
+    def stop_arbiters(self) -> None:
+        for arbiter, stop, thread in self._arbiters:
+            stop.set()
+            if thread.is_alive():
+                thread.join(timeout=10)
+            arbiter.stop()
+        self._arbiters.clear()
+
+    def close(self) -> None:
+        self.stop_arbiters()
+        self.controllers.stop()
+        for agent in self.agents.values():
+            agent.stop()
+        self.node_claims.stop()
+        self.server.stop()  # watches still open end here; their informers are stopping and say nothing
+
+    def __enter__(self) -> FakeCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- workloads ----------------------------------------------------------------------------------------
+
+    def namespace(self, name: str) -> None:
+        with contextlib.suppress(Conflict):  # exists already
+            self.rest.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def queue(self, name: str, *, parent: str | None = None, gpu_quota: float = 0, gpu_limit: float = -1,
+              weight: float = 1, priority: int | None = None, **spec: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"resources": {"gpu": {"quota": gpu_quota, "limit": gpu_limit,
+                                                      "overQuotaWeight": weight},
+                                              "cpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
+                                              "memory": {"quota": -1, "limit": -1, "overQuotaWeight": 1}}, **spec}
+        if parent:
+            body["parentQueue"] = parent
+        if priority is not None:
+            body["priority"] = priority
+        return self.rest.create(QUEUES, None, {"apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1",
+                                               "kind": "Queue", "metadata": {"name": name}, "spec": body})
+
+    def template(self, namespace: str, gpus: int) -> str:
+        name = f"gpus-{gpus}"
+        self.namespace(namespace)
+        with contextlib.suppress(Conflict):  # exists already
+            self.rest.create(RESOURCE_CLAIM_TEMPLATES, namespace, {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                    "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": gpus}}]}}},
+            })
+        return name
+
+    def pod(self, namespace: str, name: str, queue: str, gpus: int, *, group: str | None = None,
+            priority: int | None = None) -> dict[str, Any]:
+        template = self.template(namespace, gpus)
+        spec: dict[str, Any] = {
+            "containers": [{"name": "main", "image": "trainer:1",
+                            "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "claims": [{"name": "gpus"}]}}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
+            "schedulingGates": [{"name": GATE}],
+            "terminationGracePeriodSeconds": 30,
+        }
+        if group:
+            spec["schedulingGroup"] = {"podGroupName": group}
+        if priority is not None:
+            spec["priority"] = priority
+        return self.rest.create(PODS, namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}}, "spec": spec})
+
+    def gang(self, namespace: str, name: str, queue: str, *, pods: int, gpus: int, min_count: int | None = None,
+             priority: int | None = None) -> list[dict[str, Any]]:
+        self.namespace(namespace)
+        group_spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count or pods}}}
+        self.rest.create(POD_GROUPS, namespace, {
+            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}}, "spec": group_spec})
+        return [self.pod(namespace, f"{name}-{i}", queue, gpus, group=name, priority=priority) for i in range(pods)]
+
+    # -- looking ------------------------------------------------------------------------------------------
+
+    def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.rest.list(PODS, namespace)["items"]
+        return items
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "") -> Any:
+    """Poll until `check()` is truthy; returns its value or raises TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or check}")
+        time.sleep(interval)

@@ -1,0 +1,170 @@
+"""kube-scheduler binding ungated pods, small: what the arbiter relies on it for.
+
+For a pod with no scheduling gates and no node (and the default scheduler): the candidate nodes are those its
+`nodeSelector` and required node affinity allow (NodeAffinity's Filter) and that every allocated claim's
+`allocation.nodeSelector` allows (the DRA plugin's Filter); claims not yet allocated are allocated on the
+first candidate where all fit (fakes.scheduler's structured allocator, as the plugin does), with the finalizer
+`resource.kubernetes.io/delete-protection`. In PreBind each claim gets the pod in `reservedFor`; then the pod
+is bound (pods/binding). Nodes are tried in name order; there is no scoring and no preemption.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.informer import Informer
+from agent.kube.rest import RESOURCE_CLAIMS, Rest
+from fakes.scheduler.allocator import Unsatisfiable, allocate
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "resource.kubernetes.io/delete-protection"
+Json = dict[str, Any]
+
+
+def _requirement_holds(req: Mapping[str, Any], value: str | None) -> bool:
+    op = req.get("operator")
+    values = req.get("values") or []
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+        except ValueError:
+            return False
+    return False
+
+
+def selector_allows(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
+    """A core/v1 NodeSelector: terms ORed, each term's requirements ANDed; an empty selector allows all."""
+    terms = (selector or {}).get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    name = (node.get("metadata") or {}).get("name")
+    for term in terms:
+        exprs = term.get("matchExpressions") or []
+        fields = term.get("matchFields") or []
+        if not exprs and not fields:
+            continue  # an empty term matches nothing
+        if all(_requirement_holds(e, labels.get(e.get("key"))) for e in exprs) and \
+                all(_requirement_holds(f, name if f.get("key") == "metadata.name" else None) for f in fields):
+            return True
+    return False
+
+
+def pod_allows(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    return required is None or selector_allows(required, node)
+
+
+class Binder:
+    def __init__(self, rest: Rest, pods: Informer, claims: Informer, nodes: Informer, slices: Informer,
+                 classes: Informer) -> None:
+        self._rest = rest
+        self._pods = pods
+        self._claims = claims
+        self._nodes = nodes
+        self._slices = slices
+        self._classes = classes
+
+    def sync(self) -> int:
+        bound = 0
+        for pod in self._pods.items():
+            spec = pod.get("spec") or {}
+            meta = pod.get("metadata") or {}
+            if spec.get("nodeName") or spec.get("schedulingGates") or meta.get("deletionTimestamp"):
+                continue
+            if spec.get("schedulerName") not in (None, "", "default-scheduler"):
+                continue
+            try:
+                bound += self._schedule(pod)
+            except (Conflict, NotFound):
+                continue  # changed meanwhile: the next pass tries again
+            except ApiError as e:
+                log.warning("scheduling %s/%s: %s", meta.get("namespace"), meta.get("name"), e)
+        return bound
+
+    def _claims_of(self, pod: Json) -> list[Json] | None:
+        ns = pod["metadata"]["namespace"]
+        statuses = {s.get("name"): s.get("resourceClaimName")
+                    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+        out = []
+        for rc in (pod.get("spec") or {}).get("resourceClaims") or ():
+            name = rc.get("resourceClaimName") or statuses.get(rc.get("name"))
+            claim = self._claims.get(ns, name) if name else None
+            if claim is None:
+                return None  # the claim is not there yet: unschedulable for now (upstream PreFilter)
+            out.append(claim)
+        return out
+
+    def _schedule(self, pod: Json) -> int:
+        claims = self._claims_of(pod)
+        if claims is None:
+            return 0
+        nodes = sorted(self._nodes.items(), key=lambda n: n["metadata"]["name"])
+        for node in nodes:
+            if not pod_allows(pod, node):
+                continue
+            if not all(selector_allows((c.get("status") or {}).get("allocation", {}).get("nodeSelector"), node)
+                       for c in claims if (c.get("status") or {}).get("allocation")):
+                continue
+            allocations = self._allocate(claims, node["metadata"]["name"])
+            if allocations is None:
+                continue
+            self._pre_bind(pod, claims, allocations)
+            self._bind(pod, node["metadata"]["name"])
+            return 1
+        return 0
+
+    def _allocate(self, claims: Sequence[Json], node: str) -> dict[str, Json] | None:
+        pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
+        if not pending:
+            return {}
+        everything = list(self._claims.items())
+        out: dict[str, Json] = {}
+        for c in pending:
+            try:
+                allocation = allocate(c, self._slices.items(), self._classes.items(), everything, node=node)
+            except Unsatisfiable:
+                return None
+            out[c["metadata"]["name"]] = allocation
+            everything.append({**c, "status": {"allocation": allocation}})
+        return out
+
+    def _pre_bind(self, pod: Json, claims: Sequence[Json], allocations: Mapping[str, Json]) -> None:
+        ref = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+        for claim in claims:
+            reserved = (claim.get("status") or {}).get("reservedFor") or []
+            name = claim["metadata"]["name"]
+            if any(r.get("uid") == ref["uid"] for r in reserved) and name not in allocations:
+                continue
+            body = copy.deepcopy(claim)
+            body.setdefault("kind", "ResourceClaim")
+            if name in allocations and FINALIZER not in (body["metadata"].get("finalizers") or ()):
+                body["metadata"]["finalizers"] = [*(body["metadata"].get("finalizers") or ()), FINALIZER]
+                body = self._rest.replace(RESOURCE_CLAIMS, body)
+            status = body.setdefault("status", {})
+            if name in allocations:
+                status["allocation"] = allocations[name]
+            status["reservedFor"] = [*reserved, ref]
+            self._rest.replace(RESOURCE_CLAIMS, body, "status")
+
+    def _bind(self, pod: Json, node: str) -> None:
+        meta = pod["metadata"]
+        self._rest.bind(meta["namespace"], meta["name"], node)

@@ -1,0 +1,281 @@
+"""The arbiter as a running controller against the API fake, node agents serving reservations, and the stand-ins
+for kube-controller-manager and kube-scheduler: gangs admitted whole or not at all, devices freed for the next
+gang, reclaim across queues, and nothing lost when the arbiter is killed."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agent.arbiter.committing import Committer
+from agent.arbiter.controller import ArbiterConfig
+from agent.arbiter.names import DELETE_PROTECTION, GATE
+from agent.kube.errors import ApiError
+from agent.kube.rest import EVENTS, PODS, QUEUES, RESOURCE_CLAIMS
+from fakes.cluster import FakeCluster, wait_for
+
+pytestmark = pytest.mark.slow
+NS = "team-a"
+
+
+@pytest.fixture
+def cluster() -> Iterator[FakeCluster]:
+    with FakeCluster(nodes=2) as c:
+        c.queue("root")
+        c.queue("team-a", parent="root", gpu_quota=8)
+        c.queue("team-b", parent="root", gpu_quota=8)
+        yield c
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    return any(g.get("name") == GATE for g in pod["spec"].get("schedulingGates") or ())
+
+
+def claims_by_pod(cluster: FakeCluster) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for c in cluster.rest.list(RESOURCE_CLAIMS)["items"]:
+        for owner in c["metadata"].get("ownerReferences") or ():
+            out[owner["name"]].append(c)
+    return out
+
+
+def allocated_devices(cluster: FakeCluster) -> list[tuple[str, str]]:
+    return [(r["pool"], r["device"]) for c in cluster.rest.list(RESOURCE_CLAIMS)["items"]
+            for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])]
+
+
+def running(cluster: FakeCluster, prefix: str) -> list[dict[str, Any]]:
+    return [p for p in cluster.pods() if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")]
+
+
+def test_a_gang_of_two_by_eight_gpus_is_admitted_on_two_nodes(cluster: FakeCluster) -> None:
+    cluster.gang(NS, "train", "team-a", pods=2, gpus=8)
+    cluster.arbiter()
+    pods = wait_for(lambda: len(running(cluster, "train-")) == 2 and running(cluster, "train-"), what="gang bound")
+    assert {p["spec"]["nodeName"] for p in pods} == {"gpu-node-0", "gpu-node-1"}
+    by_pod = claims_by_pod(cluster)
+    for pod in pods:
+        assert not gated(pod)
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchFields"] == [
+            {"key": "metadata.name", "operator": "In", "values": [pod["spec"]["nodeName"]]}]
+        (claim,) = by_pod[pod["metadata"]["name"]]
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert len(results) == 8 and {r["pool"] for r in results} == {pod["spec"]["nodeName"]}
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+        assert DELETE_PROTECTION in claim["metadata"]["finalizers"]
+    assert len(set(allocated_devices(cluster))) == 16
+    status = wait_for(lambda: ((cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("allocated")
+                               or {}).get("gpu") == 16 and cluster.rest.get(QUEUES, None, "team-a")["status"],
+                      what="queue status")
+    assert status["fairShare"]["gpu"] == 16 and status["requested"]["gpu"] == 16
+
+
+def test_a_gang_that_cannot_fit_is_never_admitted_in_part(cluster: FakeCluster) -> None:
+    cluster.gang(NS, "huge", "team-a", pods=3, gpus=8)
+    arbiter = cluster.arbiter(start=False)
+    for _ in range(5):  # tried: five cycles with 16 GPUs for a 24-GPU gang
+        report = arbiter.cycle()
+        assert report.admitted == []
+    assert all(gated(p) for p in cluster.pods(NS))
+    assert allocated_devices(cluster) == []
+    assert any(a.book.live() == [] for a in cluster.agents.values())
+    events = cluster.rest.list(EVENTS, NS)["items"]
+    assert any(e["involvedObject"]["kind"] == "PodGroup" and e["message"].startswith("no fit") for e in events)
+
+
+def test_a_node_refusing_a_member_releases_the_whole_gang(cluster: FakeCluster) -> None:
+    cluster.gang(NS, "train", "team-a", pods=2, gpus=8)
+    agent = cluster.agents["gpu-node-1"]
+    agent.book._usage = lambda: agent.usage().__class__(unhealthy=frozenset({"gpu-3"}))  # type: ignore[method-assign]
+    arbiter = cluster.arbiter(start=False)
+    report = wait_for(lambda: (r := arbiter.cycle()).refused and r, what="a refused commit")
+    assert "does not fit" in next(iter(report.refused.values()))  # the arbiter thought 8 were free there
+    assert all(a.book.live() == [] for a in cluster.agents.values())  # node 0's reservation released too
+    assert allocated_devices(cluster) == [] and all(gated(p) for p in cluster.pods(NS))
+
+
+def test_deleting_a_gangs_pods_frees_their_devices_for_the_next_gang(cluster: FakeCluster) -> None:
+    cluster.gang(NS, "first", "team-a", pods=2, gpus=8)
+    cluster.arbiter()
+    wait_for(lambda: len(running(cluster, "first-")) == 2, what="first gang")
+    cluster.gang(NS, "second", "team-a", pods=2, gpus=8)
+    wait_for(lambda: any(e["reason"] == "Waiting" for e in cluster.rest.list(EVENTS, NS)["items"]
+                         if e["involvedObject"]["name"] == "second"), what="second waits")
+    assert running(cluster, "second-") == []
+    for p in running(cluster, "first-"):
+        cluster.rest.delete(PODS, NS, p["metadata"]["name"])
+    pods = wait_for(lambda: len(running(cluster, "second-")) == 2 and running(cluster, "second-"), what="second")
+    assert {p["spec"]["nodeName"] for p in pods} == {"gpu-node-0", "gpu-node-1"}
+    devices = allocated_devices(cluster)
+    assert len(devices) == len(set(devices)) == 16
+
+
+def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: FakeCluster) -> None:
+    for i in range(4):  # team-a takes all 16 GPUs: 8 in quota, 8 over it (work-conserving)
+        cluster.gang(NS, f"burst{i}", "team-a", pods=1, gpus=4)
+    cluster.arbiter()
+    wait_for(lambda: len(running(cluster, "burst")) == 4, what="burst")
+    cluster.gang("team-b", "train", "team-b", pods=2, gpus=4)
+    pods = wait_for(lambda: len(running(cluster, "train-")) == 2 and running(cluster, "train-"), what="reclaim")
+    assert len(pods) == 2
+    assert len(running(cluster, "burst")) == 2  # team-a keeps its quota
+    evicted = [e for e in cluster.rest.list(EVENTS, NS)["items"] if e["reason"] == "Evicted"]
+    assert len(evicted) == 2 and all("reclaim" in e["message"] for e in evicted)
+
+
+def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
+    cluster.rest.patch(QUEUES, None, "team-a", {"spec": {"reclaimMinRuntime": "1h"}})
+    for i in range(4):
+        cluster.gang(NS, f"burst{i}", "team-a", pods=1, gpus=4)
+    arbiter = cluster.arbiter()
+    wait_for(lambda: len(running(cluster, "burst")) == 4, what="burst")
+    cluster.gang("team-b", "train", "team-b", pods=2, gpus=4)
+    wait_for(lambda: any(e["reason"] == "Waiting" for e in cluster.rest.list(EVENTS, "team-b")["items"]),
+             what="team-b waits")
+    assert arbiter.cycles > 0 and len(running(cluster, "burst")) == 4 and running(cluster, "train-") == []
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_commit_interrupted_after_its_claims_is_finished_by_the_next_arbiter(cluster: FakeCluster) -> None:
+    cluster.gang(NS, "train", "team-a", pods=2, gpus=8)
+    first = cluster.arbiter(start=False)
+    wait_for(lambda: all(claims_by_pod(cluster).get(f"train-{i}") for i in range(2)), what="claims generated")
+
+    def crash(self: Committer, pod: Any, node: str) -> Any:
+        raise _Crash("killed between the claims and the pods")
+
+    original = Committer.ungate
+    Committer.ungate = crash  # type: ignore[method-assign]
+    try:
+        with pytest.raises(_Crash):
+            wait_for(lambda: first.cycle().admitted, what="a commit")
+    finally:
+        Committer.ungate = original  # type: ignore[method-assign]
+    assert all(gated(p) for p in cluster.pods(NS)) and len(allocated_devices(cluster)) == 16
+    cluster.stop_arbiters()
+    cluster.arbiter()  # a new leader: finds the gang committed in the API and finishes it
+    pods = wait_for(lambda: len(running(cluster, "train-")) == 2 and running(cluster, "train-"), what="recovered")
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2 and len(set(allocated_devices(cluster))) == 16
+
+
+def test_a_commit_interrupted_halfway_through_its_claims_is_rolled_back(cluster: FakeCluster) -> None:
+    cluster.gang(NS, "train", "team-a", pods=2, gpus=8)
+    first = cluster.arbiter(start=False)
+    wait_for(lambda: all(claims_by_pod(cluster).get(f"train-{i}") for i in range(2)), what="claims generated")
+    original = Committer._write_claim
+    written = []
+
+    def write_one_then_crash(self: Committer, *args: Any) -> Any:
+        if written:
+            raise _Crash("killed after the first claim")
+        written.append(original(self, *args))
+        return written[-1]
+
+    Committer._write_claim = write_one_then_crash  # type: ignore[method-assign]
+    try:
+        with pytest.raises(_Crash):
+            wait_for(lambda: first.cycle().admitted, what="a commit")
+    finally:
+        Committer._write_claim = original  # type: ignore[method-assign]
+    assert len(allocated_devices(cluster)) == 8  # half a gang holds devices in the API: the crash left it
+    cluster.stop_arbiters()
+    second = cluster.arbiter(start=False)
+    report = wait_for(lambda: (r := second.cycle()).recovered is not None and r, what="recovery")
+    assert report.admitted == []
+    wait_for(lambda: allocated_devices(cluster) == [], what="rolled back")
+    wait_for(lambda: second.cycle().admitted, what="admitted afresh")
+    wait_for(lambda: len(running(cluster, "train-")) == 2, what="bound")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of a subprocess")
+def test_kill_minus_nine_of_the_arbiter_loses_nothing(cluster: FakeCluster) -> None:
+    for i in range(3):
+        cluster.gang(NS, f"g{i}", "team-a", pods=2, gpus=2)
+    for i in range(4):
+        cluster.gang(NS, f"s{i}", "team-a", pods=1, gpus=1)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
+               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", "0.1"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(not gated(p) for p in cluster.pods(NS)), timeout=60, what="the first admission")
+        os.kill(proc.pid, signal.SIGKILL)  # tried: killed while it admits the other gangs
+        proc.wait(timeout=10)
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: len([p for p in cluster.pods(NS) if p["spec"].get("nodeName")]) == 10, timeout=60,
+                 what="every pod admitted after the restart")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    devices = allocated_devices(cluster)
+    assert len(devices) == len(set(devices)) == 16  # 3 gangs x 2 pods x 2 GPUs + 4 x 1: every GPU, none twice
+    for name, claims in claims_by_pod(cluster).items():
+        pod = cluster.rest.get(PODS, NS, name)
+        assert not gated(pod) and all(c["status"]["reservedFor"][0]["uid"] == pod["metadata"]["uid"]
+                                      for c in claims)
+
+
+def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
+    cluster.pod(NS, "lost", "no-such-queue", 1)
+    arbiter = cluster.arbiter(ArbiterConfig(period_s=0.2), start=False)
+    from prometheus_client import CollectorRegistry
+
+    from agent.arbiter.metrics import ArbiterMetrics
+
+    registry = CollectorRegistry()
+    arbiter.metrics = ArbiterMetrics(registry)
+    report = arbiter.cycle()
+    assert report.waiting[f"{NS}/pod/lost"] == "queue no-such-queue does not exist"
+    events = [e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]
+    assert [e["message"] for e in events] == ["queue no-such-queue does not exist"]
+    assert registry.get_sample_value("gpu_arbiter_fair_share", {"queue": "team-a", "resource": "gpu"}) == 0.0
+    try:
+        arbiter.cycle()
+    except ApiError:  # pragma: no cover - the assertion below says what went wrong
+        pytest.fail("a second cycle failed")
+    assert len([e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]) == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of a subprocess")
+def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(cluster: FakeCluster) -> None:
+    from agent.kube.rest import LEASES
+
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
+               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", "0.1",
+               "--leader-elect", "--leader-elect-namespace", "default"]
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(2)]
+    try:
+        cluster.gang(NS, "first", "team-a", pods=1, gpus=8)
+        wait_for(lambda: running(cluster, "first-"), what="the leader admits")
+        holder = cluster.rest.get(LEASES, "default", "gpu-dra-arbiter")["spec"]["holderIdentity"]
+        assert holder
+        leader = procs[0] if _leads(procs[0], holder) else procs[1]
+        os.kill(leader.pid, signal.SIGKILL)  # tried: the leader dies without giving the Lease back
+        leader.wait(timeout=10)
+        cluster.gang(NS, "second", "team-a", pods=1, gpus=8)
+        wait_for(lambda: running(cluster, "second-"), timeout=90, what="the standby takes over and admits")
+        lease = cluster.rest.get(LEASES, "default", "gpu-dra-arbiter")["spec"]
+        assert lease["holderIdentity"] != holder and lease["leaseTransitions"] >= 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=20)
+
+
+def _leads(proc: subprocess.Popen[bytes], holder: str) -> bool:
+    """Whether `proc` holds the Lease: an arbiter's identity is `<hostname>_<pid>_<random>`."""
+    return f"_{proc.pid}_" in holder

@@ -1,0 +1,89 @@
+"""The stand-ins for kube-controller-manager's resourceclaim controller and kube-scheduler's binding, on their
+own (no arbiter): what upstream does with template claims, finished pods, reserved claims and ungated pods."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agent.arbiter.names import DELETE_PROTECTION
+from agent.kube.errors import NotFound
+from agent.kube.rest import PODS, RESOURCE_CLAIMS
+from fakes.cluster import FakeCluster, wait_for
+from fakes.controllers.binder import selector_allows
+
+NS = "jobs"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[FakeCluster]:
+    with FakeCluster(nodes=2) as c:
+        yield c
+
+
+def claim_of(cluster: FakeCluster, pod: str) -> dict[str, Any] | None:
+    for c in cluster.rest.list(RESOURCE_CLAIMS, NS)["items"]:
+        if any(o["name"] == pod for o in c["metadata"].get("ownerReferences") or ()):
+            return c
+    return None
+
+
+def ungated_pod(cluster: FakeCluster, name: str, gpus: int) -> dict[str, Any]:
+    pod = cluster.pod(NS, name, "none", gpus)
+    pod["spec"].pop("schedulingGates")
+    return cluster.rest.replace(PODS, pod)
+
+
+def test_a_claim_is_generated_from_the_template_owned_by_the_pod(cluster: FakeCluster) -> None:
+    pod = cluster.pod(NS, "gen", "none", 2)
+    claim = wait_for(lambda: claim_of(cluster, "gen"), what="the generated claim")
+    assert claim["metadata"]["name"].startswith("gen-gpus-")
+    assert claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpus"
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["controller"]) == (pod["metadata"]["uid"], True)
+    status = wait_for(lambda: cluster.rest.get(PODS, NS, "gen").get("status", {}).get("resourceClaimStatuses"))
+    assert status == [{"name": "gpus", "resourceClaimName": claim["metadata"]["name"]}]
+
+
+def test_an_ungated_pod_is_bound_with_its_claim_allocated_and_reserved(cluster: FakeCluster) -> None:
+    pod = ungated_pod(cluster, "plain", 4)
+    bound = wait_for(lambda: cluster.rest.get(PODS, NS, "plain")["spec"].get("nodeName"), what="bound")
+    claim = claim_of(cluster, "plain")
+    assert claim is not None and DELETE_PROTECTION in claim["metadata"]["finalizers"]
+    assert {r["pool"] for r in claim["status"]["allocation"]["devices"]["results"]} == {bound}
+    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+
+
+def test_a_finished_pod_releases_its_claim_and_the_claim_goes(cluster: FakeCluster) -> None:
+    ungated_pod(cluster, "done", 1)
+    wait_for(lambda: cluster.rest.get(PODS, NS, "done")["spec"].get("nodeName"), what="bound")
+    pod = cluster.rest.get(PODS, NS, "done")
+    pod["status"] = {**pod.get("status", {}), "phase": "Succeeded"}
+    cluster.rest.replace(PODS, pod, "status")
+
+    def gone() -> bool:
+        claim = claim_of(cluster, "done")
+        if claim is None:
+            return True
+        try:
+            cluster.rest.get(RESOURCE_CLAIMS, NS, claim["metadata"]["name"])
+        except NotFound:
+            return True
+        return False
+
+    wait_for(gone, what="the claim deallocated, its finalizer removed, and deleted")
+
+
+@pytest.mark.parametrize(("selector", "allowed"), [
+    ({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}, True),
+    ({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}, False),
+    ({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]},
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}, True),
+    ({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Exists"}],
+                             "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}, False),
+    ({"nodeSelectorTerms": [{}]}, False),
+], ids=["name-matches", "other-name", "terms-are-ored", "requirements-are-anded", "empty-term-matches-nothing"])
+def test_node_selectors_as_the_scheduler_reads_them(selector: dict[str, Any], allowed: bool) -> None:
+    assert selector_allows(selector, {"metadata": {"name": "a", "labels": {}}}) is allowed

@@ -1,0 +1,192 @@
+"""The API objects as the arbiter core's snapshot: queues, gangs from PodGroups, pod states, node capacity,
+claims as reservation requests, and the allocation written back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
+from agent.arbiter.world import (
+    Unsupported,
+    allocation_status,
+    build_world,
+    parse_duration,
+    parse_time,
+    reservation_claim,
+)
+
+DRIVER = "gpu.nvidia.com"
+NOW = 1_800_000_000.0
+
+
+def queue(name: str, parent: str | None = None, gpu_quota: float = 0, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"resources": {"gpu": {"quota": gpu_quota, "limit": -1, "overQuotaWeight": 1}}, **spec}
+    if parent:
+        body["parentQueue"] = parent
+    return {"metadata": {"name": name}, "spec": body}
+
+
+def node(name: str, gpus: int = 8) -> tuple[dict[str, Any], dict[str, Any]]:
+    n = {"metadata": {"name": name, "annotations": {ADDRESS_ANNOTATION: f"{name}:7000"}},
+         "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}}
+    s = {"metadata": {"name": f"{name}-gpu"}, "spec": {
+        "driver": DRIVER, "nodeName": name, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(gpus)]}}
+    return n, s
+
+
+def claim(name: str, count: int = 1, allocated_on: str | None = None, devices: tuple[str, ...] = (),
+          reserved_for: str | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"metadata": {"name": name, "namespace": "team-a"}, "spec": {"devices": {"requests": [
+        {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}]}}}
+    if allocated_on:
+        c["status"] = {"allocation": {
+            "devices": {"results": [{"request": "gpus", "driver": DRIVER, "pool": allocated_on, "device": d}
+                                    for d in devices]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [allocated_on]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": reserved_for, "uid": f"uid-{reserved_for}"}]
+            if reserved_for else []}
+    return c
+
+
+def pod(name: str, claim_name: str, *, group: str | None = None, gated: bool = True, node_name: str | None = None,
+        queue_name: str | None = "team-a", **meta: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}],
+                            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]}
+    if group:
+        spec["schedulingGroup"] = {"podGroupName": group}
+    if gated:
+        spec["schedulingGates"] = [{"name": GATE}]
+    if node_name:
+        spec["nodeName"] = node_name
+    labels = {QUEUE_LABEL: queue_name} if queue_name else {}
+    return {"metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "labels": labels,
+                         "creationTimestamp": "2027-01-15T08:00:00Z", **meta}, "spec": spec}
+
+
+def pod_group(name: str, min_count: int, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "team-a", "labels": labels,
+                         "creationTimestamp": "2027-01-15T07:00:00Z"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}}
+
+
+def world(pods: list[Any], claims: list[Any], groups: list[Any] = (), queues: list[Any] | None = None,
+          nodes: int = 2, gpus: int = 8) -> Any:
+    built = [node(f"n{i}", gpus) for i in range(nodes)]
+    return build_world(pods=pods, claims=claims, pod_groups=groups,
+                       queues=queues if queues is not None else [queue("root"), queue("team-a", "root", 8)],
+                       nodes=[n for n, _ in built], slices=[s for _, s in built], driver=DRIVER, now=NOW)
+
+
+def test_a_pod_group_is_one_gang_of_gated_pods_in_its_queue() -> None:
+    w = world([pod("w0", "c0", group="train"), pod("w1", "c1", group="train")],
+              [claim("c0", 8), claim("c1", 8)], [pod_group("train", 2)])
+    (job,) = w.snapshot.jobs
+    assert (job.name, job.queue, job.min_member) == ("team-a/train", "team-a", 2)
+    assert [(p.name, p.gpu_milli, p.status, p.cpu_milli) for p in job.pods] == [
+        ("team-a/w0", 8000, "Pending", 2000.0), ("team-a/w1", 8000, "Pending", 2000.0)]
+    assert {n.name: n.gpus for n in w.snapshot.nodes} == {"n0": 8, "n1": 8}
+    assert w.snapshot.queues[1].terms[0].quota == 8000  # GPU quota in devices -> milli-GPUs
+
+
+def test_the_queue_label_may_sit_on_the_pod_group() -> None:
+    w = world([pod("w0", "c0", group="train", queue_name=None)], [claim("c0")],
+              [pod_group("train", 1, **{QUEUE_LABEL: "team-a"})])
+    assert [j.queue for j in w.snapshot.jobs] == ["team-a"]
+
+
+def test_running_pods_hold_their_devices_and_other_claims_shrink_the_node() -> None:
+    running = pod("r", "held", gated=False, node_name="n0")
+    w = world([running], [claim("held", 2, "n0", ("gpu-0", "gpu-1"), "r"),
+                          claim("foreign", 3, "n1", ("gpu-0", "gpu-1", "gpu-2"), "someone-else")])
+    (job,) = w.snapshot.jobs
+    assert [(p.status, p.node, p.gpu_milli) for p in job.pods] == [("Running", "n0", 2000)]
+    assert {n.name: n.gpus for n in w.snapshot.nodes} == {"n0": 8, "n1": 5}  # the foreign claim holds 3 on n1
+
+
+def test_a_terminating_pod_is_releasing_until_its_claims_are_freed() -> None:
+    leaving = pod("r", "held", gated=False, node_name="n0", deletionTimestamp="2027-01-15T09:00:00Z")
+    w = world([leaving], [claim("held", 2, "n0", ("gpu-0", "gpu-1"), "r")])
+    assert [p.status for j in w.snapshot.jobs for p in j.pods] == ["Releasing"]
+    w = world([leaving], [claim("held", 2)])  # deallocated: the pod no longer counts
+    assert w.snapshot.jobs == ()
+
+
+@pytest.mark.parametrize(("pods", "claims", "queues", "reason"), [
+    ([pod("p", "c", queue_name="nope")], [claim("c")], None, "queue nope does not exist"),
+    ([pod("p", "c", queue_name="root")], [claim("c")], None, "parent queue"),
+    ([pod("p", "missing")], [], None, "not found"),
+], ids=["unknown-queue", "parent-queue", "claim-missing"])
+def test_a_gang_that_cannot_be_weighed_waits_with_a_reason(pods: Any, claims: Any, queues: Any, reason: str) -> None:
+    w = world(pods, claims, queues=queues)
+    assert w.snapshot.jobs == ()
+    assert reason in w.waiting["team-a/pod/p"]
+
+
+def test_claims_from_templates_are_waited_for() -> None:
+    p = pod("p", "unused")
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    w = world([p], [])
+    assert "created from their templates" in w.waiting["team-a/pod/p"]
+    p["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x1"}]}
+    generated = claim("p-gpu-x1")
+    w = world([p], [generated])
+    assert [pp.gpu_milli for j in w.snapshot.jobs for pp in j.pods] == [1000]
+
+
+def test_nodes_without_an_agent_address_or_not_ready_are_left_out() -> None:
+    built = [node("n0"), node("n1"), node("n2")]
+    built[1][0]["metadata"]["annotations"] = {}
+    built[2][0]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    w = build_world(pods=[], claims=[], pod_groups=[], queues=[], nodes=[n for n, _ in built],
+                    slices=[s for _, s in built], driver=DRIVER, now=NOW)
+    assert [n.name for n in w.snapshot.nodes] == ["n0"] and w.addresses == {"n0": "n0:7000"}
+
+
+def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
+    admitted = pod("r", "held", gated=False, node_name="n0",
+                   annotations={ADMITTED_ANNOTATION: "2027-01-15T08:00:00Z"})
+    queues = [queue("root", preemptMinRuntime="10m", reclaimMinRuntime="1h"),
+              queue("team-a", "root", 8, preemptMinRuntime="5m")]
+    w = world([admitted], [claim("held", 1, "n0", ("gpu-0",), "r")], queues=queues)
+    root, team = w.snapshot.queues
+    assert (root.preempt_min_runtime, root.reclaim_min_runtime) == (600.0, 3600.0)
+    assert (team.preempt_min_runtime, team.reclaim_min_runtime) == (300.0, None)  # None: the parent's
+    (job,) = w.snapshot.jobs
+    assert job.started_at == parse_time("2027-01-15T08:00:00Z") and w.snapshot.now == NOW
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90.0), ("1h30m", 5400.0), ("250ms", 0.25),
+                                               ("", None), ("5 minutes", None), ("10", None)])
+def test_go_durations(text: str, seconds: float | None) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_a_claim_becomes_reservation_requests_and_its_allocation() -> None:
+    c = claim("c", 2)
+    c["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": "device.driver != ''"}}]
+    c["spec"]["devices"]["constraints"] = [{"matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]
+    c["spec"]["devices"]["config"] = [{"requests": ["gpus"], "opaque": {"driver": DRIVER, "parameters": {}}}]
+    r = reservation_claim(c)
+    assert [(x.name, x.count, x.selectors) for x in r.requests] == [("gpus", 2, ("device.driver != ''",))]
+    assert r.match_attributes == ("gpu.nvidia.com/nvlinkDomain",)
+    allocation = allocation_status(c, "n1", DRIVER, {"gpus": ["gpu-2", "gpu-3"]}, {})
+    assert allocation["devices"]["results"] == [
+        {"request": "gpus", "driver": DRIVER, "pool": "n1", "device": "gpu-2"},
+        {"request": "gpus", "driver": DRIVER, "pool": "n1", "device": "gpu-3"}]
+    assert allocation["devices"]["config"] == [{"source": "FromClaim", "requests": ["gpus"],
+                                                "opaque": {"driver": DRIVER, "parameters": {}}}]
+    assert allocation["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n1"]
+
+
+@pytest.mark.parametrize("exactly", [
+    {"deviceClassName": "tpu.example.com"}, {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"},
+    {"deviceClassName": "gpu.nvidia.com", "adminAccess": True},
+], ids=["foreign-class", "all-mode", "admin-access"])
+def test_requests_the_arbiter_does_not_handle_are_refused(exactly: dict[str, Any]) -> None:
+    c = {"spec": {"devices": {"requests": [{"name": "r", "exactly": exactly}]}}}
+    with pytest.raises(Unsupported):
+        reservation_claim(c)
