@@ -22,7 +22,7 @@ from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.node_status import NodeStatus, node_labels
-from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
+from agent.kube.nodes import NodeInfo, NodeLabelWatch, NodeWatcher, node_uid
 from agent.kube.rest import Rest
 from agent.kube.slices import watch_changes
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
@@ -61,7 +61,6 @@ class NodeConfig:
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
-    label_poll_s: float = 1.0  # how often the Node's labels are read for a new nvidia.com/mig.config
 
 
 class MeasuredPreparer:
@@ -71,11 +70,12 @@ class MeasuredPreparer:
         self._inner = inner
         self._metrics = metrics
         self._prepared = set(prepared)  # claim uids; kept here so the gauge costs no checkpoint read
+        self._lock = threading.Lock()
         metrics.prepared_claims.set(len(self._prepared))
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
         with self._metrics.prepare_seconds.labels("prepare").time():
-            results = self._inner.prepare(claims)
+            results = self._inner.prepare(claims, timeout=timeout)
         failed = {uid for uid, r in results.items() if r.error}
         self._update("prepare", failed, added=set(results) - failed)
         return results
@@ -92,9 +92,10 @@ class MeasuredPreparer:
     ) -> None:
         if failed:
             self._metrics.errors.labels(operation).inc(len(failed))
-        self._prepared |= added
-        self._prepared -= removed
-        self._metrics.prepared_claims.set(len(self._prepared))
+        with self._lock:  # prepare and unprepare may run at once
+            self._prepared |= added
+            self._prepared -= removed
+            self._metrics.prepared_claims.set(len(self._prepared))
 
 
 class NodeAgent:
@@ -215,7 +216,8 @@ class NodeAgent:
         self._spawn("health-publish", self._health_publish_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
-            self._spawn("node-labels", self._label_loop)
+            # Not joined at shutdown: a watch blocks until its next event; the process ends it.
+            threading.Thread(target=self._watch_labels, name="node-labels", daemon=True).start()
             if labels is not None:
                 self._mig.offer(labels)
 
@@ -372,11 +374,11 @@ class NodeAgent:
         if self._mig is not None:
             self._mig.run(self._stop)
 
-    def _label_loop(self) -> None:
-        while not self._stop.wait(self.config.label_poll_s):
-            labels = self._node_labels()
-            if labels is not None and self._mig is not None:
-                self._mig.offer(labels)
+    def _watch_labels(self) -> None:
+        """The Node's labels to the MIG reconciler: each change of nvidia.com/mig.config starts a change."""
+        mig = self._mig
+        if mig is not None:
+            NodeLabelWatch(self._api, self.config.node_name, mig.offer).run(self._stop)
 
     def _reconfiguring(self, device_name: str) -> bool:
         """Whether the device is on a GPU a MIG reconfiguration is changing (prepare refuses it)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import pathlib
 import secrets
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,7 +30,8 @@ from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.names import GATE, QUEUE_LABEL
 from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
 from agent.devices.model import Inventory
-from agent.kube.errors import Conflict, NotFound
+from agent.kube.client import api_client
+from agent.kube.errors import Conflict
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer
 from agent.kube.rest import (
@@ -73,20 +76,31 @@ def _manifest(*names: str) -> list[dict[str, Any]]:
 
 
 class FakeCluster:
-    def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti") -> None:
-        self.server = apiserver.start(port=0)  # Kubernetes 1.37: PodGroups and a pod's schedulingGroup served
-        self.rest = Rest(self.server.api_client())
+    def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti",
+                 apiserver_process: bool = False) -> None:
+        """`apiserver_process`: run the API server fake as its own process (`python -m fakes.apiserver`), as a
+        real one would be, instead of in this one (where tests can reach into it as `server`)."""
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="arbiter-cluster-"))
         self.token = secrets.token_urlsafe(24)
         self.token_file = self.root / "token"
         self.token_file.write_text(self.token)
-        self.kubeconfig = self.server.write_kubeconfig(self.root / "kubeconfig")
+        self.kubeconfig = self.root / "kubeconfig"
+        self._process: subprocess.Popen[str] | None = None
+        self.server: apiserver.ApiServer | None = None
+        if apiserver_process:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "fakes.apiserver", "--port", "0", "--kubeconfig-out", str(self.kubeconfig)],
+                stdout=subprocess.PIPE, text=True)
+            assert self._process.stdout is not None
+            self._process.stdout.readline()  # the URL, once it serves
+            self.rest = Rest(api_client(str(self.kubeconfig)))
+        else:
+            self.server = apiserver.start(port=0)  # Kubernetes 1.37: PodGroups and a pod's schedulingGroup served
+            self.server.write_kubeconfig(self.kubeconfig)
+            self.rest = Rest(self.server.api_client())
         for crd in _manifest("queue-crd.yaml"):
             self.rest.create(CRDS, None, crd)
-        try:
-            self.rest.list(POD_GROUPS)
-        except NotFound:  # an API fake without PodGroups yet: serve the type without a schema
-            self.server.register_custom("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True)
+        self.rest.list(POD_GROUPS)  # served: fail here, not in the first gang
         for klass in _manifest("deviceclasses.yaml"):
             self.rest.create(DEVICE_CLASSES, None, klass)
         self.inventory = machine_inventory(machine)
@@ -124,10 +138,11 @@ class FakeCluster:
         self.agents[name] = agent
         return agent
 
-    def arbiter(self, config: ArbiterConfig | None = None, *, start: bool = True) -> Arbiter:
+    def arbiter(self, config: ArbiterConfig | None = None, *, start: bool = True,
+                clock: Callable[[], float] = time.time) -> Arbiter:
         """An arbiter in this process, running its cycles in a thread (stopped with the cluster)."""
         arbiter = Arbiter(self.rest, self.token, config or ArbiterConfig(period_s=0.2),
-                          recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"))
+                          recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"), clock=clock)
         arbiter.start()
         stop = threading.Event()
         thread = threading.Thread(target=arbiter.run, args=(stop,), name="arbiter", daemon=True)
@@ -150,7 +165,12 @@ class FakeCluster:
         for agent in self.agents.values():
             agent.stop()
         self.node_claims.stop()
-        self.server.stop()  # watches still open end here; their informers are stopping and say nothing
+        # watches still open end here; their informers are stopping and say nothing
+        if self.server is not None:
+            self.server.stop()
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
 
     def __enter__(self) -> FakeCluster:
         return self

@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 
 from agent.arbiter.committing import Committer, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
-from agent.arbiter.core.model import Snapshot
+from agent.arbiter.core.model import Fairness, Snapshot, Vector
+from agent.arbiter.core.usage import Accumulator
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.queue_status import queue_statuses
+from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
 from agent.arbiter.reservation import NodeClient
 from agent.arbiter.reservation_grpc import GrpcNodeClient
 from agent.arbiter.waiting import wait_reasons
@@ -60,6 +63,10 @@ class ArbiterConfig:
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
     commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
+    status_period_s: float = 1.0  # Queue status is written at most this often
+    # time-aware fair share: past usage decays with this half-life (seconds); None: plain fair share
+    usage_half_life_s: float | None = None
+    k_value: float = 1.0  # how strongly past usage shifts the over-quota division (KAI's kValue)
 
 
 @dataclass
@@ -126,6 +133,9 @@ class Arbiter:
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
         self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
         self._queue_status: dict[str, Any] = {}
+        self._status_written = -math.inf
+        self._usage: dict[str, Accumulator] = {}  # per queue, advanced every cycle
+        self._usage_state: dict[str, dict[str, Any]] = {}  # per queue, as last persisted in its status
         self.cycles = 0
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
 
@@ -133,6 +143,10 @@ class Arbiter:
 
     def start(self) -> None:
         start_all(self._informers, self.config.sync_timeout_s)
+
+    def flush_events(self, timeout: float = 10.0) -> bool:
+        """Wait until the Events recorded so far are written (they are written in the background)."""
+        return self._recorder.flush(timeout) if self._recorder is not None else True
 
     def stop(self) -> None:
         for inf in self._informers:
@@ -169,6 +183,8 @@ class Arbiter:
             self._changed.set()  # decide on the repaired state next
             return report
         snapshot = world.snapshot
+        if self.config.usage_half_life_s is not None:
+            snapshot = self._with_usage(snapshot, now)
         started = time.perf_counter()
         result = run_cycle(snapshot, self.config.actions)
         seconds = time.perf_counter() - started
@@ -182,7 +198,7 @@ class Arbiter:
         with self._timed("events and status"):
             report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
             self._tell_waiting(world, report.waiting)
-            self._write_queue_status(snapshot, result)
+            self._write_queue_status(snapshot, result, now)
         if self.metrics is not None:
             self.metrics.record(cycle_values(result, now, seconds))
         return report
@@ -273,13 +289,17 @@ class Arbiter:
                 self._tell(gang.pod_group, gang.namespace, job, "NotAdmitted", outcome.reason, type_="Warning")
 
     def _tell_waiting(self, world: World, waiting: Mapping[str, str]) -> None:
+        self._told = {k: v for k, v in self._told.items() if k[1] in waiting}  # admitted or gone: forget
         for job, reason in waiting.items():
             gang = world.gangs.get(job)
             if gang is None:
                 continue
-            if self._told.get(("gang", job)) == reason:
+            # once per kind of reason ("no fit", "over limit", ...): the numbers in it change every cycle, and
+            # an Event per gang per cycle would cost more API writes than the admissions themselves
+            kind = reason.split(":", 1)[0]
+            if self._told.get(("gang", job)) == kind:
                 continue
-            self._told[("gang", job)] = reason
+            self._told[("gang", job)] = kind
             self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason)
             for m in gang.members.values():
                 if m.node is None:
@@ -298,8 +318,35 @@ class Arbiter:
         if self._recorder is not None:
             self._recorder.record(obj, kind, api_version, reason, message, type_=type_)
 
-    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult) -> None:
-        for name, status in queue_statuses(snapshot, result).items():
+    def _with_usage(self, snapshot: Snapshot, now: float) -> Snapshot:
+        """Fold the time since the last cycle into every queue's decayed usage (resumed from its status after
+        a restart) and hand the normalised usage to the fair-share division."""
+        holding, total = held(snapshot), capacity(snapshot)
+        usage: dict[str, Vector] = {}
+        for q in snapshot.queues:
+            acc = self._usage.get(q.name)
+            if acc is None:
+                acc = from_status((self.queues.get("", q.name) or {}).get("status"))
+            acc = acc.advance(now, holding.get(q.name, (0.0, 0.0, 0.0)), total, self.config.usage_half_life_s)
+            self._usage[q.name] = acc
+            usage[q.name] = acc.usage
+        return replace(snapshot, fairness=Fairness(usage=usage, k_value=self.config.k_value))
+
+    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float) -> None:
+        # at most once a second, as KAI's queue controller does it periodically: a busy cycle changes every
+        # queue's numbers, and a status write per queue per cycle would compete with the admissions
+        if 0 <= now - self._status_written < self.config.status_period_s:
+            return
+        self._status_written = now
+        statuses = queue_statuses(snapshot, result)
+        for name, acc in self._usage.items():
+            if name not in statuses:
+                continue
+            kept = self._usage_state.get(name)
+            if kept is None or now - _updated_at(kept) >= PERSIST_EVERY_S:
+                kept = self._usage_state[name] = to_status(acc)
+            statuses[name] = {**statuses[name], "usage": shown(acc), "usageState": kept}
+        for name, status in statuses.items():
             if self._queue_status.get(name) == status:
                 continue
             try:
@@ -307,6 +354,10 @@ class Arbiter:
                 self._queue_status[name] = status
             except ApiError as e:
                 log.debug("queue %s status not written: %s", name, e)
+
+
+def _updated_at(state: Mapping[str, Any]) -> float:
+    return from_status({"usageState": state}).at or 0.0
 
 
 def _seen(inf: Informer, write: Write) -> bool:

@@ -33,10 +33,15 @@ def queue_statuses(snapshot: Snapshot, result: CycleResult) -> dict[str, dict[st
                     if holds and not job.preemptible:
                         non_preemptible[name][r] += v
                 name = parent.get(name)
+    children: dict[str, list[str]] = {}
+    for q in snapshot.queues:
+        if q.parent is not None:
+            children.setdefault(q.parent, []).append(q.name)
     out: dict[str, dict[str, Any]] = {}
     for q in snapshot.queues:
         req, np_ = requested[q.name], non_preemptible[q.name]
         out[q.name] = {
+            "childQueues": sorted(children.get(q.name, [])),
             "allocated": _units(result.allocated.get(q.name, (0.0, 0.0, 0.0))),
             "allocatedNonPreemptible": _units((np_[0], np_[1], np_[2])),
             "requested": _units((req[0], req[1], req[2])),

@@ -180,6 +180,44 @@ def device_count(claim: Claim) -> int:
     return sum(r.count for r in claim.requests)
 
 
+def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[str, str], float]:
+    """(pool, device) -> how many GPUs the device is worth in queue accounting: a whole GPU 1, a MIG device
+    the share of its parent GPU's memory it has (a 1g.10gb of an 80 GB H100: 1/8)."""
+    gpu_memory: dict[str, float] = {}
+    migs: list[tuple[tuple[str, str], str, float]] = []
+    out: dict[tuple[str, str], float] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != driver:
+            continue
+        pool = str((spec.get("pool") or {}).get("name"))
+        for d in spec.get("devices") or ():
+            attrs = d.get("attributes") or {}
+            kind = (attrs.get("type") or {}).get("string")
+            memory = _quantity(((d.get("capacity") or {}).get("memory") or {}).get("value", "0"))
+            key = (pool, str(d.get("name")))
+            if kind == "gpu":
+                out[key] = 1.0
+                uuid = (attrs.get("uuid") or {}).get("string")
+                if uuid and memory:
+                    gpu_memory[str(uuid)] = memory
+            elif kind == "mig":
+                migs.append((key, str((attrs.get("parentUUID") or {}).get("string")), memory))
+    for key, parent, memory in migs:
+        whole = gpu_memory.get(parent)
+        out[key] = min(1.0, memory / whole) if whole and memory else 1.0
+    return out
+
+
+def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, str], float]) -> float:
+    """GPUs a claim counts toward its queue: once allocated, what was allocated (a firstAvailable claim its
+    chosen subrequest, a MIG device its share of a GPU); before, what it asks for (firstAvailable: its first
+    choice; unknown devices as whole GPUs)."""
+    if is_allocated(claim):
+        return sum(worth.get(device, 1.0) for device in allocated_devices(claim, driver))
+    return float(device_count(reservation_claim(claim)))
+
+
 def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices: Mapping[str, Sequence[str]],
                       classes: Mapping[str, Mapping[str, Any]]) -> Json:
     """`status.allocation` for devices a node reserved, as kube-scheduler writes it: results naming driver,
@@ -313,6 +351,7 @@ def _node_ready(node: Mapping[str, Any]) -> bool:
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
                 now: float) -> World:
+    slices = list(slices)  # read twice: devices per node, and what each device is worth
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
     queue_specs = [queue_spec(q) for q in queues]
@@ -417,6 +456,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
 
     # jobs
     jobs = []
+    worth = device_gpus(slices, driver)
+    counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
     for job, gang in sorted(gangs.items()):
         if job in waiting and any(statuses[k] == "Pending" for k in gang.members):
             continue
@@ -431,7 +472,12 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             if status != "Pending" and member.node not in known_nodes:
                 continue  # on a node the arbiter does not manage: its devices are not ours to count
             try:
-                gpus = sum(device_count(reservation_claim(c)) for c in member.claims)
+                gpus = 0.0
+                for c in member.claims:
+                    ref = f"{meta(c).get('namespace')}/{meta(c).get('name')}"
+                    if ref not in counted:
+                        counted.add(ref)
+                        gpus += claim_gpus(c, driver, worth)
             except Unsupported as e:
                 unsupported = f"{key}: {e}"
                 gpus = 0
@@ -441,8 +487,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             born = parse_time(meta(member.pod).get("creationTimestamp"))
             if born is not None and (created is None or born < created) and group is None:
                 created = born
-            pods_out.append(PodSpec(name=key, gpu_milli=gpus * MILLI, cpu_milli=cpu, mem_bytes=mem, status=status,
-                                    node=member.node if status != "Pending" else None))
+            pods_out.append(PodSpec(name=key, gpu_milli=round(gpus * MILLI), cpu_milli=cpu, mem_bytes=mem,
+                                    status=status, node=member.node if status != "Pending" else None))
             admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
             if status == "Running" and admitted is not None:
                 started = admitted if started is None else max(started, admitted)

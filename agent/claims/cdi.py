@@ -8,6 +8,7 @@ node, and leaving out `hostPath` keeps the spec loadable by runtimes with older 
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import yaml
 
 from agent.claims import files
 from agent.claims.types import uid_problem
+
+log = logging.getLogger(__name__)
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
@@ -210,12 +213,22 @@ class CdiStore:
         return files.remove(self.path(claim_uid))
 
     def exists(self, claim_uid: str) -> bool:
-        return self.path(claim_uid).exists()
+        return self.path(claim_uid).is_file()
 
     def claim_uids(self) -> set[str]:
+        """Claims with a spec file here. Something else under a spec's name (a directory) is not this
+        driver's to remove: it is skipped, with a warning."""
         if not self.root.is_dir():
             return set()
-        return {m.group(1) for p in self.root.iterdir() if (m := _FILE.match(p.name))}
+        uids = set()
+        for path in self.root.iterdir():
+            if (m := _FILE.match(path.name)) is None:
+                continue
+            if not path.is_file() or path.is_symlink():
+                log.warning("skipping %s: not a CDI spec file", path)
+                continue
+            uids.add(m.group(1))
+        return uids
 
     def leftover_temps(self) -> list[Path]:
         return files.leftover_temps(self.root, _FILE_PREFIX)

@@ -96,6 +96,9 @@ class CheckpointedDevice:
     admin_access: bool = False
     share_id: str = ""
     dynamic_mig: DynamicMig | None = None
+    # Prepare switched the GPU's MIG mode for this device (on for a created MIG device, off for a whole GPU);
+    # the last claim holding such a device switches it back.
+    mig_mode_switched: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ def _device_to_json(d: CheckpointedDevice) -> dict[str, Any]:
         "adminAccess": d.admin_access,
         "shareID": d.share_id,
     }
+    if d.mig_mode_switched:  # absent otherwise, as below
+        out["migModeSwitched"] = True
     if d.dynamic_mig is not None:  # absent otherwise: records without created devices read as before
         m = d.dynamic_mig
         out["dynamicMig"] = {
@@ -164,6 +169,7 @@ def _device_from_json(raw: Mapping[str, Any]) -> CheckpointedDevice:
         admin_access=bool(raw.get("adminAccess", False)),
         share_id=raw.get("shareID", ""),
         dynamic_mig=_dynamic_mig_from_json(raw.get("dynamicMig")),
+        mig_mode_switched=bool(raw.get("migModeSwitched", False)),
     )
 
 
@@ -280,6 +286,13 @@ class CheckpointStore:
         if problem := uid_problem(uid):  # callers check first; this keeps a bad UID out of any path
             raise ValueError(problem)
         return self.records / f"{uid}{_SUFFIX}"
+
+    def completed_hint(self, uid: str) -> bool:
+        """Whether the claim was Completed when last read or written here, without I/O or the lock: a hint
+        (another process may have changed it since) that spares reading a prepared claim again."""
+        saved = self._saved
+        entry = saved.claims.get(uid) if saved is not None else None
+        return entry is not None and entry.state is ClaimState.COMPLETED
 
     def load(self) -> Checkpoint:
         """Every claim recorded (a copy the caller may change and pass to `save`)."""

@@ -32,10 +32,12 @@ class NodeLock:
         self._local = threading.Lock()  # threads of this process queue here instead of polling the flock
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
-        deadline = time.monotonic() + self.timeout
-        if not self._local.acquire(timeout=self.timeout):
-            raise LockTimeout(f"{self.path}: held by another thread for {self.timeout:g}s")
+    def hold(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the lock; wait at most `timeout` seconds for it (never longer than the lock's own)."""
+        wait = self.timeout if timeout is None else min(timeout, self.timeout)
+        deadline = time.monotonic() + wait
+        if not self._local.acquire(timeout=wait):
+            raise LockTimeout(f"{self.path}: held by another thread for {wait:g}s")
         try:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -48,7 +50,7 @@ class NodeLock:
                         break
                     except BlockingIOError:
                         if time.monotonic() >= deadline:
-                            raise LockTimeout(f"{self.path}: held by another process for {self.timeout:g}s") from None
+                            raise LockTimeout(f"{self.path}: held by another process for {wait:g}s") from None
                         time.sleep(self.poll)
                 try:
                     yield

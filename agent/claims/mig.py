@@ -36,6 +36,11 @@ class MigDevices(Protocol):
         (repairs a crash between creating a device and saving its ids). False when there was none."""
         ...
 
+    def switch_mig_mode(self, parent: str, enabled: bool) -> None:
+        """Turn the GPU's MIG mode on or off at once (a no-op when it already is), or raise and change
+        nothing where that needs a reset or the GPU is busy."""
+        ...
+
 
 def left_behind(exc: BaseException) -> bool:
     """Whether a failed `create` may have left part of the device at its placement."""

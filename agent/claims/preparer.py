@@ -1,13 +1,16 @@
 """ClaimPreparer: the agent.claims.types.Preparer the kubelet plugin calls.
 
-It serialises batches with the node lock. Each claim's failure stays in that claim's result (a bad claim,
-an API error, an unexpected exception); only a failure of the node's own claim state (lock timeout, corrupt
-checkpoint, unwritable state dir) fails the whole batch, since no claim could be recorded then.
+It serialises batches with the node lock, taken only after the batch's claims are read from the API (all at
+once, within the call's deadline): the lock guards local state, not the network. Each claim's failure stays
+in that claim's result (a bad claim, an API error, an unexpected exception); only a failure of the node's own
+claim state (lock timeout, corrupt checkpoint, unwritable state dir) fails the whole batch, since no claim
+could be recorded then.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from agent.claims.cdi import CdiStore, MigCaps
 from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, read_boot_id
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
 from agent.claims.mig import MigDevices
-from agent.claims.source import ClaimSource
+from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
 from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
@@ -45,12 +48,12 @@ class ClaimPreparer:
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
+        self.source = source
         self.states = ClaimStates(
             node_name=node_name,
             driver_name=driver_name,
             checkpoints=CheckpointStore(state_dir, boot_id),
             specs=CdiStore(cdi_root),
-            source=source,
             inventory=inventory,
             is_healthy=is_healthy,
             mig_caps=mig_caps,
@@ -66,13 +69,19 @@ class ClaimPreparer:
             log.info("claim state repaired: %s", recovery)
         return recovery
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
+        """Claims are read from the API first, all at once and within `timeout` (the gRPC call's deadline),
+        without the node lock: the lock guards local state, and an unprepare must never wait on the API."""
         refused, valid = _screen(claims)
         results = {uid: PrepareResult(error=error) for uid, error in refused.items()}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        unread = [ref for ref in valid if not self.states.checkpoints.completed_hint(ref.uid)]
+        fetched = read_claims(self.source, unread, timeout)
         if valid:
             try:
-                with self.lock.hold():
-                    results |= self.states.prepare(self.states.load(), valid)
+                lock_wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                with self.lock.hold(lock_wait):
+                    results |= self.states.prepare(self.states.load(), valid, fetched)
             except Exception as exc:
                 # The node's claim state is unusable (lock, checkpoint or state dir): every claim fails alike.
                 if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):

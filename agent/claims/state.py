@@ -34,13 +34,14 @@ from agent.claims.checkpoint import (
 from agent.claims.claim import AllocatedDevice, ClaimError, node_allocation
 from agent.claims.config import ConfigError, DeviceConfig, DeviceRef, Mps, TimeSlicing, resolve_device_configs
 from agent.claims.mig import MigDevices, left_behind
-from agent.claims.source import ClaimSource
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
-from agent.devices import names
+from agent.devices import deliverable, names
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory
 
 log = logging.getLogger(__name__)
+
+Fetched = Mapping[str, Any] | Exception  # a claim as read from the API, or why it could not be
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class _Resolved:
     type: str  # gpu | mig
     cdi: CdiDevice  # uuid "" and no device nodes while the device is still to be created
     dynamic: DynamicMig | None = None
+    switches_mig_mode: bool = False  # prepare switches the GPU's MIG mode for it (see deliverable)
 
 
 def _sharing_name(config: DeviceConfig) -> str:
@@ -102,7 +104,6 @@ class ClaimStates:
         driver_name: str,
         checkpoints: CheckpointStore,
         specs: CdiStore,
-        source: ClaimSource,
         inventory: Callable[[], Inventory],
         is_healthy: Callable[[str], bool] = lambda device_name: True,
         mig_caps: MigCaps | None = None,
@@ -114,7 +115,6 @@ class ClaimStates:
         self.pool_name = node_name  # one pool per node, named after it
         self.checkpoints = checkpoints
         self.specs = specs
-        self.source = source
         self.inventory = inventory
         self.is_healthy = is_healthy
         self.mig_caps = mig_caps or MigCaps()
@@ -141,22 +141,28 @@ class ClaimStates:
 
     # --- prepare ------------------------------------------------------------------------------------
 
-    def prepare(self, cp: Checkpoint, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        """Prepare a batch. Each claim's failure is its own result; the checkpoint is saved twice per batch
-        (all Started, then all Completed), not per claim, because every save costs two fsyncs."""
+    def prepare(
+        self, cp: Checkpoint, refs: Sequence[ClaimRef], claims: Mapping[str, Fetched]
+    ) -> dict[str, PrepareResult]:
+        """Prepare a batch. `claims` holds each claim as read from the API before the node lock was taken
+        (or why it could not be read); a claim left out was Completed when the caller looked. Each claim's
+        failure is its own result; the checkpoint is saved twice per batch (all Started, then all
+        Completed), not per claim, because every save costs fsyncs."""
         try:
-            return self._prepare(cp, refs)
+            return self._prepare(cp, refs, claims)
         finally:
             self._report_mig_changes()
 
-    def _prepare(self, cp: Checkpoint, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def _prepare(
+        self, cp: Checkpoint, refs: Sequence[ClaimRef], claims: Mapping[str, Fetched]
+    ) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         started: dict[str, tuple[ClaimEntry, list[CdiDevice]]] = {}
         for ref in refs:
             if ref.uid in results or ref.uid in started:
                 continue  # the kubelet never repeats a claim in one call; answer it once if it does
             try:
-                entry, devices = self._start(cp, ref)
+                entry, devices = self._start(cp, ref, claims.get(ref.uid))
             except ClaimError as exc:
                 results[ref.uid] = PrepareResult(error=str(exc))
                 continue
@@ -174,6 +180,7 @@ class ClaimStates:
         self.checkpoints.save(cp)  # every Started entry (with the placements to create) is on disk first
         for begun, devices in started.values():
             try:
+                self._switch_mig_modes(begun)
                 entry = self._create_migs(cp, begun, devices)
                 self.specs.write(entry.uid, entry.cdi_spec or {})
                 # Applying TimeSlicing / MPS on the node (not done yet) belongs here, between Started and Completed.
@@ -187,6 +194,24 @@ class ClaimStates:
             results[entry.uid] = _result(done)
         self.checkpoints.save(cp)
         return results
+
+    def _switch_mig_modes(self, entry: ClaimEntry) -> None:
+        """Turn MIG mode on for MIG devices to create, off for whole GPUs, where the claim's Started record
+        says prepare switches it (a no-op where another claim already did)."""
+        for device in entry.devices:
+            if device.mig_mode_switched:
+                self._set_mig_mode(device, on=device.dynamic_mig is not None)
+
+    def _set_mig_mode(self, device: CheckpointedDevice, *, on: bool) -> None:
+        parent = _parent_uuid(device)
+        if self.migs is None:
+            raise ClaimError(f"device {device.device_name} needs a MIG mode change, and this agent has no NVML")
+        try:
+            self.migs.switch_mig_mode(parent, on)
+        except Exception as exc:
+            raise ClaimError(f"cannot turn MIG mode {'on' if on else 'off'} on the GPU of {device.device_name}: "
+                             f"{exc}") from exc  # fmt: skip
+        self._migs_changed = True
 
     def _create_migs(self, cp: Checkpoint, entry: ClaimEntry, devices: list[CdiDevice]) -> ClaimEntry:
         """Create the claim's MIG devices still to be made, recording each in `cp` as soon as it exists (in
@@ -234,7 +259,7 @@ class ClaimStates:
             del cp.claims[uid]
         return error
 
-    def _start(self, cp: Checkpoint, ref: ClaimRef) -> tuple[ClaimEntry, list[CdiDevice]]:
+    def _start(self, cp: Checkpoint, ref: ClaimRef, fetched: Fetched | None) -> tuple[ClaimEntry, list[CdiDevice]]:
         """The claim's Completed entry, or a new Started one (added to `cp`, not saved yet) with its devices
         as the spec needs them. A Started entry's spec is left out while MIG devices are still to be made."""
         entry = cp.claims.get(ref.uid)
@@ -245,11 +270,12 @@ class ClaimStates:
         if entry is not None:
             log.info("claim %s was left in PrepareStarted: rolling back before preparing again", ref.uid)
             self.rollback(cp, ref.uid)
-        try:
-            claim = self.source.get(ref.namespace, ref.name)
-        except Exception as exc:
-            raise ClaimError(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {exc}") from exc
-        planned = self._plan(cp, ref, claim)
+        if fetched is None:  # it was Completed when the caller looked, and another agent unprepared it since
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} was unprepared while being prepared; "
+                             "the kubelet's retry prepares it")  # fmt: skip
+        if isinstance(fetched, Exception):
+            raise ClaimError(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {fetched}")
+        planned = self._plan(cp, ref, fetched)
         devices = [p.cdi for p in planned]
         to_create = any(_to_create(p.checkpointed) for p in planned)
         spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name)
@@ -290,6 +316,7 @@ class ClaimStates:
                 admin_access=all(r.admin_access for r in results),
                 share_id=results[0].share_id,
                 dynamic_mig=found.dynamic,
+                mig_mode_switched=found.switches_mig_mode,
             )
             self._check_free(cp, ref.uid, device)
             planned.append(_Planned(device, found.cdi))
@@ -308,9 +335,9 @@ class ClaimStates:
             gpu = inventory.gpu(parsed.minor)
             if gpu is None:
                 raise ClaimError(f"device {device_name} does not exist on node {self.node_name}")
-            if gpu.mig_enabled:
-                raise ClaimError(f"device {device_name} has MIG mode enabled: only its MIG devices can be used")
-            found = _Resolved("gpu", CdiDevice(device_name, gpu.uuid, cdi.gpu_device_nodes(gpu.minor)))
+            switch = self._whole_gpu_switch(cp, inventory, uid, gpu, device_name)
+            nodes = cdi.gpu_device_nodes(gpu.minor)
+            found = _Resolved("gpu", CdiDevice(device_name, gpu.uuid, nodes), switches_mig_mode=switch)
         elif (held := _created_for_others(cp, uid, device_name)) is not None:
             # Made for another claim (the inventory may not show it yet): share it, and its destruction.
             plan = held.dynamic_mig
@@ -319,7 +346,7 @@ class ClaimStates:
                 raise ClaimError(f"MIG device {device_name} is being created for another claim; try again")
             nodes = cdi.mig_device_nodes(parsed.parent_minor, plan.gpu_instance_id, plan.compute_instance_id,
                                          self.mig_caps)  # fmt: skip
-            found = _Resolved("mig", CdiDevice(device_name, held.uuid, nodes), plan)
+            found = _Resolved("mig", CdiDevice(device_name, held.uuid, nodes), plan, held.mig_mode_switched)
         else:
             mig = next(
                 (
@@ -337,19 +364,36 @@ class ClaimStates:
                 )
                 found = _Resolved("mig", CdiDevice(device_name, mig.uuid, nodes))
             else:
-                plan = self._plan_creation(cp, inventory, parsed, device_name, pending)
-                found = _Resolved("mig", CdiDevice(device_name, "", ()), plan)
+                plan, switch = self._plan_creation(cp, inventory, uid, parsed, device_name=device_name, pending=pending)
+                found = _Resolved("mig", CdiDevice(device_name, "", ()), plan, switch)
         if not self.is_healthy(device_name):
             raise ClaimError(f"device {device_name} is unhealthy")
         return found
 
+    def _whole_gpu_switch(self, cp: Checkpoint, inventory: Inventory, uid: str, gpu: Gpu, device_name: str) -> bool:
+        """Whether prepare turns MIG mode off for this whole GPU (and unprepare back on), or a ClaimError
+        where the GPU cannot run as a whole: MIG mode on and not switchable without a reset, or in use."""
+        if not gpu.mig_enabled:  # off: switched off by another claim holding it, or never on
+            return any(held.mig_mode_switched for _, held in _held_by_others(cp, uid, device_name))
+        if self.migs is None or not deliverable.switches_mig_mode_at_once(gpu):
+            raise ClaimError(f"device {device_name} has MIG mode enabled: only its MIG devices can be used")
+        in_use = bool(gpu.gpu_instances or inventory.mig_devices_of(gpu.minor)) or any(
+            d.dynamic_mig is not None and d.dynamic_mig.parent_uuid == gpu.uuid
+            for e in cp.claims.values()
+            for d in e.devices
+        )
+        if in_use:
+            raise ClaimError(f"device {device_name} has MIG devices: it cannot run as a whole GPU until they go")
+        return True
+
     def _plan_creation(
-        self, cp: Checkpoint, inventory: Inventory, name: names.MigName, device_name: str,
+        self, cp: Checkpoint, inventory: Inventory, uid: str, name: names.MigName, *, device_name: str,
         pending: Sequence[DynamicMig],
-    ) -> DynamicMig:  # fmt: skip
+    ) -> tuple[DynamicMig, bool]:  # fmt: skip
         """The placement to create for a MIG device that does not exist, if it is one of the GPU's possible
         placements and still free (no overlap with existing GPU instances or other claims' creations, and
-        within the profile's instance limit)."""
+        within the profile's instance limit); and whether prepare turns MIG mode on for it (see
+        agent.devices.deliverable), which the last claim holding a device so made turns off again."""
         missing = f"MIG device {device_name} does not exist on node {self.node_name}"
         gpu = inventory.gpu(name.parent_minor)
         profile = gpu.profile(name.gi_profile_id) if gpu is not None else None
@@ -361,15 +405,25 @@ class ClaimStates:
             raise ClaimError(f"{missing}: {name.start} is not a placement of {profile.name} (starts: {starts})")
         if self.migs is None:
             raise ClaimError(f"{missing}, and this agent does not create MIG devices")
+        whole = names.gpu_device_name(gpu.minor)
         if not gpu.mig_enabled:
-            raise ClaimError(f"{missing} and cannot be created: GPU {gpu.minor} does not have MIG mode enabled")
+            if not deliverable.switches_mig_mode_at_once(gpu):
+                raise ClaimError(f"{missing} and cannot be created: GPU {gpu.minor} does not have MIG mode enabled")
+            if (holder := next(_held_by_others(cp, uid, whole), None)) is not None:
+                raise ClaimError(f"{missing} and cannot be created: GPU {gpu.minor} is prepared as a whole GPU "
+                                 f"for ResourceClaim {holder[0].namespace}/{holder[0].name}")  # fmt: skip
+        switch = not gpu.mig_enabled or any(
+            d.mig_mode_switched and d.dynamic_mig is not None and d.dynamic_mig.parent_uuid == gpu.uuid
+            for e in cp.claims.values()
+            for d in e.devices
+        )
         occupied = _occupied(cp, gpu, inventory, pending)
         if placement not in free_placements(profile, occupied, gpu.mig_profiles):
             raise ClaimError(
                 f"{missing} and cannot be created: placement taken (it overlaps a MIG instance on GPU "
                 f"{gpu.minor}, or the GPU has no room for another {profile.name})"
             )
-        return DynamicMig(gpu.uuid, profile.gi_profile_id, placement.start)
+        return DynamicMig(gpu.uuid, profile.gi_profile_id, placement.start), switch
 
     def _check_free(self, cp: Checkpoint, uid: str, device: CheckpointedDevice) -> None:
         """Refuse a device another claim holds, unless the two may share it: admin access (monitoring, never
@@ -410,7 +464,7 @@ class ClaimStates:
         owning = []  # claims holding MIG devices we created
         for uid in known:
             entry = cp.claims[uid]
-            if any(d.dynamic_mig for d in entry.devices):
+            if any(d.dynamic_mig or d.mig_mode_switched for d in entry.devices):
                 cp.claims[uid] = replace(entry, state=ClaimState.STARTED)
                 owning.append(uid)
             else:
@@ -468,6 +522,22 @@ class ClaimStates:
                                  f"{entry.uid}: {exc}") from exc  # fmt: skip
             log.info("destroyed MIG device %s (created for claim %s)", device.device_name, entry.uid)
             self._migs_changed = True
+        self._switch_back(cp, entry)
+
+    def _switch_back(self, cp: Checkpoint, entry: ClaimEntry) -> None:
+        """Undo the MIG mode switches of `entry` that no other claim still needs: MIG mode off again once the
+        last device created under a switch is gone, on again once the last claim of a whole GPU is."""
+        for device in entry.devices:
+            if not device.mig_mode_switched:
+                continue
+            parent = _parent_uuid(device)
+            if any(
+                d.mig_mode_switched and _parent_uuid(d) == parent
+                for other in cp.claims.values() if other.uid != entry.uid for d in other.devices
+            ):  # fmt: skip
+                continue
+            self._set_mig_mode(device, on=device.dynamic_mig is None)
+            log.info("switched MIG mode of the GPU of %s back (claim %s)", device.device_name, entry.uid)
 
     def _remove_spec(self, uid: str) -> str:
         """Remove the claim's spec; "" when gone, else why not (logged here, returned for the claim's error)."""
@@ -517,6 +587,11 @@ class ClaimStates:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return Recovery(tuple(rolled_back), restored, removed, len(temps))
+
+
+def _parent_uuid(device: CheckpointedDevice) -> str:
+    """The uuid of the GPU a device is (whole) or is carved from (created MIG device)."""
+    return device.dynamic_mig.parent_uuid if device.dynamic_mig is not None else device.uuid
 
 
 def _to_create(device: CheckpointedDevice) -> DynamicMig | None:

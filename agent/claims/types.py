@@ -71,8 +71,8 @@ class PrepareResult:
 class Preparer(Protocol):
     """Prepares and unprepares claims; implemented by agent.claims, called by agent.kubelet."""
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        """Result per claim uid."""
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
+        """Result per claim uid, within `timeout` seconds where it can (the gRPC call's deadline)."""
         ...
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
@@ -49,6 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a node holds an unconfirmed reservation")
     p.add_argument("--period", type=float, default=1.0, help="seconds between cycles when nothing changes")
     p.add_argument("--log-format", choices=("json", "text"), default=_env("LOG_FORMAT", "text"))
+    p.add_argument("--usage-half-life", type=float, default=None, metavar="SECONDS",
+                   help="time-aware fair share: past usage decays with this half-life and shifts the over-quota "
+                        "division (kept in each Queue's status); off when absent")
+    p.add_argument("--usage-k-value", type=float, default=1.0,
+                   help="how strongly past usage shifts the over-quota division (KAI's kValue, default 1)")
 
 
 def _fail(message: str) -> int:
@@ -65,8 +71,13 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     if not args.reservation_token_file:
         return _fail("--reservation-token-file is required: node agents refuse anonymous reservations")
-    if args.reservation_ttl <= 0 or args.period <= 0:
+    if not all(math.isfinite(v) and v > 0 for v in (args.reservation_ttl, args.period)):
         return _fail("--reservation-ttl and --period must be positive")
+    half_life = args.usage_half_life
+    if half_life is not None and not (math.isfinite(half_life) and half_life > 0):
+        return _fail("--usage-half-life must be a positive number of seconds")
+    if not (math.isfinite(args.usage_k_value) and args.usage_k_value >= 0):
+        return _fail("--usage-k-value must be a number at or above 0")
     try:
         token = read_token(args.reservation_token_file)
         metrics_at = split_address(args.metrics_addr) if args.metrics_addr else None
@@ -100,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         while not elector.leading.wait(0.5):
             if stop.is_set():
                 return 0
-    config = ArbiterConfig(driver=args.driver_name, ttl_seconds=args.reservation_ttl, period_s=args.period)
+    config = ArbiterConfig(driver=args.driver_name, ttl_seconds=args.reservation_ttl, period_s=args.period,
+                           usage_half_life_s=args.usage_half_life, k_value=args.usage_k_value)
     arbiter = Arbiter(rest, token, config, metrics=metrics, recorder=EventRecorder(rest, COMPONENT, identity))
     try:
         arbiter.start()

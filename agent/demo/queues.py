@@ -63,6 +63,7 @@ class QueueScene:
         _say("", "  -- team-b arrives: eval, a PodGroup of 2 pods x 4 GPUs; the cluster is full")
         c.gang("team-b", "eval", "team-b", pods=2, gpus=4)
         self._until(lambda: len(self._bound("team-b", "eval-")) == 2, "reclaim and admission")
+        wait_for(lambda: len(self._events("team-a", "Evicted")) == 2, timeout=30, what="eviction events")
         for event in self._events("team-a", "Evicted"):
             _say(f"     event  {event['involvedObject']['name']}: {event['message']}")
         self._pods("team-b", "eval-")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
@@ -19,18 +18,20 @@ R = TypeVar("R")
 
 
 class ClaimService:
-    """Version-neutral front of the Preparer: validates claims, serializes calls, contains failures.
+    """Version-neutral front of the Preparer: validates claims, contains failures.
 
     A Preparer exception or a missing entry becomes that claim's error, because the kubelet discards the
-    whole response on a gRPC error and would retry every claim of the batch.
+    whole response on a gRPC error and would retry every claim of the batch. Calls are not serialised here:
+    the Preparer serialises its own state (the node lock) after reading claims, so an unprepare is never
+    queued behind a prepare that waits on the API server.
     """
 
     def __init__(self, preparer: Preparer) -> None:
         self._preparer = preparer
-        self._serial = threading.Lock()
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        outcome = self._run("prepare", claims, self._preparer.prepare)
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
+        """`timeout`: seconds left to answer (the call's deadline less a margin to send the answer)."""
+        outcome = self._run("prepare", claims, lambda valid: self._preparer.prepare(valid, timeout=timeout))
         return {
             uid: PrepareResult(error=result) if isinstance(result, str) else _clean(result)
             for uid, result in outcome.items()
@@ -55,8 +56,7 @@ class ClaimService:
         if not valid:
             return outcome
         try:
-            with self._serial:
-                results = call(list(valid.values()))
+            results = call(list(valid.values()))
         except Exception as exc:
             log.exception("%s of %d claims failed", action, len(valid))
             return outcome | {uid: f"{action} failed: {type(exc).__name__}: {exc}" for uid in valid}
@@ -87,7 +87,8 @@ class DRAPluginServicer(dra_v1_pb2_grpc.DRAPluginServicer, dra_v1beta1_pb2_grpc.
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         response = self._api.NodePrepareResourcesResponse()
-        for uid, result in self._claims.prepare(claim_refs(request.claims)).items():
+        timeout = _answer_within(context)
+        for uid, result in self._claims.prepare(claim_refs(request.claims), timeout).items():
             entry = response.claims[uid]
             entry.error = result.error
             for device in result.devices:
@@ -104,6 +105,18 @@ class DRAPluginServicer(dra_v1_pb2_grpc.DRAPluginServicer, dra_v1beta1_pb2_grpc.
         for uid, error in self._claims.unprepare(claim_refs(request.claims)).items():
             response.claims[uid].error = error
         return response
+
+
+# Time kept back from the call's deadline to send the answer: one that arrives late is thrown away.
+ANSWER_MARGIN_SECONDS = 1.0
+
+
+def _answer_within(context: grpc.ServicerContext) -> float | None:
+    """Seconds the work of this call may take; None when the caller set no deadline."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > 1e6:  # grpc reports "no deadline" as a huge number
+        return None
+    return max(0.0, float(remaining) - ANSWER_MARGIN_SECONDS)
 
 
 def add_to_server(server: grpc.Server, claims: ClaimService) -> None:

@@ -58,7 +58,10 @@ class KubeletPlugin:
         liveness_address: str | None = None,
         dra_versions: tuple[str, ...] = (DRA_V1, DRA_V1BETA1),
         max_workers: int = 16,
+        max_health_streams: int = 16,
     ) -> None:
+        """`max_workers` serve prepare, unprepare and probes; each of up to `max_health_streams` open health
+        streams holds a worker of its own on top of those (a streaming call keeps its thread while open)."""
         if len(driver_name) > 63 or not _DRIVER_NAME.fullmatch(driver_name):
             raise ValueError(f"driver name {driver_name!r} is not a DNS subdomain of at most 63 characters")
         if not dra_versions or not set(dra_versions) <= {DRA_V1, DRA_V1BETA1}:
@@ -75,6 +78,7 @@ class KubeletPlugin:
         self._health_source = health_source
         self._liveness_address = liveness_address
         self._max_workers = max_workers
+        self._max_health_streams = max_health_streams if health_source is not None else 0
         self._registration = RegistrationServicer(driver_name, str(self.dra_socket), self.supported_versions)
         self._serving_health: health.HealthServicer | None = None
         self._health_streams: ResourceHealthServicer | None = None
@@ -136,10 +140,10 @@ class KubeletPlugin:
         self.stop()
 
     def _serve_dra(self) -> grpc.Server:
-        server = _grpc_server(self._max_workers, "kubelet-grpc")
+        server = _grpc_server(self._max_workers + self._max_health_streams, "kubelet-grpc")
         dra.add_to_server(server, dra.ClaimService(self._preparer))
         if self._health_source is not None:
-            self._health_streams = ResourceHealthServicer(self._health_source)
+            self._health_streams = ResourceHealthServicer(self._health_source, self._max_health_streams)
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(self._health_streams, server)
         self._serving_health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._serving_health, server)

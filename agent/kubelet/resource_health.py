@@ -26,9 +26,16 @@ def to_message(snapshot: HealthSnapshot) -> pb.NodeWatchResourcesResponse:
 
 
 class ResourceHealthServicer(pb_grpc.DRAResourceHealthServicer):
-    def __init__(self, source: HealthSource) -> None:
+    """Each open stream holds a server worker for as long as it is open, so at most `max_streams` are
+    served at once (the server gets that many workers more than prepare needs); one more is refused with
+    RESOURCE_EXHAUSTED, and the kubelet retries it later."""
+
+    def __init__(self, source: HealthSource, max_streams: int = 16) -> None:
         self._source = source
         self._stopping = threading.Event()
+        self.max_streams = max_streams
+        self._open = 0
+        self._count = threading.Lock()
 
     def shutdown(self) -> None:
         """End every open stream now, so a server stop need not wait out its grace period on them."""
@@ -48,12 +55,24 @@ class ResourceHealthServicer(pb_grpc.DRAResourceHealthServicer):
         def over() -> bool:
             return cancelled.is_set() or self._stopping.is_set()
 
-        if not context.add_callback(cancel):
-            return  # already over
-        snapshot = self._source.snapshot()
-        while not over():
-            yield to_message(snapshot)
-            newer = self._source.wait_newer(snapshot.version, stop=over)
-            if newer is None:
-                return
-            snapshot = newer
+        with self._count:
+            admitted = self._open < self.max_streams
+            self._open += admitted
+        if not admitted:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.max_streams} health streams are open already; close one or retry later",
+            )
+        try:
+            if not context.add_callback(cancel):
+                return  # already over
+            snapshot = self._source.snapshot()
+            while not over():
+                yield to_message(snapshot)
+                newer = self._source.wait_newer(snapshot.version, stop=over)
+                if newer is None:
+                    return
+                snapshot = newer
+        finally:
+            with self._count:
+                self._open -= 1

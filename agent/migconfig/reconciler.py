@@ -86,6 +86,8 @@ class MigReconciler:
         self._offered = False
         self._done: str | None = None  # the value last carried to an end state
         self._state: str | None = None  # the state label as last seen or written
+        self._last_event: tuple[str, str] | None = None
+        self._rebooting: str | None = None  # the value whose GPUs wait for a reset
 
     # --- inputs -------------------------------------------------------------------------------------
 
@@ -153,10 +155,11 @@ class MigReconciler:
             self._hooks.withhold(frozenset())
             return self._end(value, MigState.SUCCESS, "MigConfigApplied",
                              f"MIG config {value!r} already in place: nothing to change")  # fmt: skip
-        self._set_state(MigState.PENDING)
+        if (self._state, self._rebooting) != (MigState.REBOOTING, value):  # a retry stays `rebooting` till done
+            self._set_state(MigState.PENDING)
+            gpus = ", ".join(str(p.index) for p in plans if p.changes)
+            self._event("Normal", "MigConfigPending", f"MIG config {value!r}: reconfiguring GPU(s) {gpus}")
         self._hooks.withhold(changing)
-        gpus = ", ".join(str(p.index) for p in plans if p.changes)
-        self._report.event("Normal", "MigConfigPending", f"MIG config {value!r}: reconfiguring GPU(s) {gpus}")
         while True:
             if not self._wait_for_claims(value, changing, stop):
                 return None
@@ -192,7 +195,7 @@ class MigReconciler:
                 return True
             if held != told:
                 names = sorted({c for cs in held.values() for c in cs})
-                self._report.event(
+                self._event(
                     "Warning", "MigConfigWaiting",
                     f"MIG config {value!r} waits for claim(s) {', '.join(names)} on GPU minor(s) "
                     f"{', '.join(str(m) for m in sorted(held))} to be unprepared",
@@ -234,11 +237,21 @@ class MigReconciler:
         return self._end(value, MigState.SUCCESS, "MigConfigApplied", f"MIG config {value!r} applied to GPU(s) {gpus}")
 
     def _end(self, value: str | None, state: MigState, reason: str, message: str) -> MigState:
-        self._report.event("Normal" if state is MigState.SUCCESS else "Warning", reason, message)
+        self._event("Normal" if state is MigState.SUCCESS else "Warning", reason, message)
         log.info("MIG config %s: %s", state, message)
-        if self._set_state(state):
-            self._done = value  # else `run` tries the value again: the GPUs are done, the label is not
+        # Not done when the label could not be written (`run` writes it on the next try), nor while a GPU
+        # waits for its reset: `run` tries again, and a GPU whose processes have gone is reset then.
+        self._rebooting = value if state is MigState.REBOOTING else None
+        if self._set_state(state) and state is not MigState.REBOOTING:
+            self._done = value
         return state
+
+    def _event(self, event_type: str, reason: str, message: str) -> None:
+        """An Event, unless it repeats the last one word for word (retries of a `rebooting` value)."""
+        if (reason, message) == self._last_event:
+            return
+        self._report.event(event_type, reason, message)
+        self._last_event = (reason, message)
 
     def _set_state(self, state: MigState) -> bool:
         """Write the state label unless it already says so; False when the write failed."""

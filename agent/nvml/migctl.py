@@ -14,7 +14,16 @@ from typing import Any
 
 import pynvml
 
-from agent.nvml.errors import InsufficientResources, InvalidArgument, NotFound, NotSupported, NvmlError, call
+from agent.nvml.errors import (
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    NotFound,
+    NotSupported,
+    NvmlError,
+    ResetRequired,
+    call,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +130,21 @@ class MigControl:
         gi = call(f"finding {what}", pynvml.nvmlDeviceGetGpuInstanceById, self._gpu(parent), gpu_instance_id)
         ci = call(f"finding {what}", pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)
         call(f"destroying {what}", pynvml.nvmlComputeInstanceDestroy, ci)
+
+    def switch_mig_mode(self, parent: GpuRef, enabled: bool) -> None:
+        """Turn MIG mode on or off now. Where the change would wait for a GPU reset (Ampere) or for the GPU's
+        processes to end, the pending mode is set back and ResetRequired / InUse raised: nothing changes."""
+        what = f"turning MIG mode {'on' if enabled else 'off'} on GPU {parent}"
+        h = self._gpu(parent)
+        wanted = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        status = int(call(what, pynvml.nvmlDeviceSetMigMode, h, wanted))
+        if status == pynvml.NVML_SUCCESS:
+            return
+        current = pynvml.NVML_DEVICE_MIG_DISABLE if enabled else pynvml.NVML_DEVICE_MIG_ENABLE
+        call(f"setting back the MIG mode of GPU {parent}", pynvml.nvmlDeviceSetMigMode, h, current)
+        if status == pynvml.NVML_ERROR_RESET_REQUIRED:
+            raise ResetRequired(f"{what}: the GPU needs a reset for that", status)
+        raise InUse(f"{what}: the GPU is in use (NVML activation status {status})", status)
 
     # --- internals -------------------------------------------------------------------------------------
 

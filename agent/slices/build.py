@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.devices import deliverable
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
 from agent.quantity import format_bytes
@@ -43,15 +44,16 @@ def pool_content(inventory: Inventory, *, partitionable: bool = False) -> tuple[
 
     Without `partitionable`, a GPU whose MIG mode is on is represented only by its MIG devices. With it,
     every MIG-capable GPU gets a counter set that its whole-GPU device, its existing MIG devices and every
-    still-possible MIG placement consume, so the scheduler can only pick combinations that fit.
+    still-possible MIG placement consume, so the scheduler can only pick combinations that fit; only the
+    forms prepare can deliver are offered (agent.devices.deliverable).
     Attributes are unprefixed, i.e. in the driver's own domain, so the content is the same for any driver name.
     """
     plain: list[Json] = []
     grouped: list[SliceContent] = []
     for gpu in inventory.gpus:
         migs = inventory.mig_devices_of(gpu.minor)
-        if partitionable and gpu.mig_capable and gpu.mig_profiles:
-            content = _partitioned_gpu(inventory, gpu, migs)
+        if partitionable and deliverable.offers_placements(gpu):
+            content = _partitioned_gpu(inventory, gpu, migs, whole=deliverable.offers_whole_gpu(gpu))
             if content.devices:  # none when GPU instances without compute instances fill the GPU
                 grouped.append(content)
             continue
@@ -307,7 +309,7 @@ def _consumes(gpu: Gpu, shape: _MigShape, placement: MigPlacement, profile: MigP
     }
 
 
-def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) -> SliceContent:
+def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice], *, whole: bool) -> SliceContent:
     """One GPU as a counter set plus every device that can be carved from it.
 
     Existing MIG devices are kept; placements overlapping them or any other existing GPU instance are left
@@ -317,13 +319,13 @@ def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice]) 
     budget = _gpu_counters(gpu)
     occupied = [m.placement for m in migs] + [gi.placement for gi in gpu.gpu_instances]
     devices: list[Json] = []
-    if not occupied:
-        whole = gpu_device(inventory, gpu)
-        whole["consumesCounters"] = [{
+    if whole and not occupied:
+        device = gpu_device(inventory, gpu)
+        device["consumesCounters"] = [{
             "counterSet": counter_set_name(gpu.minor),
             "counters": _quantities(budget),
         }]
-        devices.append(whole)
+        devices.append(device)
     for mig in migs:
         device = mig_device(inventory, gpu, mig=mig)
         device["consumesCounters"] = [_consumes(gpu, _MigShape.of(mig), mig.placement, gpu.profile(mig.profile))]

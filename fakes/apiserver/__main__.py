@@ -9,13 +9,14 @@ import sys
 import threading
 
 from .server import start
-from .versions import DEFAULT, SUPPORTED
+from .versions import ENVIRONMENT, SUPPORTED, default_version
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fakes.apiserver", description=__doc__)
-    parser.add_argument("--kubernetes-version", default=DEFAULT, choices=SUPPORTED,
-                        help="the minor release to play: /version, served APIs, schemas, rules, gate defaults")
+    parser.add_argument("--kubernetes-version", default=default_version(), choices=SUPPORTED,
+                        help=f"the minor release to play: /version, served APIs, schemas, rules, gate defaults "
+                             f"(default ${ENVIRONMENT}, else 1.37)")
     parser.add_argument("--feature-gates", default="",
                         help="gate overrides as kube-apiserver takes them, e.g. DRADeviceTaints=false")
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 picks a free one)")

@@ -146,6 +146,8 @@ class Api:
         if rt.kind == "Namespace":
             obj["status"] = {"phase": "Active"}
         with self.store.lock:
+            if rt.namespaced:
+                self._namespace_accepts(namespace)
             if self.store.read(rt.key, namespace, meta["name"]) is not None:
                 raise already_exists(rt.group, rt.plural, meta["name"])
             self._admit(rt, obj, None, options)
@@ -351,13 +353,31 @@ class Api:
             return self._remove(rt, new, orphan=False)
         return self.store.write(rt.key, new, old)
 
+    def _namespace_accepts(self, namespace: str) -> None:
+        """The NamespaceLifecycle admission plugin: no new objects in a namespace that is missing or going."""
+        found = self.store.read(self.registry.find("Namespace").key, "", namespace)
+        if found is None:
+            raise not_found("", "namespaces", namespace)
+        if found["metadata"].get("deletionTimestamp"):
+            raise ApiError(403, f"unable to create new content in namespace {namespace} because it is being "
+                                "terminated", reason="Forbidden")
+
     def _remove(self, rt: ResourceType, obj: dict[str, Any], orphan: bool) -> dict[str, Any]:
+        if rt.kind == "Namespace" and not rt.group:
+            self._empty_namespace(obj["metadata"]["name"])
         gone = self.store.remove(rt.key, obj)
         if rt.kind == "CustomResourceDefinition":
             self._unregister_crd(obj)
         if not orphan:
             self._collect_dependents(obj["metadata"]["uid"])
         return gone
+
+    def _empty_namespace(self, namespace: str) -> None:
+        """What the namespace controller does before a namespace goes: delete everything in it."""
+        for rt in self.registry.all():
+            if rt.namespaced:
+                for obj in list(self.store.items(rt.key, namespace)):
+                    self.delete(rt, namespace, obj["metadata"]["name"], None)
 
     def _collect_dependents(self, owner_uid: str) -> None:
         """Background garbage collection: delete every object that names the removed one as its owner."""

@@ -96,7 +96,8 @@ STATUS = frozenset({"status"})
 
 # (type, first minor release serving it, feature gate it needs)
 _CATALOG: tuple[tuple[ResourceType, int, str | None], ...] = (
-    (ResourceType("", "v1", "namespaces", "Namespace", False, STATUS, ("status.phase",), ("ns",)), 34, None),
+    (ResourceType("", "v1", "namespaces", "Namespace", False, STATUS, ("status.phase",), ("ns",),
+                  returns_deleted=True), 34, None),
     (ResourceType("", "v1", "nodes", "Node", False, STATUS, ("spec.unschedulable",), ("no",)), 34, None),
     (ResourceType(
         "", "v1", "pods", "Pod", True, frozenset({"status", "eviction", "binding"}),

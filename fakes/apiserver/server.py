@@ -23,8 +23,11 @@ from .faults import Faults
 from .resources import Registry, ResourceType
 from .selectors import field_selector, label_selector
 from .store import Event, Store, namespace_of
-from .versions import DEFAULT, KubernetesVersion
+from .versions import KubernetesVersion, default_version
 
+_BODY_TYPES = ("application/json", "application/yaml", "application/json-patch+json",
+               "application/merge-patch+json", "application/strategic-merge-patch+json",
+               "application/apply-patch+yaml")
 _PRESET_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
@@ -35,7 +38,7 @@ class ApiServer:
         self,
         port: int = 0,
         *,
-        kubernetes_version: str = DEFAULT,
+        kubernetes_version: str | None = None,
         feature_gates: dict[str, bool] | None = None,
         history: int = 1000,
         drop_partitionable_fields: bool = False,
@@ -46,7 +49,7 @@ class ApiServer:
         gates = dict(feature_gates or {})
         if drop_partitionable_fields:  # the older spelling of DRAPartitionableDevices=false
             gates["DRAPartitionableDevices"] = False
-        self.version = KubernetesVersion(kubernetes_version, gates)
+        self.version = KubernetesVersion(kubernetes_version or default_version(), gates)
         self.registry = Registry(self.version)
         self.store = Store(self.registry, history)
         self.api = Api(self.registry, self.store, self.version, validate=validate)
@@ -198,6 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        body_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
         injected = self.apiserver.faults.check(method, url.path)
         self._warnings: list[str] = []
         self._shown: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # watch events as Table rows
@@ -206,6 +210,12 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(self.apiserver.faults.delay)
             if injected is not None:
                 self._send(injected.code, injected.status())
+                return
+            if raw and body_type and body_type not in _BODY_TYPES:
+                # Protobuf and CBOR bodies are not decoded here: refused, never misread.
+                unsupported = ApiError(415, f"the body of the request was in an unknown format - accepted media "
+                                            f"types include: {', '.join(_BODY_TYPES)}")
+                self._send(unsupported.code, unsupported.status())
                 return
             code, body = self._route(method, url.path, query, raw)
             if code:

@@ -7,11 +7,18 @@ as kube-apiserver's `--feature-gates` does.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 SUPPORTED = ("1.34", "1.35", "1.36", "1.37")
 DEFAULT = "1.37"
+ENVIRONMENT = "FAKE_KUBERNETES_VERSION"
+
+
+def default_version() -> str:
+    """$FAKE_KUBERNETES_VERSION (so a whole test suite can run against another release), else 1.37."""
+    return os.environ.get(ENVIRONMENT) or DEFAULT
 
 # Gate -> first minor release where it is on by default (None: off in every supported release).
 _ON_BY_DEFAULT_FROM: dict[str, int | None] = {
@@ -37,7 +44,7 @@ _ON_BY_DEFAULT_FROM: dict[str, int | None] = {
 class KubernetesVersion:
     """One minor release of kube-apiserver with its effective feature gates."""
 
-    version: str = DEFAULT
+    version: str = field(default_factory=default_version)
     overrides: Mapping[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

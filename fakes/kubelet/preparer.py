@@ -38,7 +38,7 @@ class InMemoryPreparer:
         self._active = 0
         self._lock = threading.Lock()
 
-    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+    def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
         with self._call("prepare", claims):
             results = {}
             for claim in claims:

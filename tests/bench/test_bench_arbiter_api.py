@@ -25,7 +25,7 @@ QUEUES = 4
 @pytest.mark.timeout(900)
 def test_admission_through_the_api() -> None:
     rng = random.Random(7)
-    with FakeCluster(nodes=32) as cluster:
+    with FakeCluster(nodes=32, apiserver_process=True) as cluster:
         cluster.queue("root")
         for q in range(QUEUES):
             cluster.queue(f"q{q}", parent="root", gpu_quota=64)
@@ -67,4 +67,6 @@ def test_admission_through_the_api() -> None:
         print(f"  admitted {len(admitted)} pods in {wall:.2f} s: {len(admitted) / wall:.0f} pods/s gate to committed")
         print(f"  arbiter cycles {arbiter.cycles}; time in: " + ", ".join(
             f"{k} {v:.2f} s" for k, v in sorted(arbiter.timings.items(), key=lambda kv: -kv[1])))
+        print("  commit steps (summed over parallel commits): " + ", ".join(
+            f"{k} {v:.2f} s" for k, v in arbiter._committer.timings.items()))
         assert len(admitted) == PODS_TOTAL

@@ -80,13 +80,15 @@ def test_a_gang_of_two_by_eight_gpus_is_admitted_on_two_nodes(cluster: FakeClust
 
 def test_a_gang_that_cannot_fit_is_never_admitted_in_part(cluster: FakeCluster) -> None:
     cluster.gang(NS, "huge", "team-a", pods=3, gpus=8)
+    wait_for(lambda: all(claims_by_pod(cluster).get(f"huge-{i}") for i in range(3)), what="claims generated")
     arbiter = cluster.arbiter(start=False)
     for _ in range(5):  # tried: five cycles with 16 GPUs for a 24-GPU gang
         report = arbiter.cycle()
-        assert report.admitted == []
+        assert report.admitted == [] and report.waiting["team-a/huge"].startswith("no fit")
     assert all(gated(p) for p in cluster.pods(NS))
     assert allocated_devices(cluster) == []
-    assert any(a.book.live() == [] for a in cluster.agents.values())
+    assert all(a.book.live() == [] for a in cluster.agents.values())
+    assert arbiter.flush_events()
     events = cluster.rest.list(EVENTS, NS)["items"]
     assert any(e["involvedObject"]["kind"] == "PodGroup" and e["message"].startswith("no fit") for e in events)
 
@@ -237,6 +239,7 @@ def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
     arbiter.metrics = ArbiterMetrics(registry)
     report = arbiter.cycle()
     assert report.waiting[f"{NS}/pod/lost"] == "queue no-such-queue does not exist"
+    assert arbiter.flush_events()
     events = [e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]
     assert [e["message"] for e in events] == ["queue no-such-queue does not exist"]
     assert registry.get_sample_value("gpu_arbiter_fair_share", {"queue": "team-a", "resource": "gpu"}) == 0.0
@@ -244,6 +247,7 @@ def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
         arbiter.cycle()
     except ApiError:  # pragma: no cover - the assertion below says what went wrong
         pytest.fail("a second cycle failed")
+    assert arbiter.flush_events()
     assert len([e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]) == 1
 
 
@@ -279,3 +283,28 @@ def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(clust
 def _leads(proc: subprocess.Popen[bytes], holder: str) -> bool:
     """Whether `proc` holds the Lease: an arbiter's identity is `<hostname>_<pid>_<random>`."""
     return f"_{proc.pid}_" in holder
+
+
+def test_time_aware_usage_is_kept_in_the_queue_status_and_survives_a_restart(cluster: FakeCluster) -> None:
+    # team-a holds all 16 GPUs for an hour; its decayed usage goes into its Queue's status, and a new arbiter
+    # (a restart, or a new leader) resumes from it instead of starting from nothing
+    cluster.gang(NS, "train", "team-a", pods=2, gpus=8)
+    now = [1_900_000_000.0]
+    config = ArbiterConfig(period_s=0.2, usage_half_life_s=3600.0)
+    first = cluster.arbiter(config, start=False, clock=lambda: now[0])
+    wait_for(lambda: first.cycle() and len(running(cluster, "train-")) == 2, what="gang running")
+    now[0] += 3600
+    first.cycle()
+    status = wait_for(lambda: (cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("usage"),
+                      what="usage in the queue status")
+    assert status["gpu"] > 0.9  # all of the cluster's GPUs for the whole hour
+    state = cluster.rest.get(QUEUES, None, "team-a")["status"]["usageState"]
+    assert state["possible"]["gpu"] > 0 and state["updatedAt"]
+    cluster.stop_arbiters()
+
+    now[0] += 10
+    second = cluster.arbiter(config, start=False, clock=lambda: now[0])
+    report = second.cycle()
+    assert report.result is not None
+    assert report.result.usage["team-a"][0] > 0.9  # resumed, not a fresh start
+    assert report.result.usage.get("team-b", (0.0,))[0] == 0.0

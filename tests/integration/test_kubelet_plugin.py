@@ -333,3 +333,39 @@ def test_the_watcher_registers_and_forgets_plugins_as_sockets_come_and_go(root, 
         time.sleep(0.01)
     else:
         pytest.fail("the kubelet fake kept a plugin whose sockets are gone")
+
+
+def test_open_health_streams_leave_workers_for_prepare(root, preparer, kubelet):
+    # Tried: 16 open health streams (as many as the DRA socket once had workers), then one more, then a prepare.
+    health = HealthSource()
+    health.set("node-a", "gpu-0", Health.HEALTHY, now=1000)
+    with KubeletPlugin(DRIVER, root, preparer, health, max_workers=16, max_health_streams=16):
+        kubelet.scan()
+        watches = [kubelet.watch_health(DRIVER, timeout=60) for _ in range(16)]
+        try:
+            for watch in watches:
+                assert [d.device for d in next(watch)] == ["gpu-0"]  # each stream is open and served
+            extra = kubelet.watch_health(DRIVER, timeout=10)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(extra)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "health streams" in refused.value.details()
+            started = time.monotonic()
+            assert kubelet.prepare(DRIVER, [A])["uid-a"].error == ""
+            assert kubelet.unprepare(DRIVER, [A]) == {"uid-a": ""}
+            assert time.monotonic() - started < 5
+        finally:
+            for watch in watches:
+                watch.cancel()
+        # Closed streams give their places back (once the server has seen the cancellations).
+        deadline = time.monotonic() + 5
+        while True:
+            watch = kubelet.watch_health(DRIVER, timeout=10)
+            try:
+                assert [d.device for d in next(watch)] == ["gpu-0"]
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.05)
+            finally:
+                watch.cancel()

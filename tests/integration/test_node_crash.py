@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import pytest
+
 import fakes.apiserver
 from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore, ClaimState
@@ -131,6 +133,7 @@ def drive_until_killed(
         assert daemon.proc is not None and daemon.proc.returncode == -9, f"seed {kubelet.seed}: {daemon.tail()}"
 
 
+@pytest.mark.timeout(300)  # a dozen agent restarts: over 120 s on a loaded machine
 def test_kill_9_during_prepare_unprepare_converges_after_restart() -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)

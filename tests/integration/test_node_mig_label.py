@@ -14,11 +14,21 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 import fakes.apiserver
 from agent.claims.types import ClaimRef
 from fakes.kubelet import FakeKubelet
-from tests.integration.test_node_support import DRIVER, NODE, Daemon, allocate_claim, create_node, short_tmpdir
+from tests.integration.test_node_support import (
+    DRIVER,
+    NODE,
+    Daemon,
+    agent_command,
+    allocate_claim,
+    clean_env,
+    create_node,
+    short_tmpdir,
+)
 
 STATE = "nvidia.com/mig.config.state"
 H100_GPUS = 8
@@ -39,7 +49,7 @@ class MigNode:
         kubectl = shutil.which("kubectl")
         if kubectl is None:
             body = {"metadata": {"labels": {"nvidia.com/mig.config": value}}}
-            self.server.store.patch("Node", NODE, body)  # type: ignore[attr-defined]
+            client.CoreV1Api(self.api).patch_node(NODE, body)
             return
         done = subprocess.run(
             [kubectl, "--kubeconfig", str(self.kubeconfig), "label", "node", NODE,
@@ -214,3 +224,31 @@ def test_a_restarted_agent_keeps_pending_gpus_out_of_its_first_publish(node: Mig
     assert node.kubelet.unprepare(DRIVER, [ClaimRef(ref.namespace, ref.uid, ref.name)]) == {ref.uid: ""}
     node.wait_state("success")
     assert node.profiles() == Counter({"1g.10gb": 56})
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot be read: No such file or directory"),
+        ("version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: maybe\n",
+         "config 'mine' entry 0: mig-enabled must be true or false"),
+    ],
+    ids=["missing", "invalid"],
+)
+def test_an_invalid_mig_config_file_stops_the_agent_with_one_sentence(
+    tmp_path: pathlib.Path, content: str | None, says: str
+) -> None:
+    # tried: --mig-config-file naming a file that is absent, and one mig-parted would refuse
+    path = tmp_path / "configs.yaml"
+    if content is not None:
+        path.write_text(content)
+    done = subprocess.run(
+        agent_command("--node-name", NODE, "--nvml", "fake:dgx-h100", "--state-dir", str(tmp_path / "state"),
+                      "--mig-config-file", str(path)),
+        check=False, capture_output=True, text=True, env=clean_env(), timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # one sentence, no traceback
+    assert lines[0].startswith(f"gpu-dra-agent node: --mig-config-file {path}")
+    assert says in lines[0]

@@ -190,3 +190,73 @@ def test_requests_the_arbiter_does_not_handle_are_refused(exactly: dict[str, Any
     c = {"spec": {"devices": {"requests": [{"name": "r", "exactly": exactly}]}}}
     with pytest.raises(Unsupported):
         reservation_claim(c)
+
+
+def test_queue_status_rolls_children_up_into_their_parent() -> None:
+    from agent.arbiter.core.cycle import run_cycle
+    from agent.arbiter.queue_status import queue_statuses
+
+    running = pod("r", "held", gated=False, node_name="n0")
+    waiting = pod("w", "wants")
+    w = world([running, waiting], [claim("held", 2, "n0", ("gpu-0", "gpu-1"), "r"), claim("wants", 4)])
+    status = queue_statuses(w.snapshot, run_cycle(w.snapshot))
+    assert status["root"]["childQueues"] == ["team-a"] and status["team-a"]["childQueues"] == []
+    assert status["team-a"]["requested"]["gpu"] == status["root"]["requested"]["gpu"] == 6
+    assert status["team-a"]["allocated"]["gpu"] == 6  # the waiting pod fits: bound this cycle
+    assert status["team-a"]["allocatedNonPreemptible"]["gpu"] == 0  # priority 0: preemptible
+    assert status["team-a"]["fairShare"]["gpu"] == 6
+
+
+@pytest.mark.parametrize(("queues", "pods", "groups", "reason"), [
+    ([queue("root"), queue("team-a", "root", 8, )], [pod("p", "c24")], [], "no fit: the gang needs 24 GPUs"),
+    ([queue("root"), {**queue("team-a", "root", 2), "spec": {"parentQueue": "root", "resources": {
+        "gpu": {"quota": 2, "limit": 4}}}}], [pod("p", "c24")], [], "over limit: queue team-a"),
+    ([queue("root"), queue("team-a", "root", 8)], [pod("p", "c1", group="g")], [pod_group("g", 3)],
+     "waiting for 2 more pod(s) of the gang (minCount 3)"),
+], ids=["no-fit", "over-limit", "gang-incomplete"])
+def test_why_a_gang_waits(queues: list[Any], pods: list[Any], groups: list[Any], reason: str) -> None:
+    from agent.arbiter.core.cycle import run_cycle
+    from agent.arbiter.waiting import wait_reasons
+
+    claims = [claim("c24", 24), claim("c1", 1)]
+    w = world(pods, claims, groups, queues=queues)
+    reasons = wait_reasons(w.snapshot, run_cycle(w.snapshot))
+    assert list(reasons.values())[0].startswith(reason)
+
+
+# -- every DRA claim counts toward its queue, once, as allocated ------------------------------------------
+
+
+def test_a_claim_shared_by_several_pods_counts_once() -> None:
+    # two running pods of one gang share a 2-GPU claim (KAI would count it per pod: 4)
+    a = pod("a", "shared", gated=False, node_name="n0", group="g")
+    b = pod("b", "shared", gated=False, node_name="n0", group="g")
+    w = world([a, b], [claim("shared", 2, "n0", ("gpu-0", "gpu-1"), "a")], [pod_group("g", 2)])
+    (job,) = w.snapshot.jobs
+    assert sum(p.gpu_milli for p in job.pods) == 2000
+
+
+def test_a_first_available_claim_counts_what_was_allocated() -> None:
+    # asks for 8 GPUs or else 4; 4 were allocated: the queue holds 4, not the first choice's 8
+    c = claim("flex", 1, "n0", ("gpu-0", "gpu-1", "gpu-2", "gpu-3"), "r")
+    c["spec"]["devices"]["requests"] = [{"name": "gpus", "firstAvailable": [
+        {"name": "eight", "deviceClassName": "gpu.nvidia.com", "count": 8},
+        {"name": "four", "deviceClassName": "gpu.nvidia.com", "count": 4}]}]
+    for r in c["status"]["allocation"]["devices"]["results"]:
+        r["request"] = "gpus/four"
+    w = world([pod("r", "flex", gated=False, node_name="n0")], [c])
+    (job,) = w.snapshot.jobs
+    assert [p.gpu_milli for p in job.pods] == [4000]
+
+
+def test_a_mig_device_counts_as_its_share_of_a_gpu() -> None:
+    n, s = node("n0", 1)
+    s["spec"]["devices"][0].update(attributes={"type": {"string": "gpu"}, "uuid": {"string": "GPU-1"}},
+                                   capacity={"memory": {"value": "80Gi"}})
+    s["spec"]["devices"].append({"name": "gpu-0-mig-1g10gb-19-0", "attributes": {
+        "type": {"string": "mig"}, "parentUUID": {"string": "GPU-1"}}, "capacity": {"memory": {"value": "10Gi"}}})
+    c = claim("slice", 1, "n0", ("gpu-0-mig-1g10gb-19-0",), "r")
+    w = build_world(pods=[pod("r", "slice", gated=False, node_name="n0")], claims=[c], pod_groups=[],
+                    queues=[queue("root"), queue("team-a", "root", 8)], nodes=[n], slices=[s], driver=DRIVER, now=NOW)
+    (job,) = w.snapshot.jobs
+    assert [p.gpu_milli for p in job.pods] == [125]

@@ -72,6 +72,8 @@ class FakeMigs:
     create_errors_after: int = 0  # creates that succeed before `create_error` is raised
     crash_after_create: bool = False
     destroy_error: BaseException | None = None
+    mode_error: BaseException | None = None
+    mig_on: dict[str, bool] = field(default_factory=dict)  # MIG mode each switch_mig_mode call left
 
     def create(self, parent: str, gi_profile_id: int, start: int) -> Made:
         self.calls.append(f"create {gi_profile_id}@{start}")
@@ -95,6 +97,12 @@ class FakeMigs:
         self.calls.append(f"destroy_at {gi_profile_id}@{start}")
         key = next((k for k, v in self.live.items() if k[0] == parent and v == (gi_profile_id, start)), None)
         return key is not None and self.live.pop(key) is not None
+
+    def switch_mig_mode(self, parent: str, enabled: bool) -> None:
+        self.calls.append(f"mig {'on' if enabled else 'off'} {parent[:12]}")
+        if self.mode_error is not None:
+            raise self.mode_error
+        self.mig_on[parent] = enabled
 
     def placements(self) -> set[tuple[int, int]]:
         return set(self.live.values())
@@ -313,7 +321,6 @@ def test_static_mig_devices_are_used_but_never_destroyed(node: Node, monkeypatch
     ("device", "why"),
     [
         (OVERLAPS_STATIC, "placement taken"),  # slice 5 lies inside the operator's 3g at 4
-        (MIG_OFF, "GPU 3 does not have MIG mode enabled"),
         ("gpu-2-mig-2g20gb-14-1", "1 is not a placement of 2g.20gb"),
         ("gpu-2-mig-5g50gb-77-0", "nor is it a MIG profile of a GPU there"),
         ("gpu-9-mig-1g10gb-19-0", "nor is it a MIG profile of a GPU there"),
@@ -385,3 +392,48 @@ def test_a_second_spelling_of_a_created_mig_device_neither_shares_nor_destroys_i
     assert preparer.unprepare([second]) == {"u2": ""}  # it holds nothing, so it destroys nothing
     assert node.migs.placements() == {(19, 3)}
     assert set(node.checkpoint().claims) == {"u1"}
+
+
+def test_a_placement_on_a_hopper_gpu_in_mig_mode_off_switches_mig_on_and_back(node: Node) -> None:
+    # GPU 3 (H100) is out of MIG mode: prepare turns it on (no reset needed), the last unprepare off again.
+    gpu3 = node.inventory.gpu(3)
+    assert gpu3 is not None and not gpu3.mig_enabled
+    a, b = node.add("a", [MIG_OFF]), node.add("b", ["gpu-3-mig-1g10gb-19-1"])
+    preparer = node.preparer()
+    ok(preparer.prepare([a])["a"])
+    assert node.migs.calls == [f"mig on {gpu3.uuid[:12]}", "create 19@0"]
+    assert node.checkpoint().claims["a"].devices[0].mig_mode_switched
+    ok(preparer.prepare([b])["b"])  # MIG mode is on by now: b creates only, and inherits the switch
+    assert node.checkpoint().claims["b"].devices[0].mig_mode_switched
+    assert preparer.unprepare([a]) == {"a": ""}
+    assert node.migs.mig_on == {gpu3.uuid: True}  # b still needs it
+    assert preparer.unprepare([b]) == {"b": ""}
+    assert node.migs.mig_on == {gpu3.uuid: False} and node.migs.placements() == set()
+    assert node.migs.calls[-2:] == ["destroy gi 101", f"mig off {gpu3.uuid[:12]}"]
+
+
+def test_a_whole_hopper_gpu_in_mig_mode_without_instances_switches_mig_off_and_back(node: Node) -> None:
+    gpu2 = node.inventory.gpu(2)  # MIG mode on, no instance
+    assert gpu2 is not None and gpu2.mig_enabled
+    preparer = node.preparer()
+    ref = node.add("w", ["gpu-2"])
+    [device] = ok(preparer.prepare([ref])["w"]).devices
+    assert device.device_name == "gpu-2" and node.migs.calls == [f"mig off {gpu2.uuid[:12]}"]
+    assert preparer.unprepare([ref]) == {"w": ""}
+    assert node.migs.calls == [f"mig off {gpu2.uuid[:12]}", f"mig on {gpu2.uuid[:12]}"]
+    assert node.checkpoint().claims == {}
+
+
+def test_a_whole_gpu_with_mig_devices_is_refused(node: Node) -> None:
+    error = node.preparer().prepare([node.add("w", ["gpu-0"])])["w"].error  # the operator's layout is on it
+    assert "gpu-0 has MIG devices: it cannot run as a whole GPU" in error and node.migs.calls == []
+
+
+def test_a_failed_mig_mode_switch_is_the_claims_error_and_leaves_nothing(node: Node) -> None:
+    node.migs.mode_error = RuntimeError("the GPU is in use")
+    result = node.preparer().prepare([node.add("a", [MIG_OFF])])["a"]
+    assert "cannot turn MIG mode on on the GPU of gpu-3-mig-1g10gb-19-0: the GPU is in use" in result.error
+    assert node.checkpoint().claims["a"].state is ClaimState.STARTED  # kept: switching back failed too
+    node.migs.mode_error = None
+    assert node.preparer().recover().rolled_back == ("a",)
+    assert node.checkpoint().claims == {} and node.migs.placements() == set()

@@ -28,9 +28,9 @@ class CountingSource(StaticClaimSource):
         super().__init__()
         self.gets = 0
 
-    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+    def get(self, namespace: str, name: str, timeout: float | None = None) -> Mapping[str, Any]:
         self.gets += 1
-        return super().get(namespace, name)
+        return super().get(namespace, name, timeout)
 
 
 @dataclass
@@ -313,10 +313,10 @@ def test_an_unexpected_error_stays_in_its_claim(node: Node, monkeypatch: pytest.
     preparer = node.preparer()
     real_get = node.source.get
 
-    def flaky(namespace: str, name: str) -> Mapping[str, Any]:
+    def flaky(namespace: str, name: str, timeout: float | None = None) -> Mapping[str, Any]:
         if name == "claim-uid-1":
             raise ConnectionResetError("connection reset by peer")
-        return real_get(namespace, name)
+        return real_get(namespace, name, timeout)
 
     monkeypatch.setattr(node.source, "get", flaky)
     results = preparer.prepare([a, b])
@@ -581,3 +581,19 @@ def test_an_unprepare_that_cannot_remove_the_spec_is_that_claims_error_and_is_re
     readonly.writable = 1
     assert preparer.unprepare([a]) == {"uid-a": ""}  # the kubelet's retry removes the spec
     assert node.spec_files() == set()
+
+
+def test_a_directory_where_a_spec_file_belongs_is_skipped_with_a_warning(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Tried: a directory named like a claim's spec in the CDI root, at start-up and for that claim.
+    stray = node.cdi_root / cdi.spec_file_name("uid-dir")
+    (stray / "inside").mkdir(parents=True)
+    with caplog.at_level("WARNING"):
+        recovery = node.preparer().recover()
+    assert recovery.removed_specs == () and stray.is_dir()
+    assert [r.getMessage() for r in caplog.records] == [f"skipping {stray}: not a CDI spec file"]
+    preparer = node.preparer()
+    result = preparer.prepare([node.add(claim("uid-dir"))])["uid-dir"]
+    assert "cannot write CDI spec" in result.error and node.checkpoint() == {}  # that claim's error only
+    ok(preparer.prepare([node.add(claim("uid-2", ["gpu-1"]))])["uid-2"])

@@ -33,7 +33,7 @@ def test_prepare_returns_each_claims_devices_and_errors_separately():
 
 def test_devices_of_a_failed_claim_are_not_sent():
     class HalfDone:
-        def prepare(self, claims):
+        def prepare(self, claims, timeout=None):
             device = PreparedDevice(("gpu",), "node-a", "gpu-0", ("k8s.gpu.nvidia.com/claim=x-gpu-0",))
             return {c.uid: PrepareResult(devices=(device,), error="CDI write failed") for c in claims}
 
@@ -55,7 +55,7 @@ def test_a_preparer_that_raises_fails_every_claim_of_the_batch_but_not_the_call(
 
 def test_a_claim_the_preparer_forgot_gets_an_error():
     class Forgetful:
-        def prepare(self, claims):
+        def prepare(self, claims, timeout=None):
             return {}
 
         def unprepare(self, claims):
@@ -94,16 +94,50 @@ def test_a_repeated_claim_is_prepared_once_and_an_empty_batch_not_at_all():
     assert preparer.calls == [("prepare", ("uid-a",))]
 
 
-def test_calls_into_the_preparer_are_serialized():
-    preparer = InMemoryPreparer(delay=0.02)
-    service = ClaimService(preparer)
-    threads = [threading.Thread(target=service.prepare, args=([ClaimRef("ns", f"u{i}", f"c{i}")],)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(preparer.calls) == 4
-    assert preparer.max_active == 1
+class Deadline:
+    """The part of a grpc.ServicerContext the DRA servicer reads."""
+
+    def __init__(self, remaining=None):
+        self.remaining = remaining
+
+    def time_remaining(self):
+        return self.remaining
+
+
+def test_the_calls_deadline_less_a_margin_reaches_the_preparer():
+    seen = []
+
+    class Timed(InMemoryPreparer):
+        def prepare(self, claims, timeout=None):
+            seen.append(timeout)
+            return super().prepare(claims, timeout)
+
+    servicer = DRAPluginServicer(ClaimService(Timed()), dra_v1_pb2)
+    request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[dra_v1_pb2.Claim(namespace="ns", uid="u", name="c")])
+    servicer.NodePrepareResources(request, Deadline(45.0))
+    servicer.NodePrepareResources(request, Deadline(0.2))  # too late to do anything: no time, not negative
+    servicer.NodePrepareResources(request, Deadline(None))
+    assert seen == [44.0, 0.0, None]
+
+
+def test_an_unprepare_is_not_queued_behind_a_slow_prepare():
+    # Tried: a prepare stuck (as on a stalled API server) while the kubelet unprepares another claim.
+    release = threading.Event()
+
+    class Stuck(InMemoryPreparer):
+        def prepare(self, claims, timeout=None):
+            release.wait(10)
+            return super().prepare(claims, timeout)
+
+    service = ClaimService(Stuck())
+    stuck = threading.Thread(target=service.prepare, args=([A],))
+    stuck.start()
+    try:
+        assert service.unprepare([B]) == {"uid-b": ""}  # served now, not after the prepare
+        assert stuck.is_alive()
+    finally:
+        release.set()
+        stuck.join()
 
 
 @pytest.mark.parametrize("api", [dra_v1_pb2, dra_v1beta1_pb2], ids=["v1", "v1beta1"])
@@ -115,7 +149,7 @@ def test_servicer_translates_both_api_versions(api):
             api.Claim(namespace="default", uid="uid-b", name="claim-b"),
         ]
     )
-    response = servicer.NodePrepareResources(request, None)
+    response = servicer.NodePrepareResources(request, Deadline())
     assert isinstance(response, api.NodePrepareResourcesResponse)
     device = response.claims["uid-a"].devices[0]
     assert (list(device.request_names), device.pool_name, device.device_name, list(device.cdi_device_ids)) == (

@@ -310,3 +310,33 @@ def test_a_state_label_that_cannot_be_written_is_written_on_the_next_try(nvml: N
     worker.join(5)
     assert flow.report.states == ["pending", "success"]
     assert flow.steps.changes == Counter({"mode": 8, "create": 8})  # the second try changed nothing
+
+
+@pytest.mark.parametrize("nvml", ["dgx-a100-40gb"], indirect=True)
+def test_a_gpu_waiting_for_its_reset_is_reset_once_its_processes_are_gone(nvml: NvmlSource) -> None:
+    """`rebooting` is retried: when the process on GPU 2 ends, the agent resets it and reports `success`,
+    without going back to `pending` or repeating its Event meanwhile."""
+    flow = Flow(nvml)
+    flow.reconciler._retry_s = 0.05
+    nvml.fake.set_processes(2, [(4242, 1 << 30)])
+    stop = threading.Event()
+    worker = threading.Thread(target=flow.reconciler.run, args=(stop,))
+    flow.reconciler.offer({CONFIG_LABEL: "all-7g.40gb"})
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while flow.report.states[-1:] != ["rebooting"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # several retries while the process runs
+        assert flow.report.states == ["pending", "rebooting"]
+        assert [r for _, r, _ in flow.report.events].count("MigConfigRebooting") == 1
+        nvml.fake.set_processes(2, [])
+        while flow.report.states[-1:] != ["success"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        flow.reconciler.wake_for_stop()
+        worker.join(5)
+    assert flow.report.states == ["pending", "rebooting", "success"]
+    assert sorted(flow.resets) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert flow.profiles() == Counter({"7g.40gb": 8})
