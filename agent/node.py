@@ -25,18 +25,23 @@ from agent.kube.node_status import NodeStatus, node_labels
 from agent.kube.nodes import NodeInfo, NodeLabelWatch, NodeWatcher, node_uid
 from agent.kube.rest import Rest
 from agent.kube.slices import watch_changes
+from agent.kube.version import server_version
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
 from agent.migconfig.reconciler import MigReconciler, NodeHooks
 from agent.migconfig.reset import reset_gpu
 from agent.migconfig.spec import MigConfigs
-from agent.nvml.health import HealthMonitor, parent_gpu_name, without_devices
+from agent.nvml.health import HealthMonitor, device_taint, parent_gpu_name, with_gpus_kept, without_devices
 from agent.nvml.migctl import MigControl
 from agent.nvml.migmode import MigReconfiguration
 from agent.nvml.source import NvmlSource
-from agent.slices.build import pool_content
+from agent.sharing.claims import ClaimSharing
+from agent.sharing.commands import DriverRoot, SubprocessRunner
+from agent.sharing.control import SharingControl
+from agent.slices.build import Json, pool_content
 from agent.slices.publisher import Publisher, PublishResult
+from agent.slices.versions import LATEST, SliceRules, rules_for
 
 if TYPE_CHECKING:
     from agent.arbiter.node_service import NodeReservations
@@ -57,6 +62,7 @@ class NodeConfig:
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
+    driver_root: Path = Path("/")  # where nvidia-smi and nvidia-cuda-mps-control are installed
     reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
@@ -114,8 +120,11 @@ class NodeAgent:
         self.health = HealthSource()
         self._health_lock = threading.Lock()  # orders event updates against re-recording after discovery
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
+        self._taints: dict[str, list[Json]] = {}  # device name -> its device taints (published on 1.36+)
+        self._seen_gpus = {g.minor: g for g in self._inventory.gpus}  # a lost GPU stays listed, tainted
         self._health_changed = threading.Event()  # wakes the publish thread: health or MIG devices changed
         self._monitor: HealthMonitor | None = None
+        rules = self._read_slice_rules()  # None while the API is away: the publisher reads it before writing
         self._node_uid = self._read_node_uid()
         self._publisher = Publisher(
             self._api,
@@ -123,6 +132,8 @@ class NodeAgent:
             config.driver_name,
             partitionable=config.partitionable,
             node_uid=self._node_uid,
+            rules=rules,
+            taints=self._device_taints,
         )
         # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
         self._node = NodeWatcher(self._api, config.node_name)
@@ -140,6 +151,7 @@ class NodeAgent:
             is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
+            sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None
@@ -210,7 +222,7 @@ class NodeAgent:
         self._spawn("slice-resync", self._resync_loop)
         if self.config.health_events:
             self._monitor = HealthMonitor(
-                lambda: self._inventory, self._on_health_change, extra_ignored_xids=self.config.extra_ignored_xids
+                self._with_seen_gpus, self._on_health_change, extra_ignored_xids=self.config.extra_ignored_xids
             )
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
@@ -263,6 +275,7 @@ class NodeAgent:
             with self._discovery_lock:  # discover and swap together: an older view never replaces a newer one
                 inventory = self._nvml.discover()
                 changed, self._inventory = inventory != self._inventory, inventory
+                self._seen_gpus.update((g.minor, g) for g in inventory.gpus)
         except Exception:
             log.exception("re-discovering GPUs failed; keeping the previous inventory")
             return self._inventory
@@ -284,6 +297,22 @@ class NodeAgent:
             on_result=self._on_published,
             on_error=lambda exc: self.metrics.publish_errors.inc(),
         )
+
+    @property
+    def slice_rules(self) -> SliceRules:
+        """The ResourceSlice rules of the server's version. Until the API has answered /version, the newest
+        release's: only the health records and the offer are shaped by them then, and nothing is published
+        before the publisher has read the version."""
+        return self._publisher.known_rules or LATEST
+
+    def _read_slice_rules(self) -> SliceRules | None:
+        try:
+            rules = rules_for(server_version(self._api))
+        except ApiError as exc:
+            log.warning("cannot read the API server's version yet, going on without it: %s", exc)
+            return None
+        log.info("API server is Kubernetes %s", rules.label)
+        return rules
 
     def _read_node_uid(self) -> str | None:
         """The Node's uid at start, or None when the API is away: the Node watch (retrying with backoff)
@@ -322,11 +351,13 @@ class NodeAgent:
             known = {(d.pool, d.device): d for d in self.health.snapshot().devices}
             names = {
                 d["name"]
-                for content in pool_content(inventory, partitionable=self._publisher.partitionable)
+                for content in pool_content(
+                    inventory, partitionable=self._publisher.partitionable, rules=self.slice_rules
+                )
                 for d in content.devices
             } | self._unhealthy.keys()
             self.health.replace(
-                DeviceHealth(pool, name, Health.UNHEALTHY, now)
+                DeviceHealth(pool, name, Health.UNHEALTHY, now, self._reason(name))
                 if not self._healthy_by_events(name)
                 else known.get((pool, name)) or DeviceHealth(pool, name, Health.HEALTHY, now)
                 for name in sorted(names)
@@ -337,26 +368,37 @@ class NodeAgent:
         its GPU: this also covers partitionable MIG placements."""
         return device_name not in self._unhealthy and parent_gpu_name(device_name) not in self._unhealthy
 
+    def _reason(self, device_name: str) -> str:
+        """Why a device is unhealthy: its own fault, or its GPU's."""
+        return self._unhealthy.get(device_name) or self._unhealthy.get(parent_gpu_name(device_name) or "", "")
+
     def _on_health_change(self, device_name: str, healthy: bool, reason: str) -> None:
         """From the NVML monitor's thread: record it now, publish from our own thread (no API I/O here)."""
         with self._health_lock:
             if healthy:
                 self._unhealthy.pop(device_name, None)
+                self._taints.pop(device_name, None)
             else:
                 self._unhealthy[device_name] = reason
+                fault = self._monitor.fault(device_name) if self._monitor is not None else None
+                self._taints[device_name] = [device_taint(fault, self.config.driver_name, time.time())]
             self.metrics.unhealthy_devices.set(len(self._unhealthy))
             state = Health.HEALTHY if healthy else Health.UNHEALTHY
-            self.health.set(self.config.node_name, device_name, state, int(time.time()))
+            self.health.set(self.config.node_name, device_name, state, int(time.time()), "" if healthy else reason)
         self._health_changed.set()
 
     def _schedulable(self, inventory: Inventory) -> Inventory:
-        """What the slices offer: unhealthy devices are left out rather than tainted, because device taints
-        (DRADeviceTaints) are alpha and off by default in 1.34, where the server would silently drop the taint
-        and the scheduler would keep picking the device. Prepare refuses them in any case. GPUs a MIG
+        """What the slices offer. Where the server serves device taints (1.36+) unhealthy devices stay, tainted
+        (`_device_taints`), so users see why; before that they are left out, because device taints
+        (DRADeviceTaints) are alpha and off by default in 1.34-1.35, where the server would silently drop the
+        taint and the scheduler would keep picking the device. Prepare refuses them in any case. GPUs a MIG
         reconfiguration is changing are left out with everything carved from them."""
         with self._health_lock:
             unhealthy = set(self._unhealthy)
-        return without_devices(inventory, unhealthy | {gpu_device_name(m) for m in self._withheld})
+        withheld = {gpu_device_name(m) for m in self._withheld}
+        if self.slice_rules.taints_served:
+            return without_devices(with_gpus_kept(inventory, self._seen_gpus.values(), unhealthy), withheld)
+        return without_devices(inventory, unhealthy | withheld)
 
     # --- MIG reconfiguration from the node label ---------------------------------------------------------
 
@@ -417,6 +459,16 @@ class NodeAgent:
             self._nvml.fake.reset_gpu(gpu.index)  # the fake machine's `nvidia-smi -r`
         else:
             reset_gpu(gpu.pci_bus_id)
+
+    def _with_seen_gpus(self) -> Inventory:
+        """The inventory plus GPUs discovery no longer lists: a GPU lost between rediscovery and the health probe
+        must still map to its devices."""
+        inventory = self._inventory
+        return with_gpus_kept(inventory, self._seen_gpus.values(), {gpu_device_name(m) for m in self._seen_gpus})
+
+    def _device_taints(self) -> dict[str, list[Json]]:
+        with self._health_lock:
+            return {name: list(taints) for name, taints in self._taints.items()}
 
     def _health_publish_loop(self) -> None:
         while True:

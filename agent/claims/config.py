@@ -3,7 +3,7 @@ per-device resolution.
 
 Pure: no I/O. Decoding is strict like NVIDIA's (unknown fields, wrong types and bad values are errors), so
 a typo in a claim fails its prepare instead of silently running unshared. This module only says what each
-device asked for; applying TimeSlicing and MPS on the node is not done yet (see agent.claims.state).
+device asked for; agent.sharing applies TimeSlicing and MPS on the node.
 """
 
 from __future__ import annotations

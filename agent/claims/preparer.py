@@ -22,6 +22,7 @@ from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
 from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
+from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,11 @@ class ClaimPreparer:
         migs: MigDevices | None = None,
         on_inventory_changed: Callable[[], None] = lambda: None,
         lock_timeout: float = 10.0,
+        sharing: ClaimSharing | None = None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
-        again; `on_inventory_changed` is called, under the node lock, after it did either."""
+        again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
+        TimeSlicing and MPS configs on the node (None: they are checked, not applied)."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
@@ -59,6 +62,7 @@ class ClaimPreparer:
             mig_caps=mig_caps,
             migs=migs,
             on_inventory_changed=on_inventory_changed,
+            sharing=sharing,
         )
 
     def recover(self) -> Recovery:

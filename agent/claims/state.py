@@ -38,6 +38,7 @@ from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
 from agent.devices import deliverable, names
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory
+from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class _Planned:
 
     checkpointed: CheckpointedDevice
     cdi: CdiDevice
+    config: DeviceConfig
 
 
 class _CreateFailed(ClaimError):
@@ -109,6 +111,7 @@ class ClaimStates:
         mig_caps: MigCaps | None = None,
         migs: MigDevices | None = None,
         on_inventory_changed: Callable[[], None] = lambda: None,
+        sharing: ClaimSharing | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -120,6 +123,7 @@ class ClaimStates:
         self.mig_caps = mig_caps or MigCaps()
         self.migs = migs  # None: MIG devices are never created or destroyed here
         self.on_inventory_changed = on_inventory_changed  # called (under the node lock) after a create/destroy
+        self.sharing = sharing  # None: TimeSlicing/MPS configs are checked but not applied on the node
         self._boot_id: str | None = None
         self._migs_changed = False
 
@@ -157,12 +161,12 @@ class ClaimStates:
         self, cp: Checkpoint, refs: Sequence[ClaimRef], claims: Mapping[str, Fetched]
     ) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        started: dict[str, tuple[ClaimEntry, list[CdiDevice]]] = {}
+        started: dict[str, tuple[ClaimEntry, list[CdiDevice], dict[str, DeviceConfig]]] = {}
         for ref in refs:
             if ref.uid in results or ref.uid in started:
                 continue  # the kubelet never repeats a claim in one call; answer it once if it does
             try:
-                entry, devices = self._start(cp, ref, claims.get(ref.uid))
+                entry, devices, configs = self._start(cp, ref, claims.get(ref.uid))
             except ClaimError as exc:
                 results[ref.uid] = PrepareResult(error=str(exc))
                 continue
@@ -173,17 +177,19 @@ class ClaimStates:
             if entry.state is ClaimState.COMPLETED:
                 results[ref.uid] = _result(entry)
             else:
-                started[ref.uid] = (entry, devices)
+                started[ref.uid] = (entry, devices, configs)
         if not started:
             return results
 
         self.checkpoints.save(cp)  # every Started entry (with the placements to create) is on disk first
-        for begun, devices in started.values():
+        for begun, devices, configs in started.values():
             try:
                 self._switch_mig_modes(begun)
                 entry = self._create_migs(cp, begun, devices)
+                if self.sharing is not None:  # undone by _abandon, rollback or recover like the MIG devices
+                    spec = self.sharing.apply(entry.uid, entry.devices, configs, self.inventory(), entry.cdi_spec)
+                    cp.claims[entry.uid] = entry = replace(entry, cdi_spec=spec)
                 self.specs.write(entry.uid, entry.cdi_spec or {})
-                # Applying TimeSlicing / MPS on the node (not done yet) belongs here, between Started and Completed.
             except Exception as exc:
                 if not isinstance(exc, ClaimError):
                     log.exception("writing the CDI spec of claim %s failed", begun.uid)
@@ -252,6 +258,7 @@ class ClaimStates:
             error = f"{error}; {problem}"
         entry = cp.claims[uid]
         try:
+            self._undo_sharing(uid)
             self._destroy_created(cp, entry, find_unsaved=False)
         except ClaimError as exc:
             return f"{error}; {exc}"
@@ -259,14 +266,16 @@ class ClaimStates:
             del cp.claims[uid]
         return error
 
-    def _start(self, cp: Checkpoint, ref: ClaimRef, fetched: Fetched | None) -> tuple[ClaimEntry, list[CdiDevice]]:
+    def _start(
+        self, cp: Checkpoint, ref: ClaimRef, fetched: Fetched | None
+    ) -> tuple[ClaimEntry, list[CdiDevice], dict[str, DeviceConfig]]:
         """The claim's Completed entry, or a new Started one (added to `cp`, not saved yet) with its devices
         as the spec needs them. A Started entry's spec is left out while MIG devices are still to be made."""
         entry = cp.claims.get(ref.uid)
         if entry is not None and entry.state is ClaimState.COMPLETED:
             if not self.specs.exists(ref.uid) and entry.cdi_spec is not None:
                 self.specs.write(ref.uid, entry.cdi_spec)  # someone cleared the CDI root: put it back
-            return entry, []
+            return entry, [], {}
         if entry is not None:
             log.info("claim %s was left in PrepareStarted: rolling back before preparing again", ref.uid)
             self.rollback(cp, ref.uid)
@@ -283,7 +292,7 @@ class ClaimStates:
             ref.uid, ref.namespace, ref.name, ClaimState.STARTED, tuple(p.checkpointed for p in planned), spec
         )
         cp.claims[ref.uid] = entry  # later claims of the batch see its devices (and placements) as taken
-        return entry, devices
+        return entry, devices, {p.checkpointed.device_name: p.config for p in planned}
 
     def _plan(self, cp: Checkpoint, ref: ClaimRef, claim: Mapping[str, Any]) -> list[_Planned]:
         allocation = node_allocation(claim, ref, self.driver_name, self.pool_name)
@@ -319,7 +328,7 @@ class ClaimStates:
                 mig_mode_switched=found.switches_mig_mode,
             )
             self._check_free(cp, ref.uid, device)
-            planned.append(_Planned(device, found.cdi))
+            planned.append(_Planned(device, found.cdi, config))
         return planned
 
     def _resolve(
@@ -461,6 +470,13 @@ class ClaimStates:
 
     def _unprepare(self, cp: Checkpoint, uids: Sequence[str]) -> dict[str, str]:
         known = [uid for uid in dict.fromkeys(uids) if uid in cp.claims]
+        errors = {}
+        for uid in list(known):  # sharing first, while the claim is still prepared (a failure keeps it so)
+            try:
+                self._undo_sharing(uid)
+            except ClaimError as exc:
+                errors[uid] = str(exc)
+                known.remove(uid)
         owning = []  # claims holding MIG devices we created
         for uid in known:
             entry = cp.claims[uid]
@@ -471,8 +487,9 @@ class ClaimStates:
                 del cp.claims[uid]
         if known:
             self.checkpoints.save(cp)
-        errors = {}
         for uid in uids:  # also for unknown claims: a spec left by a failed removal goes on the retry
+            if uid in errors:
+                continue  # its sharing could not be undone: it stays prepared, spec included
             if problem := self._remove_spec(uid):
                 errors[uid] = problem  # the kubelet retries; the claim is forgotten, so only the spec remains
         destroyed = False
@@ -490,15 +507,20 @@ class ClaimStates:
 
     def rollback(self, cp: Checkpoint, uid: str) -> None:
         """Undo a PrepareStarted claim: spec first, then the MIG devices it created, entry last, so a crash
-        here is rolled back again. Raises ClaimError (entry kept) when a device cannot be destroyed; a spec
-        that cannot be removed is left for recovery (see `_abandon`)."""
+        here is rolled back again. Raises ClaimError (entry kept) when a device cannot be destroyed or its
+        sharing undone; a spec that cannot be removed is left for recovery (see `_abandon`)."""
         self._remove_spec(uid)
+        self._undo_sharing(uid)
         entry = cp.claims.get(uid)
         if entry is None:
             return
         self._destroy_created(cp, entry, find_unsaved=True)
         del cp.claims[uid]
         self.checkpoints.save(cp)
+
+    def _undo_sharing(self, uid: str) -> None:
+        if self.sharing is not None:
+            self.sharing.undo(uid)
 
     def _destroy_created(self, cp: Checkpoint, entry: ClaimEntry, *, find_unsaved: bool) -> None:
         """Destroy the MIG devices `entry` created that no other claim holds. With `find_unsaved`, a
@@ -572,6 +594,10 @@ class ClaimStates:
                 log.error("claim %s stays in PrepareStarted: %s", uid, exc)  # noqa: TRY400 (the cause is in it)
                 continue
             rolled_back.append(uid)
+        if self.sharing is not None:  # after rollbacks: stop daemons of claims gone, adopt the others'
+            adoption = self.sharing.reconcile({u for u, e in cp.claims.items() if e.state is ClaimState.COMPLETED})
+            log.info("sharing reconciled", extra={"mps_adopted": adoption.adopted, "mps_restarted": adoption.restarted,
+                                                   "sharing_undone": adoption.undone})  # fmt: skip
         restored = tuple(
             uid
             for uid, e in cp.claims.items()

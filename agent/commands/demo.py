@@ -31,6 +31,7 @@ from agent.demo.kubectl import Json, Kubectl, KubectlError
 from agent.demo.node import DRIVER, DemoError, DemoNode
 from agent.demo.queues import run_queue_scene
 from fakes.kubelet import KubeletError
+from fakes.nvml.binaries import install_driver_root
 from fakes.scheduler import FakeScheduler, Unsatisfiable
 
 NAMESPACE = "default"
@@ -43,7 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         help=f"fake NVML machine to run a node on; repeat for more nodes (default: {', '.join(DEFAULT_MACHINES)})",
     )
-    p.add_argument("--manifests", type=Path, default=None, help="daemonset/ directory with deviceclasses and examples")
+    p.add_argument(
+        "--manifests", type=Path, default=None, help="daemonset/ directory (base/deviceclasses.yaml and examples/)"
+    )
     p.add_argument("--workdir", type=Path, default=None, help="directory to work in (default: a fresh temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (agent logs, state) afterwards")
     p.add_argument("--verbose", action="store_true", help="let the agents log to this terminal instead of files")
@@ -98,12 +101,15 @@ class Demo:
             "",
             "== 1. Cluster",
             f"  API server fake  {server.url}",
-            f"  DeviceClasses    {', '.join(classes)}  (from {self.manifests / 'deviceclasses.yaml'})",
+            f"  DeviceClasses    {', '.join(classes)}  (from {self.manifests / 'base' / 'deviceclasses.yaml'})",
         )
+        driver_root = self.workdir / "driver-root"
+        install_driver_root(driver_root)  # fake nvidia-smi and nvidia-cuda-mps-control for TimeSlicing and MPS
         for i, machine in enumerate(self.machines):
             name = f"node-{i}-{machine}"
             kubectl.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-            node = DemoNode(name, machine, self.workdir / name, kubeconfig, verbose=self.verbose)
+            node = DemoNode(name, machine, self.workdir / name, kubeconfig, driver_root=driver_root,
+                            verbose=self.verbose)  # fmt: skip
             self.stack.callback(node.close)  # kill the agent whatever happens below
             self.nodes[name] = node
             node.start()
@@ -133,13 +139,14 @@ class Demo:
         names = ", ".join(c["metadata"]["name"] for c in claims)
         _say("", f"== 4. Claims from {self.manifests / 'examples'}: {names}")
         self._rounds(claims)
+        self._device_plugin_style_pods(kubectl)
 
         first = next(iter(self.nodes.values()))
-        _say("", f"== 6. MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}")
+        _say("", f"== 7. MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}")
         for value in ("all-1g.10gb", "all-disabled"):
             _say(*mig.relabel(kubectl, first.name, value, lambda: self._slices(kubectl, first.name)))
 
-        _say("", "== 7. Stopping the agents with SIGTERM")
+        _say("", "== 8. Stopping the agents with SIGTERM")
         for node in self.nodes.values():
             code = node.terminate()
             left = [str(s) for s in node.sockets if s.exists()]
@@ -153,7 +160,7 @@ class Demo:
     # --- steps -------------------------------------------------------------------------------------------
 
     def _apply_device_classes(self, kubectl: Kubectl) -> list[str]:
-        path = self.manifests / "deviceclasses.yaml"
+        path = self.manifests / "base" / "deviceclasses.yaml"
         if not path.exists():
             raise DemoError(f"no {path}: pass --manifests with the daemonset/ directory")
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "DeviceClass"]
@@ -204,6 +211,7 @@ class Demo:
             results = self._prepare(placed)
             for claim in placed:
                 _say(*report.prepared_claim(claim, results[claim["metadata"]["uid"]]))
+                self._show_sharing(claim, results[claim["metadata"]["uid"]])
             for claim, why in waiting:
                 _say(f"  {claim['metadata']['name']}: waits for the next round: {why}")
             failed = [c["metadata"]["name"] for c in placed if results[c["metadata"]["uid"]].error]
@@ -215,6 +223,51 @@ class Demo:
             self._release(placed)
             pending = [c for c, _ in waiting]
 
+    def _device_plugin_style_pods(self, kubectl: Kubectl) -> None:
+        """Pods asking for `nvidia.com/gpu`: the fake scheduler makes, allocates and reserves their special claim
+        (DRAExtendedResource), the kubelet prepares it; then the pod and its claim are deleted."""
+        pods = [
+            d
+            for f in sorted((self.manifests / "examples").glob("*.yaml"))
+            for d in yaml.safe_load_all(f.read_text())
+            if d and d.get("kind") == "Pod" and not d["spec"].get("resourceClaims")
+        ]
+        if not pods:
+            return
+        _say("", "== 6. Device-plugin-style pods: extended resources through DRA (DeviceClass extendedResourceName)")
+        for manifest in pods:
+            pod = kubectl.create({**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}})
+            name = pod["metadata"]["name"]
+            asked = ", ".join(f"{r}: {q}" for c in pod["spec"]["containers"]
+                              for r, q in ((c.get("resources") or {}).get("limits") or {}).items())
+            claim = None
+            for candidate in self.nodes:
+                try:
+                    claim = self.scheduler.schedule_extended_resources(NAMESPACE, name, candidate)
+                except Unsatisfiable:
+                    continue
+                if claim is not None:
+                    break
+            if claim is None:
+                raise DemoError(f"pod {name} ({asked}) got no extended resource claim on any node")
+            node = self.nodes[report.node_of(claim)]
+            result = node.kubelet.prepare(DRIVER, [_ref(claim)])[claim["metadata"]["uid"]]
+            if result.error:
+                raise DemoError(f"prepare of {claim['metadata']['name']} failed: {result.error}")
+            mapping = kubectl.get("Pod", name, NAMESPACE)["status"]["extendedResourceClaimStatus"]
+            _say(f"  pod {name} ({asked}) bound to {node.name}; claim {claim['metadata']['name']} made by the"
+                 " scheduler",
+                 *(f"      {m['containerName']}: {m['resourceName']} -> request {m['requestName']}"
+                   for m in mapping["requestMappings"]),
+                 *report.table(["DEVICE", "REQUEST", "CDI DEVICE IDS"],
+                               [[d.device_name, ", ".join(d.request_names), " ".join(d.cdi_device_ids)]
+                                for d in result.devices], indent="      "))
+            errors = node.kubelet.unprepare(DRIVER, [_ref(claim)])
+            if any(errors.values()):
+                raise DemoError(f"unprepare of {claim['metadata']['name']} failed: {errors}")
+            self.scheduler.deallocate(NAMESPACE, claim["metadata"]["name"])
+            _say(f"  pod {name} done: claim unprepared and deallocated")
+
     def _prepare(self, claims: list[Json]) -> dict[str, PrepareResult]:
         """One NodePrepareResources per claim, as for one pod each, on the claim's node."""
         results: dict[str, PrepareResult] = {}
@@ -222,6 +275,14 @@ class Demo:
             node = self.nodes[report.node_of(claim)]
             results.update(node.kubelet.prepare(DRIVER, [_ref(claim)]))
         return results
+
+    def _show_sharing(self, claim: Json, result: PrepareResult) -> None:
+        """For a claim with a sharing config: what is in force on the node now (not what was asked)."""
+        if result.error or not report.sharing(claim):
+            return
+        node = self.nodes[report.node_of(claim)]
+        lines = node.sharing_report(claim["metadata"]["uid"], [d.device_name for d in result.devices])
+        _say("      on the node:", *(f"        {line}" for line in lines))
 
     def _show_cdi(self, claim: Json) -> None:
         node = self.nodes[report.node_of(claim)]
@@ -237,6 +298,10 @@ class Demo:
             errors = node.kubelet.unprepare(DRIVER, [_ref(claim)])
             if any(errors.values()):
                 raise DemoError(f"unprepare of {claim['metadata']['name']} failed: {errors}")
+            if report.sharing(claim):
+                devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+                lines = node.sharing_report(claim["metadata"]["uid"], devices)
+                _say(f"  {claim['metadata']['name']} unprepared; on the node:", *(f"    {line}" for line in lines))
             self.scheduler.deallocate(NAMESPACE, claim["metadata"]["name"])
         left = {n.name: sorted(p.name for p in n.cdi_root.iterdir()) for n in self.nodes.values()}
         names = ", ".join(c["metadata"]["name"] for c in claims)

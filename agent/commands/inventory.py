@@ -79,6 +79,7 @@ def _gpu_document(g: Gpu) -> dict[str, Any]:
         "pcieRoot": g.pcie_root,
         "numaNode": g.numa_node,
         "computeMode": g.compute_mode.name,
+        "mpsServer": g.mps_server,
         "migCapable": g.mig_capable,
         "migEnabled": g.mig_enabled,
         "migPending": g.mig_pending,
@@ -168,7 +169,8 @@ def inventory_table(inv: Inventory) -> str:
     """The inventory for a person at a terminal."""
     lines = [f"Driver {inv.driver_version}, CUDA {inv.cuda_driver_version}, {len(inv.gpus)} GPU(s)", ""]
     lines += _table(
-        ("NAME", "INDEX", "PRODUCT", "MEMORY", "PCI BUS ID", "NUMA", "MIG", "PLACEMENTS", "NVLINK DOMAIN", "UUID"),
+        ("NAME", "INDEX", "PRODUCT", "MEMORY", "PCI BUS ID", "NUMA", "MIG", "PLACEMENTS", "COMPUTE MODE", "MPS",
+         "NVLINK DOMAIN", "UUID"),
         [
             (
                 gpu_device_name(g.minor),
@@ -179,6 +181,8 @@ def inventory_table(inv: Inventory) -> str:
                 "-" if g.numa_node is None else str(g.numa_node),
                 _mig_state(g),
                 str(sum(len(p.placements) for p in g.mig_profiles)),
+                g.compute_mode.name,
+                "server" if g.mps_server else "-",
                 g.nvlink_domain,
                 g.uuid,
             )

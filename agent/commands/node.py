@@ -74,6 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=_env("HEALTH_EVENTS", "true") not in ("0", "false"),
         help="watch NVML for critical XIDs and lost GPUs (env HEALTH_EVENTS)",
     )
+    p.add_argument(
+        "--driver-root",
+        default=_env("NVIDIA_DRIVER_ROOT", "/"),
+        help="where the NVIDIA driver (nvidia-smi, nvidia-cuda-mps-control) is installed, as NVIDIA's "
+        "nvidiaDriverRoot (env NVIDIA_DRIVER_ROOT)",
+    )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
     p.add_argument(
         "--reservation-addr",
@@ -144,6 +150,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
+        driver_root=Path(args.driver_root),
         reservation_address=args.reservation_addr or None,
         reservation_token=token,
         node_ip=_env("NODE_IP"),

@@ -21,6 +21,7 @@ _RESOURCES = {
     "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
     "Event": ("/api/v1", "events", True),
+    "Pod": ("/api/v1", "pods", True),
 }
 
 

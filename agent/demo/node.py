@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TypeVar
 
+from agent.devices.names import GpuName, parse_device_name
 from agent.kubelet.plugin import dra_socket_path, registration_socket_path
 from agent.kubelet.sockets import MAX_SOCKET_PATH
+from agent.sharing.mps import MPS_CONTROL
 from agent.slices.build import DEFAULT_DRIVER
 from fakes.kubelet import FakeKubelet, Plugin
+from fakes.nvml import persist
+from fakes.nvml.control import FakeNvml
+from fakes.nvml.machines import get_machine
+from fakes.nvml.show import COMPUTE_MODES, TIMESLICES
 
 DRIVER = DEFAULT_DRIVER
 T = TypeVar("T")
@@ -26,7 +33,8 @@ class DemoError(RuntimeError):
 class DemoNode:
     """Directories under `root`: kubelet/, cdi/, state/ and agent.log (unless the agent logs to our stderr)."""
 
-    def __init__(self, name: str, machine: str, root: Path, kubeconfig: Path, *, verbose: bool = False) -> None:
+    def __init__(self, name: str, machine: str, root: Path, kubeconfig: Path, *, driver_root: Path,
+                 verbose: bool = False) -> None:  # fmt: skip
         self.name = name
         self.machine = machine
         self.root = root
@@ -34,6 +42,8 @@ class DemoNode:
         self.cdi_root = root / "cdi"
         self.state_dir = root / "state"
         self.log_path = root / "agent.log"
+        self.gpu_state = root / "gpus.json"  # FAKE_NVML_STATE: the fake GPUs, shared with the fake binaries
+        self.driver_root = driver_root  # fake nvidia-smi and nvidia-cuda-mps-control in usr/bin
         self.kubeconfig = kubeconfig
         self.verbose = verbose
         self.process: subprocess.Popen[bytes] | None = None
@@ -60,11 +70,45 @@ class DemoNode:
             "--kubelet-root", str(self.kubelet_root),
             "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir),
+            "--driver-root", str(self.driver_root),
             "--metrics-addr", "",
             "--log-format", "text",
         ]  # fmt: skip
         self._log = None if self.verbose else self.log_path.open("ab")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT if self._log else None)
+        env = {**os.environ, persist.ENV: str(self.gpu_state)}
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT if self._log else None,
+                                        env=env)  # fmt: skip
+
+    def sharing_report(self, claim_uid: str, device_names: Sequence[str]) -> list[str]:
+        """What the node shows of a claim's sharing: each GPU's compute mode and time slice (from the fake
+        GPUs), and the claim's MPS control daemon, asked through its pipe directory as a client would."""
+        fake = FakeNvml(get_machine(self.machine), self.gpu_state)
+        lines = []
+        for name in device_names:
+            parsed = parse_device_name(name)
+            minor = parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor
+            gpu = next(g for g in fake.gpus if g.minor == minor)
+            servers = [str(p.pid) for p in gpu.processes if p.name == "nvidia-cuda-mps-server"]
+            server = "pid " + ", ".join(servers) if servers else "none"
+            lines.append(f"{name}: compute mode {COMPUTE_MODES[gpu.compute_mode]}, time slice "
+                         f"{TIMESLICES[gpu.timeslice]}, MPS server {server}")
+        pipe = self.state_dir / "mps" / claim_uid / "pipe"
+        if pipe.is_dir():
+            ask = ["get_server_list", "get_default_active_thread_percentage"]
+            ask += [f"get_default_device_pinned_mem_limit {i}" for i in range(len(device_names))]
+            done = subprocess.run(  # the fake binary, with the claim's pipe directory, as a CUDA client would
+                [str(self.driver_root / "usr/bin" / MPS_CONTROL)], input="\n".join(ask) + "\n", text=True,
+                capture_output=True, env={**os.environ, persist.ENV: str(self.gpu_state),
+                                          "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, timeout=30, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                lines.append(f"MPS control daemon at {pipe}: not answering ({done.stderr.strip()})")
+            else:
+                pid, percentage, *limits = done.stdout.split()
+                pinned = ", ".join(f"{limit} on {name}" for limit, name in zip(limits, device_names, strict=True))
+                lines.append(f"MPS control daemon pid {pid} at {pipe}: active thread percentage {percentage}, "
+                             f"pinned memory limit {pinned}")
+        return lines
 
     def wait_registered(self, timeout: float = 30.0) -> Plugin:
         """Scan the plugin registry as the kubelet does until the agent has registered."""

@@ -68,7 +68,7 @@ def prepared_claim(claim: Mapping[str, Any], result: PrepareResult) -> list[str]
     lines = [f"  {name}  (node {node_of(claim)}, uid {claim['metadata']['uid']})"]
     how = sharing(claim)
     if how:
-        lines.append(f"      sharing: {how}")
+        lines.append(f"      sharing asked: {how}")
     rows = [[d.device_name, ", ".join(d.request_names) or "*", " ".join(d.cdi_device_ids)] for d in result.devices]
     lines.extend(table(["DEVICE", "REQUEST", "CDI DEVICE IDS"], rows, indent="      "))
     return lines

@@ -134,6 +134,7 @@ class Gpu:
     pcie_root: str | None = None  # "pci0000:17"
     numa_node: int | None = None
     compute_mode: ComputeMode = ComputeMode.DEFAULT
+    mps_server: bool = False  # an MPS server (nvidia-cuda-mps-server) runs on it
     mig_capable: bool = False
     mig_enabled: bool = False  # current mode
     mig_pending: bool = False  # pending mode (differs from current until reset on Ampere)

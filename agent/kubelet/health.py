@@ -22,6 +22,7 @@ class DeviceHealth:
     device: str
     health: Health
     last_updated: int  # unix seconds, when the agent last determined this health
+    message: str = ""  # why, for people (sent on the v1 stream)
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,9 @@ class HealthSource:
         self._devices: dict[tuple[str, str], DeviceHealth] = {}
         self._version = 0
 
-    def set(self, pool: str, device: str, health: Health, now: int) -> None:
+    def set(self, pool: str, device: str, health: Health, now: int, message: str = "") -> None:
         """Record one device's health; a report identical to the stored one is not a change."""
-        entry = DeviceHealth(pool, device, health, now)
+        entry = DeviceHealth(pool, device, health, now, message)
         with self._changed:
             old = self._devices.get((pool, device))
             if old is not None and old.health == health:

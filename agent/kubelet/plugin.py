@@ -11,7 +11,7 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from agent._proto.kubelet import dra_health_v1alpha1_pb2_grpc, pluginregistration_v1_pb2_grpc
+from agent._proto.kubelet import dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2_grpc, pluginregistration_v1_pb2_grpc
 from agent.claims.types import Preparer
 from agent.kubelet import dra, sockets
 from agent.kubelet.health import HealthSource
@@ -19,11 +19,12 @@ from agent.kubelet.liveness import LIVENESS_SERVICE, SelfCheckingHealth, probe
 from agent.kubelet.registration import (
     DRA_V1,
     DRA_V1BETA1,
+    RESOURCE_HEALTH_V1,
     RESOURCE_HEALTH_V1ALPHA1,
     RegistrationServicer,
     RegistrationStatus,
 )
-from agent.kubelet.resource_health import ResourceHealthServicer
+from agent.kubelet.resource_health import ResourceHealthServicer, ResourceHealthServicerV1, StreamLimit
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def dra_socket_path(kubelet_root: Path, driver_name: str) -> Path:
 class KubeletPlugin:
     """Serves the kubelet on `<root>/plugins_registry/<driver>-reg.sock` and `<root>/plugins/<driver>/dra.sock`.
 
-    The DRA socket serves DRAPlugin v1 and v1beta1, DRAResourceHealth v1alpha1 when a health source is given,
+    The DRA socket serves DRAPlugin v1 and v1beta1, DRAResourceHealth v1 and v1alpha1 when a health source is given,
     and grpc.health.v1. With `liveness_address` (e.g. "0.0.0.0:51516") a TCP grpc.health.v1 endpoint also
     answers probes by calling the plugin through its own sockets. stop() removes both sockets.
     """
@@ -73,7 +74,8 @@ class KubeletPlugin:
         for path in (self.registration_socket, self.dra_socket):
             sockets.check_socket_path(path)
         # Advertised in preference order; both versions are always served (a kubelet may pick either).
-        self.supported_versions = dra_versions + ((RESOURCE_HEALTH_V1ALPHA1,) if health_source is not None else ())
+        health_versions = (RESOURCE_HEALTH_V1, RESOURCE_HEALTH_V1ALPHA1) if health_source is not None else ()
+        self.supported_versions = dra_versions + health_versions
         self._preparer = preparer
         self._health_source = health_source
         self._liveness_address = liveness_address
@@ -81,7 +83,7 @@ class KubeletPlugin:
         self._max_health_streams = max_health_streams if health_source is not None else 0
         self._registration = RegistrationServicer(driver_name, str(self.dra_socket), self.supported_versions)
         self._serving_health: health.HealthServicer | None = None
-        self._health_streams: ResourceHealthServicer | None = None
+        self._health_streams: list[ResourceHealthServicer | ResourceHealthServicerV1] = []
         self._servers: list[grpc.Server] = []
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (device, inode) we bound there
         self.liveness_port: int | None = None
@@ -112,8 +114,8 @@ class KubeletPlugin:
         """Stop serving (registration first, so the kubelet stops calling) and remove both sockets."""
         if self._serving_health is not None:
             self._serving_health.enter_graceful_shutdown()  # NOT_SERVING to watchers while we drain
-        if self._health_streams is not None:
-            self._health_streams.shutdown()
+        for streams in self._health_streams:
+            streams.shutdown()
         for server in reversed(self._servers):
             server.stop(grace).wait()
         self._servers.clear()
@@ -143,8 +145,12 @@ class KubeletPlugin:
         server = _grpc_server(self._max_workers + self._max_health_streams, "kubelet-grpc")
         dra.add_to_server(server, dra.ClaimService(self._preparer))
         if self._health_source is not None:
-            self._health_streams = ResourceHealthServicer(self._health_source, self._max_health_streams)
-            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(self._health_streams, server)
+            limit = StreamLimit(self._max_health_streams)  # both versions share the extra workers
+            v1 = ResourceHealthServicerV1(self._health_source, limit=limit)
+            v1alpha1 = ResourceHealthServicer(self._health_source, limit=limit)
+            dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(v1, server)
+            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(v1alpha1, server)
+            self._health_streams = [v1, v1alpha1]
         self._serving_health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._serving_health, server)
         for service in ("", LIVENESS_SERVICE):

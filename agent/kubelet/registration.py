@@ -17,8 +17,11 @@ PLUGIN_TYPE = "DRAPlugin"
 # gRPC service names, listed in preference order (the kubelet takes the first one it supports).
 DRA_V1 = "v1.DRAPlugin"
 DRA_V1BETA1 = "v1beta1.DRAPlugin"
+# Health stream versions: a 1.37+ kubelet picks v1 when both are listed (pickHealthService in
+# kubernetes/kubernetes pkg/kubelet/cm/dra/plugin), older ones know only v1alpha1.
+RESOURCE_HEALTH_V1 = "v1.DRAResourceHealth"
 RESOURCE_HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
-SUPPORTED_VERSIONS = (DRA_V1, DRA_V1BETA1, RESOURCE_HEALTH_V1ALPHA1)
+SUPPORTED_VERSIONS = (DRA_V1, DRA_V1BETA1, RESOURCE_HEALTH_V1, RESOURCE_HEALTH_V1ALPHA1)
 
 
 @dataclass(frozen=True)

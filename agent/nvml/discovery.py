@@ -183,8 +183,25 @@ def _discover_gpu(index: int, topology: PciTopology | None) -> tuple[Gpu, list[M
         gpu_instances=instances,
         nvlink_peers=_nvlink_peers(h, what),
         fabric=_fabric(h, what),
+        mps_server=_mps_server(h, what),
     )
     return gpu, migs
+
+
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
+def _mps_server(h: Any, what: str) -> bool:
+    """Whether an MPS server is among the GPU's compute processes (it holds a context on each GPU it serves)."""
+    processes = _optional(f"listing the compute processes of {what}", pynvml.nvmlDeviceGetComputeRunningProcesses, h)
+    for p in processes or ():
+        try:
+            name = _text(call(f"reading the name of process {p.pid}", pynvml.nvmlSystemGetProcessName, p.pid))
+        except (NotFound, NotSupported):
+            continue  # exited meanwhile, or an older driver
+        if name.rsplit("/", 1)[-1] == MPS_SERVER:
+            return True
+    return False
 
 
 def _numa_node(h: Any, what: str, bus_id: str, topology: PciTopology | None) -> int | None:

@@ -19,9 +19,10 @@ from typing import Any
 
 import pynvml
 
-from agent.devices.model import Inventory
+from agent.devices.model import Gpu, Inventory
 from agent.devices.names import InvalidDeviceName, MigName, gpu_device_name, parse_device_name
 from agent.nvml.errors import FunctionMissing, GpuLost, NvmlError, Timeout, nvml_errors
+from agent.slices.taints import Json, gpu_lost_taint, xid_taint
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,25 @@ def affected_devices(
     return (gpu_device_name(gpu.minor), *(m.name for m in migs))
 
 
+XID_DOUBLE_BIT_ECC = 48  # the Xid the driver logs for a double-bit ECC error
+
+
+def device_taint(event: GpuEvent | None, driver: str, since: float) -> Json:
+    """The DRA device taint for a fault, keyed as NVIDIA's driver keys it: `<driver>/xid` = the Xid for Xid and
+    ECC events, `<driver>/gpu-lost` for a GPU that stopped answering (or an unknown cause)."""
+    if event is None or event.fault in (Fault.GPU_LOST, Fault.GPU_UNAVAILABLE):
+        return gpu_lost_taint(driver, since)
+    return xid_taint(driver, event.xid if event.fault is Fault.XID else XID_DOUBLE_BIT_ECC, since)
+
+
+def with_gpus_kept(inventory: Inventory, remembered: Iterable[Gpu], names: Set[str]) -> Inventory:
+    """The inventory plus the remembered GPUs among `names` that discovery no longer lists (a lost GPU), so
+    their device taints stay visible where taints are served, instead of the device silently vanishing."""
+    listed = {g.minor for g in inventory.gpus}
+    kept = tuple(g for g in remembered if g.minor not in listed and gpu_device_name(g.minor) in names)
+    return replace(inventory, gpus=(*inventory.gpus, *kept)) if kept else inventory
+
+
 def parent_gpu_name(device_name: str) -> str | None:
     """`gpu-3` for `gpu-3-mig-1g10gb-19-0` (so a MIG device shares its GPU's fate); None for a GPU."""
     try:
@@ -164,6 +184,7 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._unhealthy: dict[str, str] = {}
+        self._faults: dict[str, GpuEvent] = {}  # the event that made each device unhealthy
         self._event_set: Any = None
         self._by_address: dict[int, int] = {}  # handle address -> GPU minor, for events
         self._handles: dict[int, Any] = {}  # GPU minor -> handle, for lost-GPU probes
@@ -180,6 +201,11 @@ class HealthMonitor:
         """Device name -> reason, for every device reported unhealthy so far."""
         with self._lock:
             return dict(self._unhealthy)
+
+    def fault(self, device_name: str) -> GpuEvent | None:
+        """The event that made a device unhealthy (the first one: later faults of it are not reported)."""
+        with self._lock:
+            return self._faults.get(device_name)
 
     def start(self) -> None:
         self._register(self._inventory())
@@ -207,6 +233,7 @@ class HealthMonitor:
                 if name in self._unhealthy:
                     continue
                 self._unhealthy[name] = event.reason
+                self._faults[name] = event
             log.warning(
                 "device %s is unhealthy: %s", name, event.reason, extra={"device": name, "reason": event.reason}
             )

@@ -18,15 +18,13 @@ from agent.devices import deliverable
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
 from agent.quantity import format_bytes
+from agent.slices.versions import LATEST, SliceRules
 
 Json = dict[str, Any]
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 API_VERSION = "resource.k8s.io/v1"
-MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices
-# Later API versions allow only 64 devices in a slice that uses counters; stay within that everywhere.
-MAX_DEVICES_WITH_COUNTERS = 64
-MAX_SHARED_COUNTERS_PER_SLICE = 32
+MAX_DEVICES_PER_SLICE = LATEST.max_devices  # ResourceSliceMaxDevices, the same in every version
 _MAX_NAME = 253
 _PCI = "resource.kubernetes.io/"
 
@@ -39,33 +37,95 @@ class SliceContent:
     shared_counters: tuple[Json, ...] = ()
 
 
-def pool_content(inventory: Inventory, *, partitionable: bool = False) -> tuple[SliceContent, ...]:
-    """The pool's devices, grouped into slices, in a stable order.
+Taints = Mapping[str, Sequence[Json]]  # device name -> DeviceTaints (a GPU's also cover its MIG devices)
+
+
+class SliceLimitExceeded(ValueError):
+    """The pool cannot be published within the server version's ResourceSlice limits."""
+
+
+def pool_content(
+    inventory: Inventory,
+    *,
+    partitionable: bool = False,
+    rules: SliceRules = LATEST,
+    taints: Taints | None = None,
+) -> tuple[SliceContent, ...]:
+    """The pool's devices, grouped into slices the server version `rules` accepts, in a stable order.
 
     Without `partitionable`, a GPU whose MIG mode is on is represented only by its MIG devices. With it,
     every MIG-capable GPU gets a counter set that its whole-GPU device, its existing MIG devices and every
     still-possible MIG placement consume, so the scheduler can only pick combinations that fit; only the
-    forms prepare can deliver are offered (agent.devices.deliverable).
+    forms prepare can deliver are offered (agent.devices.deliverable). On 1.34 the counter set shares a slice
+    with that GPU's devices, from 1.35 counter sets get slices of their own.
+    `taints` are attached where the version serves device taints (the caller withdraws devices elsewhere).
     Attributes are unprefixed, i.e. in the driver's own domain, so the content is the same for any driver name.
     """
+    taints = taints if rules.taints_served and taints else {}
     plain: list[Json] = []
-    grouped: list[SliceContent] = []
+    partitioned: list[tuple[Json, list[Json]]] = []  # (counter set, devices) of each partitionable GPU
     for gpu in inventory.gpus:
         migs = inventory.mig_devices_of(gpu.minor)
         if partitionable and deliverable.offers_placements(gpu):
-            content = _partitioned_gpu(inventory, gpu, migs, whole=deliverable.offers_whole_gpu(gpu))
-            if content.devices:  # none when GPU instances without compute instances fill the GPU
-                grouped.append(content)
+            counter_set, carved = _partitioned_gpu(inventory, gpu, migs, whole=deliverable.offers_whole_gpu(gpu))
+            if carved:  # none when GPU instances without compute instances fill the GPU
+                partitioned.append((counter_set, _with_taints(carved, gpu, taints, rules)))
             continue
-        if not gpu.mig_enabled:
-            plain.append(gpu_device(inventory, gpu))
-        plain.extend(mig_device(inventory, gpu, m) for m in migs)
+        devices = [] if gpu.mig_enabled else [gpu_device(inventory, gpu)]
+        devices.extend(mig_device(inventory, gpu, m) for m in migs)
+        plain.extend(_with_taints(devices, gpu, taints, rules))
     plain.sort(key=lambda d: natural_key(d["name"]))
-    chunks = [
-        SliceContent(tuple(plain[i : i + MAX_DEVICES_PER_SLICE]))
-        for i in range(0, len(plain), MAX_DEVICES_PER_SLICE)
-    ]
-    return tuple(sorted([*grouped, *chunks], key=lambda c: natural_key(c.devices[0]["name"])))
+    per_slice = rules.max_devices_advanced if any("taints" in d for d in plain) else rules.max_devices
+    slices = [SliceContent(tuple(chunk)) for chunk in _chunks(plain, per_slice)]
+    if rules.separate_counters:
+        sets = [counter_set for counter_set, _ in partitioned]
+        counter_slices = [SliceContent((), tuple(chunk)) for chunk in _chunks(sets, rules.max_counter_sets)]
+        for counter_set, devices in partitioned:
+            _check_counter_set(counter_set, rules.max_counters_per_set, rules)
+            slices.extend(SliceContent(tuple(c)) for c in _chunks(devices, rules.max_devices_advanced))
+    else:
+        counter_slices = []
+        for counter_set, devices in partitioned:
+            _check_combined(counter_set, devices, rules)
+            slices.append(SliceContent(tuple(devices), (counter_set,)))
+    return (*counter_slices, *sorted(slices, key=lambda c: natural_key(c.devices[0]["name"])))
+
+
+def _chunks(items: Sequence[Json], size: int) -> list[Sequence[Json]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _with_taints(devices: list[Json], gpu: Gpu, taints: Taints, rules: SliceRules) -> list[Json]:
+    """Each device with its own taints and its GPU's (a fault of the GPU is a fault of all carved from it)."""
+    if not taints:
+        return devices
+    of_gpu = list(taints.get(gpu_device_name(gpu.minor), ()))
+    for device in devices:
+        own = list(taints.get(device["name"], ())) if device["name"] != gpu_device_name(gpu.minor) else []
+        merged = {t["key"]: t for t in [*of_gpu, *own]}  # one taint a key, as NVIDIA's driver keeps them
+        if merged:
+            device["taints"] = [dict(t) for t in merged.values()][: rules.max_taints]
+    return devices
+
+
+def _check_counter_set(counter_set: Json, limit: int, rules: SliceRules) -> None:
+    if len(counter_set["counters"]) > limit:
+        raise SliceLimitExceeded(
+            f"counter set {counter_set['name']} has {len(counter_set['counters'])} counters; Kubernetes "
+            f"{rules.label} allows {limit}"
+        )
+
+
+def _check_combined(counter_set: Json, devices: Sequence[Json], rules: SliceRules) -> None:
+    """1.34: one GPU's counters and devices in one slice must fit that slice's limits."""
+    _check_counter_set(counter_set, rules.max_counters_per_set, rules)
+    consumed = sum(len(use["counters"]) for d in devices for use in d.get("consumesCounters", ()))
+    if len(devices) > rules.max_devices_advanced or consumed > rules.max_counters_consumed:
+        raise SliceLimitExceeded(
+            f"{counter_set['name']}: {len(devices)} partitionable devices consuming {consumed} counters do not fit "
+            f"one slice; Kubernetes {rules.label} allows {rules.max_devices_advanced} devices and "
+            f"{rules.max_counters_consumed} consumed counters a slice"
+        )
 
 
 def resource_slices(
@@ -91,8 +151,9 @@ def resource_slices(
             "driver": driver,
             "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(content)},
             "nodeName": node_name,
-            "devices": [dict(d) for d in part.devices],
         }
+        if part.devices or not part.shared_counters:  # 1.35+ refuses `devices`, even empty, beside counters
+            spec["devices"] = [dict(d) for d in part.devices]
         if part.shared_counters:
             spec["sharedCounters"] = [dict(c) for c in part.shared_counters]
         out.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata, "spec": spec})
@@ -107,9 +168,11 @@ def build_resource_slices(
     partitionable: bool = False,
     node_uid: str | None = None,
     generation: int = 1,
+    rules: SliceRules = LATEST,
+    taints: Taints | None = None,
 ) -> list[Json]:
     """`pool_content` then `resource_slices`, for callers that do no bookkeeping of their own."""
-    content = pool_content(inventory, partitionable=partitionable)
+    content = pool_content(inventory, partitionable=partitionable, rules=rules, taints=taints)
     return resource_slices(content, node_name=node_name, driver=driver, generation=generation, node_uid=node_uid)
 
 
@@ -309,7 +372,9 @@ def _consumes(gpu: Gpu, shape: _MigShape, placement: MigPlacement, profile: MigP
     }
 
 
-def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice], *, whole: bool) -> SliceContent:
+def _partitioned_gpu(
+    inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice], *, whole: bool
+) -> tuple[Json, list[Json]]:
     """One GPU as a counter set plus every device that can be carved from it.
 
     Existing MIG devices are kept; placements overlapping them or any other existing GPU instance are left
@@ -337,14 +402,9 @@ def _partitioned_gpu(inventory: Inventory, gpu: Gpu, migs: Sequence[MigDevice], 
             device = mig_device(inventory, gpu, profile=profile, placement=placement)
             device["consumesCounters"] = [_consumes(gpu, _MigShape.of(profile), placement, profile)]
             devices.append(device)
-    if len(devices) > MAX_DEVICES_WITH_COUNTERS or len(budget) > MAX_SHARED_COUNTERS_PER_SLICE:
-        raise ValueError(
-            f"GPU {gpu.minor} needs {len(devices)} partitionable devices and {len(budget)} counters; a slice "
-            f"allows {MAX_DEVICES_WITH_COUNTERS} and {MAX_SHARED_COUNTERS_PER_SLICE}"
-        )
     devices.sort(key=lambda d: natural_key(d["name"]))
     counter_set = {
         "name": counter_set_name(gpu.minor),
         "counters": _quantities(budget),
     }
-    return SliceContent(tuple(devices), (counter_set,))
+    return counter_set, devices

@@ -12,12 +12,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from agent import quantity
 from agent.devices.model import Inventory
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, pool_content, resource_slices
+from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, Taints, pool_content, resource_slices
+from agent.slices.versions import LATEST, SliceRules, rules_for
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class Publisher:
         *,
         partitionable: bool = False,
         node_uid: str | None = None,
+        rules: SliceRules | None = None,
+        taints: Callable[[], Taints] | None = None,
         max_attempts: int = 5,
         backoff_s: float = 0.05,
         retry_s: float = 0.5,
@@ -75,6 +79,8 @@ class Publisher:
         self._partitionable = partitionable
         self._node_uid = node_uid
         self._owner_known = node_uid is not None  # else looked up once, at the first write
+        self._rules = rules  # the server version's; read from /version on first use when not given
+        self._taints = taints  # device taints to publish where the server version serves them
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
         self._retry_s = retry_s  # first pause of `run` after a failed pass
@@ -90,6 +96,21 @@ class Publisher:
     def partitionable(self) -> bool:
         """False once the server was seen dropping counter fields, whatever the flag said."""
         return self._partitionable
+
+    @property
+    def known_rules(self) -> SliceRules | None:
+        """The server version's rules once read; None before the API has answered."""
+        return self._rules
+
+    @property
+    def rules(self) -> SliceRules:
+        """The ResourceSlice rules of the server's Kubernetes version, which shape every slice published."""
+        if self._rules is None:
+            from agent.kube.version import server_version
+
+            self._rules = rules_for(server_version(self._api_client) if self._api_client is not None else LATEST.label)
+            log.info("API server is Kubernetes %s: publishing its ResourceSlice shape", self._rules.label)
+        return self._rules
 
     @property
     def published_devices(self) -> int:
@@ -178,7 +199,8 @@ class Publisher:
 
     def _content(self) -> tuple[SliceContent, ...]:
         assert self._inventory is not None
-        return pool_content(self._inventory, partitionable=self._partitionable)
+        taints = self._taints() if self._taints is not None else None
+        return pool_content(self._inventory, partitionable=self._partitionable, rules=self.rules, taints=taints)
 
     def _reconcile(self, content: tuple[SliceContent, ...]) -> PublishResult:
         """One pass of list, compare, write; conflicts re-read at once, server errors back off."""
@@ -298,6 +320,9 @@ def _canonical(spec: Json) -> Json:
 
     for device in spec.get("devices", []):
         numbers(device.get("capacity", {}))
+        for taint in device.get("taints", []):  # RFC 3339 either way: "...Z" or "...+00:00" (the client's)
+            if "timeAdded" in taint:
+                taint["timeAdded"] = datetime.fromisoformat(str(taint["timeAdded"]).replace("Z", "+00:00"))
         for use in device.get("consumesCounters", []):
             numbers(use.get("counters", {}))
     for counter_set in spec.get("sharedCounters", []):

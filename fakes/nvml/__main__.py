@@ -4,6 +4,7 @@
     python -m fakes.nvml xid   --state FILE --gpu N --xid X  an Xid for the agent's NVML event wait
     python -m fakes.nvml lose  --state FILE --gpu N          the GPU falls off the bus (Xid 79 first)
     python -m fakes.nvml reset --state FILE --gpu N          `nvidia-smi -r`: instances go, MIG mode stays
+    python -m fakes.nvml driver-root DIR                     fake nvidia-smi, nvidia-cuda-mps-control in DIR/usr/bin
 
 `--machine` is needed only to create a state that does not exist yet; otherwise the file names its machine.
 """
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from fakes.nvml import persist
+from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.control import FakeNvml
 from fakes.nvml.machines import get_machine
 from fakes.nvml.show import render
@@ -48,7 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--gpu", type=int, required=True, help="NVML index of the GPU")
         if name == "xid":
             p.add_argument("--xid", type=int, required=True, help="the Xid number (e.g. 48, 79)")
+    root = sub.add_parser("driver-root", help="write the fake NVIDIA binaries into DIR/usr/bin")
+    root.add_argument("dir")
     args = parser.parse_args(argv)
+    if args.command == "driver-root":
+        print(install_driver_root(args.dir))
+        return 0
     if args.command == "xid" and args.xid <= 0:
         parser.error(f"--xid is a positive number, not {args.xid}")
     try:

@@ -279,6 +279,15 @@ class FakeLibrary:
 
     nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
 
+    def nvmlSystemGetProcessName(self, pid: Any, buf: Any, length: Any) -> None:
+        wanted = C.value(pid)
+        for gpu in self.gpus:
+            for p in gpu.processes:
+                if p.pid == wanted:
+                    C.put_string(buf, length, p.name or f"/usr/bin/process-{wanted}")
+                    return
+        raise NvmlFail(N.NVML_ERROR_NOT_FOUND)
+
     def nvmlDeviceGetCount_v2(self, ref: Any) -> None:
         C.put(ref, len(self.gpus))
 
@@ -752,13 +761,18 @@ class FakeLibrary:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, exited but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _shared_engines(gi_profile: Profile) -> dict[str, int]:

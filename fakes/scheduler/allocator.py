@@ -75,6 +75,7 @@ class Alternative:
     selectors: tuple[DeviceSelector, ...]  # class selectors first, then the request's
     count: int | None  # None: allocationMode All
     admin_access: bool
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass
@@ -162,6 +163,7 @@ def _alternatives(request: Mapping[str, Any], classes: Mapping[str, Mapping[str,
                 tuple(DeviceSelector(x) for x in expressions),
                 int(e.get("count", 1)) if mode == "ExactCount" else None,
                 bool(e.get("adminAccess", False)),
+                tuple(e.get("tolerations") or ()),
             )
         )
     return alternatives
@@ -207,6 +209,8 @@ def _selectable(alt: Alternative, devices: Sequence[Candidate], taken: set[tuple
     """The devices this alternative may take: matching and free; for All, every match or none if one is taken."""
     matching = []
     for d in devices:
+        if not _taints_tolerated(d.device.get("taints") or (), alt.tolerations):
+            continue
         variable = d.variable
         try:
             if all(s.matches(variable) for s in alt.selectors):
@@ -218,6 +222,24 @@ def _selectable(alt: Alternative, devices: Sequence[Candidate], taken: set[tuple
     if alt.count is None and any(d.key in taken for d in matching):
         return []
     return [d for d in matching if d.key not in taken]
+
+
+def _taints_tolerated(taints: Iterable[Mapping[str, Any]], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    """A device with a NoSchedule or NoExecute taint is allocated only to a request tolerating it (effect None
+    only informs), as the structured allocator does with DRADeviceTaints."""
+    return all(
+        t.get("effect") not in ("NoSchedule", "NoExecute") or any(_tolerates(x, t) for x in tolerations)
+        for t in taints
+    )
+
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """DeviceToleration semantics: empty effect matches every effect; Exists with no key matches every taint."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.get("key")
+    return toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", "")
 
 
 def _place(search: _Search, index: int) -> bool:

@@ -59,9 +59,9 @@ def table(output: str) -> list[list[str]]:
 
 
 def manifests() -> list[pathlib.Path]:
-    """What `kubectl apply -R -f daemonset/` reads: every manifest, kustomization files aside."""
-    return sorted(p for p in DAEMONSET.rglob("*.yaml") if p.name not in ("kustomization.yaml", "kustomization.yml")
-                  and "overlays" not in p.parts)
+    """What `kubectl apply -R -f daemonset/` reads: every manifest (the overlays' objects too: their patches are
+    inline in files named `Kustomization`, which kubectl skips)."""
+    return sorted(p for p in DAEMONSET.rglob("*.yaml") if p.name not in ("kustomization.yaml", "kustomization.yml"))
 
 
 def test_apply_the_daemonset_directory_with_validation(server: ApiServer, kubectl: Kubectl) -> None:
@@ -83,8 +83,9 @@ def test_apply_the_daemonset_directory_with_validation(server: ApiServer, kubect
         assert "kubectl.kubernetes.io/last-applied-configuration" in stored["metadata"]["annotations"]
     again = kubectl.run("apply", "--validate=strict", *args)
     assert again.stdout.count(" unchanged") == len(documents), again.stdout
-    if (DAEMONSET / "kustomization.yaml").exists():
-        kubectl.run("apply", "-k", str(DAEMONSET))
+    if any((DAEMONSET / name).exists() for name in ("kustomization.yaml", "Kustomization")):
+        installed = kubectl.run("apply", "-k", str(DAEMONSET))  # the README's install: the kustomize base
+        assert "daemonset.apps/gpu-dra-agent-node unchanged" in installed.stdout, installed.stdout
 
 
 def test_objects_need_their_namespace(server: ApiServer, kubectl: Kubectl) -> None:

@@ -52,6 +52,15 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     eight = claims["eight-nvlinked-gpus"][1]
     assert len(re.findall(rf"claim={eight}-gpu-\d\b", out)) == 8
     assert claims["mig-1g10gb"][0].endswith("mixed-mig")
+    # Sharing is in force on the node, not only asked: the MPS claim's own daemon with its limits, the
+    # time-sliced GPU's slice; both undone at unprepare (the pid check below finds the daemon gone).
+    mps_uid = claims["mps-shared-gpu"][1]
+    assert re.search(r"gpu-\d: compute mode Exclusive_Process, time slice Default, MPS server pid \d+", out)
+    assert re.search(rf"MPS control daemon pid \d+ at \S+/state/mps/{mps_uid}/pipe: active thread percentage 50\.0, "
+                     r"pinned memory limit 10240M on gpu-\d", out)
+    assert re.search(r"gpu-\d: compute mode Default, time slice Long, MPS server none", out)
+    assert re.search(r"mps-shared-gpu unprepared; on the node:\n\s+gpu-\d: compute mode Default, time slice "
+                     r"Default, MPS server none", out)
 
     assert "kind: k8s.gpu.nvidia.com/claim" in out  # one claim's CDI spec, printed
     assert re.search(r"DEVICE\s+TYPE\s+PRODUCT / PROFILE\s+MEMORY\s+NVLINK DOMAIN", out)
@@ -59,6 +68,13 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     cdi_dirs = re.findall(r"CDI dir of \S+: (.*)", out)
     assert cdi_dirs
     assert set(cdi_dirs) == {"empty"}
+    # the device-plugin-style pod: nvidia.com/gpu through the scheduler's own claim, prepared like any other
+    found = re.search(r"pod device-plugin-style-pod \(nvidia.com/gpu: 1\) bound to (\S+); claim "
+                      r"(device-plugin-style-pod-extended-resources-\w+) made by the scheduler", out)
+    assert found, out
+    assert "ctr: nvidia.com/gpu -> request container-0-request-0" in out
+    assert re.search(r"gpu-\d+\s+container-0-request-0\s+k8s\.gpu\.nvidia\.com/claim=", out)
+    assert "pod device-plugin-style-pod done: claim unprepared and deallocated" in out
     # The MIG relabel on the DGX H100 node: devices before and after, as the slices show them.
     relabel = out[out.index("nvidia.com/mig.config=all-1g.10gb") :]
     assert re.search(r"nvidia\.com/mig\.config\.state: (\S+ -> )*pending -> success", relabel)

@@ -12,7 +12,7 @@ import pytest
 
 from agent.kubelet import Health, HealthSource, KubeletPlugin
 from fakes.kubelet import InMemoryPreparer
-from tests.fixtures.upstream_protos.client import UpstreamKubelet
+from tests.fixtures.upstream_protos.client import HEALTH, HEALTH_V1, UpstreamKubelet
 
 DRIVER = "gpu.nvidia.com"
 
@@ -26,7 +26,7 @@ def upstream(tmp_path_factory):
 def plugin():
     root = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
     health = HealthSource()
-    health.set("node-a", "gpu-0", Health.UNHEALTHY, now=1234)
+    health.set("node-a", "gpu-0", Health.UNHEALTHY, now=1234, message="XID 79 (GPU has fallen off the bus)")
     preparer = InMemoryPreparer(fail={"uid-bad": "claim is not allocated"})
     with KubeletPlugin(DRIVER, root, preparer, health) as plugin:
         yield plugin
@@ -36,7 +36,8 @@ def plugin():
 def test_upstream_client_registers(upstream, plugin):
     info = upstream.get_info(plugin.registration_socket)
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(plugin.dra_socket))
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
     upstream.notify(plugin.registration_socket, registered=True)
     assert plugin.wait_registered(timeout=5).registered
 
@@ -60,12 +61,16 @@ def test_upstream_client_prepares_and_unprepares(upstream, plugin, version):
     assert set(unprepared.claims) == {"uid-a"} and unprepared.claims["uid-a"].error == ""
 
 
-def test_upstream_client_watches_health(upstream, plugin):
+@pytest.mark.parametrize("proto", [HEALTH, HEALTH_V1], ids=["v1alpha1", "v1"])
+def test_upstream_client_watches_health(upstream, plugin, proto):
     with grpc.insecure_channel(f"unix:{plugin.dra_socket}") as channel:
-        stream = upstream.watch_health(channel)
+        stream = upstream.watch_health(channel, proto)
         first = next(stream)
         stream.cancel()
     [device] = first.devices
+    if proto == HEALTH_V1:  # v1 says why (v1alpha1 at 1.34 has no such field)
+        assert device.message == "XID 79 (GPU has fallen off the bus)"
+        assert type(first).DESCRIPTOR.full_name == "v1.NodeWatchResourcesResponse"
     assert (device.device.pool_name, device.device.device_name, device.last_updated_time) == ("node-a", "gpu-0", 1234)
     assert (
         device.health

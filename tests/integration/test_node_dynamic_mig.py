@@ -36,7 +36,7 @@ class Node:
     config: NodeConfig
 
     def published(self) -> dict[str, dict[str, Any]]:
-        return {d["name"]: d for s in self.server.store.objects("ResourceSlice") for d in s["spec"]["devices"]}
+        return {d["name"]: d for s in self.server.store.objects("ResourceSlice") for d in s["spec"].get("devices", [])}
 
 
 def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

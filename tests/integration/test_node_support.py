@@ -82,6 +82,7 @@ class Daemon:
         self.log_path = root / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self.extra_args: tuple[str, ...] = ()  # more flags, e.g. --driver-root
 
     @property
     def registration_socket(self) -> pathlib.Path:
@@ -97,6 +98,7 @@ class Daemon:
             "--node-name", self.node, "--nvml", MACHINE, "--kubeconfig", str(self.kubeconfig),
             "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
+            *self.extra_args,
         )  # fmt: skip
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:

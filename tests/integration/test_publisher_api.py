@@ -17,9 +17,12 @@ import fakes.nvml
 from agent.devices.model import Inventory
 from agent.kube.errors import ApiError
 from agent.kube.slices import SliceApi
+from agent.kube.version import server_version
 from agent.slices.build import build_resource_slices
 from agent.slices.publisher import Publisher
+from agent.slices.versions import rules_for
 from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_inventory
+from tests.unit.upstream_slice_rules import pool_errors
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -80,7 +83,7 @@ def slices_in_api(server: fakes.apiserver.ApiServer) -> list[dict[str, Any]]:
 
 
 def device_names(slices: list[dict[str, Any]]) -> list[str]:
-    return [d["name"] for s in slices for d in s["spec"]["devices"]]
+    return [d["name"] for s in slices for d in s["spec"].get("devices", [])]
 
 
 def pools(slices: list[dict[str, Any]]) -> set[tuple[int, int]]:
@@ -203,11 +206,16 @@ def test_invalid_slice_is_an_error_not_retried(server: Any, node_uid: str) -> No
 
 
 def test_partitionable_devices_are_published_where_the_server_keeps_counters(server: Any, node_uid: str) -> None:
+    """The publisher reads the server's version and publishes the shape it accepts (counters beside their
+    devices on 1.34, in slices of their own from 1.35); the pool is consistent either way."""
     pub, _ = publisher(server, partitionable=True)
     result = pub.publish(dgx_h100())
-    assert pub.partitionable and result.slices == 8
+    version = server_version(server.api_client())
+    assert pub.rules.label in version
     slices = slices_in_api(server)
-    assert all(s["spec"]["sharedCounters"] for s in slices)
+    assert pub.partitionable and result.slices == len(slices) == (8 if pub.rules.label == "1.34" else 9)
+    assert pool_errors(slices, pub.rules.label) == []
+    assert sum(len(s["spec"].get("sharedCounters", [])) for s in slices) == 8
     assert "gpu-0-mig-7g80gb-0-0" in device_names(slices)
 
 
@@ -262,9 +270,34 @@ def test_fake_dgx_h100_discovered_through_nvml_is_published_whole() -> None:
             pub, _ = publisher(srv, partitionable=partitionable)
             result = pub.publish(inventory)  # every write is validated by the server (422 otherwise)
             slices = slices_in_api(srv)
-            gpus = [d for s in slices for d in s["spec"]["devices"] if d["attributes"]["type"]["string"] == "gpu"]
+            gpus = [d for s in slices for d in s["spec"].get("devices", [])
+                    if d["attributes"]["type"]["string"] == "gpu"]
             minors = sorted(g.minor for g in inventory.gpus)
             assert [d["name"] for d in gpus] == [f"gpu-{m}" for m in minors]
             assert len({d["attributes"]["nvlinkDomain"]["string"] for d in gpus}) == 1
             assert all("H100" in d["attributes"]["productName"]["string"] for d in gpus)
-            assert result.devices == sum(len(s["spec"]["devices"]) for s in slices)
+            assert result.devices == len(device_names(slices))
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
+def test_each_version_accepts_the_shape_the_publisher_picks_for_it(version: str) -> None:
+    """Against the API fake playing each version (with DRAPartitionableDevices on where it is alpha): the
+    partitionable pool and, on 1.36+, tainted devices are accepted as published; the other version's shape is
+    refused, so the choice matters."""
+    gates = {"DRAPartitionableDevices": True}
+    with fakes.apiserver.start(port=0, kubernetes_version=version, feature_gates=gates) as srv:
+        pub, _ = publisher(srv, partitionable=True)
+        result = pub.publish(dgx_h100())
+        slices = slices_in_api(srv)
+        assert pub.rules.label == version and pub.partitionable  # nothing dropped, nothing refused
+        assert result.slices == len(slices) and pool_errors(slices, version) == []
+        assert len(device_names(slices)) == result.devices > 8 * 20
+
+        other = rules_for("1.35" if version == "1.34" else "1.34")
+        refused = []
+        for wrong in build_resource_slices(dgx_h100(), "node-b", partitionable=True, rules=other):
+            try:
+                SliceApi(srv.api_client()).create(wrong)
+            except ApiError as exc:
+                refused.append(exc.status)
+        assert refused and set(refused) == {422}

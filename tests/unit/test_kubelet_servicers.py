@@ -174,7 +174,8 @@ def test_registration_info_and_status():
     servicer = RegistrationServicer("gpu.nvidia.com", endpoint, SUPPORTED_VERSIONS)
     info = servicer.GetInfo(reg_pb.InfoRequest(), None)
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", "gpu.nvidia.com", endpoint)
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
 
     assert servicer.status is None
     assert servicer.wait(timeout=0.01) is None  # the kubelet has not answered yet

@@ -1,9 +1,12 @@
-"""daemonset/: every manifest is valid for Kubernetes 1.34, and the examples select the devices they promise."""
+"""daemonset/: every manifest is valid for Kubernetes 1.34-1.37, the kustomize base and overlays render, and the
+examples select the devices they promise."""
 
 from __future__ import annotations
 
 import itertools
 import pathlib
+import shutil
+import subprocess
 from typing import Any
 
 import cel
@@ -13,6 +16,7 @@ import yaml
 
 from agent.allocation.cel import DeviceSelector, device_variable
 from agent.devices.model import Inventory
+from agent.migconfig.spec import parse_mig_configs
 from agent.slices.build import build_resource_slices
 from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_inventory
 
@@ -37,12 +41,78 @@ def one(kind: str, name: str | None = None) -> dict[str, Any]:
     return found
 
 
+VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(("where", "obj"), all_documents(), ids=lambda v: v if isinstance(v, str) else "")
-def test_every_manifest_validates_against_the_1_34_strict_schema(where: str, obj: dict[str, Any]) -> None:
-    # SchemaNotFoundError (a kind 1.34 does not serve) fails the test as well as a schema violation; the
-    # arbiter's gate policy is a MutatingAdmissionPolicy, GA from 1.36: checked against the first release with it
-    version = SINCE.get((obj["apiVersion"], obj["kind"]), "1.34")
-    kubernetes_validate.validate(obj, version, strict=True)
+def test_every_manifest_validates_against_the_strict_schema(where: str, obj: dict[str, Any], version: str) -> None:
+    # SchemaNotFoundError (a kind the version does not serve) fails the test as well as a schema violation; the
+    # arbiter's gate policy is a MutatingAdmissionPolicy, GA from 1.36: checked from the first release with it
+    validate_from_its_release(obj, version)
+
+
+def validate_from_its_release(obj: dict[str, Any], version: str) -> None:
+    since = SINCE.get((obj["apiVersion"], obj["kind"]), "1.34")
+    if tuple(map(int, version.split("."))) >= tuple(map(int, since.split("."))):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+KUSTOMIZATIONS = sorted(p.parent for p in DAEMONSET.rglob("Kustomization"))
+
+
+def kustomize(directory: pathlib.Path) -> list[dict[str, Any]]:
+    """`kubectl kustomize` (kustomize built into kubectl), as `kubectl apply -k` renders it."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed here")
+    done = subprocess.run([kubectl, "kustomize", str(directory)], check=False, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def base_documents() -> list[dict[str, Any]]:
+    return [d for w, d in all_documents() if w.startswith("base/")]
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(DAEMONSET)) or "daemonset")
+def test_every_kustomization_renders_valid_objects_for_every_version(directory: pathlib.Path) -> None:
+    rendered = kustomize(directory)
+    assert {key(d) for d in base_documents()} <= {key(d) for d in rendered}  # overlays add, never drop
+    for obj in rendered:
+        for version in VERSIONS:
+            validate_from_its_release(obj, version)
+
+
+def test_daemonset_directory_installs_the_base_and_overlays_change_one_thing() -> None:
+    assert {"base", "overlays/partitionable-devices", "overlays/custom-mig-config", "overlays/arbiter"} <= {
+        str(p.relative_to(DAEMONSET)) for p in KUSTOMIZATIONS}
+    base = kustomize(DAEMONSET)
+    assert sorted(map(key, base)) == sorted(map(key, base_documents()))
+    assert not any(d["kind"] in ("ResourceClaimTemplate", "Pod") for d in base)  # examples are not installed
+
+    def agent_env(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+        (ds,) = [d for d in rendered if d["kind"] == "DaemonSet"]
+        (ctr,) = ds["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value") for e in ctr["env"]}
+
+    partitionable = kustomize(DAEMONSET / "overlays" / "partitionable-devices")
+    assert agent_env(partitionable) == {**agent_env(base), "PARTITIONABLE_DEVICES": "true"}
+    assert [d for d in partitionable if d["kind"] != "DaemonSet"] == [d for d in base if d["kind"] != "DaemonSet"]
+
+    def mig_configs(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+        (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+        return dict(parse_mig_configs(cm["data"]["config.yaml"], "the ConfigMap").configs)
+
+    custom = kustomize(DAEMONSET / "overlays" / "custom-mig-config")
+    assert set(mig_configs(custom)) == {"all-disabled", "inference-mixed"}  # parsed as the agent parses them
+    assert "all-1g.10gb" in mig_configs(base)  # the GPU Operator's default
+    assert [d for d in custom if d["kind"] != "ConfigMap"] == [d for d in base if d["kind"] != "ConfigMap"]
 
 
 def test_all_required_objects_are_present() -> None:
@@ -57,7 +127,12 @@ def test_all_required_objects_are_present() -> None:
     templates = {d["metadata"]["name"] for _, d in all_documents() if d["kind"] == "ResourceClaimTemplate"}
     assert len(templates) == 6
     pods = [d for _, d in all_documents() if d["kind"] == "Pod"]
-    assert {p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] for p in pods} == templates
+    with_claims = [p for p in pods if p["spec"].get("resourceClaims")]
+    assert {p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] for p in with_claims} == templates
+    (device_plugin_style,) = [p for p in pods if not p["spec"].get("resourceClaims")]
+    limits = device_plugin_style["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": 1}
+    assert one("DeviceClass", "gpu.nvidia.com")["spec"]["extendedResourceName"] == "nvidia.com/gpu"
 
 
 def test_rbac_is_least_privilege() -> None:

@@ -147,11 +147,11 @@ def test_unreadable_file_names_the_path(tmp_path: pathlib.Path) -> None:
 
 
 def test_the_daemonset_mounts_the_same_configs_as_a_configmap() -> None:
-    """daemonset/mig-parted-config.yaml holds the default configs; the DaemonSet points MIG_CONFIG_FILE at
+    """daemonset/base/mig-parted-config.yaml holds the default configs; the DaemonSet points MIG_CONFIG_FILE at
     its mounted key, so a cluster edits the ConfigMap to offer its own layouts."""
     import yaml
 
-    daemonset_dir = pathlib.Path(__file__).resolve().parents[2] / "daemonset"
+    daemonset_dir = pathlib.Path(__file__).resolve().parents[2] / "daemonset" / "base"
     [configmap] = [d for d in yaml.safe_load_all((daemonset_dir / "mig-parted-config.yaml").read_text()) if d]
     assert parse_mig_configs(configmap["data"]["config.yaml"]) == load_mig_configs()
     [daemonset] = [d for d in yaml.safe_load_all((daemonset_dir / "daemonset.yaml").read_text())

@@ -11,12 +11,13 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from agent._proto.kubelet import (
+    dra_health_v1_pb2,
     dra_health_v1alpha1_pb2,
     dra_v1_pb2,
     dra_v1beta1_pb2,
     pluginregistration_v1_pb2,
 )
-from tests.fixtures.upstream_protos.client import DRA, HEALTH, REGISTRATION, UpstreamKubelet
+from tests.fixtures.upstream_protos.client import DRA, HEALTH, HEALTH_V1, REGISTRATION, UpstreamKubelet
 
 REPO = Path(__file__).resolve().parents[2]
 PAIRS = [
@@ -24,6 +25,7 @@ PAIRS = [
     (dra_v1beta1_pb2, DRA["v1beta1"]),
     (pluginregistration_v1_pb2, REGISTRATION),
     (dra_health_v1alpha1_pb2, HEALTH),
+    (dra_health_v1_pb2, HEALTH_V1),
 ]
 
 
@@ -68,7 +70,8 @@ def test_our_protos_are_wire_identical_to_upstream(upstream, ours, theirs):
 def test_full_method_names_are_the_kubelets():
     methods = {
         f"/{m.containing_service.full_name}/{m.name}"
-        for module in (dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2, dra_health_v1alpha1_pb2)
+        for module in (dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2, dra_health_v1alpha1_pb2,
+                       dra_health_v1_pb2)
         for s in module.DESCRIPTOR.services_by_name.values()
         for m in s.methods
     }
@@ -80,6 +83,7 @@ def test_full_method_names_are_the_kubelets():
         "/pluginregistration.Registration/GetInfo",
         "/pluginregistration.Registration/NotifyRegistrationStatus",
         "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+        "/v1.DRAResourceHealth/NodeWatchResources",
     }
 
 

@@ -238,7 +238,7 @@ def _examples() -> dict[str, dict]:
 def dgx_h100() -> tuple[list[dict], list[dict]]:
     with open_nvml("fake:dgx-h100") as nvml:
         inventory = nvml.discover()
-    classes = list(yaml.safe_load_all((DAEMONSET / "deviceclasses.yaml").read_text()))
+    classes = list(yaml.safe_load_all((DAEMONSET / "base" / "deviceclasses.yaml").read_text()))
     return build_resource_slices(inventory, "dgx"), classes
 
 

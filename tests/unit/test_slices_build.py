@@ -13,6 +13,7 @@ from agent.quantity import format_bytes as format_quantity
 from agent.quantity import parse as parse_quantity
 from agent.slices.build import (
     MAX_DEVICES_PER_SLICE,
+    SliceLimitExceeded,
     build_resource_slices,
     counter_set_name,
     natural_key,
@@ -20,7 +21,9 @@ from agent.slices.build import (
     semver,
     slice_name,
 )
+from agent.slices.versions import rules_for
 from tests.unit.test_slices_factory import H100_MEMORY, dgx_h100, h100, mig_device, nvswitch_inventory
+from tests.unit.upstream_slice_rules import VERSIONS, pool_errors
 
 NODE = "node-a"
 UID = "0b7a3c8e-1111-2222-3333-444455556666"
@@ -28,7 +31,7 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 
 def devices(slices: list[dict]) -> dict[str, dict]:
-    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices", [])}
 
 
 def attr(device: dict, name: str) -> object:
@@ -180,32 +183,45 @@ def consumption(device: dict) -> dict[str, float]:
     return counters(entry["counters"])
 
 
-def test_partitionable_gpu_is_one_counter_set_consumed_whole_by_the_full_gpu() -> None:
-    slices = build_resource_slices(dgx_h100(), NODE, partitionable=True, node_uid=UID)
-    assert len(slices) == 8
-    for minor, s in enumerate(slices):
-        (cs,) = s["spec"]["sharedCounters"]
-        assert cs["name"] == counter_set_name(minor) == f"gpu-{minor}-counter-set"
-        budget = counters(cs["counters"])
+def budgets(slices: list[dict]) -> dict[str, dict[str, float]]:
+    """Counter set name -> its counters, wherever in the pool the set is published."""
+    return {c["name"]: counters(c["counters"]) for s in slices for c in s["spec"].get("sharedCounters", [])}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_partitionable_gpu_is_one_counter_set_consumed_whole_by_the_full_gpu(version: str) -> None:
+    slices = build_resource_slices(dgx_h100(), NODE, partitionable=True, node_uid=UID, rules=rules_for(version))
+    assert pool_errors(slices, version) == []
+    if version == "1.34":  # counters beside the devices that consume them: one slice per GPU
+        assert len(slices) == 8
+        assert [[c["name"] for c in s["spec"]["sharedCounters"]] for s in slices] == [
+            [counter_set_name(i)] for i in range(8)]
+    else:  # 1.35+: the eight counter sets in a slice of their own, then one slice of devices per GPU
+        assert len(slices) == 9
+        assert "devices" not in slices[0]["spec"]
+        assert [c["name"] for c in slices[0]["spec"]["sharedCounters"]] == [counter_set_name(i) for i in range(8)]
+        assert all("sharedCounters" not in s["spec"] for s in slices[1:])
+    sets = budgets(slices)
+    by_name = devices(slices)
+    for minor in range(8):
+        budget = sets[f"gpu-{minor}-counter-set"]
         assert {f"memory-slice-{i}" for i in range(8)} <= budget.keys()
         assert budget["memory"] == H100_MEMORY and budget["multiprocessors"] == 132
-        whole = s["spec"]["devices"][0]
-        assert whole["name"] == f"gpu-{minor}"
-        assert whole["consumesCounters"][0]["counterSet"] == cs["name"]
+        whole = by_name[f"gpu-{minor}"]
+        assert whole["consumesCounters"][0]["counterSet"] == counter_set_name(minor)
         assert consumption(whole) == budget
-        assert s["spec"]["pool"]["resourceSliceCount"] == 8
-        validate(s)
 
 
-def test_every_possible_placement_is_a_device_within_the_budget() -> None:
-    (s, *_) = build_resource_slices(dgx_h100(), NODE, partitionable=True)
-    budget = counters(s["spec"]["sharedCounters"][0]["counters"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_possible_placement_is_a_device_within_the_budget(version: str) -> None:
+    slices = build_resource_slices(dgx_h100(), NODE, partitionable=True, rules=rules_for(version))
+    budget = budgets(slices)["gpu-0-counter-set"]
     gpu = h100(0)
     def name(p: MigProfile, pl: MigPlacement) -> str:
         return f"gpu-0-mig-{p.name.replace('.', '').replace('+', '-')}-{p.gi_profile_id}-{pl.start}"
 
     expected = {name(p, pl) for p in gpu.mig_profiles for pl in p.placements}
-    by_name = {d["name"]: d for d in s["spec"]["devices"]}
+    by_name = {n: d for n, d in devices(slices).items() if n == "gpu-0" or n.startswith("gpu-0-")}
     assert by_name.keys() == expected | {"gpu-0"}
     for profile in gpu.mig_profiles:
         for pl in profile.placements:
@@ -228,9 +244,9 @@ def test_every_possible_placement_is_a_device_within_the_budget() -> None:
 
 
 def test_overlapping_placements_and_instance_limits_are_exclusive_through_counters() -> None:
-    (s, *_) = build_resource_slices(dgx_h100(), NODE, partitionable=True)
-    budget = counters(s["spec"]["sharedCounters"][0]["counters"])
-    by_name = {d["name"]: consumption(d) for d in s["spec"]["devices"]}
+    slices = build_resource_slices(dgx_h100(), NODE, partitionable=True)
+    budget = budgets(slices)["gpu-0-counter-set"]
+    by_name = {n: consumption(d) for n, d in devices(slices).items()}
 
     def fits(*names: str) -> bool:
         return all(sum(by_name[n].get(k, 0) for n in names) <= v for k, v in budget.items())
@@ -242,45 +258,79 @@ def test_overlapping_placements_and_instance_limits_are_exclusive_through_counte
     assert not fits("gpu-0-mig-1g10gb-me-20-0", "gpu-0-mig-1g10gb-me-20-1")
 
 
-def test_partitionable_gpu_with_existing_instances_keeps_them_and_drops_conflicts() -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_partitionable_gpu_with_existing_instances_keeps_them_and_drops_conflicts(version: str) -> None:
     gpu0 = h100(0, mig_enabled=True,
                 gpu_instances=(GpuInstance(5, 9, "3g.40gb", MigPlacement(4, 4)),))
     mig = mig_device(gpu0, "1g.10gb", 0, gi_id=9)
     inv = nvswitch_inventory([gpu0], migs=(mig,))
-    (s,) = build_resource_slices(inv, NODE, partitionable=True)
-    by_name = {d["name"]: d for d in s["spec"]["devices"]}
+    slices = build_resource_slices(inv, NODE, partitionable=True, rules=rules_for(version))
+    assert pool_errors(slices, version) == []
+    by_name = devices(slices)
     assert "gpu-0" not in by_name  # MIG instances exist: no whole GPU
     assert attr(by_name["gpu-0-mig-1g10gb-19-0"], "uuid") == mig.uuid
     assert "gpu-0-mig-1g10gb-me-20-0" not in by_name  # overlaps the existing device
     assert "gpu-0-mig-1g10gb-19-5" not in by_name  # overlaps the instance without a device
     assert "gpu-0-mig-2g20gb-14-2" in by_name
-    assert len(by_name) == len(set(by_name))
-    validate(s)
 
 
-def test_a_gpu_filled_by_instances_without_devices_offers_nothing_and_does_not_break_the_pool() -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_gpu_filled_by_instances_without_devices_offers_nothing_and_does_not_break_the_pool(version: str) -> None:
     """Tried: a 7g GPU instance created without its compute instance (`nvidia-smi mig -cgi` without -C)."""
     gpu0 = h100(0, mig_enabled=True, gpu_instances=(GpuInstance(0, 0, "7g.80gb", MigPlacement(0, 8)),))
     inv = nvswitch_inventory([gpu0, h100(1)])
-    slices = build_resource_slices(inv, NODE, partitionable=True)
-    names = [d["name"] for s in slices for d in s["spec"]["devices"]]
+    slices = build_resource_slices(inv, NODE, partitionable=True, rules=rules_for(version))
+    names = list(devices(slices))
     assert "gpu-1" in names
     assert not [n for n in names if n.startswith("gpu-0")]  # the full GPU instance leaves no room
-    for s in slices:
-        validate(s)
+    assert "gpu-0-counter-set" not in budgets(slices)
+    assert pool_errors(slices, version) == []
 
 
-def test_non_mig_gpus_stay_plain_in_partitionable_mode() -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_non_mig_gpus_stay_plain_in_partitionable_mode(version: str) -> None:
     inv = nvswitch_inventory([h100(0), h100(1, mig_capable=False, mig_profiles=())])
-    slices = build_resource_slices(inv, NODE, partitionable=True)
-    assert [s["spec"].get("sharedCounters", [{}])[0].get("name") for s in slices] == ["gpu-0-counter-set", None]
-    assert [d["name"] for d in slices[1]["spec"]["devices"]] == ["gpu-1"]
-    assert "consumesCounters" not in slices[1]["spec"]["devices"][0]
+    slices = build_resource_slices(inv, NODE, partitionable=True, rules=rules_for(version))
+    assert pool_errors(slices, version) == []
+    assert list(budgets(slices)) == ["gpu-0-counter-set"]
+    plain = slices[-1]["spec"]
+    assert [d["name"] for d in plain["devices"]] == ["gpu-1"] and "sharedCounters" not in plain
+    assert "consumesCounters" not in plain["devices"][0]
 
 
-def test_a_gpu_with_more_placements_than_a_slice_holds_is_refused() -> None:
-    tiny = MigProfile("1g.1gb", 0, 19, 1, 1, 80, 1024, 1, 1, 0, 0, 0, 0,
-                      tuple(MigPlacement(i, 1) for i in range(80)))
-    inv = nvswitch_inventory([h100(0, mig_profiles=(tiny,))])
-    with pytest.raises(ValueError, match="partitionable devices"):
-        build_resource_slices(inv, NODE, partitionable=True)
+def tiny_profiles(count: int, slices: int = 8) -> tuple[MigProfile, ...]:
+    """`count` one-slice profiles (distinct ids) with a placement on every memory slice."""
+    return tuple(
+        MigProfile(f"1g.{i + 1}gb", i, 100 + i, 1, 1, slices, 1024, 1, 1, 0, 0, 0, 0,
+                   tuple(MigPlacement(p, 1) for p in range(slices)))
+        for i in range(count)
+    )
+
+
+def test_a_gpu_with_more_counters_than_a_set_holds_is_refused_on_every_version() -> None:
+    """Tried: 80 memory slices, i.e. 80 memory-slice counters; a counter set holds 32 (1.34: a slice does)."""
+    inv = nvswitch_inventory([h100(0, mig_profiles=tiny_profiles(1, slices=80))])
+    for version in VERSIONS:
+        with pytest.raises(SliceLimitExceeded, match=f"counters; Kubernetes {version} allows 32"):
+            build_resource_slices(inv, NODE, partitionable=True, rules=rules_for(version))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_more_than_64_partitionable_devices_of_one_gpu_split_from_1_35(version: str) -> None:
+    """73 devices of one GPU: one slice on 1.34 (128 allowed), two on 1.35+ (64 where counters are consumed),
+    both consuming the counter set that 1.35+ publishes in a slice of its own."""
+    inv = nvswitch_inventory([h100(0, mig_profiles=tiny_profiles(9))])
+    slices = build_resource_slices(inv, NODE, partitionable=True, rules=rules_for(version), generation=4)
+    assert pool_errors(slices, version) == []
+    sizes = [len(s["spec"].get("devices", [])) for s in slices]
+    assert sizes == ([73] if version == "1.34" else [0, 64, 9])
+    assert {s["spec"]["pool"]["generation"] for s in slices} == {4}
+    assert len(devices(slices)) == 73
+
+
+def test_gpus_past_eight_counter_sets_take_a_second_counter_slice() -> None:
+    inv = nvswitch_inventory([h100(i, nvlink_peers=()) for i in range(10)])
+    slices = build_resource_slices(inv, NODE, partitionable=True, rules=rules_for("1.37"))
+    assert pool_errors(slices, "1.37") == []
+    assert [len(s["spec"].get("sharedCounters", [])) for s in slices[:2]] == [8, 2]
+    assert len(slices) == 12

@@ -1,0 +1,62 @@
+"""The claim code's view of sharing: one call per transition of a claim, with its checkpointed devices.
+
+`ClaimSharing` turns a claim's devices (as the checkpoint holds them) and their resolved configs into the
+plan's devices, and claim-level errors into ClaimError, so agent.claims.state needs only a call per hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from typing import Any
+
+from agent.claims.checkpoint import CheckpointedDevice
+from agent.claims.claim import ClaimError
+from agent.claims.config import DeviceConfig
+from agent.devices.model import Inventory
+from agent.sharing.commands import SharingError
+from agent.sharing.control import Adoption, SharingControl, with_container_edits
+from agent.sharing.plan import SharedDevice, SharingConfigError
+
+
+class ClaimSharing:
+    def __init__(self, control: SharingControl) -> None:
+        self.control = control
+
+    def apply(
+        self, uid: str, devices: Sequence[CheckpointedDevice], configs: Mapping[str, DeviceConfig],
+        inventory: Inventory, spec: Mapping[str, Any] | None,
+    ) -> Mapping[str, Any] | None:  # fmt: skip
+        """Apply the claim's sharing; returns its CDI spec with what the containers need for it added.
+        Raises ClaimError (the caller undoes)."""
+        shared = [
+            SharedDevice(d.device_name, d.uuid, _gpu_uuid(d, inventory), configs[d.device_name])
+            for d in devices
+            if d.device_name in configs and configs[d.device_name].shared
+        ]
+        if not shared:
+            return spec
+        try:
+            edits = self.control.apply(uid, shared)
+        except SharingConfigError as exc:
+            raise ClaimError(f"claim {uid}: {exc}") from None
+        except SharingError as exc:
+            raise ClaimError(f"cannot apply the sharing of claim {uid}: {exc}") from exc
+        return spec if edits is None or spec is None else with_container_edits(spec, edits)
+
+    def undo(self, uid: str) -> None:
+        """Revert the claim's sharing (no-op without any). Raises ClaimError."""
+        try:
+            self.control.undo(uid)
+        except SharingError as exc:
+            raise ClaimError(f"cannot undo the sharing of claim {uid}: {exc}") from exc
+
+    def reconcile(self, prepared: Set[str]) -> Adoption:
+        return self.control.reconcile(prepared)
+
+
+def _gpu_uuid(device: CheckpointedDevice, inventory: Inventory) -> str:
+    """The physical GPU of a device: itself, the parent of a MIG device, or the GPU a placement was made on."""
+    if device.dynamic_mig is not None:
+        return device.dynamic_mig.parent_uuid
+    mig = next((m for m in inventory.mig_devices if m.uuid == device.uuid), None)
+    return mig.parent_uuid if mig is not None else device.uuid

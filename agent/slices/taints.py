@@ -1,0 +1,31 @@
+"""Device taints for unhealthy GPUs, with the keys NVIDIA's DRA driver publishes (cmd/gpu-kubelet-plugin/
+device_health.go, v0.5): `<driver>/xid` with the Xid as value, `<driver>/gpu-lost` without one, both NoSchedule
+for faults that make the device unusable. Tolerations written for NVIDIA's driver therefore work unchanged.
+Pure: the time is passed in.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+Json = dict[str, Any]
+
+NO_SCHEDULE = "NoSchedule"
+XID_KEY = "xid"
+GPU_LOST_KEY = "gpu-lost"
+
+
+def rfc3339(unix_seconds: float) -> str:
+    """metav1.Time's wire form: whole seconds, UTC, `Z`."""
+    return datetime.fromtimestamp(int(unix_seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def xid_taint(driver: str, xid: int, since: float) -> Json:
+    """A critical Xid: the GPU (or MIG device) takes no new claims until it recovers."""
+    return {"key": f"{driver}/{XID_KEY}", "value": str(xid), "effect": NO_SCHEDULE, "timeAdded": rfc3339(since)}
+
+
+def gpu_lost_taint(driver: str, since: float) -> Json:
+    """The GPU stopped answering NVML (fallen off the bus, or unavailable)."""
+    return {"key": f"{driver}/{GPU_LOST_KEY}", "effect": NO_SCHEDULE, "timeAdded": rfc3339(since)}

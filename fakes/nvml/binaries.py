@@ -1,0 +1,33 @@
+"""The fake NVIDIA binaries as executables: a fake driver root whose usr/bin holds `nvidia-smi` and
+`nvidia-cuda-mps-control` (put that directory on PATH, or pass the root as the agent's --driver-root).
+
+They run this checkout's fakes with this interpreter and act on the GPUs of FAKE_NVML_STATE, which they
+inherit from whoever runs them (the agent, a test, a shell).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BINARIES = {"nvidia-smi": "fakes.nvml.smi", "nvidia-cuda-mps-control": "fakes.nvml.mps"}
+BIN_DIR = "usr/bin"
+
+
+def install_driver_root(root: pathlib.Path, python: str = sys.executable) -> pathlib.Path:
+    """Write the fake binaries into `<root>/usr/bin` (created); returns that directory."""
+    bin_dir = pathlib.Path(root) / BIN_DIR
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, module in BINARIES.items():
+        path = bin_dir / name
+        path.write_text(
+            f"#!{python}\n"
+            f'"""Fake {name} (gpu-dra-agent fakes)."""\n'
+            "import sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"from {module} import main\n"
+            "sys.exit(main())\n"
+        )
+        path.chmod(0o755)
+    return bin_dir

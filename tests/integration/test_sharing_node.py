@@ -1,0 +1,346 @@
+"""TimeSlicing and MPS applied at prepare, undone at unprepare, rolled back after a crash and adopted after a
+restart: the claim preparer with the real sharing code running the fake nvidia-smi / nvidia-cuda-mps-control
+from a fake driver root, on the fake GPUs of a FAKE_NVML_STATE file (machine mixed-mig: GPUs 0-1 in MIG mode,
+GPUs 2-3 whole)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+import fakes.apiserver
+import fakes.nvml as fake_nvml
+from agent.claims import cdi
+from agent.claims.checkpoint import CheckpointStore
+from agent.claims.preparer import ClaimPreparer
+from agent.claims.source import FileClaimSource
+from agent.claims.types import ClaimRef
+from agent.devices.model import ComputeMode, Inventory
+from agent.nvml.source import NvmlSource, open_nvml
+from agent.sharing.claims import ClaimSharing
+from agent.sharing.commands import DriverRoot, SubprocessRunner
+from agent.sharing.control import SharingControl
+from agent.sharing.plan import SharedDevice
+from fakes.kubelet import FakeKubelet
+from fakes.nvml import persist
+from fakes.nvml.binaries import install_driver_root
+from fakes.nvml.mps import PID_FILE
+from tests.integration.test_node_support import Daemon, create_node, running, short_tmpdir
+from tests.unit.test_claims_support import DRIVER, NODE, cdi_validator, claim, opaque
+
+MPS_50 = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                                           "defaultPinnedDeviceMemoryLimit": "10Gi",
+                                           "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi"}}}  # fmt: skip
+MPS_HALF = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+
+
+def time_slicing(interval: str) -> dict[str, Any]:
+    return {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}
+
+
+class Node:
+    """One node's claim side with sharing, restartable (a new preparer over the same directories)."""
+
+    def __init__(self, root: pathlib.Path, nvml: NvmlSource) -> None:
+        self.root = root
+        self.nvml = nvml
+        self.driver_root = install_driver_root(root / "driver-root").parents[1]
+        self.state_dir, self.cdi_root, self.claims = root / "state", root / "cdi", root / "claims"
+        self.inventory = nvml.discover()
+        self.preparer = self.restart()
+
+    def restart(self) -> ClaimPreparer:
+        """A new agent process: a fresh preparer that recovers (rolls back, adopts) as the node daemon does."""
+        self.preparer = ClaimPreparer(
+            node_name=NODE, driver_name=DRIVER, state_dir=self.state_dir, cdi_root=self.cdi_root,
+            source=FileClaimSource(self.claims), inventory=lambda: self.inventory, boot_id=lambda: "boot-1",
+            mig_caps=cdi.MigCaps(lambda: None), sharing=ClaimSharing(self.control()),
+        )  # fmt: skip
+        self.preparer.recover()
+        return self.preparer
+
+    def control(self) -> SharingControl:
+        return SharingControl(SubprocessRunner(DriverRoot(self.driver_root)), self.state_dir)
+
+    def add_claim(self, uid: str, devices: list[str], sharing: dict[str, Any], kind: str = "GpuConfig") -> ClaimRef:
+        ref = ClaimRef("default", uid, f"claim-{uid}")
+        body = claim(uid, devices, name=ref.name, configs=[opaque(kind, sharing=sharing)])
+        (self.claims / "default").mkdir(parents=True, exist_ok=True)
+        (self.claims / "default" / f"{ref.name}.json").write_text(json.dumps(body))
+        return ref
+
+    def gpus(self) -> Inventory:
+        return self.nvml.discover()
+
+    def gpu(self, minor: int) -> Any:
+        return next(g for g in self.gpus().gpus if g.minor == minor)
+
+    def fake_gpu(self, minor: int) -> Any:
+        fake = fake_nvml.installed()
+        assert fake is not None
+        return next(g for g in fake.gpus if g.minor == minor)
+
+    def pipe(self, uid: str) -> pathlib.Path:
+        return self.state_dir / "mps" / uid / "pipe"
+
+    def daemon_pid(self, uid: str) -> int:
+        return int((self.pipe(uid) / PID_FILE).read_text())
+
+    def ask_daemon(self, uid: str, *commands: str) -> list[str]:
+        """Ask the claim's MPS daemon as a CUDA client in a container would: through its pipe directory."""
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(uid))}
+        done = subprocess.run([str(self.driver_root / "usr/bin/nvidia-cuda-mps-control")], text=True, env=env,
+                              input="".join(c + "\n" for c in commands), capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    def mig_names(self, parent_minor: int) -> list[str]:
+        return [m.name for m in self.inventory.mig_devices_of(parent_minor)]
+
+
+@pytest.fixture
+def node(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
+    monkeypatch.setenv(persist.ENV, str(tmp_path / "gpus.json"))
+    with open_nvml("fake:mixed-mig") as nvml:
+        yield Node(tmp_path, nvml)
+    for pid_file in tmp_path.rglob(PID_FILE):  # leave no daemon behind a failed test
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            if pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_time_slicing_is_set_at_prepare_and_restored_after_the_last_claim(node: Node) -> None:
+    first = node.add_claim("ts-1", ["gpu-2"], time_slicing("Long"))
+    second = node.add_claim("ts-2", ["gpu-2"], time_slicing("Long"))  # same strategy: may share the GPU
+    results = node.preparer.prepare([first, second])
+    assert {uid: r.error for uid, r in results.items()} == {"ts-1": "", "ts-2": ""}
+    assert (node.fake_gpu(2).timeslice, node.fake_gpu(3).timeslice) == (3, 0)
+    assert node.preparer.unprepare([first]) == {"ts-1": ""}
+    assert node.fake_gpu(2).timeslice == 3  # the other claim still time-slices it
+    assert node.preparer.unprepare([second]) == {"ts-2": ""}
+    assert node.fake_gpu(2).timeslice == 0
+    assert list((node.state_dir / "sharing").iterdir()) == []
+
+
+def test_a_mig_device_asked_to_time_slice_fails_that_claim_only(node: Node) -> None:
+    mig = node.mig_names(0)[0]
+    bad = node.add_claim("ts-mig", [mig], {"strategy": "TimeSlicing"}, kind="MigDeviceConfig")
+    good = node.add_claim("ts-gpu", ["gpu-3"], time_slicing("Short"))
+    results = node.preparer.prepare([bad, good])
+    assert results["ts-mig"].error == (f"claim ts-mig: device {mig} is a MIG device: MIG devices cannot be "
+                                       "time-sliced (a time slice is set per physical GPU); use strategy MPS, or no "
+                                       "sharing config, for MIG devices")  # fmt: skip
+    assert results["ts-gpu"].error == ""
+    assert node.fake_gpu(3).timeslice == 1
+    assert not cdi.CdiStore(node.cdi_root).exists("ts-mig")
+    assert "ts-mig" not in CheckpointStore(node.state_dir, lambda: "boot-1").load().claims
+    assert not (node.state_dir / "sharing" / "ts-mig.json").exists()
+
+
+def test_mps_claim_gets_its_daemon_exclusive_gpus_limits_and_cdi_edits(node: Node, shared_dir: pathlib.Path) -> None:
+    ref = node.add_claim("mps-1", ["gpu-2", "gpu-3"], MPS_50)  # 10Gi on the first, 4Gi on device 1
+    t0 = time.monotonic()
+    assert node.preparer.prepare([ref])["mps-1"].error == ""
+    prepare_s = time.monotonic() - t0
+    uuids = [node.gpu(2).uuid, node.gpu(3).uuid]
+    # What discovery (and `inventory`) now reports for both GPUs.
+    for minor in (2, 3):
+        assert (node.gpu(minor).compute_mode, node.gpu(minor).mps_server) == (ComputeMode.EXCLUSIVE_PROCESS, True)
+    assert (node.gpu(0).compute_mode, node.gpu(0).mps_server) == (ComputeMode.DEFAULT, False)
+    # The daemon, asked through the claim's pipe directory: its limits are in force.
+    pid = node.daemon_pid("mps-1")
+    assert node.ask_daemon("mps-1", "get_server_list", "get_default_active_thread_percentage",
+                           f"get_default_device_pinned_mem_limit {uuids[0]}",
+                           f"get_default_device_pinned_mem_limit {uuids[1]}") == [str(pid), "50.0", "10240M", "4096M"]
+    assert (node.state_dir / "mps" / "mps-1" / "log" / "control.log").exists()
+    # The containers get the pipe directory at NVIDIA's path, and /dev/shm; the spec stays valid CDI.
+    spec = yaml.safe_load((node.cdi_root / cdi.spec_file_name("mps-1")).read_text())
+    edits = spec["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+    assert {(m["hostPath"], m["containerPath"]) for m in edits["mounts"]} == {
+        (str(node.pipe("mps-1")), "/tmp/nvidia-mps"), ("/dev/shm", "/dev/shm")}
+    assert list(cdi_validator(shared_dir).iter_errors(spec)) == []
+    # Unprepare: quit, GPUs back to DEFAULT, directories gone.
+    assert node.preparer.unprepare([ref]) == {"mps-1": ""}
+    assert wait_gone(pid)
+    assert all((node.gpu(m).compute_mode, node.gpu(m).mps_server) == (ComputeMode.DEFAULT, False) for m in (2, 3))
+    assert not (node.state_dir / "mps" / "mps-1").exists()
+    print(f"MPS prepare (2 GPUs, fake binaries): {prepare_s:.2f}s")
+
+
+def test_a_second_mps_claim_on_a_served_gpu_is_refused(node: Node) -> None:
+    first = node.add_claim("mps-a", ["gpu-2"], MPS_HALF)
+    second = node.add_claim("mps-b", ["gpu-2"], {"strategy": "MPS"})
+    assert node.preparer.prepare([first])["mps-a"].error == ""
+    error = node.preparer.prepare([second])["mps-b"].error
+    assert error.startswith("cannot apply the sharing of claim mps-b: device GPU-")
+    assert "is already served by the MPS daemon of claim mps-a" in error
+    assert node.ask_daemon("mps-a", "get_default_active_thread_percentage") == ["50.0"]  # untouched
+    assert node.gpu(2).compute_mode is ComputeMode.EXCLUSIVE_PROCESS
+    assert not (node.state_dir / "mps" / "mps-b").exists()
+
+
+def test_mps_on_a_mig_device_leaves_the_parent_compute_mode_alone(node: Node) -> None:
+    mig = node.mig_names(1)[0]
+    uuid = next(m.uuid for m in node.inventory.mig_devices if m.name == mig)
+    ref = node.add_claim("mps-mig", [mig], {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "2Gi"}},
+                         kind="MigDeviceConfig")
+    assert node.preparer.prepare([ref])["mps-mig"].error == ""
+    assert node.ask_daemon("mps-mig", f"get_default_device_pinned_mem_limit {uuid}") == ["2048M"]
+    parent = node.gpu(1)
+    assert (parent.compute_mode, parent.mps_server) == (ComputeMode.DEFAULT, True)
+    assert node.preparer.unprepare([ref]) == {"mps-mig": ""}
+
+
+def test_a_restarted_agent_adopts_running_daemons_restarts_dead_ones_and_stops_orphans(node: Node) -> None:
+    ref = node.add_claim("mps-keep", ["gpu-2"], MPS_HALF)
+    assert node.preparer.prepare([ref])["mps-keep"].error == ""
+    pid = node.daemon_pid("mps-keep")
+    node.restart()  # the daemon outlived the agent: adopted as it is
+    assert node.daemon_pid("mps-keep") == pid
+    assert node.ask_daemon("mps-keep", "get_server_list") == [str(pid)]
+
+    os.kill(pid, signal.SIGKILL)  # the daemon dies while the agent is down
+    assert wait_gone(pid)
+    node.restart()
+    new_pid = node.daemon_pid("mps-keep")
+    assert new_pid != pid
+    assert node.ask_daemon("mps-keep", "get_default_active_thread_percentage") == ["50.0"]  # limits re-applied
+
+    # A daemon of a claim the checkpoint does not hold (its agent died before recording it): stopped.
+    orphan = node.control().apply("orphan", [SharedDevice("gpu-3", node.gpu(3).uuid, node.gpu(3).uuid,
+                                                            _mps_config())])
+    assert orphan is not None
+    orphan_pid = node.daemon_pid("orphan")
+    node.restart()
+    assert wait_gone(orphan_pid)
+    assert not (node.state_dir / "mps" / "orphan").exists()
+    assert node.gpu(3).compute_mode is ComputeMode.DEFAULT
+    assert node.ask_daemon("mps-keep", "get_server_list") == [str(new_pid)]  # the prepared claim's stays
+    assert node.preparer.unprepare([ref]) == {"mps-keep": ""}
+
+
+def test_a_crash_between_starting_the_daemon_and_recording_the_claim_is_rolled_back_then_redone(
+        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = node.add_claim("mps-crash", ["gpu-3"], MPS_HALF)
+    saves = {"n": 0}
+    real_save = CheckpointStore.save
+
+    def crash_on_completed_save(self: CheckpointStore, cp: Any) -> None:
+        saves["n"] += 1
+        if saves["n"] == 2:  # Started was saved, the daemon started; the Completed save never happens
+            raise OSError("simulated crash")
+        real_save(self, cp)
+
+    monkeypatch.setattr(CheckpointStore, "save", crash_on_completed_save)
+    assert node.preparer.prepare([ref])["mps-crash"].error.startswith("cannot prepare")
+    pid = node.daemon_pid("mps-crash")
+    assert node.gpu(3).compute_mode is ComputeMode.EXCLUSIVE_PROCESS
+    monkeypatch.setattr(CheckpointStore, "save", real_save)
+
+    node.restart()  # recover: the Started claim is rolled back with its sharing
+    assert wait_gone(pid)
+    assert node.gpu(3).compute_mode is ComputeMode.DEFAULT
+    assert not (node.state_dir / "sharing" / "mps-crash.json").exists()
+
+    assert node.preparer.prepare([ref])["mps-crash"].error == ""  # the kubelet's retry redoes it
+    assert node.ask_daemon("mps-crash", "get_default_active_thread_percentage") == ["50.0"]
+    assert node.preparer.unprepare([ref]) == {"mps-crash": ""}
+
+
+def test_a_missing_binary_is_that_claims_clear_error(node: Node) -> None:
+    (node.driver_root / "usr/bin/nvidia-smi").unlink()
+    ref = node.add_claim("ts-nobin", ["gpu-2"], time_slicing("Medium"))
+    error = node.preparer.prepare([ref])["ts-nobin"].error
+    assert error.startswith("cannot apply the sharing of claim ts-nobin: nvidia-smi not found under driver root")
+    assert str(node.driver_root / "usr/bin") in error
+    plain = ClaimRef("default", "plain", "claim-plain")  # a claim without sharing needs no binary
+    (node.claims / "default" / "claim-plain.json").write_text(json.dumps(claim("plain", ["gpu-3"], name=plain.name)))
+    assert node.preparer.prepare([plain])["plain"].error == ""
+
+
+def test_the_node_daemon_killed_with_9_finds_its_mps_daemon_again(tmp_path: pathlib.Path) -> None:
+    """The real `gpu-dra-agent node` process, prepared through the kubelet's sockets: an MPS claim's daemon
+    survives kill -9 of the agent, is adopted by the restarted agent (same pid), and stops at unprepare."""
+    with short_tmpdir("mps-node-") as root, fakes.apiserver.start(port=0) as server:
+        api = server.api_client()
+        create_node(api)
+        ref = allocate_with_config(api, "mps-claim", ["gpu-5"], opaque(sharing=MPS_HALF))
+        state = root / "gpus.json"
+        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), env={persist.ENV: str(state)})
+        driver_root = install_driver_root(root / "driver-root").parents[1]
+        daemon.extra_args = ("--driver-root", str(driver_root))
+        pipe = daemon.state_dir / "mps" / ref.uid / "pipe"
+        try:
+            with FakeKubelet(daemon.kubelet_root, timeout=30) as kubelet:
+                with running(daemon):
+                    kubelet.wait_for_driver(DRIVER)
+                    assert kubelet.prepare(DRIVER, [ref])[ref.uid].error == ""
+                    pid = int((pipe / PID_FILE).read_text())
+                    daemon.kill()
+                gpus = fake_nvml.FakeNvml(fake_nvml.MACHINES["dgx-h100"], state).gpus
+                assert (gpus[5].compute_mode, [p.pid for p in gpus[5].processes]) == (3, [pid])  # still serving
+                with running(daemon):
+                    record = daemon.wait_for_log("sharing reconciled")
+                    assert (record["mps_adopted"], record["mps_restarted"]) == ([ref.uid], [])
+                    kubelet.wait_for_driver(DRIVER)
+                    assert int((pipe / PID_FILE).read_text()) == pid
+                    assert kubelet.prepare(DRIVER, [ref])[ref.uid].error == ""  # idempotent: same daemon
+                    assert kubelet.unprepare(DRIVER, [ref]) == {ref.uid: ""}
+                    assert wait_gone(pid)
+                    assert daemon.terminate() == 0
+            gpus = fake_nvml.FakeNvml(fake_nvml.MACHINES["dgx-h100"], state).gpus
+            assert (gpus[5].compute_mode, gpus[5].processes) == (0, [])
+            assert not pipe.exists()
+        finally:
+            for pid_file in root.rglob(PID_FILE):
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def allocate_with_config(api: Any, name: str, devices: list[str], config: dict[str, Any]) -> ClaimRef:
+    """A claim for `devices` allocated (as the scheduler writes it) with one opaque config of this driver."""
+    resource = client.ResourceV1Api(api)
+    created = resource.create_namespaced_resource_claim("default", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                                       "count": len(devices)}}]}},
+    })  # fmt: skip
+    body = api.sanitize_for_serialization(created)
+    body["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices],
+                    "config": [config]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+    }}  # fmt: skip
+    resource.replace_namespaced_resource_claim_status(name, "default", body)
+    return ClaimRef("default", created.metadata.uid, name)
+
+
+def _mps_config() -> Any:
+    from agent.claims.config import GPU_CONFIG, DeviceConfig, Mps
+
+    return DeviceConfig(GPU_CONFIG, Mps(active_thread_percentage=10))
