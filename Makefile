@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo proto bench clean
+.PHONY: venv test lint demo proto bench clean control-plane
 
 venv: $(STAMP)
 
@@ -27,6 +27,11 @@ demo: $(STAMP)
 
 proto: $(STAMP)
 	$(PY) proto/generate.py
+
+# kube-apiserver, kube-scheduler, kube-controller-manager 1.37 and etcd 3.6 from tests/controlplane/go.mod into
+# ~/.cache/gpu-dra-agent/control-plane (GPU_DRA_AGENT_CACHE moves it); `make test` does this on first use.
+control-plane:
+	$(PYTHON) -m tests.controlplane.build
 
 bench: $(STAMP)
 	$(PY) -m pytest tests/bench -m bench -s -p no:cacheprovider -o addopts=""

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import time
 
 import pytest
 
+from tests.controlplane import build
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
+
+# The real control-plane tier (marker `controlplane`): the binary directory, or why the tier is skipped.
+CONTROL_PLANE_KEY = pytest.StashKey[pathlib.Path | str | build.BuildError]()
+STARTUP_KEY = pytest.StashKey[tuple[float, dict[str, float]]]()
+BUILD_KEY = pytest.StashKey[str]()
+# Whether a session builds missing binaries itself (GPU_DRA_AGENT_BUILD_CONTROL_PLANE=0/1 overrides), and for
+# how long at most (GPU_DRA_AGENT_CONTROL_PLANE_BUILD_BUDGET, seconds). A cold build is ~17 CPU-minutes: about
+# ten minutes on an idle 2-core machine, an hour on a crowded one; past the budget the tier is skipped, loudly,
+# so CI (90 minutes) never times out on it.
+BUILD_ON_FIRST_USE = True
+BUILD_BUDGET_S = 40 * 60
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +31,65 @@ def shared_dir() -> pathlib.Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is not beside this checkout")
     return SHARED
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the upstream binaries before the first test when the real tier is selected and they are missing.
+
+    Here rather than in a fixture: a cold build takes many minutes, longer than any per-test timeout.
+    """
+    if not any(item.get_closest_marker("controlplane") for item in items):
+        return
+    ready = build.built()
+    if ready is not None:
+        config.stash[CONTROL_PLANE_KEY] = ready
+        return
+    if build.go_command() is None:
+        config.stash[CONTROL_PLANE_KEY] = (
+            "real control-plane tier skipped: `go` (1.26) is not on PATH to build kube-apiserver "
+            f"{build.kubernetes_version()} and etcd {build.etcd_version()} (`make control-plane`)"
+        )
+        return
+    if os.environ.get("GPU_DRA_AGENT_BUILD_CONTROL_PLANE", "1" if BUILD_ON_FIRST_USE else "0") != "1":
+        config.stash[CONTROL_PLANE_KEY] = (
+            "real control-plane tier skipped: its binaries are not built; `make control-plane` builds them "
+            "(or set GPU_DRA_AGENT_BUILD_CONTROL_PLANE=1 to build on first use)"
+        )
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    log = build.binary_dir().parent / f"{build.binary_dir().name}.build.log"
+    if reporter is not None:
+        reporter.write_line(
+            f"building the upstream control plane {build.kubernetes_version()} for the real tier "
+            f"(first use; cold this takes many minutes; log: {log})"
+        )
+    started = time.monotonic()
+    budget = float(os.environ.get("GPU_DRA_AGENT_CONTROL_PLANE_BUILD_BUDGET", BUILD_BUDGET_S))
+    try:
+        config.stash[CONTROL_PLANE_KEY] = build.build(log, budget)
+    except build.BuildTimeout as error:  # too slow here, not broken: skip the tier and say so
+        config.stash[CONTROL_PLANE_KEY] = f"real control-plane tier skipped: {error}"
+        return
+    except build.BuildError as error:  # the real tier's tests fail with it; the rest of the suite runs
+        config.stash[CONTROL_PLANE_KEY] = error
+        return
+    config.stash[BUILD_KEY] = f"built in {time.monotonic() - started:.0f}s"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    outcome = config.stash.get(CONTROL_PLANE_KEY, None)
+    if outcome is None:
+        return
+    if isinstance(outcome, str):
+        terminalreporter.write_line(outcome, yellow=True)
+        return
+    if isinstance(outcome, build.BuildError):
+        terminalreporter.write_line(f"real control-plane tier failed to build: {outcome}", red=True)
+        return
+    line = f"real control-plane tier: {outcome}"
+    if BUILD_KEY in config.stash:
+        line += f" ({config.stash[BUILD_KEY]})"
+    if STARTUP_KEY in config.stash:
+        total, parts = config.stash[STARTUP_KEY]
+        line += f"; started in {total:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in parts.items()) + ")"
+    terminalreporter.write_line(line)

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from . import dra_rules, schemas
+from . import defaults, dra_rules, schemas
 from .apply import manager_name, record_update, server_side_apply
 from .disabled_fields import drop_disabled_fields
 from .errors import ApiError, already_exists, conflict, invalid, not_found
@@ -175,6 +175,8 @@ class Api:
         options = options or WriteOptions()
         if content_type == APPLY:
             return self.apply(rt, namespace, name, body, subresource, options)
+        if content_type not in (JSON_PATCH, MERGE, STRATEGIC):  # refused before the object is looked up
+            raise ApiError(415, "415: Unsupported Media Type", details={})
         with self.store.lock:
             old = self._current(rt, namespace, name)
             if content_type == JSON_PATCH:
@@ -186,8 +188,6 @@ class Api:
                     raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
                                         f"include: {JSON_PATCH}, {MERGE}, application/apply-patch+yaml")
                 patched = strategic_merge_patch(old, body)
-            else:
-                raise ApiError(415, f"unsupported patch type {content_type!r}")
             if not isinstance(patched, dict):
                 raise ApiError(422, "the patch did not produce an object")
             patched.setdefault("metadata", {})
@@ -392,8 +392,10 @@ class Api:
 
     def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
                options: WriteOptions) -> None:
-        """Decode (unknown fields per fieldValidation), drop what disabled gates hide, validate."""
+        """Decode (unknown fields per fieldValidation), drop what disabled gates hide, default, validate."""
         drop_disabled_fields(rt.group, rt.kind, obj, old, self.gates)
+        if rt.group == "resource.k8s.io" and rt.builtin:
+            defaults.apply(rt.kind, obj)
         if not self.validate:
             return
         causes = self._meta_causes(rt, obj["metadata"])
@@ -417,9 +419,6 @@ class Api:
             options.warnings += [f'unknown field "{f}"' for f in unknown]
         if rt.group == "resource.k8s.io":
             causes += dra_rules.validate_resource_object(rt.kind, obj, old, self.gates.minor)
-            if rt.kind == "ResourceSlice" and not causes:
-                others = [o for o in self.store.items(rt.key) if o["metadata"]["name"] != obj["metadata"]["name"]]
-                causes += dra_rules.duplicate_in_pool(obj, others)
         if rt.kind == "CustomResourceDefinition":
             causes += self._crd_causes(obj, old)
         if causes:

@@ -12,7 +12,6 @@ device, and the taint effect None is valid.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 Causes = list[tuple[str, str]]
@@ -261,26 +260,6 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None, minor: int =
     return out
 
 
-def duplicate_in_pool(obj: dict[str, Any], others: Iterable[dict[str, Any]]) -> Causes:
-    """Device names clashing with another slice of the same driver, pool and generation."""
-    spec = obj.get("spec") or {}
-    pool = spec.get("pool") or {}
-    mine = {d.get("name") for d in spec.get("devices") or []}
-    out: Causes = []
-    for other in others:
-        other_spec = other.get("spec") or {}
-        other_pool = other_spec.get("pool") or {}
-        if (other_spec.get("driver"), other_pool.get("name"), other_pool.get("generation")) != (
-            spec.get("driver"), pool.get("name"), pool.get("generation")
-        ):
-            continue
-        clash = sorted(mine & {d.get("name") for d in other_spec.get("devices") or []})
-        if clash:
-            out.append(("spec.devices", f"device names {clash} are already in ResourceSlice "
-                                        f"{other['metadata']['name']!r} of pool {pool.get('name')!r}"))
-    return out
-
-
 def _requests(where: str, requests: list[dict[str, Any]]) -> Causes:
     out: Causes = []
     if len(requests) > MAX_REQUESTS:
@@ -364,6 +343,15 @@ def validate_claim_spec(where: str, spec: dict[str, Any]) -> Causes:
     return out
 
 
+def _request_names(spec: dict[str, Any]) -> set[str]:
+    """What an allocation result may name: a request, or `<request>/<subrequest>` of a firstAvailable one."""
+    names = set()
+    for request in (spec.get("devices") or {}).get("requests") or []:
+        names.add(request.get("name"))
+        names.update(f"{request.get('name')}/{sub.get('name')}" for sub in request.get("firstAvailable") or [])
+    return names
+
+
 def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
     out = validate_claim_spec("spec", obj.get("spec") or {})
     if old is not None and obj.get("spec") != old.get("spec"):
@@ -374,7 +362,11 @@ def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     if len(results) > MAX_ALLOCATION_RESULTS:
         out.append(("status.allocation.devices.results", f"must have at most {MAX_ALLOCATION_RESULTS} results"))
+    requests = _request_names(obj.get("spec") or {})
     for i, result in enumerate(results):
+        if result.get("request") not in requests:
+            out.append((f"status.allocation.devices.results[{i}].request", "must be the name of a request in the "
+                        "claim or the name of a request and a subrequest separated by '/'"))
         if (why := dns_label(result.get("device"))):
             out.append((f"status.allocation.devices.results[{i}].device", why))
         if (why := dns_subdomain(result.get("driver"), 63)):

@@ -1,9 +1,8 @@
-"""Claims read through the official client from the embedded API server, then prepared."""
+"""Claims read through the official client from an API server (the fake and the real one), then prepared."""
 
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +12,15 @@ from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef
 from agent.kube import errors
 from agent.kube.claims import KubeClaimSource
+from tests.integration.conftest import Cluster
 from tests.unit.test_claims_support import DRIVER, NODE, claim, inventory, opaque
 
-apiserver = pytest.importorskip("fakes.apiserver")
 kubernetes = pytest.importorskip("kubernetes")
 
 
 @pytest.fixture
-def api() -> Iterator[Any]:
-    with apiserver.start(port=0) as server:
-        yield server.api_client()
+def api(cluster: Cluster) -> Any:
+    return cluster.api_client()
 
 
 def create_allocated(api: Any, name: str, devices: list[str], configs: list[dict[str, Any]] = ()) -> ClaimRef:  # type: ignore[assignment]

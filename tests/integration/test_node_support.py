@@ -70,10 +70,18 @@ class Daemon:
     """One `gpu-dra-agent node` process with its own directories under `root`; JSON logs go to a file."""
 
     def __init__(
-        self, root: pathlib.Path, kubeconfig: pathlib.Path, node: str = NODE, env: dict[str, str] | None = None
+        self,
+        root: pathlib.Path,
+        kubeconfig: pathlib.Path,
+        node: str = NODE,
+        env: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+        machine: str = MACHINE,
     ) -> None:
         self.root = root
         self.env = env or {}  # e.g. FAKE_NVML_STATE, so the fake GPUs outlive the process
+        self.extra_args = extra_args
+        self.machine = machine
         self.kubelet_root = root / "kubelet"
         self.cdi_root = root / "cdi"
         self.state_dir = root / "state"
@@ -95,7 +103,7 @@ class Daemon:
     def start(self) -> Daemon:
         """Start the process (returns at once); the same directories are reused across restarts."""
         args = agent_command(
-            "--node-name", self.node, "--nvml", MACHINE, "--kubeconfig", str(self.kubeconfig),
+            "--node-name", self.node, "--nvml", self.machine, "--kubeconfig", str(self.kubeconfig),
             "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
             *self.extra_args,

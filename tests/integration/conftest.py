@@ -1,0 +1,130 @@
+"""One `cluster` fixture for tests that must hold against both API servers: the embedded fake (fresh per test)
+and the real control plane 1.37 (one per session, emptied between tests). The real tier builds its binaries
+on first use (see tests/conftest.py) and is skipped, with the reason, where Go is absent."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import fakes.apiserver
+from tests.conftest import CONTROL_PLANE_KEY, STARTUP_KEY
+from tests.controlplane import build
+from tests.controlplane import cluster as real
+
+REAL_TIER = "controlplane"
+
+
+class Response:
+    """What a client sees of one request: the status code and the decoded body (text where not JSON)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        try:
+            self.body: Any = json.loads(body)
+        except ValueError:
+            self.body = body.decode(errors="replace")
+
+    def __repr__(self) -> str:
+        return f"Response({self.status}, {self.body!r})"
+
+
+def _send(url: str, method: str, body: Any, headers: dict[str, str], context: ssl.SSLContext | None) -> Response:
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+            return Response(answer.status, answer.read())
+    except urllib.error.HTTPError as error:
+        return Response(error.code, error.read())
+
+
+def _headers(method: str, headers: dict[str, str] | None) -> dict[str, str]:
+    content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    return {"Content-Type": content, "Accept": "application/json", **(headers or {})}
+
+
+class FakeCluster:
+    kind = "fake"
+
+    def __init__(self, server: fakes.apiserver.ApiServer) -> None:
+        self.server = server
+
+    def api_client(self) -> Any:
+        return self.server.api_client()
+
+    def write_kubeconfig(self, path: str | Path) -> Path:
+        return self.server.write_kubeconfig(path)
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        created = client.CoreV1Api(self.api_client()).create_node(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
+        )
+        return dict(self.api_client().sanitize_for_serialization(created))
+
+    def raw(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Response:
+        """One HTTP request as any client would send it; errors are returned, not raised."""
+        return _send(self.server.url + path, method, body, _headers(method, headers), None)
+
+
+class RealCluster:
+    kind = "real"
+
+    def __init__(self, cp: real.ControlPlane) -> None:
+        self.cp = cp
+
+    def api_client(self) -> Any:
+        return self.cp.api_client()
+
+    def write_kubeconfig(self, path: str | Path) -> Path:
+        return self.cp.write_kubeconfig(path)
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        return self.cp.add_node(name, labels)
+
+    def raw(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Response:
+        return _send(self.cp.url + path, method, body, _headers(method, headers), self.cp.ssl_context())
+
+
+Cluster = FakeCluster | RealCluster
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[real.ControlPlane]:
+    """The real control plane, started once per session (build or skip decided in tests/conftest.py)."""
+    binaries = request.config.stash.get(CONTROL_PLANE_KEY, None)
+    if isinstance(binaries, str):
+        pytest.skip(binaries)
+    if isinstance(binaries, build.BuildError):
+        pytest.fail(f"the real control-plane tier cannot run: {binaries}")
+    if binaries is None:
+        pytest.fail("the real control-plane tier was selected but no build was attempted")
+    started = time.monotonic()
+    cp = real.ControlPlane(binaries).start()
+    request.config.stash[STARTUP_KEY] = (time.monotonic() - started, dict(cp.startup_seconds))
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.controlplane)])
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    if request.param == "fake":
+        with fakes.apiserver.start(port=0) as server:
+            yield FakeCluster(server)
+        return
+    cp: real.ControlPlane = request.getfixturevalue("control_plane")
+    try:
+        yield RealCluster(cp)
+    finally:
+        real.reset(cp)
