@@ -90,7 +90,6 @@ class Daemon:
         self.log_path = root / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
-        self.extra_args: tuple[str, ...] = ()  # more flags, e.g. --driver-root
 
     @property
     def registration_socket(self) -> pathlib.Path:

@@ -24,6 +24,8 @@ from kubernetes.client import ApiException
 from agent.claims.types import ClaimRef
 from agent.slices.build import build_resource_slices
 from fakes.kubelet import FakeKubelet
+from fakes.nvml import persist
+from fakes.nvml.binaries import install_driver_root
 from tests.controlplane.cluster import ControlPlane, reset
 from tests.integration.test_node_support import DRIVER, REPO, Daemon, short_tmpdir
 from tests.integration.test_slices_accepted import counters_beside_devices
@@ -94,7 +96,13 @@ def site(control_plane: ControlPlane) -> Iterator[Site]:
             for node, (machine, extra) in NODES.items():
                 control_plane.add_node(node)
                 (root / node).mkdir()
-                daemons[node] = Daemon(root / node, kubeconfig, node, extra_args=extra, machine=machine).start()
+                # the fake GPUs' state in a file and a driver root with the fake nvidia-smi and MPS control,
+                # which sharing configs (MPS, time-slicing) are applied with
+                driver_root = install_driver_root(root / node / "driver-root").parents[1]
+                daemons[node] = Daemon(
+                    root / node, kubeconfig, node, env={persist.ENV: str(root / node / "gpus.json")},
+                    extra_args=(*extra, "--driver-root", str(driver_root)), machine=machine,
+                ).start()  # fmt: skip
             for node, daemon in daemons.items():
                 daemon.wait_serving(timeout=60)
                 kubelets[node] = FakeKubelet(daemon.kubelet_root)
