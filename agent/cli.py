@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("agent.commands.node", "run the node agent: DRA kubelet plugin and ResourceSlice publisher"),
@@ -21,9 +22,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line naming the command and the problem (`--help` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpu-dra-agent", description="Kubernetes DRA driver for NVIDIA GPUs")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="gpu-dra-agent", description="Kubernetes DRA driver for NVIDIA GPUs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     raw = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in raw if not a.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():

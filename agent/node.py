@@ -22,8 +22,9 @@ from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.node_status import NodeStatus, node_labels
-from agent.kube.nodes import NodeLabelWatch, node_uid
+from agent.kube.nodes import NodeInfo, NodeLabelWatch, NodeWatcher, node_uid
 from agent.kube.rest import Rest
+from agent.kube.slices import watch_changes
 from agent.kube.version import server_version
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
@@ -40,7 +41,7 @@ from agent.sharing.commands import DriverRoot, SubprocessRunner
 from agent.sharing.control import SharingControl
 from agent.slices.build import Json, pool_content
 from agent.slices.publisher import Publisher, PublishResult
-from agent.slices.versions import rules_for
+from agent.slices.versions import LATEST, SliceRules, rules_for
 
 if TYPE_CHECKING:
     from agent.arbiter.node_service import NodeReservations
@@ -123,18 +124,22 @@ class NodeAgent:
         self._seen_gpus = {g.minor: g for g in self._inventory.gpus}  # a lost GPU stays listed, tainted
         self._health_changed = threading.Event()  # wakes the publish thread: health or MIG devices changed
         self._monitor: HealthMonitor | None = None
-        self.slice_rules = rules_for(server_version(self._api))  # the shape this server's version accepts
-        log.info("API server is Kubernetes %s", self.slice_rules.label)
-        self._node_uid = node_uid(self._api, config.node_name)
+        rules = self._read_slice_rules()  # None while the API is away: the publisher reads it before writing
+        self._node_uid = self._read_node_uid()
         self._publisher = Publisher(
             self._api,
             config.node_name,
             config.driver_name,
             partitionable=config.partitionable,
             node_uid=self._node_uid,
-            rules=self.slice_rules,
+            rules=rules,
             taints=self._device_taints,
         )
+        # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
+        self._node = NodeWatcher(self._api, config.node_name)
+        self._node.subscribe(self._on_node_changed)
+        # Slices deleted behind our back (an API server that lost its store) come back at once.
+        self._slice_watch = watch_changes(self._api, config.node_name, config.driver_name, self._on_slices_changed)
         self._withheld: frozenset[int] = frozenset()  # GPU minors a MIG reconfiguration keeps out of the slices
         self._preparer = ClaimPreparer(
             node_name=config.node_name,
@@ -172,6 +177,11 @@ class NodeAgent:
         return self._inventory
 
     @property
+    def node(self) -> NodeWatcher:
+        """This node's Node object, watched: subscribe to hear of uid and label changes."""
+        return self._node
+
+    @property
     def preparer(self) -> Preparer:
         return self._preparer
 
@@ -179,11 +189,17 @@ class NodeAgent:
         recovery = self._preparer.recover()
         log.info("claim checkpoint ready", extra={"recovery": str(recovery)})
         self._record_health(self._inventory)
+        self._node.start()
         labels = self._node_labels()
         if self._mig is not None and labels is not None:
             # GPUs a MIG change still has to reach (e.g. after a crash mid-apply) never show up in between.
             self._withheld = self._mig.withheld_at_start(self._inventory, labels)
-        self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
+        try:
+            self._on_published(self._publisher.publish(self._schedulable(self._inventory)))
+        except ApiError as exc:  # the resync loop retries with backoff; the kubelet is served meanwhile
+            log.warning("publishing ResourceSlices at start failed, serving the kubelet and retrying: %s", exc)
+            self.metrics.publish_errors.inc()
+        self._slice_watch.start(name="slice-watch")
         measured = MeasuredPreparer(self._preparer, self.metrics, set(self._preparer.states.load().claims))
         self.plugin = KubeletPlugin(
             self.config.driver_name,
@@ -231,6 +247,9 @@ class NodeAgent:
         """Stop serving and remove the sockets. Slices stay: a restarting agent keeps its pool visible."""
         self._stop.set()
         self._health_changed.set()  # wakes the health-publish thread to see the stop
+        self._publisher.wake()  # and the resync loop
+        self._node.stop()
+        self._slice_watch.stop()
         if self._mig is not None:
             self._mig.wake_for_stop()
         if self._monitor is not None:
@@ -278,6 +297,47 @@ class NodeAgent:
             on_result=self._on_published,
             on_error=lambda exc: self.metrics.publish_errors.inc(),
         )
+
+    @property
+    def slice_rules(self) -> SliceRules:
+        """The ResourceSlice rules of the server's version. Until the API has answered /version, the newest
+        release's: only the health records and the offer are shaped by them then, and nothing is published
+        before the publisher has read the version."""
+        return self._publisher.known_rules or LATEST
+
+    def _read_slice_rules(self) -> SliceRules | None:
+        try:
+            rules = rules_for(server_version(self._api))
+        except ApiError as exc:
+            log.warning("cannot read the API server's version yet, going on without it: %s", exc)
+            return None
+        log.info("API server is Kubernetes %s", rules.label)
+        return rules
+
+    def _read_node_uid(self) -> str | None:
+        """The Node's uid at start, or None when the API is away: the Node watch (retrying with backoff)
+        supplies it once the API answers, and the publisher reads it before its first write."""
+        try:
+            return node_uid(self._api, self.config.node_name)  # None without a Node: the watch warns
+        except ApiError as exc:
+            log.warning("cannot read Node %s yet, going on without it: %s", self.config.node_name, exc)
+            return None
+
+    def _on_slices_changed(self, kind: str, name: str) -> None:
+        """From the slice watch thread: a slice of ours was deleted (or the watch relisted): resync now."""
+        if kind == "DELETED":
+            log.info("ResourceSlice %s was deleted, checking the pool", name)
+        self._publisher.wake()
+
+    def _on_node_changed(self, node: NodeInfo) -> None:
+        """From the Node watch thread: note the owner, republish from the resync loop (no API I/O here)."""
+        if node.uid is None:
+            log.warning(
+                "there is no Node named %s: check --node-name; slices are published without an owner",
+                self.config.node_name,
+            )
+        if self._publisher.set_node_uid(node.uid):
+            self._publisher.wake()
 
     def _on_published(self, result: PublishResult) -> None:
         self.metrics.published_devices.set(result.devices)

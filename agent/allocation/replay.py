@@ -187,11 +187,16 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy_names: S
 
 def parse_nodes(rows: Iterable[dict[str, str]]) -> list[TraceNode]:
     """Rows of a node CSV (sn,cpu_milli,memory_mib,gpu,model)."""
-    try:
-        return [TraceNode(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r.get("model") or "")
-                for r in rows]
-    except (KeyError, ValueError) as e:
-        raise ValueError(f"bad node row: {e}: expected columns sn,cpu_milli,memory_mib,gpu,model") from e
+    nodes = []
+    for r in rows:
+        try:
+            node = TraceNode(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]), r.get("model") or "")
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"bad node row: {e}: expected columns sn,cpu_milli,memory_mib,gpu,model") from e
+        if min(node.cpu_milli, node.memory_mib, node.gpu_count) < 0:
+            raise ValueError(f"bad node row {node.name!r}: negative cpu_milli, memory_mib or gpu")
+        nodes.append(node)
+    return nodes
 
 
 def parse_pods(rows: Iterable[dict[str, str]]) -> list[TracePod]:
@@ -203,9 +208,12 @@ def parse_pods(rows: Iterable[dict[str, str]]) -> list[TracePod]:
             milli = min(int(r["gpu_milli"] or 0), MILLI) if count else 0
             spec = (r.get("gpu_spec") or "").strip()
             models = tuple(sorted(m for m in spec.split("|") if m)) if count else ()
-            pods.append(TracePod(r["name"], int(r["cpu_milli"]), int(r["memory_mib"]), count, milli, models))
+            pod = TracePod(r["name"], int(r["cpu_milli"]), int(r["memory_mib"]), count, milli, models)
         except (KeyError, ValueError) as e:
             raise ValueError(f"bad pod row {r.get('name', '?')!r}: {e}") from e
         if count < 0 or milli < 0 or (count and milli == 0):
             raise ValueError(f"bad pod row {r['name']!r}: GPU request {count} x {milli} milli")
+        if pod.cpu_milli < 0 or pod.memory_mib < 0:
+            raise ValueError(f"bad pod row {r['name']!r}: negative cpu_milli or memory_mib")
+        pods.append(pod)
     return pods

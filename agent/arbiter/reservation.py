@@ -25,6 +25,10 @@ from agent.devices.model import Inventory
 
 Clock = Callable[[], float]
 
+# A reservation bridges one commit, seconds long; a longer one (or NaN or infinity, which never expire) would
+# pin the devices long after the arbiter that asked for them is gone.
+MAX_TTL_SECONDS = 600.0
+
 
 class Unauthenticated(Exception):
     """The call carried no bearer token or the wrong one."""
@@ -102,8 +106,8 @@ class ReservationBook:
 
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
         """Hold devices for one gang member; raises NoFit when the node cannot take it."""
-        if ttl_seconds <= 0:
-            raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
+        if not 0 < ttl_seconds <= MAX_TTL_SECONDS:  # also NaN, which compares false both ways
+            raise ValueError(f"ttl_seconds must be more than 0 and at most {MAX_TTL_SECONDS:g}, got {ttl_seconds}")
         with self._lock:
             self._expire()
             fit = self._allocator.allocate(self._inventory(), self._usage_with_reservations(), claim)

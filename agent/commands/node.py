@@ -7,12 +7,17 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
+from agent.commands import preflight
+from agent.commands.preflight import StartupError
+from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
+from agent.kubelet.sockets import SocketError
 from agent.migconfig.files import load_mig_configs
 from agent.migconfig.spec import InvalidMigConfig
 from agent.node import NodeAgent, NodeConfig
@@ -50,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="[host]:port for the gRPC liveness probe, empty to disable (env HEALTHCHECK_ADDR)",
     )
     p.add_argument(
-        "--log-format", choices=("json", "text"), default=_env("LOG_FORMAT", "text"), help="env LOG_FORMAT"
+        "--log-format", choices=logs.FORMATS, default=_env("LOG_FORMAT", "text"), help="json or text (env LOG_FORMAT)"
     )
     p.add_argument(
         "--partitionable-devices",
@@ -100,28 +105,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _split_addr(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host or "0.0.0.0", int(port)
-
-
 def _xids(text: str) -> frozenset[int]:
     try:
-        return frozenset(int(x) for x in text.replace(" ", "").split(",") if x)
+        xids = frozenset(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
-        raise ValueError(f"--additional-xids-to-ignore must be comma-separated integers, not {text!r}") from None
+        raise StartupError(f"--additional-xids-to-ignore must be comma-separated integers, not {text!r}") from None
+    if any(x < 0 for x in xids):
+        raise StartupError(f"--additional-xids-to-ignore must list non-negative XIDs, not {text!r}")
+    return xids
 
 
-def run(args: argparse.Namespace) -> int:
-    logs.setup(args.log_format)
+def _config(args: argparse.Namespace) -> NodeConfig:
+    """Every flag checked, nothing touched yet."""
     if not args.node_name:
-        print("gpu-dra-agent node: --node-name (or NODE_NAME) is required", file=sys.stderr)
-        return 2
-    try:
-        ignored_xids = _xids(args.additional_xids_to_ignore)
-    except ValueError as exc:
-        print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
-        return 2
+        raise StartupError("--node-name (or NODE_NAME) is required")
+    driver_name = preflight.dns_subdomain("--driver-name", args.driver_name, max_length=63)
+    for flag, value in (("--metrics-addr", args.metrics_addr), ("--healthcheck-addr", args.healthcheck_addr)):
+        if value:
+            preflight.address(flag, value)
     token = ""
     if args.reservation_addr:
         from agent.arbiter.node_service import TokenFileError, read_token, split_address
@@ -132,50 +133,96 @@ def run(args: argparse.Namespace) -> int:
                 raise TokenFileError("--reservation-addr needs --reservation-token-file: no anonymous reservations")
             token = read_token(args.reservation_token_file)
         except ValueError as exc:
-            print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
-            return 2
+            raise StartupError(str(exc)) from None
     try:
         mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
     except InvalidMigConfig as exc:
-        print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
-        return 2
-    config = NodeConfig(
-        node_name=args.node_name,
-        driver_name=args.driver_name,
+        raise StartupError(str(exc)) from None
+    return NodeConfig(
+        node_name=preflight.dns_subdomain("--node-name", args.node_name),
+        driver_name=driver_name,
         kubelet_root=Path(args.kubelet_root),
         cdi_root=Path(args.cdi_root),
         state_dir=Path(args.state_dir),
         kubeconfig=args.kubeconfig,
         partitionable=args.partitionable_devices,
-        resync_interval_s=args.resync_interval,
+        resync_interval_s=preflight.interval("--resync-interval", args.resync_interval),
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
-        extra_ignored_xids=ignored_xids,
+        extra_ignored_xids=_xids(args.additional_xids_to_ignore),
         driver_root=Path(args.driver_root),
         reservation_address=args.reservation_addr or None,
         reservation_token=token,
         node_ip=_env("NODE_IP"),
         mig_configs=mig_configs,
     )
-    try:
-        with open_nvml(args.nvml) as nvml:
-            agent = NodeAgent(config, nvml)
-            if args.metrics_addr:
-                from prometheus_client import start_http_server
 
-                host, port = _split_addr(args.metrics_addr)
+
+def _make_dirs(config: NodeConfig) -> NodeConfig:
+    """The directories, created with their modes and checked writable; the last step before the agent runs."""
+    return replace(
+        config,
+        state_dir=preflight.writable_dir("--state-dir", config.state_dir, preflight.STATE_DIR_MODE),
+        cdi_root=preflight.writable_dir("--cdi-root", config.cdi_root, preflight.CDI_ROOT_MODE),
+        kubelet_root=preflight.kubelet_sockets("--kubelet-root", config.kubelet_root, config.driver_name),
+    )
+
+
+def _serve(config: NodeConfig, metrics_addr: str, nvml_spec: str) -> None:
+    """Open NVML and the API client and probe the addresses (none of which leaves a trace), then make the
+    directories and run the agent until a signal stops it."""
+    with open_nvml(nvml_spec) as nvml:
+        api = api_client(config.kubeconfig)
+        for flag, value in (("--metrics-addr", metrics_addr), ("--healthcheck-addr", config.liveness_address)):
+            if value:
+                preflight.can_listen(flag, value)
+        config = _make_dirs(config)
+        agent = NodeAgent(config, nvml, api=api)
+        if metrics_addr:
+            from prometheus_client import start_http_server
+
+            host, port = preflight.address("--metrics-addr", metrics_addr)
+            try:
                 metrics_server, _ = start_http_server(port, host, registry=agent.metrics.registry)
-                # The bound port, so `--metrics-addr 127.0.0.1:0` is usable (tests, several agents on one host).
-                log.info("metrics serving", extra={"address": f"{host}:{metrics_server.server_port}"})
+            except OSError as exc:  # taken since the probe
+                raise StartupError(f"cannot listen on --metrics-addr {metrics_addr}: {exc.strerror or exc}") from None
+            # The bound port, so `--metrics-addr 127.0.0.1:0` is usable (tests, several agents on one host).
+            log.info("metrics serving", extra={"address": f"{host}:{metrics_server.server_port}"})
 
-            def on_signal(signum: int, frame: FrameType | None) -> None:
-                log.info("received %s, shutting down", signal.Signals(signum).name)
-                agent.stop()
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            agent.stop()
 
-            signal.signal(signal.SIGTERM, on_signal)
-            signal.signal(signal.SIGINT, on_signal)
-            agent.run()
-    except (InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError, OSError) as exc:
-        print(f"gpu-dra-agent node: {exc}", file=sys.stderr)
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        agent.run()
+
+
+# Failures an operator causes and can fix: the message is the whole story.
+_OPERATOR_ERRORS = (StartupError, KubeconfigError, InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError, SocketError)
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 after a clean shutdown; otherwise one log record saying why (JSON with --log-format json), never a
+    traceback: 2 for a setting that cannot work, 1 for a failure at start-up."""
+    try:
+        logs.setup(args.log_format)
+    except ValueError as exc:
+        print(f"gpu-dra-agent node: --log-format (or LOG_FORMAT): {exc}", file=sys.stderr)
+        return 2
+    try:
+        _serve(_config(args), args.metrics_addr, args.nvml)
+    except StartupError as exc:  # a setting that cannot work
+        log.critical("%s", exc)
+        return 2
+    except _OPERATOR_ERRORS as exc:
+        log.critical("%s", exc)
+        return 1
+    except OSError as exc:  # e.g. a port taken since it was probed
+        log.critical("gpu-dra-agent node: %s", exc)
+        return 1
+    except Exception as exc:  # a bug: still one line for the operator, the traceback for whoever debugs it
+        log.debug("start-up failed", exc_info=True)
+        log.critical("gpu-dra-agent node failed: %s: %s", type(exc).__name__, exc)
         return 1
     return 0

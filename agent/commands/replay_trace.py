@@ -12,8 +12,12 @@ import pathlib
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from agent.allocation.replay import PAPER_SEEDS, TIE_REGIMES, parse_nodes, parse_pods, replay
+
+T = TypeVar("T")
 
 ALL_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "ours")
 
@@ -31,23 +35,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fixed: one random node order per run (the paper); random: per pod (kube-scheduler)")
 
 
-def _read_csv(path: pathlib.Path) -> list[dict[str, str]]:
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message starts with `file:line:` where there is a line."""
+
+
+def _read_csv(path: pathlib.Path, parse: Callable[[list[dict[str, str]]], list[T]]) -> list[T]:
+    """Parse each row on its own, so an error names the file and line it is on."""
     with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header:
+            raise TraceError(f"{path}: empty, expected a CSV header line")
+        parsed: list[T] = []
+        for row in reader:
+            line = reader.line_num
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise TraceError(f"{path}:{line}: {len(row)} fields where the header has {len(header)}")
+            try:
+                parsed += parse([dict(zip(header, row, strict=True))])
+            except ValueError as e:
+                raise TraceError(f"{path}:{line}: {e}") from None
+    return parsed
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise TraceError(f"--policy names no policy ({text!r}); choose from {','.join(ALL_POLICIES)}")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
-    names = [p.strip() for p in str(args.policy).split(",") if p.strip()]
+    try:
+        names = _policies(str(args.policy))
+    except TraceError as e:
+        print(e, file=sys.stderr)
+        return 2
     if args.seeds < 1:
         print("--seeds must be at least 1", file=sys.stderr)
         return 2
     try:
-        nodes = parse_nodes(_read_csv(args.trace_dir / args.nodes))
-        pods = parse_pods(_read_csv(args.trace_dir / args.pods))
+        nodes = _read_csv(args.trace_dir / args.nodes, parse_nodes)
+        pods = _read_csv(args.trace_dir / args.pods, parse_pods)
     except OSError as e:
         print(f"cannot read the trace: {e.strerror}: {e.filename}", file=sys.stderr)
         return 2
-    except ValueError as e:
+    except (ValueError, csv.Error) as e:  # csv.Error: a malformed quote or a NUL byte
         print(f"bad trace: {e}", file=sys.stderr)
         return 2
     seeds = [PAPER_SEEDS[0] + i for i in range(args.seeds)]

@@ -63,6 +63,8 @@ def _simulate(args: argparse.Namespace, actions: list[str]) -> int:
         return _fail(f"cannot read {args.snapshot}: {e.strerror or e}.")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         return _fail(f"{args.snapshot} is not valid JSON: {e}.")
+    except RecursionError:
+        return _fail(f"{args.snapshot} nests JSON too deeply to be a snapshot.")
     try:
         snapshot = parse_snapshot(doc)
         commit = ReservationCommit(snapshot.nodes, time.monotonic, secrets.token_urlsafe(32)) \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
@@ -13,9 +14,28 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 RAW: dict[str, Any] = {"_preload_content": False, "_request_timeout": REQUEST_TIMEOUT}
 
 
+class KubeconfigError(Exception):
+    """No usable API client configuration; str() says which file or setting and why."""
+
+
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """A client from `kubeconfig`, or the in-cluster service account; no request is made."""
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
+        path = Path(kubeconfig)
+        if not path.exists():
+            raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
+        if not path.is_file():
+            raise KubeconfigError(f"kubeconfig {kubeconfig} is not a file")
+        try:
+            return config.new_client_from_config(config_file=kubeconfig)
+        except Exception as exc:  # the loader fails in many ways (YAML, missing keys, wrong types, I/O)
+            raise KubeconfigError(f"kubeconfig {kubeconfig} is not usable: {exc}") from None
     cfg = client.Configuration()
-    config.load_incluster_config(client_configuration=cfg)
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException as exc:
+        raise KubeconfigError(
+            f"no kubeconfig given and the in-cluster configuration is not usable ({exc}); "
+            "pass --kubeconfig or set KUBECONFIG when running outside a cluster"
+        ) from None
     return client.ApiClient(cfg)

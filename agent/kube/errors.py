@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -41,7 +42,22 @@ _BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone
 
 def translate(exc: ApiException) -> ApiError:
     status = int(exc.status or 0)
-    return _BY_STATUS.get(status, ApiError)(status, str(exc.body or exc.reason))
+    return _BY_STATUS.get(status, ApiError)(status, _message(exc.body) or str(exc.reason or "no reason given"))
+
+
+def _message(body: object) -> str:
+    """The `message` of a Status body, which is what a person needs; the raw body when it is not one."""
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if not body:
+        return ""
+    try:
+        status = json.loads(str(body))
+    except ValueError:
+        return str(body)
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return str(body)
 
 
 def call(fn: Callable[[], T]) -> T:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 
 from agent.kube.client import RAW
 from agent.kube.errors import NotFound, call
+from agent.kube.watch import ListWatch
 
 Json = dict[str, Any]
 
@@ -40,6 +42,27 @@ class SliceApi:
         """Delete; already gone counts as done."""
         with contextlib.suppress(NotFound):
             call(lambda: self._api.delete_resource_slice(name, **RAW))
+
+
+def watch_changes(
+    api_client: client.ApiClient, node_name: str, driver: str, on_change: Callable[[str, str], None]
+) -> ListWatch:
+    """A watch (not started) of this node's slices of this driver that calls `on_change(kind, name)` for
+    each one DELETED, and `on_change("LISTED", "")` after each (re)list, which may hide deletions made while
+    the watch was down. ADDED and MODIFIED are left out: they are mostly our own writes."""
+
+    def on_event(kind: str, obj: Json) -> None:
+        if kind == "DELETED":
+            on_change(kind, str((obj.get("metadata") or {}).get("name") or ""))
+
+    api: Any = client.ResourceV1Api(api_client)
+    return ListWatch(
+        api.list_resource_slice,
+        lambda items: on_change("LISTED", ""),
+        on_event,
+        field_selector=f"spec.nodeName={node_name},spec.driver={driver}",
+        what=f"ResourceSlices of {driver} on {node_name}",
+    )
 
 
 def _json(response: Any) -> Json:

@@ -64,6 +64,7 @@ class Publisher:
         taints: Callable[[], Taints] | None = None,
         max_attempts: int = 5,
         backoff_s: float = 0.05,
+        retry_s: float = 0.5,
         store: SliceStore | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -77,12 +78,15 @@ class Publisher:
         self.driver = driver_name
         self._partitionable = partitionable
         self._node_uid = node_uid
+        self._owner_known = node_uid is not None  # else looked up once, at the first write
         self._rules = rules  # the server version's; read from /version on first use when not given
         self._taints = taints  # device taints to publish where the server version serves them
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
+        self._retry_s = retry_s  # first pause of `run` after a failed pass
         self._sleep = sleep
         self._lock = threading.Lock()
+        self._wake = threading.Event()
         self._inventory: Inventory | None = None
         self._published: tuple[SliceContent, ...] | None = None
         self._generation = 0
@@ -92,6 +96,11 @@ class Publisher:
     def partitionable(self) -> bool:
         """False once the server was seen dropping counter fields, whatever the flag said."""
         return self._partitionable
+
+    @property
+    def known_rules(self) -> SliceRules | None:
+        """The server version's rules once read; None before the API has answered."""
+        return self._rules
 
     @property
     def rules(self) -> SliceRules:
@@ -107,6 +116,17 @@ class Publisher:
     def published_devices(self) -> int:
         return self._last.devices
 
+    def set_node_uid(self, uid: str | None) -> bool:
+        """The Node's uid as watched (None: no Node object); True when it changed, and the slices need a
+        resync to carry the new owner (a Node deleted and created again has a new uid, and a real cluster's
+        garbage collector deletes slices owned by the old one)."""
+        with self._lock:
+            changed = uid != self._node_uid or not self._owner_known
+            self._node_uid, self._owner_known = uid, True
+            if changed:
+                self._published = None  # the next publish writes even if the content is the same
+            return changed
+
     def publish(self, inventory: Inventory) -> PublishResult:
         """Make the API match `inventory`; no request at all when its content was already published."""
         with self._lock:
@@ -114,7 +134,11 @@ class Publisher:
             content = self._content()
             if content == self._published:
                 return PublishResult(self._last.devices, self._last.slices, self._last.generation)
-            return self._reconcile(content)
+            try:
+                return self._reconcile(content)
+            except Exception:
+                self._wake.set()  # `run` retries soon, not at the end of its interval
+                raise
 
     def resync(self, inventory: Inventory | None = None) -> PublishResult:
         """Re-read this node's slices and repair whatever differs from the last (or given) inventory."""
@@ -125,6 +149,10 @@ class Publisher:
                 return self._last
             return self._reconcile(self._content())
 
+    def wake(self) -> None:
+        """Have `run` resync now instead of at the end of its interval (the Node or a slice changed)."""
+        self._wake.set()
+
     def run(
         self,
         stop: threading.Event,
@@ -133,21 +161,39 @@ class Publisher:
         on_result: Callable[[PublishResult], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        """Resync every `interval_s` until `stop` is set; any failure is reported and retried next round."""
+        """Resync every `interval_s` and on each `wake()` until `stop` is set. A failed pass (or a failed
+        `publish` elsewhere) is retried after `retry_s`, doubling up to `interval_s`: a pool left half
+        written (slices of mixed generations, which the scheduler sees as incomplete) is fixed in seconds."""
+        failures = 0
         while not stop.is_set():
+            self._wake.clear()  # a wake from now on asks for another pass
             try:
                 result = self.resync(inventory_source())
             except Exception as exc:  # this loop is what repairs the slices: it must outlive any failure
+                failures += 1
+                delay = min(interval_s, self._retry_s * 2 ** min(failures - 1, 16))
                 if isinstance(exc, ApiError):
-                    log.warning("publishing ResourceSlices failed, retrying in %.0fs: %s", interval_s, exc)
+                    log.warning("publishing ResourceSlices failed, retrying in %.1fs: %s", delay, exc)
                 else:
-                    log.exception("publishing ResourceSlices failed, retrying in %.0fs", interval_s)
+                    log.exception("publishing ResourceSlices failed, retrying in %.1fs", delay)
                 if on_error:
                     on_error(exc)
             else:
+                if failures:
+                    log.info("ResourceSlices published again after %d failed attempts", failures)
+                failures, delay = 0, interval_s
                 if on_result:
                     on_result(result)
-            stop.wait(interval_s)
+            self._pause(stop, delay)
+
+    def _pause(self, stop: threading.Event, seconds: float) -> None:
+        """Until `seconds` passed, `stop` is set or `wake()` is called (stop is looked at 4 times a second)."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(min(left, 0.25))
 
     # --- internals (called with the lock held) ---------------------------------------------------------
 
@@ -189,7 +235,9 @@ class Publisher:
         devices = sum(len(c.devices) for c in content)
         desired = self._slices(content, current)
         if desired.keys() == existing.keys() and all(
-            _canonical(desired[n]["spec"]) == _canonical(existing[n]["spec"]) for n in desired
+            _canonical(desired[n]["spec"]) == _canonical(existing[n]["spec"])
+            and _owners(desired[n]) == _owners(existing[n])
+            for n in desired
         ):
             self._generation = current
             return PublishResult(devices, len(desired), current)
@@ -211,19 +259,29 @@ class Publisher:
             deleted += 1
         log.info(
             "published ResourceSlices for pool %s generation %d: %d devices, %d created, %d updated, %d deleted",
-            self.node_name, generation, devices, created, updated, deleted,
+            self.node_name,
+            generation,
+            devices,
+            created,
+            updated,
+            deleted,
         )
         return PublishResult(devices, len(desired), generation, created, updated, deleted)
 
     def _slices(self, content: tuple[SliceContent, ...], generation: int) -> dict[str, Json]:
-        if self._node_uid is None and self._api_client is not None:
+        if not self._owner_known and self._api_client is not None:
             from agent.kube.nodes import node_uid
 
             self._node_uid = node_uid(self._api_client, self.node_name)
+            self._owner_known = True
         objs = resource_slices(
             content, node_name=self.node_name, driver=self.driver, generation=generation, node_uid=self._node_uid
         )
         return {o["metadata"]["name"]: o for o in objs}
+
+
+def _owners(obj: Json) -> list[tuple[str, str]]:
+    return [(str(r.get("kind")), str(r.get("uid"))) for r in obj.get("metadata", {}).get("ownerReferences") or []]
 
 
 def _generation(obj: Json) -> int:

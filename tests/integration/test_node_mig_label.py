@@ -250,5 +250,5 @@ def test_an_invalid_mig_config_file_stops_the_agent_with_one_sentence(
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr  # one sentence, no traceback
-    assert lines[0].startswith(f"gpu-dra-agent node: --mig-config-file {path}")
+    assert f"CRITICAL agent.node: --mig-config-file {path}" in lines[0]  # the fatal line is a log record
     assert says in lines[0]

@@ -67,3 +67,57 @@ def test_runs_on_a_multigpu_variant_of_the_real_trace(shared_dir: pathlib.Path,
     code, result, _ = run_json(capsys, "--trace-dir", str(shared_dir / "data/traces"),
                                "--pods", "openb_pod_list_multigpu50.csv", "--seeds", "1", "--policy", "packing")
     assert code == 0 and 0 < float(result["packing"]["unallocatedGpuPercent"]) < 30  # type: ignore[arg-type]
+
+
+def test_a_short_row_names_the_file_and_line(trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Tried: a pod row cut short (a truncated download); it used to end in a TypeError traceback."""
+    lines = PODS.splitlines(keepends=True)
+    (trace_dir / "short.csv").write_text("".join(lines[:5]) + "pod-x,4000,8192\n" + "".join(lines[5:]))
+    code, _, err = run_json(capsys, "--trace-dir", str(trace_dir), "--pods", "short.csv", "--seeds", "1")
+    assert code == 2
+    assert f"{trace_dir / 'short.csv'}:6: 3 fields where the header has 11" in err
+    assert "Traceback" not in err
+
+
+def test_a_long_row_and_an_empty_file_are_refused(trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (trace_dir / "long.csv").write_text(NODES + "node-x,1,1,1,T4,extra\n")
+    code, _, err = run_json(capsys, "--trace-dir", str(trace_dir), "--nodes", "long.csv", "--seeds", "1")
+    assert code == 2 and f"{trace_dir / 'long.csv'}:42: 6 fields where the header has 5" in err
+    (trace_dir / "empty.csv").write_text("")
+    code, _, err = run_json(capsys, "--trace-dir", str(trace_dir), "--nodes", "empty.csv", "--seeds", "1")
+    assert code == 2 and "empty.csv: empty, expected a CSV header line" in err
+
+
+def test_a_bad_value_names_its_line(trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (trace_dir / "bad.csv").write_text(PODS_HEADER + "a,1,1,1,1000,,LS,R,0,0,0\n" + "x,1,1,one,0,,LS,R,0,0,0\n")
+    code, _, err = run_json(capsys, "--trace-dir", str(trace_dir), "--pods", "bad.csv")
+    assert code == 2 and f"{trace_dir / 'bad.csv'}:3: bad pod row 'x'" in err
+
+
+@pytest.mark.parametrize(
+    ("file", "row", "says"),
+    [
+        ("nodes", "node-x,-32000,131072,8,T4", "negative cpu_milli, memory_mib or gpu"),
+        ("nodes", "node-x,32000,-1,8,T4", "negative cpu_milli, memory_mib or gpu"),
+        ("nodes", "node-x,32000,131072,-8,T4", "negative cpu_milli, memory_mib or gpu"),
+        ("pods", "pod-x,-4000,8192,1,1000,,LS,Running,0,1,0", "negative cpu_milli or memory_mib"),
+        ("pods", "pod-x,4000,-8192,1,1000,,LS,Running,0,1,0", "negative cpu_milli or memory_mib"),
+        ("pods", "pod-x,4000,8192,-1,1000,,LS,Running,0,1,0", "GPU request -1"),
+    ],
+)
+def test_negative_values_are_refused(
+    trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str], file: str, row: str, says: str
+) -> None:
+    """Tried: negative CPU, memory and GPU counts, which used to be replayed as capacity or demand."""
+    text = NODES if file == "nodes" else PODS
+    (trace_dir / "neg.csv").write_text(text + row + "\n")
+    code, _, err = run_json(capsys, "--trace-dir", str(trace_dir), f"--{file}", "neg.csv", "--seeds", "1")
+    assert code == 2 and says in err and "neg.csv:" in err
+
+
+@pytest.mark.parametrize("policy", [",", " , ", ""])
+def test_a_policy_list_naming_nothing_is_a_usage_error(
+    trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str], policy: str
+) -> None:
+    code, result, err = run_json(capsys, "--trace-dir", str(trace_dir), "--policy", policy, "--seeds", "1")
+    assert code == 2 and "--policy names no policy" in err

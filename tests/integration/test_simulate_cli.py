@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.cli import main
-from tests.unit.test_arbiter_support import doc, gang, node, queue
+from tests.unit.test_arbiter_support import doc, gang, job, node, pod, queue
 
 
 def snapshot_file(tmp_path: pathlib.Path, document: Any) -> pathlib.Path:
@@ -69,6 +69,21 @@ BAD = {
     "negative quantity": (doc([node("n", cpu=-1)], [queue("q")], []), "negative cpuMilli"),
     "cycle": (doc([node("n")], [queue("a", parent="b"), queue("b", parent="a")], []), "cycle"),
     "not JSON": ("{nodes: [", "not valid JSON"),
+    # tried: "gpu" for "gpus" used to make a silent 0-GPU pod
+    "misspelt field": (doc([node("n")], [queue("q")], [job("j", "q", [{**pod("p"), "gpu": 1}])]),
+                       "pod 'p' has an unknown field 'gpu'"),
+    "misspelt top-level field": ({**doc([node("n")], [queue("q")], []), "job": []}, "unknown field 'job'"),
+    "misspelt queue resource field": (doc([node("n")], [{**queue("q"), "gpu": {"qouta": 1}}], []),
+                                      "unknown field 'qouta'"),
+    "gpuIndex true": (doc([node("n")], [queue("q")], [job("j", "q", [pod("p", 0.5, "n", gpuIndex=True)])]),
+                      "gpuIndex that is not a GPU index: True"),
+    "nvlink domain of booleans": (doc([node("n", nvlinkDomains=[[True, False]])], [queue("q")], []),
+                                  "not a list of GPU indices"),
+    "ten million GPUs": (doc([node("n", 10**7)], [queue("q")], []), "more than the 1024"),
+    "1e308 GPUs on a pod": (doc([node("n")], [queue("q")], [job("j", "q", [pod("p", 1e308)])]), "at most 1e+18"),
+    "1e308 quota": (doc([node("n")], [queue("q", quota=1e308)], []), "at most 1e+18"),
+    "400-digit memory": (doc([node("n", mem=10**400)], [queue("q")], []), "at most 1e+18"),
+    "100k-deep nesting": ("[" * 100_000 + "]" * 100_000, "nests JSON too deeply"),
 }
 
 

@@ -51,3 +51,22 @@ def test_the_resync_loop_outlives_an_unreachable_server() -> None:
     loop.join(timeout=5)
     assert len(failures) >= 3
     assert all(isinstance(f, errors.ApiError) and f.status == 0 for f in failures)
+
+
+def test_an_api_error_reads_as_the_status_message_not_its_json() -> None:
+    """Tried: a 403 with the server's usual Status body; the operator should read the sentence, not the JSON."""
+    body = (
+        '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"nodes \\"node-a\\" is '
+        'forbidden: User \\"system:serviceaccount:x:y\\" cannot get resource \\"nodes\\"","reason":"Forbidden",'
+        '"code":403}'
+    )
+    exc = client.exceptions.ApiException(status=403, reason="Forbidden")
+    exc.body = body
+    error = errors.translate(exc)
+    assert str(error) == (
+        'API error 403: nodes "node-a" is forbidden: User "system:serviceaccount:x:y" cannot get resource "nodes"'
+    )
+    exc.body = "<html>bad gateway</html>"  # not a Status: shown as sent
+    assert str(errors.translate(exc)) == "API error 403: <html>bad gateway</html>"
+    exc.body = None
+    assert str(errors.translate(exc)) == "API error 403: Forbidden"

@@ -95,3 +95,21 @@ def test_a_reserved_device_the_node_names_unlike_its_slices_is_refused() -> None
         reservation_from_pb(answer, "g", "m0")
     good = pb.ReserveResponse(reservation_id="r1", devices=[pb.ReservedDevice(request="r", device="gpu-1")])
     assert reservation_from_pb(good, "g", "m0").fit.devices == {"r": ("gpu-1",)}
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), -float("inf"), 0.0, -1.0, 1e9, 601.0])
+def test_a_ttl_that_never_expires_or_is_absurd_is_invalid_argument(endpoint: tuple[str, Clock], ttl: float) -> None:
+    """Tried: NaN and infinity were accepted and held the devices for good (NaN never compares expired)."""
+    address, _ = endpoint
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.NodeAllocatorStub(channel)
+        req = pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=ttl,
+                                requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Reserve(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "ttl_seconds must be more than 0 and at most 600" in (err.value.details() or "")
+        # nothing is held: the whole node is still free
+        ok = pb.ReserveRequest(gang_id="g2", member="m", ttl_seconds=10,
+                               requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=4)])
+        assert stub.Reserve(ok, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5).reservation_id

@@ -31,6 +31,25 @@ from agent.arbiter.core.model import (
 from agent.arbiter.core.usage import UsageSample, queue_usage
 
 _STATUSES = ("Running", "Pending", "Releasing")
+# Caps that keep a typo from costing minutes and gigabytes: a node's GPUs are modelled one by one.
+MAX_NODE_GPUS = 1024
+MAX_NUMBER = 1e18  # any quantity; far above a real one, far below where float sums lose integers or overflow
+
+# The fields of each object; anything else is refused (a misspelt "gpu" for "gpus" would silently count 0).
+_FIELDS = {
+    "the snapshot": ("config", "nodes", "queues", "jobs", "now", "fairness"),
+    "config": ("placement",),
+    "config.placement": ("gpu", "cpu"),
+    "node": ("name", "gpus", "cpuMilli", "memBytes", "gpuModel", "labels", "nvlinkDomains"),
+    "queue": ("name", "parent", "priority", *RESOURCES, "preemptMinRuntime", "reclaimMinRuntime"),
+    "queue resource": ("quota", "limit", "overQuotaWeight"),
+    "job": ("name", "queue", "priority", "preemptible", "minMember", "createdAt", "pods", "startedAt",
+            "preemptionDelay", "pendingSince"),
+    "pod": ("name", "gpus", "status", "node", "gpuIndex", "cpuMilli", "memBytes", "taskPriority", "nodeSelector"),
+    "fairness": ("kValue", "usage", "history", "windowSize", "halfLife"),
+    "fairness usage": RESOURCES,
+    "fairness history": ("queue", "start", "end", "gpus", "cpuMilli", "memBytes"),
+}
 _POLICIES = ("binpack", "spread")
 
 
@@ -39,7 +58,7 @@ class SnapshotError(ValueError):
 
 
 def parse_snapshot(doc: object) -> Snapshot:
-    top = _obj(doc, "the snapshot")
+    top = _obj(doc, "the snapshot", "the snapshot")
     placement = _placement(top.get("config"))
     nodes = tuple(_node(n, i) for i, n in enumerate(_list(top, "nodes", "the snapshot")))
     queues = tuple(_queue(q, i) for i, q in enumerate(_list(top, "queues", "the snapshot")))
@@ -57,8 +76,8 @@ def parse_snapshot(doc: object) -> Snapshot:
 def _placement(raw: object) -> Placement:
     if raw is None:
         return Placement()
-    config = _obj(raw, "config")
-    placement = _obj(config.get("placement", {}), "config.placement")
+    config = _obj(raw, "config", "config")
+    placement = _obj(config.get("placement", {}), "config.placement", "config.placement")
     policies: dict[str, Policy] = {}
     for resource in ("gpu", "cpu"):
         value = placement.get(resource, "binpack")
@@ -72,13 +91,16 @@ def _node(raw: object, index: int) -> NodeSpec:
     node = _obj(raw, f"nodes[{index}]")
     name = _name(node, f"nodes[{index}]")
     where = f"node {name!r}"
+    _known_fields(node, "node", where)
     gpus = _quantity(node, "gpus", where)
     if gpus != int(gpus):
         raise SnapshotError(f"{where} has a fractional GPU count {gpus}.")
+    if gpus > MAX_NODE_GPUS:
+        raise SnapshotError(f"{where} has {gpus:g} GPUs, more than the {MAX_NODE_GPUS} a node may have here.")
     domains = []
     seen: set[int] = set()
     for domain in _opt_list(node, "nvlinkDomains", where):
-        if not isinstance(domain, list) or not all(isinstance(i, int) for i in domain):
+        if not isinstance(domain, list) or not all(type(i) is int for i in domain):
             raise SnapshotError(f"{where} has an nvlinkDomains entry that is not a list of GPU indices.")
         for i in domain:
             if not 0 <= i < gpus or i in seen:
@@ -103,6 +125,7 @@ def _queue(raw: object, index: int) -> QueueSpec:
     queue = _obj(raw, f"queues[{index}]")
     name = _name(queue, f"queues[{index}]")
     where = f"queue {name!r}"
+    _known_fields(queue, "queue", where)
     if "parent" not in queue:
         raise SnapshotError(f"{where} has no parent field (use null for a top-level queue).")
     parent = queue["parent"]
@@ -113,7 +136,7 @@ def _queue(raw: object, index: int) -> QueueSpec:
         if resource not in queue and resource != "gpu":
             terms.append(ResourceTerms())
             continue
-        block = _obj(queue.get(resource), f"{where} {resource}")
+        block = _obj(queue.get(resource), f"{where} {resource}", "queue resource")
         scale = MILLI if resource == "gpu" else 1
         quota, limit, weight = (_term(block, key, f"{where} {resource}") for key in _TERM_KEYS)
         terms.append(
@@ -140,6 +163,7 @@ def _job(raw: object, index: int) -> JobSpec:
     job = _obj(raw, f"jobs[{index}]")
     name = _name(job, f"jobs[{index}]")
     where = f"job {name!r}"
+    _known_fields(job, "job", where)
     queue = job.get("queue")
     if not isinstance(queue, str):
         raise SnapshotError(f"{where} has no queue name.")
@@ -170,7 +194,10 @@ def _pod(raw: object, job: str, index: int) -> PodSpec:
     pod = _obj(raw, f"{job} pods[{index}]")
     name = _name(pod, f"{job} pods[{index}]")
     where = f"pod {name!r}"
+    _known_fields(pod, "pod", where)
     gpus = _quantity(pod, "gpus", where, default=0.0)
+    if gpus > MAX_NODE_GPUS:
+        raise SnapshotError(f"{where} asks for {gpus:g} GPUs, more than any node may have ({MAX_NODE_GPUS}).")
     if gpus > 1 and gpus != int(gpus):
         raise SnapshotError(f"{where} asks for {gpus} GPUs: use a whole number or a fraction of one GPU.")
     gpu_milli = round(gpus * MILLI)
@@ -185,7 +212,9 @@ def _pod(raw: object, job: str, index: int) -> PodSpec:
     if (node is None) != (status == "Pending"):
         raise SnapshotError(f"{where} is {status} but its node is {node!r}; only pending pods have no node.")
     gpu_index = pod.get("gpuIndex")
-    if gpu_index is not None and (not isinstance(gpu_index, int) or not 0 < gpu_milli < MILLI or node is None):
+    if gpu_index is not None and type(gpu_index) is not int:
+        raise SnapshotError(f"{where} has a gpuIndex that is not a GPU index: {gpu_index!r}.")
+    if gpu_index is not None and (not 0 < gpu_milli < MILLI or node is None):
         raise SnapshotError(f"{where} has a gpuIndex but is not a placed fractional-GPU pod.")
     return PodSpec(
         name=name,
@@ -248,10 +277,20 @@ def _unique(kind: str, names: list[str]) -> None:
 # -- fields ----------------------------------------------------------------------------------------------
 
 
-def _obj(raw: object, where: str) -> Mapping[str, Any]:
+def _obj(raw: object, where: str, kind: str | None = None) -> Mapping[str, Any]:
+    """A JSON object; with `kind`, one holding only that kind's fields."""
     if not isinstance(raw, dict):
         raise SnapshotError(f"{where} must be a JSON object.")
+    if kind is not None:
+        _known_fields(raw, kind, where)
     return cast(Mapping[str, Any], raw)
+
+
+def _known_fields(obj: Mapping[str, Any], kind: str, where: str) -> None:
+    allowed = _FIELDS[kind]
+    unknown = sorted(str(k) for k in obj if k not in allowed)
+    if unknown:
+        raise SnapshotError(f"{where} has an unknown field {unknown[0]!r}; known fields: {', '.join(allowed)}.")
 
 
 def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
@@ -273,9 +312,20 @@ def _name(obj: Mapping[str, Any], where: str) -> str:
 
 
 def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SnapshotError(f"{what} must be a number, not {value!r}.")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SnapshotError(f"{what} must be a number, not {_short(value)}.")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer with hundreds of digits
+        number = math.inf
+    if not math.isfinite(number) or abs(number) > MAX_NUMBER:
+        raise SnapshotError(f"{what} must be a number of at most {MAX_NUMBER:g}, not {_short(value)}.")
+    return number
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _quantity(obj: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
@@ -353,13 +403,13 @@ def _fairness(raw: object, queues: tuple[QueueSpec, ...], nodes: tuple[NodeSpec,
     `windowSize` and an optional `halfLife`, folded into usage as of `now`; `kValue` (default 1)."""
     if raw is None:
         return Fairness()
-    block = _obj(raw, "fairness")
+    block = _obj(raw, "fairness", "fairness")
     k_value = _number(block.get("kValue", 1.0), "fairness kValue")
     if k_value < 0:
         raise SnapshotError(f"fairness kValue must not be negative, not {k_value:g}.")
     usage: dict[str, tuple[float, float, float]] = {}
     for name, value in _obj(block.get("usage", {}), "fairness usage").items():
-        entry = _obj(value, f"fairness usage of {name!r}")
+        entry = _obj(value, f"fairness usage of {name!r}", "fairness usage")
         usage[name] = (_fraction(entry, "gpu", name), _fraction(entry, "cpu", name), _fraction(entry, "memory", name))
     history = block.get("history")
     if history is not None:
@@ -383,7 +433,7 @@ def _fraction(entry: Mapping[str, Any], key: str, queue: str) -> float:
 
 def _sample(raw: object, index: int) -> UsageSample:
     where = f"fairness history[{index}]"
-    sample = _obj(raw, where)
+    sample = _obj(raw, where, "fairness history")
     queue = sample.get("queue")
     if not isinstance(queue, str):
         raise SnapshotError(f"{where} has no queue name.")
