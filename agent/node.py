@@ -22,7 +22,7 @@ from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.node_status import NodeStatus, node_labels
-from agent.kube.nodes import NodeInfo, NodeLabelWatch, NodeWatcher, node_uid
+from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
 from agent.kube.rest import Rest
 from agent.kube.slices import watch_changes
 from agent.kube.version import server_version
@@ -228,10 +228,9 @@ class NodeAgent:
         self._spawn("health-publish", self._health_publish_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
-            # Not joined at shutdown: a watch blocks until its next event; the process ends it.
-            threading.Thread(target=self._watch_labels, name="node-labels", daemon=True).start()
             if labels is not None:
                 self._mig.offer(labels)
+            self._node.subscribe(self._offer_labels)  # each change of nvidia.com/mig.config starts a change
 
     def run(self) -> None:
         try:
@@ -416,11 +415,10 @@ class NodeAgent:
         if self._mig is not None:
             self._mig.run(self._stop)
 
-    def _watch_labels(self) -> None:
-        """The Node's labels to the MIG reconciler: each change of nvidia.com/mig.config starts a change."""
-        mig = self._mig
-        if mig is not None:
-            NodeLabelWatch(self._api, self.config.node_name, mig.offer).run(self._stop)
+    def _offer_labels(self, node: NodeInfo) -> None:
+        """From the Node watch thread: the Node's labels to the MIG reconciler (it only notes them)."""
+        if self._mig is not None and node.uid is not None:
+            self._mig.offer(node.labels)
 
     def _reconfiguring(self, device_name: str) -> bool:
         """Whether the device is on a GPU a MIG reconfiguration is changing (prepare refuses it)."""
