@@ -14,7 +14,6 @@ handle) is left out of the snapshot, with the reason in `World.waiting`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +33,7 @@ from agent.arbiter.core.model import (
     ResourceTerms,
     Snapshot,
 )
+from agent.arbiter.core.snapshot import go_duration as parse_duration
 from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
 from agent.quantity import QuantityError, parse
 
@@ -66,20 +66,6 @@ def parse_time(text: object) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: object) -> float | None:
-    """A Go duration ("90s", "1h30m") in seconds; None when absent or malformed."""
-    if not isinstance(text, str) or not text:
-        return None
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return None
-    return sum(float(n) * _UNIT[u] for n, u in parts)
 
 
 def _quantity(text: object, scale: float = 1.0) -> float:

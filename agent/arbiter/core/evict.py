@@ -123,7 +123,8 @@ def _restore_unneeded(session: Session, taken: list[Unit]) -> None:
         job = unit[0].job
         return queue_key(job.queue, request_of(unit)), job.key()
 
-    for unit in sorted(taken, key=order):
+    # reversed first: of one job, the rest of its gang comes back before its elastic pods, which need it
+    for unit in sorted(reversed(taken), key=order):
         job = unit[0].job
         if job.active + len(unit) < job.spec.min_member:
             continue  # an elastic pod alone would leave its gang below minMember: it stays evicted

@@ -371,25 +371,28 @@ def _timestamp(value: object, where: str, key: str = "createdAt") -> float:
     return parsed.timestamp()
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|m|s|ms)")
-_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration(text: object) -> float | None:
+    """A Go duration ("90s", "1h30m", "250ms", as metav1.Duration writes them) in seconds; None when absent
+    or malformed. One parser for snapshots and for the Queue objects the arbiter reads."""
+    if not isinstance(text, str) or not text:
+        return None
+    if text == "0":
+        return 0.0
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT[u] for n, u in parts)
 
 
 def duration(value: object, what: str) -> float:
-    """A Kubernetes duration ("90s", "5m", "1h30m", as metav1.Duration writes them) in seconds."""
-    if not isinstance(value, str) or not value:
+    seconds = go_duration(value)
+    if seconds is None:
         raise SnapshotError(f"{what} must be a duration such as \"5m\" or \"1h30m\", not {value!r}.")
-    if value == "0":
-        return 0.0
-    pos, total = 0, 0.0
-    for match in _DURATION.finditer(value):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _SECONDS[match.group(2)]
-        pos = match.end()
-    if pos != len(value):
-        raise SnapshotError(f"{what} must be a duration such as \"5m\" or \"1h30m\", not {value!r}.")
-    return total
+    return seconds
 
 
 def _opt_duration(obj: Mapping[str, Any], key: str, where: str) -> float | None:
