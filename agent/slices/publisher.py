@@ -90,6 +90,7 @@ class Publisher:
         self._inventory: Inventory | None = None
         self._published: tuple[SliceContent, ...] | None = None
         self._generation = 0
+        self._writing: tuple[tuple[SliceContent, ...], str | None] | None = None  # a pass not finished
         self._last = PublishResult(0, 0, 0)
 
     @property
@@ -223,7 +224,8 @@ class Publisher:
                 if 0 < exc.status < 500 and exc.status != 429:  # a client error: retrying changes nothing
                     raise
                 error = exc
-                self._sleep(self._backoff_s * 2 ** (attempt - 1))
+                if attempt < self._max_attempts:  # after the last one, `run` decides when to try again
+                    self._sleep(self._backoff_s * 2 ** (attempt - 1))
             else:
                 self._published, self._last = content, result
                 return result
@@ -234,17 +236,19 @@ class Publisher:
         current = max((_generation(s) for s in existing.values()), default=self._generation)
         devices = sum(len(c.devices) for c in content)
         desired = self._slices(content, current)
-        if desired.keys() == existing.keys() and all(
-            _canonical(desired[n]["spec"]) == _canonical(existing[n]["spec"])
-            and _owners(desired[n]) == _owners(existing[n])
-            for n in desired
-        ):
+        if desired.keys() == existing.keys() and all(_same(desired[n], existing[n]) for n in desired):
             self._generation = current
             return PublishResult(devices, len(desired), current)
 
-        generation = max(current, self._generation) + 1
+        # A pass cut short by a server error resumes its own generation: only the slices not yet written are
+        # sent again, instead of the whole pool under a new generation on every retry. Only the process that
+        # wrote that generation resumes it, for the same content and owner; any other change bumps it.
+        resuming = current == self._generation > 0 and self._writing == (content, self._node_uid)
+        generation = current if resuming else max(current, self._generation) + 1
         created = updated = deleted = 0
         for name, body in self._slices(content, generation).items():
+            if resuming and name in existing and _same(body, existing[name]):
+                continue
             if name in existing:
                 body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
                 stored = self._store.replace(body)
@@ -252,11 +256,13 @@ class Publisher:
             else:
                 stored = self._store.create(body)
                 created += 1
-            self._generation = generation  # written at least once: never reuse it
+            self._generation = generation  # written at least once: never reused for other content
+            self._writing = (content, self._node_uid)
             _check_counters_kept(body, stored)
         for name in existing.keys() - desired.keys():
             self._store.delete(name)
             deleted += 1
+        self._writing = None
         log.info(
             "published ResourceSlices for pool %s generation %d: %d devices, %d created, %d updated, %d deleted",
             self.node_name,
@@ -278,6 +284,10 @@ class Publisher:
             content, node_name=self.node_name, driver=self.driver, generation=generation, node_uid=self._node_uid
         )
         return {o["metadata"]["name"]: o for o in objs}
+
+
+def _same(desired: Json, existing: Json) -> bool:
+    return _canonical(desired["spec"]) == _canonical(existing["spec"]) and _owners(desired) == _owners(existing)
 
 
 def _owners(obj: Json) -> list[tuple[str, str]]:

@@ -167,7 +167,7 @@ def test_a_burst_of_500s_mid_publish_leaves_mixed_generations_for_seconds_not_a_
             assert len(names) > 1
             eventually(lambda: not pool_complete(cluster), timeout=5, what="a half-written pool")
             took = eventually(
-                lambda: pool_complete(cluster) and cluster.owners() == {new}, timeout=15, what="the pool whole again"
+                lambda: pool_complete(cluster) and cluster.owners() == {new}, timeout=25, what="the pool whole again"
             )
             print(f"\npool whole again {took:.2f}s after it was left half-written")
 

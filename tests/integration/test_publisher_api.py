@@ -186,6 +186,31 @@ def test_server_errors_back_off_then_succeed(server: Any, node_uid: str) -> None
     assert sleeps == [0.1, 0.2]
 
 
+def test_a_pass_cut_short_resumes_its_generation_writing_only_what_is_missing(server: Any, node_uid: str) -> None:
+    """Tried: the second slice of a two-slice pool fails with 500 on every attempt of one pass. The retries
+    (and the next pass) send only that slice, under the generation the first slice already carries; they
+    used to rewrite the whole pool under a new generation each time, so each retry cost a pool's worth."""
+    sleeps: list[float] = []
+    pub, store = publisher(server, sleep=sleeps.append, backoff_s=0.1, max_attempts=3)
+    big = dataclasses.replace(dgx_h100(), gpus=tuple(h100(i) for i in range(200)))
+    assert pub.publish(big).created == 2
+    more = dataclasses.replace(big, gpus=tuple(h100(i) for i in range(201)))
+    second = slices_in_api(server)[1]["metadata"]["name"]
+    server.faults.fail("PUT", f"/resourceslices/{second}$", status=500, count=4)
+    store.calls.clear()
+    with pytest.raises(ApiError):
+        pub.publish(more)
+    assert store.writes() == ["replace"] * 4  # the first slice once, then only the failing one
+    assert sleeps == [0.1, 0.2]  # no pause after the last attempt: the caller decides when to come back
+    assert pools(slices_in_api(server)) == {(2, 2), (1, 2)}  # half written: the scheduler waits
+    store.calls.clear()
+    result = pub.resync()
+    assert store.writes() == ["replace", "replace"]  # one more 500, then the missing slice, nothing else
+    assert result.generation == 2 and result.updated == 1
+    assert pools(slices_in_api(server)) == {(2, 2)}
+    assert len(device_names(slices_in_api(server))) == 201
+
+
 def test_persistent_server_errors_surface_and_the_next_publish_recovers(server: Any, node_uid: str) -> None:
     pub, _ = publisher(server, max_attempts=3)
     server.faults.fail("POST", r"/resourceslices", status=503, count=3)
