@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agent.arbiter.core.cycle import ACTIONS, DEFAULT_ACTIONS
 from agent.arbiter.core.model import MILLI
-from agent.arbiter.core.session import Queue, Session, request_of
+from agent.arbiter.core.session import Pod, Queue, Session, request_of
 from agent.arbiter.core.snapshot import parse_snapshot
 from tests.unit.test_arbiter_support import job, node, pod, queue
 
@@ -146,16 +146,108 @@ def test_limits_hold_after_every_action(document: dict[str, Any], names: list[st
                 assert q.alloc[r] <= max(before[q][r], q.limit[r]) + 1e-6, (name, q.spec.name)
 
 
+# preempt takes all of j0 for j1; n0's CPUs then have room for one of j0's pods, not for the two its minMember
+# needs: j0 rightly stays evicted, though each of its seats alone is free (which the property once flagged)
+_CPU_BOUND = {"nodes": [node("n0", 4, cpu=4000)], "queues": QUEUES, "jobs": [
+    job("j0", "t1", [pod(f"j0-{i}", 1, "n0") for i in range(3)], priority=10, min_member=2),
+    job("j1", "t1", [pod(f"j1-{i}", 0.25) for i in range(2)], priority=50, created="2025-01-01T00:01:00Z"),
+    job("j2", "t1", [pod("j2-0", 0.25)], priority=10, created="2025-01-01T00:02:00Z"),
+]}
+
+
 @settings(max_examples=150, deadline=None)
 @given(document=snapshots(), names=st.sampled_from([["reclaim"], ["preempt"], ["allocate", "reclaim", "preempt"]]))
+@example(document=_CPU_BOUND, names=["allocate", "reclaim", "preempt"])
 def test_a_victim_that_still_fits_is_restored(document: dict[str, Any], names: list[str]) -> None:
-    # victims go back through allocation before the scenario is taken: none is left evicted whose seat is still
-    # free, whose gang would stay whole and whose queue would stay within its limits
+    # victims go back through allocation before the scenario is taken: none is left evicted whose seats are still
+    # free (all of them together), whose gang would stay whole and whose queue would stay within its limits
     session = run(document, names)
     for j in session.jobs:
         lost = [p for p in j.pods if p.state == "evicted" and p.cause in ("reclaim", "preempt")]
         if not lost or j.active + len(lost) < j.spec.min_member:
             continue
-        fits = all(p.seat is not None and session.cluster.seat_free(p.spec, p.seat, bind=False) for p in lost)
         room = session.within_limits(j, request_of(lost))
-        assert not (fits and room and len({p.seat for p in lost}) == len(lost)), j.spec.name
+        assert not (room and _all_fit(session, lost)), j.spec.name
+
+
+def _all_fit(session: Session, lost: list[Pod]) -> bool:
+    """Whether the pods fit back on their seats together: restored one after another, then undone."""
+    mark = session.checkpoint()
+    try:
+        for p in lost:
+            if p.seat is None or not session.cluster.seat_free(p.spec, p.seat, bind=False):
+                return False
+            session.restore(p)
+        return True
+    finally:
+        session.rollback(mark)
+
+
+def test_an_elastic_victim_comes_back_after_its_gang() -> None:
+    """Regression (a falsifying example of the property above, reduced): reclaim for t2's 2-GPU job takes t1's
+    newest job first, `small` (3 pods of 0.25 GPU on n0, minMember 2: its elastic pod, then the rest of its
+    gang), which frees too little, then one of `big`'s 2-GPU pods, which makes room. `small` is not needed and
+    its seats stay free, so all three of its pods must come back; ranking each unit on its own request put the
+    elastic pod (the smaller one) before the rest of its gang, where it could not come back alone, and left it
+    evicted."""
+    document = {"nodes": [node("n0", 1, cpu=4000), node("n1", 8, cpu=4000)], "queues": QUEUES, "jobs": [
+        job("big", "t1", [pod(f"big-{i}", 2, "n1") for i in range(4)], priority=10, min_member=1,
+            created="2025-01-01T00:00:00Z"),
+        job("want", "t2", [pod("want-0", 2)], priority=10, created="2025-01-01T00:01:00Z"),
+        job("small", "t1", [pod(f"small-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)], priority=10,
+            min_member=2, created="2025-01-01T00:02:00Z"),
+    ]}
+    session = run(document, ["reclaim"])
+    states = {p.spec.name: p.state for p in session.pods}
+    assert states["want-0"] == "pipelined"
+    assert [n for n, s in states.items() if s == "evicted"] == ["big-3"]
+
+
+def test_a_chunk_first_tries_what_earlier_victims_left_free() -> None:
+    """Regression (a falsifying example of the property above, reduced): t3's elastic job `want` reclaims one
+    0.25-GPU pod at a time. For want-0, t1's newest job `whole` (1 GPU on n1) goes; want-0 uses a quarter of it.
+    For want-1 the rest of n1 is still free: KAI's first scenario has no new victims, so want-1 goes there too.
+    Evicting first took `quarter` from the full n0, and binpack then put want-1 into its seat, so it could not
+    come back although n1 had room all along."""
+    t = "2025-01-01T00:0{}:00Z".format
+    document = {"nodes": [node("n0", 1, cpu=4000), node("n1", 1, cpu=4000), node("n2", 4, cpu=4000)],
+                "queues": QUEUES, "jobs": [
+        job("big", "t1", [pod("big-0", 4, "n2")], priority=10, created=t(0)),
+        job("shared", "t1", [pod(f"shared-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)], priority=10,
+            created=t(1)),
+        job("quarter", "t1", [pod("quarter-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(2)),
+        job("whole", "t1", [pod("whole-0", 1, "n1")], priority=10, created=t(3)),
+        job("want", "t3", [pod(f"want-{i}", 0.25) for i in range(2)], priority=10, min_member=1, created=t(4)),
+    ]}
+    session = run(document, ["reclaim"])
+    states = {p.spec.name: p.state for p in session.pods}
+    assert states["want-0"] == states["want-1"] == "pipelined"
+    assert [n for n, s in states.items() if s == "evicted"] == ["whole-0"]
+
+
+def test_a_later_scenario_restores_an_earlier_victim() -> None:
+    """Regression (falsifying examples of the property above, reduced): n0's one GPU is full; a later scenario
+    frees more than it needs, and an earlier scenario's victim fits on its seat again, so it comes back.
+
+    Across actions: reclaim takes t2's j0 (0.25) for t1's j2; preempt then takes t3's gang j1 (3 x 0.25) for
+    t3's j3 (0.25), which leaves 0.5 free: j1 cannot come back (0.75), j0 can. Within one action: reclaim takes
+    t2's j0 for t1's j2 (0.5), then t2's gang j1 (2 x 0.25) for t1's j3 (0.25): again j0 fits back, j1 not."""
+    t = "2025-01-01T00:0{}:00Z".format
+    across = {"nodes": [node("n0", 1, cpu=4000)], "queues": QUEUES, "jobs": [
+        job("j0", "t2", [pod("j0-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(0)),
+        job("j1", "t3", [pod(f"j1-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)], priority=10, created=t(1)),
+        job("j2", "t1", [pod("j2-0", 0.25)], priority=10, created=t(2)),
+        job("j3", "t3", [pod("j3-0", 0.25)], priority=50, created=t(3)),
+    ]}
+    within = {"nodes": [node("n0", 1, cpu=4000)], "queues": QUEUES, "jobs": [
+        job("j0", "t2", [pod("j0-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(0)),
+        job("j1", "t2", [pod(f"j1-{i}", 0.25, "n0", gpuIndex=0) for i in range(2)], priority=50, created=t(1)),
+        job("j2", "t1", [pod("j2-0", 0.5)], priority=10, created=t(2)),
+        job("j3", "t1", [pod("j3-0", 0.25)], priority=10, created=t(3)),
+    ]}
+    for document, names in ((across, ["reclaim", "preempt"]), (within, ["reclaim"])):
+        session = run(document, names)
+        states = {p.spec.name: p.state for p in session.pods}
+        assert states["j0-0"] == "running", names
+        assert {states[n] for n in states if n.startswith("j1-")} == {"evicted"}, names
+        assert states["j2-0"] != "pending" and states["j3-0"] != "pending", names

@@ -1,10 +1,12 @@
 """Reclaim (across queues) and preempt (within a queue): evict running pods so a pending gang fits.
 
-Both share one solver, KAI's (actions/common/solvers): victims are taken one unit at a time (a unit is one pod
-of elastic growth above minMember, or the rest of a gang whole, so no gang is left below minMember); after
-each, the pending chunk is tried (bind, or pipeline onto the releasing resources). On success the victims go
-back through normal allocation in queue and job order: each that still fits, and whose queue stays within its
-limits, is restored; the rest stay evicted. On failure everything is rolled back.
+Both share one solver, KAI's (actions/common/solvers): the pending chunk is tried first with no new victims
+(onto what earlier scenarios freed and did not use), then victims are taken one unit at a time (a unit is one
+pod of elastic growth above minMember, or the rest of a gang whole, so no gang is left below minMember); after
+each, the chunk is tried again (bind, or pipeline onto the releasing resources). On success the victims, with
+those earlier scenarios left evicted, go back through normal allocation in queue and job order, each job gang
+first: each that still fits, and whose queue stays within its limits, is restored; the rest stay evicted. On
+failure everything is rolled back.
 
 - reclaim (plugins/proportion/reclaimable): only for a job whose leaf queue stays within its fair share with
   it (and, non-preemptible, within quota). Victims are preemptible jobs of other queues, the victim queues
@@ -25,6 +27,7 @@ Non-preemptible jobs (priority >= 100 by default) are never victims and may only
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 
 from agent.arbiter.core.placing import chunk_shape, place_chunk
 from agent.arbiter.core.session import (
@@ -100,32 +103,71 @@ def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[U
     taken: list[Unit] = []
     need = gpu_request(chunk)
     cluster = session.cluster
-    for unit in victims:
+    # KAI's first scenario has no new victims (recorded victims only): what earlier scenarios freed and did not
+    # use may already hold this chunk; evicting first would take a victim needlessly
+    for unit in chain([[]], victims):
         for pod in unit:
             session.evict(pod, cause)
-        taken.append(unit)
+        if unit:
+            taken.append(unit)
         if cluster.gpu_after_free < need:
             continue
         trial = session.checkpoint()
         if place_chunk(session, job, chunk):
-            _restore_unneeded(session, taken)
+            # earlier scenarios' victims (of this action or an earlier one) too: what this one frees beyond its
+            # need may fit one of them again, on the nodes it took victims from (elsewhere nothing was freed)
+            left = session.victims
+            freed = {p.seat.node for unit in taken for p in unit if p.seat is not None}
+            earlier = sorted({id(u): (k, u) for n in freed for k, u in left.get(n, ())}.values(), key=_first)
+            _restore_unneeded(session, [u for _, u in earlier] + taken)
             if session.limits_hold(job) and valid(session, job, request_of(chunk), taken):
+                _record(session, taken, {p.seat.node for _, u in earlier for p in u if p.seat is not None})
                 return True
             session.rollback(trial)
     session.rollback(mark)
     return False
 
 
+def _first(entry: tuple[tuple[int, int], Unit]) -> tuple[int, int]:
+    return entry[0]
+
+
+def _record(session: Session, taken: list[Unit], touched: set[int]) -> None:
+    """Keep `session.victims` (per node, the units left evicted there, in eviction order) up to date once a
+    scenario is taken: its own victims still evicted join, earlier ones restored on `touched` nodes leave. A unit
+    comes back whole or not at all, and only running pods are taken, so no unit is listed twice."""
+    left = session.victims
+    for n in touched:
+        left[n] = [(k, u) for k, u in left[n] if u[0].state == "evicted"]
+    seq = len(session.log)
+    for i, unit in enumerate(taken):
+        if unit[0].state == "evicted":
+            for n in {p.seat.node for p in unit if p.seat is not None}:
+                left.setdefault(n, []).append(((seq, i), unit))
+
+
 def _restore_unneeded(session: Session, taken: list[Unit]) -> None:
     """Victims back through allocation, in queue then job order: a unit that still fits where it ran and keeps
-    its queue within its limits stays; a unit that would break a gang's minMember stays evicted."""
-    def order(unit: Unit) -> tuple[QueueKey, tuple[int, int, float, int]]:
-        job = unit[0].job
-        return queue_key(job.queue, request_of(unit)), job.key()
+    its queue within its limits stays; a unit that would break a gang's minMember stays evicted.
 
-    # reversed first: of one job, the rest of its gang comes back before its elastic pods, which need it
-    for unit in sorted(reversed(taken), key=order):
-        job = unit[0].job
+    Like allocation, a job comes back gang first: the rest of its gang, then its elastic pods (highest task
+    priority first), and the order is judged per job on its next unit and re-ranked after every restore. Ranking
+    the units themselves would put a job's elastic pod (a smaller request) before the rest of its gang, where it
+    cannot come back alone, and leave it evicted on a seat that stays free."""
+    # taken holds a job's elastic pods (lowest task priority first), then its gang's rest: reversed, the order
+    # in which they come back
+    left: dict[Job, list[Unit]] = {}
+    for unit in reversed(taken):
+        left.setdefault(unit[0].job, []).append(unit)
+
+    def order(job: Job) -> tuple[QueueKey, tuple[int, int, float, int]]:
+        return queue_key(job.queue, request_of(left[job][0])), job.key()
+
+    while left:
+        job = min(left, key=order)
+        unit = left[job].pop(0)
+        if not left[job]:
+            del left[job]
         if job.active + len(unit) < job.spec.min_member:
             continue  # an elastic pod alone would leave its gang below minMember: it stays evicted
         if not session.within_limits(job, request_of(unit)):

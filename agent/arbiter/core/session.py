@@ -163,6 +163,9 @@ class Session:
         self.now = snapshot.now
         self.log: list[_Op] = []
         self.dirty: set[Queue] = set()  # queues whose allocation changed: JobOrder re-ranks them
+        # reclaim/preempt victims of the scenarios taken so far and still evicted, per node, in units (lists of
+        # pods) keyed by eviction order: a later scenario that frees more than it needs may restore them (evict.py)
+        self.victims: dict[int, list[tuple[tuple[int, int], list[Pod]]]] = {}
         self._load_placed()
         self._compute_fair_shares(snapshot)
 
