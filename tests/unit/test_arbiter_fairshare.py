@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agent.arbiter.core.fairshare import Claim, divide, fair_shares
@@ -126,6 +126,9 @@ def _deserved(amount: float, c: Claim) -> float:
 
 @settings(max_examples=300, deadline=None)
 @given(amount=st.floats(0, 50), claims=claims)
+# a denormal weight alone: pool * weight / weight rounded to more than the pool (1 of 0.75 left was given)
+@example(amount=23.0, claims=[Claim(-1.0, -1.0, -1.0, 50, 17.0, 0), Claim(-1.0, -1.0, -1.0, 50, 2.5, 0),
+                              Claim(-1.0, -1.0, -1.0, 50, 2.75, 0), Claim(0.0, -1.0, 5e-324, 50, 1.0, 0)])
 def test_each_queue_gets_its_deserved_part_and_only_the_rest_is_divided_over_quota(
         amount: float, claims: list[Claim]) -> None:
     shares = divide(amount, claims, 1.0)

@@ -78,7 +78,8 @@ def divide(amount: float, claims: Sequence[Claim], unit: float = 1.0, k_value: f
                 break
             pool, given, satisfied = remaining, 0.0, False
             for i, weight in weights.items():
-                offer = pool * weight / total_weight
+                # the weight's fraction first: pool * weight can round (a denormal weight) and offer more than pool
+                offer = pool * (weight / total_weight)
                 need = cap[i] - share[i]
                 if need <= offer + _EPS:
                     take, satisfied = need, True
