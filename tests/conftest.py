@@ -7,6 +7,7 @@ import pathlib
 import time
 
 import pytest
+from hypothesis import settings
 
 from tests.controlplane import build
 
@@ -23,6 +24,13 @@ BUILD_KEY = pytest.StashKey[str]()
 # so CI (90 minutes) never times out on it.
 BUILD_ON_FIRST_USE = True
 BUILD_BUDGET_S = 40 * 60
+
+
+# Property tests draw the same examples on every run by default, so CI on a clean clone is reproducible;
+# HYPOTHESIS_PROFILE=explore draws fresh ones (and keeps failures in .hypothesis/) to hunt for new cases.
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture(scope="session")

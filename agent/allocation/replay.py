@@ -88,33 +88,53 @@ class RunResult:
 
 
 class _Cluster:
-    """Node states and per-spec score arrays of one run."""
+    """Node states and per-spec score arrays of one run.
+
+    Each distinct node state gets a small integer id when it first appears, so memoised scores are looked
+    up by two integers instead of hashing a node's whole state on every lookup.
+    """
 
     def __init__(self, nodes: Sequence[TraceNode], policy: Policy) -> None:
         self.views = [n.empty() for n in nodes]
         self.policy = policy
+        self._state_ids: dict[NodeView, int] = {}
+        self._states: list[NodeView] = []
+        self.state_of = [self._intern(v) for v in self.views]  # node index -> state id
         self.changes: list[int] = []  # node index per placement, in order
-        self.scores: dict[tuple[object, ...], tuple[npt.NDArray[np.int64], int]] = {}
-        self.memo: dict[tuple[NodeView, tuple[object, ...]], int] = {}
+        self._spec_ids: dict[tuple[object, ...], int] = {}
+        self.scores: dict[int, tuple[npt.NDArray[np.int64], int]] = {}
+        self.memo: dict[int, int] = {}
 
-    def _score(self, view: NodeView, pod: TracePod, spec: tuple[object, ...]) -> int:
-        key = (view, spec)
+    def _intern(self, view: NodeView) -> int:
+        state = self._state_ids.get(view)
+        if state is None:
+            state = self._state_ids[view] = len(self._states)
+            self._states.append(view)
+        return state
+
+    def _score(self, state: int, pod: TracePod, spec: int) -> int:
+        key = state << 32 | spec
         s = self.memo.get(key)
         if s is None:
+            view = self._states[state]
             s = self.policy.score(view, pod) if fits(view, pod) else -1
             self.memo[key] = s
         return s
 
     def scores_for(self, pod: TracePod) -> npt.NDArray[np.int64]:
-        spec = pod.spec
+        spec = self._spec_ids.setdefault(pod.spec, len(self._spec_ids))
         cached = self.scores.get(spec)
         n = len(self.views)
         if cached is None or len(self.changes) - cached[1] >= n:
-            arr = np.fromiter((self._score(v, pod, spec) for v in self.views), dtype=np.int64, count=n)
+            # score each distinct state once, then spread the scores over the nodes in that state
+            states, where = np.unique(np.array(self.state_of, dtype=np.int64), return_inverse=True)
+            per_state = np.fromiter((self._score(int(s), pod, spec) for s in states), dtype=np.int64,
+                                    count=len(states))
+            arr = per_state[where]
         else:
             arr = cached[0]
             for i in set(self.changes[cached[1]:]):
-                arr[i] = self._score(self.views[i], pod, spec)
+                arr[i] = self._score(self.state_of[i], pod, spec)
         self.scores[spec] = (arr, len(self.changes))
         return arr
 
@@ -128,6 +148,7 @@ class _Cluster:
         tags = v.tags | {pod.tag} if pod.tag else v.tags
         self.views[i] = NodeView(v.model, v.cpu_free - pod.cpu_milli, v.memory_free - pod.memory_mib,
                                  tuple(free), tags)
+        self.state_of[i] = self._intern(self.views[i])
         self.changes.append(i)
 
 
