@@ -45,6 +45,10 @@ DEFAULT_MIX = RequestMix((
 
 
 class Policy(enum.Enum):
+    """How a claim's devices are chosen on a node. FGD (the default) is the replay's `ours`: the choice that
+    grows fragmentation least for the expected request mix, ties to a node in use; BINPACK takes the tightest
+    devices, SPREAD the roomiest."""
+
     BINPACK = "binpack"
     SPREAD = "spread"
     FGD = "fgd"
@@ -111,7 +115,7 @@ def _shape(inv: Inventory, usage: NodeUsage) -> tuple[NodeShape, list[str]]:
 
 
 class Allocator:
-    def __init__(self, selectors: SelectorEngine, policy: Policy = Policy.BINPACK,
+    def __init__(self, selectors: SelectorEngine, policy: Policy = Policy.FGD,
                  mix: RequestMix = DEFAULT_MIX) -> None:
         self.selectors = selectors
         self.policy = policy
@@ -244,7 +248,7 @@ class Allocator:
         if self.policy is Policy.FGD:
             drop = fragmentation(shape, self.mix) - fragmentation(NodeShape("", shape.cpu_free, tuple(after)), self.mix)
             in_use = sum(shape.gpu_free) < total or bool(usage.taken - usage.unhealthy)
-            return packed_fgd_score(drop, self.mix.total_weight, in_use)
+            return packed_fgd_score(drop, self.mix.total_weight, in_use, shares_gpu=bool(shared) and not taken)
         return 1 - sum(after) / total
 
 

@@ -239,13 +239,13 @@ class FgdPolicy(_Baseline):
 
 
 class OursPolicy(FgdPolicy):
-    """FGD's score in steps of two, then deterministic packing: no choice is left to chance.
+    """FGD's fragmentation score at a resolution fitted to the pod, then packing: nothing is left to chance.
 
-    FGD does well in the paper partly because its integer score makes near-equal fragmentation outcomes
-    tie, and ties go to one consistent node order (exact ranking is worse: 5.72%). Ours makes that explicit:
-    a slightly coarser bucket (2 score points), then a node already in use before an empty one (open new
-    nodes only when nothing used is as good), then a stable node order of its own, so any tie regime gives
-    the same placement.
+    FGD does well in the paper partly because its integer score makes near-equal fragmentation outcomes tie,
+    and ties go to one consistent node order (exact ranking is worse: 5.72%). Ours makes that explicit and
+    deterministic: whole-GPU and CPU-only pods score in steps of two points, pods that share a GPU at FGD's
+    one point (`packed_fgd_score` says why); then a node already in use before an empty one; then a stable
+    node order of its own, so any tie regime gives the same placement.
     """
 
     name = "ours"
@@ -254,7 +254,7 @@ class OursPolicy(FgdPolicy):
     def score(self, node: NodeView, pod: TracePod) -> int:
         drop, _ = self.best_delta(node, pod)
         in_use = bool(node.tags) or node.gpu_idle < MILLI * len(node.gpu_free)
-        return packed_fgd_score(drop, self.mix.total_weight, in_use)
+        return packed_fgd_score(drop, self.mix.total_weight, in_use, pod.shares_gpu)
 
 
 def baseline_policies(mix: RequestMix) -> dict[str, Policy]:

@@ -226,7 +226,7 @@ class ReservationCommit:
         self._new_id = new_id or (lambda: f"r{next(counter)}")
         self._connect = connect
         self.selectors = PinningSelectors()
-        self._allocator = Allocator(self.selectors)  # binpack, like the arbiter's default
+        self._allocator = Allocator(self.selectors)  # the nodes' own default device choice
         self.nodes: dict[str, SimulatedNode] = {}
         self._clients: dict[str, NodeClient] = {}
         self._coordinator = GangCoordinator(self._clients)

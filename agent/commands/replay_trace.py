@@ -1,6 +1,9 @@
 """`gpu-dra-agent replay-trace`: replay an openb trace under placement policies, side by side.
 
-stdout carries only the JSON result (machine-readable); the table for people goes to stderr.
+stdout carries only the JSON result (machine-readable); the table for people goes to stderr. `--pods all`
+replays every pod list in the directory and `--ties both` both tie regimes; the runs (one per list, regime,
+policy and seed) are spread over `--jobs` processes. A policy that does not use the tie regime runs once and
+is reported under both.
 """
 
 from __future__ import annotations
@@ -8,14 +11,26 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import pathlib
+import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
 
-from agent.allocation.replay import PAPER_SEEDS, TIE_REGIMES, parse_nodes, parse_pods, replay
+from agent.allocation.replay import (
+    PAPER_SEEDS,
+    TIE_REGIMES,
+    TraceNode,
+    parse_nodes,
+    parse_pods,
+    replay_once,
+    typical_mix,
+)
+from agent.allocation.trace_policies import Policy, TracePod, baseline_policies
 
 T = TypeVar("T")
 
@@ -25,14 +40,18 @@ ALL_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", required=True, type=pathlib.Path,
                         help="directory with the openb CSV files")
-    parser.add_argument("--pods", default="openb_pod_list_default.csv", help="pod list file in --trace-dir")
+    parser.add_argument("--pods", default="openb_pod_list_default.csv",
+                        help="pod list file in --trace-dir, or `all` for every openb_pod_list_*.csv there")
     parser.add_argument("--nodes", default="openb_node_list_gpu_node.csv", help="node list file in --trace-dir")
     parser.add_argument("--policy", default=",".join(ALL_POLICIES),
                         help=f"comma-separated policies (default all: {','.join(ALL_POLICIES)})")
     parser.add_argument("--seeds", type=int, default=len(PAPER_SEEDS),
                         help="number of seeds, 42, 43, ... (default 10); the median is reported")
-    parser.add_argument("--ties", choices=TIE_REGIMES, default="fixed",
-                        help="fixed: one random node order per run (the paper); random: per pod (kube-scheduler)")
+    parser.add_argument("--ties", choices=(*TIE_REGIMES, "both"), default="fixed",
+                        help="fixed: one random node order per run (the paper); random: per pod (kube-scheduler); "
+                             "both: each")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes to spread the runs over (default: one per CPU)")
 
 
 class TraceError(ValueError):
@@ -67,6 +86,75 @@ def _policies(text: str) -> list[str]:
     return names
 
 
+POD_LIST = re.compile(r"openb_pod_list_(.+)\.csv")
+
+
+def _pod_lists(trace_dir: pathlib.Path, pods: str) -> list[pathlib.Path]:
+    """The pod list files to replay: one, or with `all` every openb list, default first, then by name."""
+    if pods != "all":
+        return [trace_dir / pods]
+    found = sorted(trace_dir.glob("openb_pod_list_*.csv"), key=lambda p: (p.name != "openb_pod_list_default.csv",
+                                                                          p.name))
+    if not found:
+        raise TraceError(f"{trace_dir}: no openb_pod_list_*.csv files")
+    return found
+
+
+def _short(path: pathlib.Path) -> str:
+    match = POD_LIST.fullmatch(path.name)
+    return match.group(1) if match else path.name
+
+
+# One run = (pod list, node list, policy, seed, tie regime). Workers parse each trace once and keep it.
+_Run = tuple[str, str, str, int, str]
+_traces: dict[str, Any] = {}
+
+
+def _trace(pods_path: str, nodes_path: str) -> tuple[list[TraceNode], list[TracePod], dict[str, Policy]]:
+    key = f"{pods_path}\0{nodes_path}"
+    if key not in _traces:
+        pods = _read_csv(pathlib.Path(pods_path), parse_pods)
+        _traces[key] = (_read_csv(pathlib.Path(nodes_path), parse_nodes), pods, baseline_policies(typical_mix(pods)))
+    return _traces[key]  # type: ignore[no-any-return]
+
+
+def _replay_run(run: _Run) -> float:
+    pods_path, nodes_path, policy, seed, ties = run
+    nodes, pods, policies = _trace(pods_path, nodes_path)
+    return replay_once(nodes, pods, policies[policy], seed, ties=ties).unallocated_percent
+
+
+def _results(runs: list[_Run], jobs: int) -> Iterator[float]:
+    if jobs <= 1 or len(runs) == 1:
+        return map(_replay_run, runs)
+    # longest lists first would balance better, but runs of one list take about as long as each other
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(runs)))
+    try:
+        return iter(list(pool.map(_replay_run, runs, chunksize=1)))
+    finally:
+        pool.shutdown()
+
+
+def _entry(vals: list[float]) -> dict[str, Any]:
+    return {"unallocatedGpuPercent": round(statistics.median(vals), 2), "seeds": len(vals),
+            "perSeed": [round(v, 2) for v in vals]}
+
+
+def _print_table(regime: str, by_list: dict[str, dict[str, list[float]]], names: list[str]) -> None:
+    """Median unallocated GPU % per list (rows) and policy (columns); with fgd and ours, the paired
+    per-seed difference ours - fgd and on how many seeds ours was lower."""
+    paired = "fgd" in names and "ours" in names
+    head = f"{'pod list':<14}" + "".join(f"{n:>11}" for n in names) + (f"{'ours-fgd':>10}{'wins':>6}" if paired else "")
+    print(f"\nties {regime}: unallocated GPU % at 100 % arrived, median over seeds", file=sys.stderr)
+    print(head, file=sys.stderr)
+    for name, results in by_list.items():
+        row = f"{name:<14}" + "".join(f"{statistics.median(results[n]):>11.2f}" for n in names)
+        if paired:
+            diffs = [o - f for o, f in zip(results["ours"], results["fgd"], strict=True)]
+            row += f"{statistics.fmean(diffs):>+10.2f}{sum(d < 0 for d in diffs):>4}/{len(diffs)}"
+        print(row, file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         names = _policies(str(args.policy))
@@ -76,30 +164,68 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         print("--seeds must be at least 1", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print("--jobs must be at least 1", file=sys.stderr)
+        return 2
+    regimes = list(TIE_REGIMES) if args.ties == "both" else [str(args.ties)]
     try:
-        nodes = _read_csv(args.trace_dir / args.nodes, parse_nodes)
-        pods = _read_csv(args.trace_dir / args.pods, parse_pods)
+        lists = _pod_lists(args.trace_dir, str(args.pods))
+        nodes_path = args.trace_dir / args.nodes
+        nodes = _read_csv(nodes_path, parse_nodes)
+        policies: dict[str, Policy] = {}
+        for path in lists:  # every file is read (and checked) here, before any run starts
+            policies = baseline_policies(typical_mix(_read_csv(path, parse_pods)))
+    except TraceError as e:
+        print(f"bad trace: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"cannot read the trace: {e.strerror}: {e.filename}", file=sys.stderr)
         return 2
     except (ValueError, csv.Error) as e:  # csv.Error: a malformed quote or a NUL byte
         print(f"bad trace: {e}", file=sys.stderr)
         return 2
+    unknown = [p for p in names if p not in policies]
+    if unknown:
+        print(f"unknown policy {', '.join(unknown)}: choose from {', '.join(policies)}", file=sys.stderr)
+        return 2
+    if not nodes or not any(n.gpu_count for n in nodes):
+        print("bad trace: the node list has no GPUs", file=sys.stderr)
+        return 2
     seeds = [PAPER_SEEDS[0] + i for i in range(args.seeds)]
+    # a policy that settles ties itself gives the same placements under every regime: run it once
+    regime_of = {n: regimes if policies[n].tie_rule == "regime" else regimes[:1] for n in names}
+    runs = [(str(path), str(nodes_path), name, seed, regime)
+            for path in lists for name in names for regime in regime_of[name] for seed in seeds]
     started = time.monotonic()
     try:
-        results = replay(nodes, pods, names, seeds, args.ties)
+        values = iter(_results(runs, args.jobs))
+        got = {run: next(values) for run in runs}
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 2
-    out = {name: {"unallocatedGpuPercent": round(statistics.median(vals), 2), "seeds": len(vals),
-                  "perSeed": [round(v, 2) for v in vals]}
-           for name, vals in results.items()}
+    took = time.monotonic() - started
+    table: dict[str, dict[str, dict[str, list[float]]]] = {
+        regime: {_short(path): {name: [got[(str(path), str(nodes_path), name, seed, regime_of[name][0]
+                                            if len(regime_of[name]) == 1 else regime)] for seed in seeds]
+                                for name in names} for path in lists} for regime in regimes}
+    if len(lists) == 1 and len(regimes) == 1:  # one list, one regime: the policies at the top level
+        out: dict[str, Any] = {name: _entry(vals) for name, vals in table[regimes[0]][_short(lists[0])].items()}
+    else:
+        out = {regime: {lst: {name: _entry(vals) for name, vals in by.items()} for lst, by in by_list.items()}
+               for regime, by_list in table.items()}
     print(json.dumps(out))
     sys.stdout.flush()
-    print(f"\n{args.pods}, ties {args.ties}, {len(seeds)} seeds, {time.monotonic() - started:.1f} s",
-          file=sys.stderr)
-    print(f"{'policy':<12}{'unallocated GPU % (median)':>28}{'min':>8}{'max':>8}", file=sys.stderr)
-    for name, vals in results.items():
-        print(f"{name:<12}{statistics.median(vals):>28.2f}{min(vals):>8.2f}{max(vals):>8.2f}", file=sys.stderr)
+    print(f"\n{len(lists)} pod list(s), {len(names)} policies, {len(seeds)} seeds, ties {args.ties}: "
+          f"{len(runs)} runs on {min(args.jobs, len(runs))} process(es), {took:.1f} s", file=sys.stderr)
+    if len(lists) == 1:
+        for regime in regimes:
+            results = table[regime][_short(lists[0])]
+            print(f"\n{lists[0].name}, ties {regime}", file=sys.stderr)
+            print(f"{'policy':<12}{'unallocated GPU % (median)':>28}{'min':>8}{'max':>8}", file=sys.stderr)
+            for name, vals in results.items():
+                print(f"{name:<12}{statistics.median(vals):>28.2f}{min(vals):>8.2f}{max(vals):>8.2f}",
+                      file=sys.stderr)
+    else:
+        for regime in regimes:
+            _print_table(regime, table[regime], names)
     return 0
