@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
+from agent.allocation.fragmentation import RequestMix
 from agent.allocation.replay import (
     PAPER_SEEDS,
     TIE_REGIMES,
@@ -110,18 +111,19 @@ _Run = tuple[str, str, str, int, str]
 _traces: dict[str, Any] = {}
 
 
-def _trace(pods_path: str, nodes_path: str) -> tuple[list[TraceNode], list[TracePod], dict[str, Policy]]:
+def _trace(pods_path: str, nodes_path: str) -> tuple[list[TraceNode], list[TracePod], RequestMix]:
     key = f"{pods_path}\0{nodes_path}"
     if key not in _traces:
         pods = _read_csv(pathlib.Path(pods_path), parse_pods)
-        _traces[key] = (_read_csv(pathlib.Path(nodes_path), parse_nodes), pods, baseline_policies(typical_mix(pods)))
+        _traces[key] = (_read_csv(pathlib.Path(nodes_path), parse_nodes), pods, typical_mix(pods))
     return _traces[key]  # type: ignore[no-any-return]
 
 
 def _replay_run(run: _Run) -> float:
     pods_path, nodes_path, policy, seed, ties = run
-    nodes, pods, policies = _trace(pods_path, nodes_path)
-    return replay_once(nodes, pods, policies[policy], seed, ties=ties).unallocated_percent
+    nodes, pods, mix = _trace(pods_path, nodes_path)
+    # policies afresh for each run: their memos would otherwise grow over every run of the process
+    return replay_once(nodes, pods, baseline_policies(mix)[policy], seed, ties=ties).unallocated_percent
 
 
 def _results(runs: list[_Run], jobs: int) -> Iterator[float]:
@@ -204,10 +206,13 @@ def run(args: argparse.Namespace) -> int:
         print(str(e), file=sys.stderr)
         return 2
     took = time.monotonic() - started
-    table: dict[str, dict[str, dict[str, list[float]]]] = {
-        regime: {_short(path): {name: [got[(str(path), str(nodes_path), name, seed, regime_of[name][0]
-                                            if len(regime_of[name]) == 1 else regime)] for seed in seeds]
-                                for name in names} for path in lists} for regime in regimes}
+
+    def per_seed(path: pathlib.Path, name: str, regime: str) -> list[float]:
+        ran = regime if regime in regime_of[name] else regime_of[name][0]
+        return [got[(str(path), str(nodes_path), name, seed, ran)] for seed in seeds]
+
+    table = {regime: {_short(path): {name: per_seed(path, name, regime) for name in names} for path in lists}
+             for regime in regimes}
     if len(lists) == 1 and len(regimes) == 1:  # one list, one regime: the policies at the top level
         out: dict[str, Any] = {name: _entry(vals) for name, vals in table[regimes[0]][_short(lists[0])].items()}
     else:

@@ -23,8 +23,8 @@ PAPER = {"random": 13.75, "dotprod": 9.45, "clustering": 8.42, "packing": 8.20, 
 @pytest.mark.parametrize("ties", ["fixed", "random"])
 def test_fragmentation_on_openb_default(shared_dir: pathlib.Path, ties: str) -> None:
     traces = shared_dir / "data/traces"
-    nodes = parse_nodes(_read_csv(traces / "openb_node_list_gpu_node.csv"))
-    pods = parse_pods(_read_csv(traces / "openb_pod_list_default.csv"))
+    nodes = _read_csv(traces / "openb_node_list_gpu_node.csv", parse_nodes)
+    pods = _read_csv(traces / "openb_pod_list_default.csv", parse_pods)
     started = time.monotonic()
     results = replay(nodes, pods, ALL_POLICIES, PAPER_SEEDS, ties)
     took = time.monotonic() - started

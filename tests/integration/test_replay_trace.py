@@ -121,3 +121,33 @@ def test_a_policy_list_naming_nothing_is_a_usage_error(
 ) -> None:
     code, result, err = run_json(capsys, "--trace-dir", str(trace_dir), "--policy", policy, "--seeds", "1")
     assert code == 2 and "--policy names no policy" in err
+
+
+def test_pods_all_replays_every_list_under_both_regimes_in_parallel(
+        trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every openb_pod_list_*.csv in the directory, both tie regimes, over two processes: the same numbers as
+    one list replayed alone in this process, one table per regime with the paired ours-fgd column."""
+    (trace_dir / "openb_pod_list_gpushare.csv").write_text(PODS_HEADER + "".join(
+        f"pod-{i:03d},2000,4096,1,{250 + 125 * (i % 5)},,LS,Running,0,1,0\n" for i in range(60)))
+    (trace_dir / "notes.csv").write_text("not,a,pod,list\n")  # not named like a pod list: left alone
+    code, result, err = run_json(capsys, "--trace-dir", str(trace_dir), "--pods", "all", "--ties", "both",
+                                 "--seeds", "2", "--jobs", "2", "--policy", "fgd,ours,random")
+    assert code == 0
+    assert list(result) == ["fixed", "random"]
+    for regime in result.values():
+        assert list(regime) == ["default", "gpushare"]  # default first, then by name
+    fixed, rand = result["fixed"], result["random"]
+    assert fixed["gpushare"]["ours"] == rand["gpushare"]["ours"]  # settles its own ties: ran once, both shown
+    _, alone, _ = run_json(capsys, "--trace-dir", str(trace_dir), "--pods", "openb_pod_list_gpushare.csv",
+                           "--seeds", "2", "--jobs", "1", "--policy", "fgd,ours,random", "--ties", "random")
+    assert rand["gpushare"] == alone
+    assert "ties fixed" in err and "ties random" in err and "ours-fgd" in err and "gpushare" in err
+
+
+def test_pods_all_refuses_a_directory_without_pod_lists_and_bad_job_counts(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text(NODES)
+    code, _, err = run_json(capsys, "--trace-dir", str(tmp_path), "--pods", "all")  # tried: no pod list at all
+    assert code == 2 and "no openb_pod_list_*.csv files" in err
+    code, _, err = run_json(capsys, "--trace-dir", str(tmp_path), "--jobs", "0")  # tried: zero processes
+    assert code == 2 and "--jobs must be at least 1" in err
