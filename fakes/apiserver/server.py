@@ -6,6 +6,7 @@ import contextlib
 import copy
 import json
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -29,6 +30,15 @@ _BODY_TYPES = ("application/json", "application/yaml", "application/json-patch+j
                "application/merge-patch+json", "application/strategic-merge-patch+json",
                "application/apply-patch+yaml")
 _PRESET_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+class _HttpServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a watch it closed, a process killed) is routine, as it is to a real API
+        server: no traceback for it; anything else is still printed."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class ApiServer:
@@ -62,7 +72,7 @@ class ApiServer:
         namespaces = self.registry.find("Namespace")
         for name in _PRESET_NAMESPACES:
             self.api.create(namespaces, "", {"metadata": {"name": name}})
-        self._http = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        self._http = _HttpServer(("127.0.0.1", port), _Handler)
         self._http.daemon_threads = True
         self._http.block_on_close = False
         self._http.apiserver = self  # type: ignore[attr-defined]
