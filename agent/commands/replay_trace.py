@@ -17,7 +17,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from agent.allocation.replay import (
     replay_once,
     typical_mix,
 )
-from agent.allocation.trace_policies import Policy, TracePod, baseline_policies
+from agent.allocation.trace_policies import TracePod, baseline_policies
 
 T = TypeVar("T")
 
@@ -108,7 +108,7 @@ def _short(path: pathlib.Path) -> str:
 
 # One run = (pod list, node list, policy, seed, tie regime). Workers parse each trace once and keep it.
 _Run = tuple[str, str, str, int, str]
-_traces: dict[str, Any] = {}
+_traces: dict[str, tuple[list[TraceNode], list[TracePod], RequestMix]] = {}
 
 
 def _trace(pods_path: str, nodes_path: str) -> tuple[list[TraceNode], list[TracePod], RequestMix]:
@@ -116,7 +116,7 @@ def _trace(pods_path: str, nodes_path: str) -> tuple[list[TraceNode], list[Trace
     if key not in _traces:
         pods = _read_csv(pathlib.Path(pods_path), parse_pods)
         _traces[key] = (_read_csv(pathlib.Path(nodes_path), parse_nodes), pods, typical_mix(pods))
-    return _traces[key]  # type: ignore[no-any-return]
+    return _traces[key]
 
 
 def _replay_run(run: _Run) -> float:
@@ -126,15 +126,11 @@ def _replay_run(run: _Run) -> float:
     return replay_once(nodes, pods, baseline_policies(mix)[policy], seed, ties=ties).unallocated_percent
 
 
-def _results(runs: list[_Run], jobs: int) -> Iterator[float]:
+def _results(runs: list[_Run], jobs: int) -> list[float]:
     if jobs <= 1 or len(runs) == 1:
-        return map(_replay_run, runs)
-    # longest lists first would balance better, but runs of one list take about as long as each other
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(runs)))
-    try:
-        return iter(list(pool.map(_replay_run, runs, chunksize=1)))
-    finally:
-        pool.shutdown()
+        return [_replay_run(r) for r in runs]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(runs))) as pool:
+        return list(pool.map(_replay_run, runs, chunksize=1))
 
 
 def _entry(vals: list[float]) -> dict[str, Any]:
@@ -146,7 +142,7 @@ def _print_table(regime: str, by_list: dict[str, dict[str, list[float]]], names:
     """Median unallocated GPU % per list (rows) and policy (columns); with fgd and ours, the paired
     per-seed difference ours - fgd and on how many seeds ours was lower."""
     paired = "fgd" in names and "ours" in names
-    head = f"{'pod list':<14}" + "".join(f"{n:>11}" for n in names) + (f"{'ours-fgd':>10}{'wins':>6}" if paired else "")
+    head = f"{'pod list':<14}" + "".join(f"{n:>11}" for n in names) + (f"{'ours-fgd':>10}{'wins':>7}" if paired else "")
     print(f"\nties {regime}: unallocated GPU % at 100 % arrived, median over seeds", file=sys.stderr)
     print(head, file=sys.stderr)
     for name, results in by_list.items():
@@ -174,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
         lists = _pod_lists(args.trace_dir, str(args.pods))
         nodes_path = args.trace_dir / args.nodes
         nodes = _read_csv(nodes_path, parse_nodes)
-        policies: dict[str, Policy] = {}
         for path in lists:  # every file is read (and checked) here, before any run starts
-            policies = baseline_policies(typical_mix(_read_csv(path, parse_pods)))
+            mix = typical_mix(_read_csv(path, parse_pods))
+        policies = baseline_policies(mix)  # the same names and tie rules whatever the list
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)
         return 2
@@ -200,8 +196,7 @@ def run(args: argparse.Namespace) -> int:
             for path in lists for name in names for regime in regime_of[name] for seed in seeds]
     started = time.monotonic()
     try:
-        values = iter(_results(runs, args.jobs))
-        got = {run: next(values) for run in runs}
+        got = dict(zip(runs, _results(runs, args.jobs), strict=True))
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return 2
