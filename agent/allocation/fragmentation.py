@@ -119,7 +119,7 @@ def packed_fgd_score(drop: int, total_weight: int, in_use: bool, shares_gpu: boo
     """Our placement score: FGD's score, coarsened to steps of two points unless the pod shares a GPU, then a
     node already in use before an empty one (the caller then applies a stable node order).
 
-    Why the two resolutions (measured on the openb pod lists, see the README's placement section): for a
+    Why the two resolutions (measured on the openb pod lists; DESIGN.md has the numbers): for a
     whole-GPU or CPU-only pod, nodes whose fragmentation outcomes differ by under two points (~0.08 GPU) are
     as good as equal, and letting them tie sends the pod to a node in use, which keeps empty nodes whole for
     multi-GPU and model-constrained pods. For a pod that shares a GPU those small differences are the

@@ -8,7 +8,15 @@ import random
 
 import pytest
 
-from agent.allocation.fragmentation import NodeShape, RequestKind, RequestMix, fragment_of, fragmentation
+from agent.allocation.fragmentation import (
+    NodeShape,
+    RequestKind,
+    RequestMix,
+    fgd_score,
+    fragment_of,
+    fragmentation,
+    packed_fgd_score,
+)
 from agent.allocation.replay import TraceNode, build_workload, parse_pods, replay_once, typical_mix
 from agent.allocation.trace_policies import (
     BestFitPolicy,
@@ -133,3 +141,14 @@ def test_unallocated_share_at_full_arrival() -> None:
     assert replay_once(nodes, hungry, PackingPolicy(), 42).unallocated_percent == 100
     with pytest.raises(ValueError, match="tie regime"):  # tried: an unknown tie regime
         replay_once(nodes, pods, PackingPolicy(), 42, ties="sometimes")
+
+
+def test_ours_keeps_fgds_resolution_for_shared_pods_and_coarsens_the_rest() -> None:
+    """Two outcomes one FGD point apart (49 and 48): a pod sharing a GPU tells them apart, a whole-GPU pod
+    lets them tie, and then a node in use wins; being in use never outweighs a better shared outcome."""
+    better, worse = -30, -70  # drops of F (weight 1), in milli-GPU
+    assert (fgd_score(better, 1), fgd_score(worse, 1)) == (49, 48)
+    assert packed_fgd_score(better, 1, in_use=False, shares_gpu=True) > packed_fgd_score(worse, 1, in_use=True,
+                                                                                          shares_gpu=True)
+    assert packed_fgd_score(better, 1, in_use=False) < packed_fgd_score(worse, 1, in_use=True)
+    assert packed_fgd_score(better, 1, in_use=False) == packed_fgd_score(worse, 1, in_use=False)
