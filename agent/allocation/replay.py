@@ -195,15 +195,21 @@ def replay_once(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: Po
     return RunResult(100 - statistics.fmean(at_level), placed, dropped, levels)
 
 
+def replay_run(nodes: Sequence[TraceNode], pods: Sequence[TracePod], mix: RequestMix, policy: str, seed: int, *,
+               ties: str = "fixed") -> float:
+    """Unallocated GPU % of one seeded run of the named policy, built afresh: its memos live for this run only
+    (kept across runs they grow by gigabytes over a family of lists and seeds)."""
+    return replay_once(nodes, pods, baseline_policies(mix)[policy], seed, ties=ties).unallocated_percent
+
+
 def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy_names: Sequence[str],
            seeds: Sequence[int] = PAPER_SEEDS, ties: str = "fixed") -> dict[str, list[float]]:
     """Unallocated GPU % per seed for each named policy, all on the same workloads."""
-    policies = baseline_policies(typical_mix(pods))
-    unknown = [p for p in policy_names if p not in policies]
+    mix = typical_mix(pods)
+    unknown = [p for p in policy_names if p not in baseline_policies(mix)]
     if unknown:
-        raise ValueError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(policies)}")
-    return {name: [replay_once(nodes, pods, policies[name], s, ties=ties).unallocated_percent for s in seeds]
-            for name in policy_names}
+        raise ValueError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(baseline_policies(mix))}")
+    return {name: [replay_run(nodes, pods, mix, name, s, ties=ties) for s in seeds] for name in policy_names}
 
 
 def parse_nodes(rows: Iterable[dict[str, str]]) -> list[TraceNode]:

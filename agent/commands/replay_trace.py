@@ -28,7 +28,7 @@ from agent.allocation.replay import (
     TraceNode,
     parse_nodes,
     parse_pods,
-    replay_once,
+    replay_run,
     typical_mix,
 )
 from agent.allocation.trace_policies import TracePod, baseline_policies
@@ -106,24 +106,25 @@ def _short(path: pathlib.Path) -> str:
     return match.group(1) if match else path.name
 
 
-# One run = (pod list, node list, policy, seed, tie regime). Workers parse each trace once and keep it.
+# One run = (pod list, node list, policy, seed, tie regime). Each process reads a file once; workers forked
+# after `run` read them inherit what it read.
 _Run = tuple[str, str, str, int, str]
-_traces: dict[str, tuple[list[TraceNode], list[TracePod], RequestMix]] = {}
+_nodes_read: dict[str, list[TraceNode]] = {}
+_pods_read: dict[str, tuple[list[TracePod], RequestMix]] = {}
 
 
 def _trace(pods_path: str, nodes_path: str) -> tuple[list[TraceNode], list[TracePod], RequestMix]:
-    key = f"{pods_path}\0{nodes_path}"
-    if key not in _traces:
+    if nodes_path not in _nodes_read:
+        _nodes_read[nodes_path] = _read_csv(pathlib.Path(nodes_path), parse_nodes)
+    if pods_path not in _pods_read:
         pods = _read_csv(pathlib.Path(pods_path), parse_pods)
-        _traces[key] = (_read_csv(pathlib.Path(nodes_path), parse_nodes), pods, typical_mix(pods))
-    return _traces[key]
+        _pods_read[pods_path] = (pods, typical_mix(pods))
+    return (_nodes_read[nodes_path], *_pods_read[pods_path])
 
 
 def _replay_run(run: _Run) -> float:
     pods_path, nodes_path, policy, seed, ties = run
-    nodes, pods, mix = _trace(pods_path, nodes_path)
-    # policies afresh for each run: their memos would otherwise grow over every run of the process
-    return replay_once(nodes, pods, baseline_policies(mix)[policy], seed, ties=ties).unallocated_percent
+    return replay_run(*_trace(pods_path, nodes_path), policy, seed, ties=ties)
 
 
 def _results(runs: list[_Run], jobs: int) -> list[float]:
@@ -169,9 +170,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         lists = _pod_lists(args.trace_dir, str(args.pods))
         nodes_path = args.trace_dir / args.nodes
-        nodes = _read_csv(nodes_path, parse_nodes)
         for path in lists:  # every file is read (and checked) here, before any run starts
-            mix = typical_mix(_read_csv(path, parse_pods))
+            nodes, _, mix = _trace(str(path), str(nodes_path))
         policies = baseline_policies(mix)  # the same names and tie rules whatever the list
     except TraceError as e:
         print(f"bad trace: {e}", file=sys.stderr)

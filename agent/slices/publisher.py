@@ -236,7 +236,8 @@ class Publisher:
         current = max((_generation(s) for s in existing.values()), default=self._generation)
         devices = sum(len(c.devices) for c in content)
         desired = self._slices(content, current)
-        if desired.keys() == existing.keys() and all(_same(desired[n], existing[n]) for n in desired):
+        in_place = {n for n, body in desired.items() if n in existing and _same(body, existing[n])}
+        if desired.keys() == existing.keys() == in_place:
             self._generation = current
             return PublishResult(devices, len(desired), current)
 
@@ -246,8 +247,8 @@ class Publisher:
         resuming = current == self._generation > 0 and self._writing == (content, self._node_uid)
         generation = current if resuming else max(current, self._generation) + 1
         created = updated = deleted = 0
-        for name, body in self._slices(content, generation).items():
-            if resuming and name in existing and _same(body, existing[name]):
+        for name, body in (desired if resuming else self._slices(content, generation)).items():
+            if resuming and name in in_place:
                 continue
             if name in existing:
                 body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
