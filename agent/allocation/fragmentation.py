@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 MILLI = 1000  # one whole GPU
@@ -52,9 +52,14 @@ class RequestMix:
     @classmethod
     def typical(cls, requests: Iterable[RequestKind], coverage: float = 0.95) -> RequestMix:
         """Most frequent kinds (CPU-only ones included) until their count reaches `coverage` of all."""
+        return cls.of_counts(Counter((r.cpu_milli, r.gpu_count, r.gpu_milli, r.models) for r in requests), coverage)
+
+    @classmethod
+    def of_counts(cls, counts: Mapping[tuple[int, int, int, tuple[str, ...]], int],
+                  coverage: float = 0.95) -> RequestMix:
+        """`typical` from counts already taken: (CPU milli, GPU count, GPU milli, models) -> requests seen."""
         if not 0 < coverage <= 1:
             raise ValueError(f"coverage must be in (0, 1], got {coverage}")
-        counts = Counter((r.cpu_milli, r.gpu_count, r.gpu_milli, r.models) for r in requests)
         total = sum(counts.values())
         if total == 0:
             raise ValueError("a request mix needs at least one request")

@@ -28,7 +28,7 @@ import grpc
 
 from agent.arbiter.committing import Committer, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
-from agent.arbiter.core.model import Fairness, Snapshot, Vector
+from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.queue_status import queue_statuses
@@ -67,6 +67,7 @@ class ArbiterConfig:
     # time-aware fair share: past usage decays with this half-life (seconds); None: plain fair share
     usage_half_life_s: float | None = None
     k_value: float = 1.0  # how strongly past usage shifts the over-quota division (KAI's kValue)
+    placement: Placement = field(default_factory=Placement)  # node choice: GPUs by fgd unless told otherwise
 
 
 @dataclass
@@ -182,7 +183,7 @@ class Arbiter:
             self._expected.extend(writes)
             self._changed.set()  # decide on the repaired state next
             return report
-        snapshot = world.snapshot
+        snapshot = replace(world.snapshot, placement=self.config.placement)
         if self.config.usage_half_life_s is not None:
             snapshot = self._with_usage(snapshot, now)
         started = time.perf_counter()

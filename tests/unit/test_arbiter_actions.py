@@ -100,6 +100,28 @@ def test_binpack_fills_the_busiest_node_and_spread_the_emptiest() -> None:
     assert spread.pods["new-0"].node == "idle"
 
 
+def test_fgd_keeps_room_for_the_multi_gpu_pods_the_workload_runs() -> None:
+    # a1 has 5 GPUs free, b1 4; a one-GPU pod comes first, then two 4-GPU pods. Binpack puts the one-GPU pod on
+    # the tighter b1 and leaves room for only one of them; fgd (the default) sees that 4-GPU pods are part of
+    # the workload, takes a1's fifth GPU instead, and both 4-GPU pods run.
+    nodes = [node("a1", 8), node("b1", 8)]
+    jobs = [gang("run-a", "q", 3, node="a1"), gang("run-b", "q", 4, node="b1"),
+            gang("one", "q", 1, priority=60, created=T0),
+            job("four-x", "q", [pod("four-x-0", 4)], created=T1), job("four-y", "q", [pod("four-y-0", 4)], created=T2)]
+    fgd = cycle(doc(nodes, [queue("q")], jobs), "allocate")
+    binpack = cycle(doc(nodes, [queue("q")], jobs, gpu="binpack"), "allocate")
+    assert fgd.pods["one-0"].node == "a1"
+    assert {fgd.pods["four-x-0"].node, fgd.pods["four-y-0"].node} == {"a1", "b1"}
+    assert binpack.pods["one-0"].node == "b1"
+    assert placed(binpack, "four-") == ["four-x-0"]
+
+
+def test_fgd_puts_a_share_on_a_used_gpu_before_opening_a_fresh_one() -> None:
+    jobs = [job("r", "q", [pod("r-0", 0.5, node="n2", gpuIndex=1)]), job("f", "q", [pod("f-0", 0.5)], created=T1)]
+    result = cycle(doc([node("n1", 2), node("n2", 2)], [queue("q")], jobs), "allocate")
+    assert (result.pods["f-0"].node, result.pods["f-0"].gpu_index) == ("n2", 1)
+
+
 def test_fractional_pods_share_one_gpu() -> None:
     jobs = [job("f", "q", [pod("f-0", 0.5), pod("f-1", 0.5), pod("f-2", 0.5)], min_member=1)]
     result = cycle(doc([node("n", 2)], [queue("q")], jobs), "allocate")

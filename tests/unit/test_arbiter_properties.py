@@ -54,7 +54,7 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
         jobs.append(job(f"j{j}", draw(st.sampled_from(LEAVES)), pods, priority=draw(st.sampled_from([10, 50, 125])),
                         min_member=min_member, created=f"2025-01-01T00:0{j}:00Z"))
     return {"nodes": nodes, "queues": QUEUES, "jobs": jobs,
-            "config": {"placement": {"gpu": draw(st.sampled_from(["binpack", "spread"]))}}}
+            "config": {"placement": {"gpu": draw(st.sampled_from(["fgd", "binpack", "spread"]))}}}
 
 
 actions = st.lists(st.sampled_from(list(DEFAULT_ACTIONS)), min_size=1, max_size=4)

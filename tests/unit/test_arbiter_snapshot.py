@@ -34,6 +34,12 @@ def test_the_documented_format_parses_into_the_model() -> None:
     assert snapshot.jobs[0].created_at == 1735689600.0
 
 
+def test_gpus_are_placed_by_fragmentation_unless_the_snapshot_says_otherwise() -> None:
+    document = good()
+    del document["config"]
+    assert parse_snapshot(document).placement.gpu == "fgd"
+
+
 def edit(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     document = copy.deepcopy(good())
     change(document)
@@ -68,7 +74,8 @@ BAD = {
     "bad status": (_set("jobs.0.pods.0.status", "Done"), "status 'Done'"),
     "GPU index out of range": (_set("jobs.0.pods.0.gpuIndex", 8), "lacks"),
     "fractional GPUs above one": (_set("jobs.0.pods.1.gpus", 1.5), "whole number or a fraction"),
-    "bad placement policy": (_set("config.placement.gpu", "random"), "binpack or spread"),
+    "bad placement policy": (_set("config.placement.gpu", "random"), "fgd or binpack or spread, not 'random'"),
+    "fgd for CPU": (_set("config.placement.cpu", "fgd"), "cpu must be binpack or spread"),
     "nodes not a list": (_set("nodes", {}), "needs a list 'nodes'"),
     "domain index twice": (_set("nodes.0.nvlinkDomains", [[0, 1], [1, 2]]), "nvlinkDomains"),
     "string quantity": (_set("nodes.0.cpuMilli", "lots"), "must be a number"),

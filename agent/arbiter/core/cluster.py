@@ -6,10 +6,10 @@ promising resources still being released, needs room only `after`. GPUs are trac
 so fractional pods share a device and whole-GPU pods take devices that are empty in the needed layers.
 
 Nodes are bucketed by how many whole GPUs they can bind, so finding a node for a whole-GPU pod walks buckets
-(binpack: fewest free first; spread: most) instead of scanning every node; inside a bucket, by node name. A
-pod coming or going updates the
-counters behind the buckets GPU by GPU, never by rescanning its node: actions try (and undo) tens of thousands
-of moves per cycle.
+(binpack: fewest free first; spread: most) instead of scanning every node; inside a bucket, by node name. Under
+`fgd` (the default) nodes are also grouped by shape (fragments.py) and a find scores each shape once, then walks
+the best-scoring nodes by name. A pod coming or going updates the counters behind the buckets GPU by GPU, never
+by rescanning its node: actions try (and undo) tens of thousands of moves per cycle.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
+from agent.allocation.fragmentation import RequestMix
+from agent.arbiter.core.fragments import NO_FIT, Shape, ShapeScores, workload_mix
 from agent.arbiter.core.model import MILLI, NodeSpec, Placement, PodSpec
 
 
@@ -34,8 +36,8 @@ class NodeSet:
 
     __slots__ = ("bits",)
 
-    def __init__(self) -> None:
-        self.bits = 0
+    def __init__(self, bits: int = 0) -> None:
+        self.bits = bits
 
     def add(self, i: int) -> None:
         self.bits |= 1 << i
@@ -62,7 +64,7 @@ class NodeSet:
 
 class Node:
     __slots__ = ("after_free", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index", "mem_after",
-                 "mem_now", "partial", "releases", "spec", "whole_free")
+                 "mem_now", "partial", "releases", "shape", "spec", "whole_free")
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
@@ -78,6 +80,7 @@ class Node:
         self.whole_free = spec.gpus  # GPUs empty now and after: bindable whole
         self.after_free = spec.gpus  # GPUs empty after pending releases: promisable whole
         self.partial = 0  # (GPU, layer) pairs partly used: the node has room for fractional pods
+        self.shape: Shape = (0,) * spec.gpus  # milli used per GPU after pending releases, sorted (fgd)
 
     def selects(self, pod: PodSpec) -> bool:
         if not pod.node_selector:
@@ -87,10 +90,16 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, nodes: Sequence[NodeSpec], placement: Placement) -> None:
+    def __init__(self, nodes: Sequence[NodeSpec], placement: Placement, mix: RequestMix | None = None) -> None:
+        """`mix`: the workload fgd measures fragmentation against (default: one whole GPU per pod)."""
         self.nodes = [Node(spec, i) for i, spec in enumerate(sorted(nodes, key=lambda n: n.name))]
         self.by_name = {n.spec.name: n.index for n in self.nodes}
         self.placement = placement
+        self.scores = ShapeScores(mix or workload_mix(())) if placement.gpu == "fgd" else None
+        self.by_shape: dict[Shape, NodeSet] = {}  # fgd only
+        if self.scores is not None:
+            for n in self.nodes:
+                self.by_shape.setdefault(n.shape, NodeSet()).add(n.index)
         top = max((n.spec.gpus for n in self.nodes), default=0)
         self.buckets = [NodeSet() for _ in range(top + 1)]
         for n in self.nodes:
@@ -134,6 +143,8 @@ class Cluster:
             after_free += b == 0
             partial += (0 < a < MILLI) + (0 < b < MILLI)
         self._reindex(node, whole, after_free, partial)
+        if after and self.scores is not None:
+            self._reshape(node, tuple(sorted(gpu_after)))
 
     def mark_release(self, node_index: int, sign: int) -> None:
         node = self.nodes[node_index]
@@ -162,6 +173,15 @@ class Cluster:
                 self.shared.discard(node.index)
         node.partial = partial
 
+    def _reshape(self, node: Node, shape: Shape) -> None:
+        if shape != node.shape:
+            old = self.by_shape[node.shape]
+            old.discard(node.index)
+            if not old:
+                del self.by_shape[node.shape]
+            self.by_shape.setdefault(shape, NodeSet()).add(node.index)
+            node.shape = shape
+
     # -- finding room -----------------------------------------------------------------------------------
 
     def find(self, pod: PodSpec, bind: bool, held: Mapping[int, Iterable[int]], exclude: int = -1,
@@ -179,6 +199,8 @@ class Cluster:
                     exclude: int, gang_gpus: int) -> Seat | None:
         """`count` whole GPUs for `pod` (whose own GPU request is not looked at: a fractional pod may ask for a
         fresh device)."""
+        if self.scores is not None:
+            return self._find_whole_fgd(pod, count, bind, held, exclude=exclude, gang_gpus=gang_gpus)
         buckets = self.buckets if bind else self.releasing_buckets
         order = range(count, len(buckets))
         if self.placement.gpu == "spread":
@@ -186,6 +208,27 @@ class Cluster:
         nodes = self.nodes
         for free in order:
             for i in buckets[free]:
+                if i != exclude:
+                    seat = self._seat_whole(nodes[i], pod, count, bind, held.get(i, ()), gang_gpus=gang_gpus)
+                    if seat is not None:
+                        return seat
+        return None
+
+    def _find_whole_fgd(self, pod: PodSpec, count: int, bind: bool, held: Mapping[int, Iterable[int]], *,
+                        exclude: int, gang_gpus: int) -> Seat | None:
+        scores = self.scores
+        assert scores is not None
+        ranked: dict[int, int] = {}  # score -> the nodes (bits) of every shape scoring so
+        pool = -1 if bind else self.releasing.bits  # pipelining: only onto nodes with releases pending
+        for shape, members in self.by_shape.items():
+            bits = members.bits & pool
+            if bits:
+                score = scores.whole(shape, count)
+                if score != NO_FIT:
+                    ranked[score] = ranked.get(score, 0) | bits
+        nodes = self.nodes
+        for score in sorted(ranked, reverse=True):
+            for i in NodeSet(ranked[score]):
                 if i != exclude:
                     seat = self._seat_whole(nodes[i], pod, count, bind, held.get(i, ()), gang_gpus=gang_gpus)
                     if seat is not None:
@@ -226,8 +269,8 @@ class Cluster:
             mine = [g for g in domain if g in free_set]
             if len(mine) >= count:
                 # the gang's own domain first, then one that holds the rest of the gang, then the tightest
-                # (binpack) or roomiest (spread) domain
-                room = len(mine) if self.placement.gpu == "binpack" else -len(mine)
+                # (binpack, fgd) or roomiest (spread) domain
+                room = -len(mine) if self.placement.gpu == "spread" else len(mine)
                 rest_fits = len(mine) >= min(gang_gpus, len(domain))
                 options.append((not held_set.intersection(domain), not rest_fits, room, mine[:count]))
         if options:
@@ -235,6 +278,8 @@ class Cluster:
         return Seat(node.index, tuple(free[:count]))
 
     def _find_shared(self, pod: PodSpec, bind: bool, exclude: int) -> Seat | None:
+        if self.scores is not None:
+            return self._find_shared_fgd(pod, bind, exclude)
         binpack = self.placement.gpu == "binpack"
         best: Seat | None = None
         best_used = -1
@@ -253,6 +298,37 @@ class Cluster:
         if whole is not None:
             return whole
         return best if best is not None else self._find_shared_anywhere(pod, bind, exclude)
+
+    def _find_shared_fgd(self, pod: PodSpec, bind: bool, exclude: int) -> Seat | None:
+        scores = self.scores
+        assert scores is not None
+        milli = pod.gpu_milli
+        ranked: dict[int, int] = {}
+        pool = -1 if bind else self.releasing.bits
+        for shape, members in self.by_shape.items():
+            bits = members.bits & pool
+            if bits:
+                score = scores.shared(shape, milli)[0]
+                if score != NO_FIT:
+                    ranked[score] = ranked.get(score, 0) | bits
+        nodes = self.nodes
+        for score in sorted(ranked, reverse=True):
+            for i in NodeSet(ranked[score]):
+                node = nodes[i]
+                if i == exclude or not self.fits_cpu_mem(node, pod, bind):
+                    continue
+                # the GPU the shape's score chose (used milli `want`), else the fullest that fits both layers
+                want = scores.shared(node.shape, milli)[1]
+                best = -1
+                for g, used in enumerate(node.gpu_after):
+                    if used + milli <= MILLI and (not bind or node.gpu_now[g] + milli <= MILLI):
+                        if used == want:
+                            return Seat(i, (g,))
+                        if best < 0 or used > node.gpu_after[best]:
+                            best = g
+                if best >= 0:
+                    return Seat(i, (best,))
+        return None
 
     def _find_shared_anywhere(self, pod: PodSpec, bind: bool, exclude: int) -> Seat | None:
         # a partly released GPU: only reachable by pipelining onto a releasing node

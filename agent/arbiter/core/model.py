@@ -17,6 +17,7 @@ MILLI = 1000  # milli-GPUs per GPU
 NON_PREEMPTIBLE_PRIORITY = 100  # KAI: priority classes at or above this are never victims
 
 Policy = Literal["binpack", "spread"]
+GpuPolicy = Literal["fgd", "binpack", "spread"]  # fgd: least fragmentation growth (fragments.py), then packing
 PodStatus = Literal["Running", "Pending", "Releasing"]
 Vector = tuple[float, float, float]  # (gpu milli, cpu milli, memory bytes)
 
@@ -89,7 +90,7 @@ class JobSpec:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    gpu: Policy = "binpack"
+    gpu: GpuPolicy = "fgd"
     cpu: Policy = "binpack"
 
 

@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from agent.arbiter.core.model import (
     MILLI,
@@ -18,6 +18,7 @@ from agent.arbiter.core.model import (
     RESOURCES,
     UNLIMITED,
     Fairness,
+    GpuPolicy,
     JobSpec,
     NodeSpec,
     Placement,
@@ -50,7 +51,7 @@ _FIELDS = {
     "fairness usage": RESOURCES,
     "fairness history": ("queue", "start", "end", "gpus", "cpuMilli", "memBytes"),
 }
-_POLICIES = ("binpack", "spread")
+_POLICIES: dict[str, tuple[str, ...]] = {"gpu": get_args(GpuPolicy), "cpu": get_args(Policy)}
 
 
 class SnapshotError(ValueError):
@@ -78,13 +79,14 @@ def _placement(raw: object) -> Placement:
         return Placement()
     config = _obj(raw, "config", "config")
     placement = _obj(config.get("placement", {}), "config.placement", "config.placement")
-    policies: dict[str, Policy] = {}
-    for resource in ("gpu", "cpu"):
-        value = placement.get(resource, "binpack")
-        if value not in _POLICIES:
-            raise SnapshotError(f"config.placement.{resource} must be binpack or spread, not {value!r}.")
-        policies[resource] = cast(Policy, value)
-    return Placement(gpu=policies["gpu"], cpu=policies["cpu"])
+    default = Placement()
+    gpu = placement.get("gpu", default.gpu)
+    cpu = placement.get("cpu", default.cpu)
+    for resource, value in (("gpu", gpu), ("cpu", cpu)):
+        if value not in _POLICIES[resource]:
+            raise SnapshotError(
+                f"config.placement.{resource} must be {' or '.join(_POLICIES[resource])}, not {value!r}.")
+    return Placement(gpu=cast(GpuPolicy, gpu), cpu=cast(Policy, cpu))
 
 
 def _node(raw: object, index: int) -> NodeSpec:
