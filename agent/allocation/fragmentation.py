@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 MILLI = 1000  # one whole GPU
 
@@ -45,8 +46,8 @@ class RequestMix:
 
     kinds: tuple[RequestKind, ...]
 
-    @property
-    def total_weight(self) -> int:
+    @cached_property
+    def total_weight(self) -> int:  # read on every score: summed once
         return sum(k.weight for k in self.kinds)
 
     @classmethod

@@ -7,6 +7,7 @@ delta and its own deterministic tie-breaks, so it never leaves a choice to the t
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -210,10 +211,15 @@ class FgdPolicy(_Baseline):
     def __init__(self, mix: RequestMix) -> None:
         self.mix = mix
         self._frag: dict[NodeShape, int] = {}
+        # F sees free CPU only through `free >= a GPU kind's CPU request`: the levels that can change an answer
+        self._cpu_levels = sorted({k.cpu_milli for k in mix.kinds if k.gpu_count})
 
     def frag(self, shape: NodeShape) -> int:
-        # F ignores which GPU is which: memoise on the sorted shape
-        key = NodeShape(shape.model, shape.cpu_free, tuple(sorted(shape.gpu_free)))
+        # F ignores which GPU is which and any CPU between two levels: memoise on the sorted shape with its CPU
+        # floored to a level, so nodes that differ only there share one entry (random ties make many of them)
+        at = bisect.bisect_right(self._cpu_levels, shape.cpu_free)
+        cpu = self._cpu_levels[at - 1] if at else -1
+        key = NodeShape(shape.model, cpu, tuple(sorted(shape.gpu_free)))
         f = self._frag.get(key)
         if f is None:
             f = self._frag[key] = fragmentation(key, self.mix)
