@@ -25,6 +25,7 @@ from agent.allocation.trace_policies import NodeView, Policy, TracePod, baseline
 
 WORKLOAD_SCALE = 1.3
 TIE_REGIMES = ("fixed", "random")
+NO_FIT = -(1 << 62)  # below any policy's score (near's can be negative)
 PAPER_SEEDS = tuple(range(42, 52))
 
 
@@ -117,7 +118,7 @@ class _Cluster:
         s = self.memo.get(key)
         if s is None:
             view = self._states[state]
-            s = self.policy.score(view, pod) if fits(view, pod) else -1
+            s = self.policy.score(view, pod) if fits(view, pod) else NO_FIT
             self.memo[key] = s
         return s
 
@@ -169,21 +170,28 @@ def replay_once(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: Po
     rank_of = order if policy.tie_rule == "regime" else stable_order(nodes)
     rank[np.array(rank_of)] = np.arange(n - 1, -1, -1)  # higher = preferred among equals
     cluster = _Cluster(nodes, policy)
+    near = policy.tie_rule == "near"
+    in_use = np.zeros(n, dtype=np.int64)  # near: 1 once the node holds a GPU pod (pods never leave)
     arrived = used = placed = dropped = 0
     levels: dict[int, list[float]] = {}
     for pod in workload:
         scores = cluster.scores_for(pod)
         best = int(scores.max())
-        if best < 0:
+        if best == NO_FIT:
             dropped += 1
         else:
             if policy.tie_rule == "uniform" or (policy.tie_rule == "regime" and ties == "random"):
                 tied = np.flatnonzero(scores == best)
                 i = int(tied[rng.randrange(len(tied))])
+            elif near:
+                close = scores >= best - policy.window(pod)
+                i = int(np.argmax(np.where(close, in_use * n + rank, -1)))
             else:
                 i = int(np.argmax(np.where(scores == best, rank, -1)))
             gpus = policy.choose_gpus(cluster.views[i], pod, rng)
             cluster.place(i, pod, gpus)
+            if near:
+                in_use[i] = policy.in_use(cluster.views[i])
             used += pod.total_gpu_milli
             placed += 1
         arrived += pod.total_gpu_milli

@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pod list file in --trace-dir, or `all` for every openb_pod_list_*.csv there")
     parser.add_argument("--nodes", default="openb_node_list_gpu_node.csv", help="node list file in --trace-dir")
     parser.add_argument("--policy", default=",".join(ALL_POLICIES),
-                        help=f"comma-separated policies (default all: {','.join(ALL_POLICIES)})")
+                        help=f"comma-separated policies (default all: {','.join(ALL_POLICIES)}; also `near`, "
+                             "the alternative DESIGN.md compares)")
     parser.add_argument("--seeds", type=int, default=len(PAPER_SEEDS),
                         help="number of seeds, 42, 43, ... (default 10); the median is reported")
     parser.add_argument("--ties", choices=(*TIE_REGIMES, "both"), default="fixed",
@@ -142,14 +143,15 @@ def _entry(vals: list[float]) -> dict[str, Any]:
 def _print_table(regime: str, by_list: dict[str, dict[str, list[float]]], names: list[str]) -> None:
     """Median unallocated GPU % per list (rows) and policy (columns); with fgd and ours, the paired
     per-seed difference ours - fgd and on how many seeds ours was lower."""
-    paired = "fgd" in names and "ours" in names
-    head = f"{'pod list':<14}" + "".join(f"{n:>11}" for n in names) + (f"{'ours-fgd':>10}{'wins':>7}" if paired else "")
+    paired = [n for n in ("ours", "near") if n in names] if "fgd" in names else []
+    head = f"{'pod list':<14}" + "".join(f"{n:>11}" for n in names)
+    head += "".join(f"{n + '-fgd':>10}{'wins':>7}" for n in paired)
     print(f"\nties {regime}: unallocated GPU % at 100 % arrived, median over seeds", file=sys.stderr)
     print(head, file=sys.stderr)
     for name, results in by_list.items():
         row = f"{name:<14}" + "".join(f"{statistics.median(results[n]):>11.2f}" for n in names)
-        if paired:
-            diffs = [o - f for o, f in zip(results["ours"], results["fgd"], strict=True)]
+        for ours in paired:
+            diffs = [o - f for o, f in zip(results[ours], results["fgd"], strict=True)]
             row += f"{statistics.fmean(diffs):>+10.2f}{sum(d < 0 for d in diffs):>4}/{len(diffs)}"
         print(row, file=sys.stderr)
 

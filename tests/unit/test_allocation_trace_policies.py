@@ -23,6 +23,7 @@ from agent.allocation.trace_policies import (
     ClusteringPolicy,
     DotProdPolicy,
     FgdPolicy,
+    NearPolicy,
     NodeView,
     OursPolicy,
     PackingPolicy,
@@ -152,3 +153,17 @@ def test_ours_keeps_fgds_resolution_for_shared_pods_and_coarsens_the_rest() -> N
                                                                                           shares_gpu=True)
     assert packed_fgd_score(better, 1, in_use=False) < packed_fgd_score(worse, 1, in_use=True)
     assert packed_fgd_score(better, 1, in_use=False) == packed_fgd_score(worse, 1, in_use=False)
+
+
+def test_near_scores_the_exact_saved_fragment_and_still_places_pods_that_grow_it() -> None:
+    """`near` (the alternative DESIGN.md compares): micro-GPU of expected fragment saved, negative when the
+    placement leaves GPUs the workload cannot use; such pods are still placed, and a used node goes first
+    among outcomes within the window."""
+    near = NearPolicy(RequestMix((RequestKind(0, 2, 1000, (), 1),)))  # the workload wants pairs of GPUs
+    two, three = node((1000, 1000)), node((1000, 1000, 1000))
+    one_gpu = pod(cpu=0)
+    assert near.score(two, one_gpu) == -1_000_000  # the last GPU of a pair is stranded
+    assert near.score(three, one_gpu) == 0
+    assert (near.window(one_gpu), near.window(pod(milli=500, cpu=0))) == (80_000, 20_000)
+    nodes = [TraceNode("a", 64000, 1024, 2, "T4"), TraceNode("b", 64000, 1024, 2, "T4")]
+    assert replay_once(nodes, [TracePod("p", 1000, 1, 1, 1000)], near, 42).unallocated_percent == 0
