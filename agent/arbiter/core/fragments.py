@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from agent.allocation.fragmentation import NodeShape, RequestMix, fragmentation, packed_fgd_score
+from agent.allocation.fragmentation import MILLI, NodeShape, RequestMix, fragmentation, packed_fgd_score
 
-MILLI = 1000
 Shape = tuple[int, ...]  # milli used per GPU, ascending
 NO_FIT = -1
 
