@@ -191,7 +191,7 @@ def replay_once(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: Po
             gpus = policy.choose_gpus(cluster.views[i], pod, rng)
             cluster.place(i, pod, gpus)
             if near:
-                in_use[i] = policy.in_use(cluster.views[i])
+                in_use[i] = cluster.views[i].in_use
             used += pod.total_gpu_milli
             placed += 1
         arrived += pod.total_gpu_milli
@@ -214,9 +214,10 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy_names: S
            seeds: Sequence[int] = PAPER_SEEDS, ties: str = "fixed") -> dict[str, list[float]]:
     """Unallocated GPU % per seed for each named policy, all on the same workloads."""
     mix = typical_mix(pods)
-    unknown = [p for p in policy_names if p not in baseline_policies(mix)]
+    known = baseline_policies(mix)
+    unknown = [p for p in policy_names if p not in known]
     if unknown:
-        raise ValueError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(baseline_policies(mix))}")
+        raise ValueError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(known)}")
     return {name: [replay_run(nodes, pods, mix, name, s, ties=ties) for s in seeds] for name in policy_names}
 
 

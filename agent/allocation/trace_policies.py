@@ -72,6 +72,11 @@ class NodeView:
         return sum(self.gpu_free)
 
     @property
+    def in_use(self) -> bool:
+        """Whether a GPU pod already sits here (ours and near send pods to such nodes first)."""
+        return bool(self.tags) or self.gpu_idle < MILLI * len(self.gpu_free)
+
+    @property
     def shape(self) -> NodeShape:
         return NodeShape(self.model, self.cpu_free, self.gpu_free)
 
@@ -111,7 +116,7 @@ class Policy(Protocol):
     name: str
     # How equal scores are settled: "regime" by the replay's tie regime, "uniform" always at random,
     # "stable" by a node order of the policy's own that does not change between runs; "near": scores within
-    # the policy's `window(pod)` of the best are equal, then a node `in_use` first, then the stable order.
+    # the policy's `window(pod)` of the best are equal, then a node in use first, then the stable order.
     tie_rule: str
 
     def score(self, node: NodeView, pod: TracePod) -> int:
@@ -126,10 +131,6 @@ class Policy(Protocol):
         """"near" ties: how far below the best score still counts as equal."""
         ...
 
-    def in_use(self, node: NodeView) -> bool:
-        """"near" ties: whether the node goes before empty ones."""
-        ...
-
 
 class _Baseline:
     tie_rule = "regime"
@@ -137,9 +138,6 @@ class _Baseline:
 
     def window(self, pod: TracePod) -> int:
         return 0
-
-    def in_use(self, node: NodeView) -> bool:
-        return False
 
     def choose_gpus(self, node: NodeView, pod: TracePod, rng: random.Random) -> tuple[int, ...]:
         return tightest_gpus(node, pod)
@@ -274,8 +272,7 @@ class OursPolicy(FgdPolicy):
 
     def score(self, node: NodeView, pod: TracePod) -> int:
         drop, _ = self.best_delta(node, pod)
-        in_use = bool(node.tags) or node.gpu_idle < MILLI * len(node.gpu_free)
-        return packed_fgd_score(drop, self.mix.total_weight, in_use, pod.shares_gpu)
+        return packed_fgd_score(drop, self.mix.total_weight, node.in_use, pod.shares_gpu)
 
 
 class NearPolicy(FgdPolicy):
@@ -292,9 +289,6 @@ class NearPolicy(FgdPolicy):
 
     def window(self, pod: TracePod) -> int:
         return self.SHARED if pod.shares_gpu else self.WHOLE
-
-    def in_use(self, node: NodeView) -> bool:
-        return bool(node.tags) or node.gpu_idle < MILLI * len(node.gpu_free)
 
 
 def baseline_policies(mix: RequestMix) -> dict[str, Policy]:

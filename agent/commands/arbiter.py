@@ -16,11 +16,11 @@ import sys
 import threading
 import uuid
 from types import FrameType
-from typing import cast, get_args
+from typing import cast
 
 from agent import logs
 from agent.arbiter.controller import Arbiter, ArbiterConfig
-from agent.arbiter.core.model import GpuPolicy, Placement
+from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
 from agent.arbiter.names import COMPONENT
 from agent.arbiter.node_service import TokenFileError, read_token, split_address
@@ -35,9 +35,6 @@ log = logging.getLogger("agent.arbiter")
 
 def _env(name: str, default: str = "") -> str:
     return os.environ.get(name) or default
-
-
-GPU_PLACEMENTS: tuple[str, ...] = get_args(GpuPolicy)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "division (kept in each Queue's status); off when absent")
     p.add_argument("--usage-k-value", type=float, default=1.0,
                    help="how strongly past usage shifts the over-quota division (KAI's kValue, default 1)")
-    p.add_argument("--gpu-placement", choices=GPU_PLACEMENTS, default=_env("GPU_PLACEMENT", "fgd"),
+    p.add_argument("--gpu-placement", choices=GPU_POLICIES, default=_env("GPU_PLACEMENT", "fgd"),
                    help="how GPU pods choose a node: fgd (default; least fragmentation growth for the workload "
                         "the cluster runs, then a node in use), binpack (fewest free GPUs, KAI's default) "
                         "or spread")
@@ -87,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--usage-half-life must be a positive number of seconds")
     if not (math.isfinite(args.usage_k_value) and args.usage_k_value >= 0):
         return _fail("--usage-k-value must be a number at or above 0")
-    if args.gpu_placement not in GPU_PLACEMENTS:  # GPU_PLACEMENT from the environment skips argparse's check
-        return _fail(f"--gpu-placement must be one of {', '.join(GPU_PLACEMENTS)}, not {args.gpu_placement!r}")
+    if args.gpu_placement not in GPU_POLICIES:  # GPU_PLACEMENT from the environment skips argparse's check
+        return _fail(f"--gpu-placement must be one of {', '.join(GPU_POLICIES)}, not {args.gpu_placement!r}")
     try:
         token = read_token(args.reservation_token_file)
         metrics_at = split_address(args.metrics_addr) if args.metrics_addr else None

@@ -14,10 +14,9 @@ by rescanning its node: actions try (and undo) tens of thousands of moves per cy
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
-from agent.allocation.fragmentation import RequestMix
 from agent.arbiter.core.fragments import NO_FIT, Shape, ShapeScores, workload_mix
 from agent.arbiter.core.model import MILLI, NodeSpec, Placement, PodSpec
 
@@ -90,12 +89,12 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, nodes: Sequence[NodeSpec], placement: Placement, mix: RequestMix | None = None) -> None:
-        """`mix`: the workload fgd measures fragmentation against (default: one whole GPU per pod)."""
+    def __init__(self, nodes: Sequence[NodeSpec], placement: Placement, workload: Iterable[int] = ()) -> None:
+        """`workload`: every pod's GPU milli, what fgd measures fragmentation against (read only under fgd)."""
         self.nodes = [Node(spec, i) for i, spec in enumerate(sorted(nodes, key=lambda n: n.name))]
         self.by_name = {n.spec.name: n.index for n in self.nodes}
         self.placement = placement
-        self.scores = ShapeScores(mix or workload_mix(())) if placement.gpu == "fgd" else None
+        self.scores = ShapeScores(workload_mix(workload)) if placement.gpu == "fgd" else None
         self.by_shape: dict[Shape, NodeSet] = {}  # fgd only
         if self.scores is not None:
             for n in self.nodes:
@@ -218,22 +217,27 @@ class Cluster:
                         exclude: int, gang_gpus: int) -> Seat | None:
         scores = self.scores
         assert scores is not None
+        nodes = self.nodes
+        for i in self._by_score(lambda shape: scores.whole(shape, count), bind):
+            if i != exclude:
+                seat = self._seat_whole(nodes[i], pod, count, bind, held.get(i, ()), gang_gpus=gang_gpus)
+                if seat is not None:
+                    return seat
+        return None
+
+    def _by_score(self, score_of: Callable[[Shape], int], bind: bool) -> Iterator[int]:
+        """Node indices, best-scoring shape first and equal scores in node-name order: each shape present is
+        scored once and the nodes of equally scored shapes are merged as bit masks."""
         ranked: dict[int, int] = {}  # score -> the nodes (bits) of every shape scoring so
         pool = -1 if bind else self.releasing.bits  # pipelining: only onto nodes with releases pending
         for shape, members in self.by_shape.items():
             bits = members.bits & pool
             if bits:
-                score = scores.whole(shape, count)
+                score = score_of(shape)
                 if score != NO_FIT:
                     ranked[score] = ranked.get(score, 0) | bits
-        nodes = self.nodes
         for score in sorted(ranked, reverse=True):
-            for i in NodeSet(ranked[score]):
-                if i != exclude:
-                    seat = self._seat_whole(nodes[i], pod, count, bind, held.get(i, ()), gang_gpus=gang_gpus)
-                    if seat is not None:
-                        return seat
-        return None
+            yield from NodeSet(ranked[score])
 
     def fits_cpu_mem(self, node: Node, pod: PodSpec, bind: bool) -> bool:
         if node.cpu_after < pod.cpu_milli or node.mem_after < pod.mem_bytes:
@@ -303,31 +307,22 @@ class Cluster:
         scores = self.scores
         assert scores is not None
         milli = pod.gpu_milli
-        ranked: dict[int, int] = {}
-        pool = -1 if bind else self.releasing.bits
-        for shape, members in self.by_shape.items():
-            bits = members.bits & pool
-            if bits:
-                score = scores.shared(shape, milli)[0]
-                if score != NO_FIT:
-                    ranked[score] = ranked.get(score, 0) | bits
         nodes = self.nodes
-        for score in sorted(ranked, reverse=True):
-            for i in NodeSet(ranked[score]):
-                node = nodes[i]
-                if i == exclude or not self.fits_cpu_mem(node, pod, bind):
-                    continue
-                # the GPU the shape's score chose (used milli `want`), else the fullest that fits both layers
-                want = scores.shared(node.shape, milli)[1]
-                best = -1
-                for g, used in enumerate(node.gpu_after):
-                    if used + milli <= MILLI and (not bind or node.gpu_now[g] + milli <= MILLI):
-                        if used == want:
-                            return Seat(i, (g,))
-                        if best < 0 or used > node.gpu_after[best]:
-                            best = g
-                if best >= 0:
-                    return Seat(i, (best,))
+        for i in self._by_score(lambda shape: scores.shared(shape, milli)[0], bind):
+            node = nodes[i]
+            if i == exclude or not self.fits_cpu_mem(node, pod, bind):
+                continue
+            # the GPU the shape's score chose (used milli `want`), else the fullest that fits both layers
+            want = scores.shared(node.shape, milli)[1]
+            best = -1
+            for g, used in enumerate(node.gpu_after):
+                if used + milli <= MILLI and (not bind or node.gpu_now[g] + milli <= MILLI):
+                    if used == want:
+                        return Seat(i, (g,))
+                    if best < 0 or used > node.gpu_after[best]:
+                        best = g
+            if best >= 0:
+                return Seat(i, (best,))
         return None
 
     def _find_shared_anywhere(self, pod: PodSpec, bind: bool, exclude: int) -> Seat | None:

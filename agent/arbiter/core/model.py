@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 RESOURCES = ("gpu", "cpu", "memory")
 GPU, CPU, MEMORY = 0, 1, 2
@@ -18,6 +18,8 @@ NON_PREEMPTIBLE_PRIORITY = 100  # KAI: priority classes at or above this are nev
 
 Policy = Literal["binpack", "spread"]
 GpuPolicy = Literal["fgd", "binpack", "spread"]  # fgd: least fragmentation growth (fragments.py), then packing
+GPU_POLICIES: tuple[str, ...] = get_args(GpuPolicy)
+CPU_POLICIES: tuple[str, ...] = get_args(Policy)
 PodStatus = Literal["Running", "Pending", "Releasing"]
 Vector = tuple[float, float, float]  # (gpu milli, cpu milli, memory bytes)
 

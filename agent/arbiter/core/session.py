@@ -16,7 +16,6 @@ from typing import Literal, NamedTuple
 
 from agent.arbiter.core.cluster import Cluster, Node, Seat
 from agent.arbiter.core.fairshare import fair_shares
-from agent.arbiter.core.fragments import workload_mix
 from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, PodSpec, QueueSpec, Snapshot, Vector
 from agent.arbiter.core.snapshot import SnapshotError
 
@@ -137,7 +136,7 @@ class _Op(NamedTuple):
 
 class Session:
     def __init__(self, snapshot: Snapshot) -> None:
-        workload = workload_mix(p.gpu_milli for j in snapshot.jobs for p in j.pods)
+        workload = (p.gpu_milli for j in snapshot.jobs for p in j.pods)
         self.cluster = Cluster(snapshot.nodes, snapshot.placement, workload)
         self.queues = [Queue(q, i) for i, q in enumerate(snapshot.queues)]
         by_name = {q.spec.name: q for q in self.queues}

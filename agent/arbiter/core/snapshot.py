@@ -10,9 +10,11 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 from agent.arbiter.core.model import (
+    CPU_POLICIES,
+    GPU_POLICIES,
     MILLI,
     NON_PREEMPTIBLE_PRIORITY,
     RESOURCES,
@@ -51,7 +53,7 @@ _FIELDS = {
     "fairness usage": RESOURCES,
     "fairness history": ("queue", "start", "end", "gpus", "cpuMilli", "memBytes"),
 }
-_POLICIES: dict[str, tuple[str, ...]] = {"gpu": get_args(GpuPolicy), "cpu": get_args(Policy)}
+_POLICIES = {"gpu": GPU_POLICIES, "cpu": CPU_POLICIES}
 
 
 class SnapshotError(ValueError):
