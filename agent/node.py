@@ -152,6 +152,7 @@ class NodeAgent:
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
             sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
+            reserved=self._reserved_for_other,
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None
@@ -215,7 +216,7 @@ class NodeAgent:
 
             self.reservations = NodeReservations(
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=lambda: self._inventory,
-                prepared=lambda: [d.device_name for d in self._preparer.prepared()],
+                prepared=self._prepared_holders,
                 unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
             )
             self.reservations.start(self.config.reservation_address, self.config.node_ip)
@@ -262,6 +263,17 @@ class NodeAgent:
         log.info("node agent stopped")
 
     # --- internals -------------------------------------------------------------------------------------
+
+    def _reserved_for_other(self, device_name: str, claim: str) -> str:
+        """The arbiter's reservation for another claim holding this device ("" for none): prepare refuses it."""
+        reservations = self.reservations
+        return reservations.book.reserved_for_other(device_name, claim) if reservations is not None else ""
+
+    def _prepared_holders(self) -> list[tuple[str, str]]:
+        """(device, "namespace/name" of its claim) for every device in the claim checkpoint."""
+        with self._preparer.lock.hold():
+            claims = self._preparer.states.load().claims.values()
+        return [(d.device_name, f"{e.namespace}/{e.name}") for e in claims for d in e.devices]
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)

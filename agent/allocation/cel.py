@@ -34,6 +34,13 @@ _SEMVER = re.compile(
     r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?"
     r"(?:\+([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$"
 )
+# kube-apiserver's limits on a DRA selector (k8s.io/api/resource/v1 types.go): CELSelectorExpressionMaxLength
+# = 10 * 1024 characters, checked before compiling; CELSelectorExpressionMaxCost = 1000000 cost units, both the
+# worst-case estimate validation allows (pkg/apis/resource/validation: "too complex, exceeds cost limit") and
+# the runtime limit (k8s.io/dynamic-resource-allocation/cel compile.go: cel.CostLimit(...)). The `cel` package
+# counts no cost; agent.arbiter.selector_worker bounds evaluation by time instead (DESIGN.md, issue 17).
+MAX_EXPRESSION_LENGTH = 10 * 1024
+MAX_COST = 1_000_000
 _STRING_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")
 
 
@@ -179,9 +186,11 @@ class DeviceSelector:
 
     def __init__(self, expression: str) -> None:
         self.expression = expression
+        if len(expression) > MAX_EXPRESSION_LENGTH:
+            raise SelectorError(f"selector of {len(expression)} characters: at most {MAX_EXPRESSION_LENGTH} allowed")
         try:
             self._program = cel.compile(expression)
-        except ValueError as e:
+        except Exception as e:  # the parser's errors are the caller's input, whatever their type
             raise SelectorError(f"selector {expression!r} does not compile: {e}") from None
         # DRA maps an unknown domain to an empty map; cel maps have no default, so give every domain the
         # expression names (string literals are the only way to name one) an empty map where it has none.
@@ -197,7 +206,7 @@ class DeviceSelector:
             result = self._program.execute(context)
         except KeyError as e:
             raise MissingAttribute(f"selector {self.expression!r}: device has no attribute or capacity {e}") from None
-        except (RuntimeError, TypeError, ValueError) as e:
+        except Exception as e:  # any runtime error (1/0 raises ZeroDivisionError) is the selector's
             raise SelectorError(f"selector {self.expression!r} failed: {e}") from None
         if not isinstance(result, bool):
             raise SelectorError(f"selector {self.expression!r} must give a bool, gave {result!r}")

@@ -5,12 +5,13 @@ Behind the small `SelectorEngine` interface, so the allocator core can be tested
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from agent.allocation.cel import DeviceSelector, MissingAttribute, SelectorError
 
-__all__ = ["CelSelectors", "SelectorEngine", "SelectorError"]
+__all__ = ["CelSelectors", "EvaluatedSelectors", "SelectorEngine", "SelectorError", "device_key"]
 
 
 class SelectorEngine(Protocol):
@@ -36,3 +37,23 @@ class CelSelectors:
             # claim. The local allocator treats that device as not matching instead, so a claim no device
             # matches gets NoFit, which the arbiter can try on another node. Other errors still propagate.
             return False
+
+
+def device_key(device: Mapping[str, Any]) -> str:
+    """A device's CEL variable as a key: equal content, equal key (candidates are rebuilt on every fit)."""
+    return json.dumps(device, sort_keys=True, separators=(",", ":"))
+
+
+class EvaluatedSelectors:
+    """A SelectorEngine over answers computed before the fit (agent.arbiter.selector_worker): per expression
+    and device key, True/False, or the SelectorError message of a selector that failed on that device. A
+    device not evaluated (the inventory changed since) does not match."""
+
+    def __init__(self, answers: Mapping[tuple[str, str], bool | str]) -> None:
+        self._answers = answers
+
+    def matches(self, expression: str, device: Mapping[str, Any]) -> bool:
+        answer = self._answers.get((expression, device_key(device)), False)
+        if isinstance(answer, str):
+            raise SelectorError(answer)
+        return answer

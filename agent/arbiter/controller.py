@@ -26,15 +26,18 @@ from typing import Any
 
 import grpc
 
+from agent.allocation.allocator import Claim
+from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.committing import Committer, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
+from agent.arbiter.names import FINGERPRINT_ANNOTATION
 from agent.arbiter.queue_status import queue_statuses
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
-from agent.arbiter.reservation import NodeClient
-from agent.arbiter.reservation_grpc import GrpcNodeClient
+from agent.arbiter.reservation import NodeClient, Reservation
+from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.arbiter.waiting import wait_reasons
 from agent.arbiter.world import World, build_world, meta
 from agent.kube.errors import ApiError, NotFound
@@ -82,23 +85,60 @@ class CycleReport:
     result: CycleResult | None = None
 
 
-class NodeDirectory:
-    """gRPC clients to the nodes' reservation APIs, one channel per advertised address."""
+class PinnedClient:
+    """A NodeClient that connects on its first call (a node no commit uses costs no handshake)."""
 
-    def __init__(self, token: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, directory: NodeDirectory, node: str, address: str, fingerprint: str) -> None:
+        self._directory = directory
+        self._target = (node, address, fingerprint)
+
+    def _connect(self) -> GrpcNodeClient:
+        return self._directory.client(*self._target)
+
+    def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
+        return self._connect().reserve(gang_id, member, claim, ttl_seconds)
+
+    def confirm(self, reservation_id: str) -> Reservation:
+        return self._connect().confirm(reservation_id)
+
+    def release(self, reservation_id: str = "", gang_id: str = "") -> int:
+        return self._connect().release(reservation_id, gang_id)
+
+    def capacity(self) -> CapacitySummary:
+        return self._connect().capacity()
+
+
+class NodeDirectory:
+    """gRPC clients to the nodes' reservation APIs over TLS, one channel per advertised address and published
+    certificate fingerprint (`fingerprint(node)`, from the Node's annotation): a restarted agent has a new
+    certificate and gets a new channel. A node whose server shows another certificate gets none (its calls
+    raise CertificateMismatch, a NodeUnavailable), and no token is sent to it."""
+
+    def __init__(self, token: str, timeout_s: float = 5.0,
+                 fingerprint: Callable[[str], str] = lambda node: "") -> None:
         self._token = token
         self._timeout = timeout_s
-        self._channels: dict[str, grpc.Channel] = {}
+        self._fingerprint = fingerprint
+        self._channels: dict[tuple[str, str, str], grpc.Channel] = {}
+        self._lock = threading.Lock()  # commit workers connect at once
         self.addresses: Mapping[str, str] = {}
 
     def clients(self) -> dict[str, NodeClient]:
-        out: dict[str, NodeClient] = {}
-        for node, address in self.addresses.items():
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address)
-            out[node] = GrpcNodeClient(channel, self._token, self._timeout)
-        return out
+        return {node: PinnedClient(self, node, address, self._fingerprint(node))
+                for node, address in self.addresses.items()}
+
+    def client(self, node: str, address: str, fingerprint: str) -> GrpcNodeClient:
+        """The client over the channel for this node, address and fingerprint, connecting first if needed."""
+        key = (node, address, fingerprint)
+        with self._lock:
+            channel = self._channels.get(key)
+        if channel is None:
+            channel = pinned_channel(address, fingerprint, node, self._timeout)
+            with self._lock:
+                for old in [k for k in self._channels if k[0] == node and k != key]:  # a restarted agent's
+                    self._channels.pop(old).close()
+                channel = self._channels.setdefault(key, channel)
+        return GrpcNodeClient(channel, self._token, self._timeout)
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -126,7 +166,7 @@ class Arbiter:
         self.classes = Informer(rest, DEVICE_CLASSES, wake)
         self._informers = [self.pods, self.claims, self.pod_groups, self.queues, self.nodes, self.slices,
                            self.classes]
-        self.directory = NodeDirectory(token)
+        self.directory = NodeDirectory(token, fingerprint=self._fingerprint)
         self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
                                     clock=clock)
         self._expected: list[Write] = []
@@ -165,6 +205,11 @@ class Arbiter:
                 self.cycle()
             except Exception:  # one bad cycle must not stop the arbiter: the next one starts from the API
                 log.exception("arbiter cycle failed")
+
+    def _fingerprint(self, node: str) -> str:
+        """The certificate fingerprint the node's agent published on its Node ("" when none)."""
+        obj = self.nodes.get("", node) or {}
+        return str((meta(obj).get("annotations") or {}).get(FINGERPRINT_ANNOTATION) or "")
 
     # -- one cycle ------------------------------------------------------------------------------------------
 

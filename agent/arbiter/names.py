@@ -4,6 +4,9 @@ GATE = "scheduling.gpu-dra-agent.io/arbiter"  # the scheduling gate that hands a
 QUEUE_LABEL = "scheduling.gpu-dra-agent.io/queue"  # on a pod or its PodGroup: the leaf Queue it waits in
 # on a Node: where its agent serves the reservation API (host:port), written by the agent itself
 ADDRESS_ANNOTATION = "scheduling.gpu-dra-agent.io/reservation-address"
+# beside it: the SHA-256 (hex, of the DER bytes) of the TLS certificate the agent made at start; the arbiter
+# connects only to a server showing exactly that certificate
+FINGERPRINT_ANNOTATION = "scheduling.gpu-dra-agent.io/reservation-certificate-sha256"
 # on a pod the arbiter admitted: when (RFC 3339); min-runtime protections count from it
 ADMITTED_ANNOTATION = "scheduling.gpu-dra-agent.io/admitted-at"
 # the finalizer kube-scheduler (and KAI's binder) put on a claim they allocate; kube-controller-manager removes

@@ -5,20 +5,25 @@ this node's pool, from a claim informer), prepared (in the claim checkpoint: a t
 busy until unprepared), reserved (the book), or unhealthy.
 
 Where the arbiter finds it: the agent writes its address into its Node's annotation
-`scheduling.gpu-dra-agent.io/reservation-address`. The arbiter already watches Nodes (capacity, readiness),
-so the address arrives with the object it needs anyway and goes with the Node when it is deleted; a
-ResourceSlice would be the wrong home (its content is the driver's device model, validated per device, and
-every extra field there is re-published with each pool generation).
+`scheduling.gpu-dra-agent.io/reservation-address`, and beside it, in
+`scheduling.gpu-dra-agent.io/reservation-certificate-sha256`, the fingerprint of the TLS certificate it made at
+start (a new key each start, kept in memory only): the Node is written through the authenticated API server,
+so the arbiter can trust the pair, and connects only to the server that shows that certificate. The arbiter
+already watches Nodes (capacity, readiness), so the address arrives with the object it needs anyway and
+goes with the Node when it is deleted; a ResourceSlice would be the wrong home (its content is the driver's
+device model, validated per device, and every extra field there is re-published with each pool generation).
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import logging
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent import futures
 from pathlib import Path
 
@@ -28,8 +33,9 @@ from agent.allocation.allocator import Allocator
 from agent.allocation.catalog import NodeUsage
 from agent.allocation.selectors import CelSelectors
 from agent.arbiter import reservation_grpc
-from agent.arbiter.names import ADDRESS_ANNOTATION
+from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from agent.arbiter.reservation import NodeAllocatorService, ReservationBook
+from agent.arbiter.selector_worker import WorkerSelectors
 from agent.arbiter.world import Json, allocated_devices
 from agent.devices.model import Inventory
 from agent.kube.errors import ApiError
@@ -40,6 +46,38 @@ log = logging.getLogger(__name__)
 
 HOLD_CONFIRMED_S = 60.0  # see ReservationBook: the claim is in the API before the arbiter confirms
 POOL_INDEX = "pool"
+CERTIFICATE_DAYS = 366  # the agent makes a new one at every start; a year outlives any one run
+
+
+def self_signed(node_name: str, host: str) -> tuple[bytes, bytes]:
+    """A new P-256 key and a self-signed certificate for this node's reservation server (PEM key, PEM
+    certificate). Its names: the node name (the arbiter checks that one) and the advertised host."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_name)])
+    alt: list[x509.GeneralName] = [x509.DNSName(node_name)]
+    try:
+        alt.append(x509.IPAddress(ipaddress.ip_address(host)))
+    except ValueError:
+        if host != node_name:
+            alt.append(x509.DNSName(host))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
 
 
 def claim_pools(driver: str) -> Callable[[Json], Iterable[str]]:
@@ -80,10 +118,12 @@ class NodeReservations:
     """Serves Reserve/Confirm/Release/Capacity for one node and advertises where."""
 
     def __init__(self, *, node_name: str, driver: str, inventory: Callable[[], Inventory],
-                 prepared: Callable[[], Iterable[str]], unhealthy: Callable[[], Iterable[str]], token: str,
-                 rest: Rest, clock: Callable[[], float] = time.time, claims: Informer | None = None) -> None:
-        """`claims`: an informer shared by several nodes in one process (fakes), indexed with `claim_pools`
-        and calling `claim_seen` of the nodes its claims name; by default the node watches claims itself."""
+                 prepared: Callable[[], Iterable[tuple[str, str]]], unhealthy: Callable[[], Iterable[str]],
+                 token: str, rest: Rest, clock: Callable[[], float] = time.time,
+                 claims: Informer | None = None) -> None:
+        """`prepared`: (device, "namespace/name" of its claim) of every device prepared here. `claims`: an
+        informer shared by several nodes in one process (fakes), indexed with `claim_pools` and calling
+        `claim_seen` of the nodes its claims name; by default the node watches claims itself."""
         self.node_name = node_name
         self._driver = driver
         self._prepared = prepared
@@ -92,11 +132,14 @@ class NodeReservations:
         self._own_claims = claims is None
         self._claims = claims or Informer(rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: claim_pools(driver)},
                                           on_event=lambda _type, claim: self.claim_seen(claim))
+        self._selectors = WorkerSelectors()
         self.book = ReservationBook(inventory, self.usage, Allocator(CelSelectors()), clock,
-                                    lambda: uuid.uuid4().hex, hold_confirmed_s=HOLD_CONFIRMED_S)
+                                    lambda: uuid.uuid4().hex, hold_confirmed_s=HOLD_CONFIRMED_S,
+                                    holders=self.holders, evaluator=self._selectors)
         self.service = NodeAllocatorService(self.book, token)
         self._server: grpc.Server | None = None
         self.port = 0
+        self.certificate = b""  # PEM, made at start
 
     def claim_seen(self, claim: Json) -> None:
         """A claim changed: if it now holds devices of this node, a confirmed reservation for them ends."""
@@ -108,8 +151,20 @@ class NodeReservations:
             device for claim in self._claims.by_index(POOL_INDEX, self.node_name)
             for pool, device in allocated_devices(claim, self._driver) if pool == self.node_name
         )
-        return NodeUsage(allocated=allocated, prepared=frozenset(self._prepared()),
+        return NodeUsage(allocated=allocated, prepared=frozenset(d for d, _ in self._prepared()),
                          unhealthy=frozenset(self._unhealthy()))
+
+    def holders(self) -> Mapping[str, Collection[str]]:
+        """device -> the claims ("namespace/name") allocated it on this node or prepared with it here."""
+        out: dict[str, set[str]] = {}
+        for claim in self._claims.by_index(POOL_INDEX, self.node_name):
+            m = claim.get("metadata") or {}
+            for pool, device in allocated_devices(claim, self._driver):
+                if pool == self.node_name:
+                    out.setdefault(device, set()).add(f"{m.get('namespace')}/{m.get('name')}")
+        for device, claim_key in self._prepared():
+            out.setdefault(device, set()).add(claim_key)
+        return out
 
     def start(self, address: str, node_ip: str | None = None, sync_timeout: float = 30.0) -> str:
         """Start the claim informer and the server; write the address to the Node. Returns the address."""
@@ -118,16 +173,22 @@ class NodeReservations:
         if not self._claims.wait_synced(sync_timeout):
             raise ApiError(0, f"could not list ResourceClaims within {sync_timeout:.0f}s")
         host, port = split_address(address)
-        server = grpc.server(futures.ThreadPoolExecutor(8, thread_name_prefix="reservations"))
+        advertised_host = advertised(host, port, node_ip).rpartition(":")[0]
+        key, self.certificate = self_signed(self.node_name, advertised_host)
+        self._selectors.warm()
+        server = grpc.server(futures.ThreadPoolExecutor(8, thread_name_prefix="reservations"),
+                             interceptors=[reservation_grpc.TokenInterceptor(self.service)])
         reservation_grpc.add_to_server(self.service, server)
-        self.port = server.add_insecure_port(f"{host}:{port}")
+        self.port = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, self.certificate)]))
         if not self.port:
             raise OSError(f"cannot listen on {address} for the reservation API")
         server.start()
         self._server = server
         where = advertised(host, self.port, node_ip)
-        self._rest.patch(NODES, None, self.node_name, {"metadata": {"annotations": {ADDRESS_ANNOTATION: where}}})
-        log.info("reservation API serving", extra={"address": where})
+        sha256 = reservation_grpc.fingerprint(self.certificate.decode())
+        self._rest.patch(NODES, None, self.node_name, {"metadata": {"annotations": {
+            ADDRESS_ANNOTATION: where, FINGERPRINT_ANNOTATION: sha256}}})
+        log.info("reservation API serving over TLS", extra={"address": where, "certificate_sha256": sha256})
         return where
 
     def stop(self) -> None:
@@ -136,3 +197,4 @@ class NodeReservations:
         if self._server is not None:
             done: threading.Event = self._server.stop(1.0)
             done.wait(2.0)
+        self._selectors.close()

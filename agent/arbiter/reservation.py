@@ -2,7 +2,9 @@
 
 Agent: a ReservationBook holds devices for gang members for a TTL over the pure allocator; reserved devices
 count as taken for every later fit; expired reservations free themselves; a confirmed one is held until
-released. NodeAllocatorService puts bearer-token authentication in front of it (no anonymous call).
+released. It is also the one place that says who else holds a device (`_others`): Confirm re-checks that a
+reservation still holds all its devices, and prepare asks it before taking a device (`reserved_for_other`).
+NodeAllocatorService puts bearer-token authentication in front of it (no anonymous call).
 Arbiter: GangCoordinator reserves every member of a gang on its node, commits only when all are reserved,
 and otherwise releases everything it got: never a partial gang. InProcessClient is the direct-call
 transport the simulator uses; reservation_grpc.py carries the same calls over gRPC.
@@ -14,16 +16,19 @@ import dataclasses
 import hmac
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.allocation.allocator import Allocator, Claim, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary, summarize
-from agent.allocation.catalog import NodeUsage
+from agent.allocation.catalog import NodeUsage, candidates
+from agent.allocation.selectors import SelectorEngine
 from agent.devices.model import Inventory
 
 Clock = Callable[[], float]
+# device -> the claims ("namespace/name") that hold it on this node: allocated in the API or prepared here
+Holders = Callable[[], Mapping[str, Collection[str]]]
 
 # A reservation bridges one commit, seconds long; a longer one (or NaN or infinity, which never expire) would
 # pin the devices long after the arbiter that asked for them is gone.
@@ -42,6 +47,38 @@ class UnknownReservation(KeyError):
     """No live reservation has this id (never made, released, or expired)."""
 
 
+class ReservationLost(UnknownReservation):
+    """The reservation no longer holds all its devices (another claim took one): it is gone."""
+
+
+class SelectorEvaluator(Protocol):
+    """Evaluates a claim's CEL selectors on the node's devices before the fit, outside the book's lock and
+    within a budget; the answer is a SelectorEngine the allocator reads without running CEL again.
+    Raises SelectorError (INVALID_ARGUMENT) or TimeoutError (the caller's deadline passed)."""
+
+    def evaluate(self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
+                 timeout_s: float | None) -> SelectorEngine: ...
+
+
+def claim_of(member: str) -> str | None:
+    """The claim ("namespace/name") a reservation is for: the arbiter names its members
+    `<namespace>/<pod>/<claim>` (proto/arbiter.proto); None for any other name."""
+    parts = member.split("/")
+    return f"{parts[0]}/{parts[2]}" if len(parts) == 3 and all(parts) else None
+
+
+def check_claim(claim: Claim) -> None:
+    """What the allocator cannot catch: a reply names devices per request, so two requests of one name
+    would hold devices the reply cannot name (tried: three requests `x` held GPUs and named one)."""
+    seen: set[str] = set()
+    for r in claim.requests:
+        if not r.name:
+            raise ValueError("every request needs a name")
+        if r.name in seen:
+            raise ValueError(f"request name {r.name!r} is used twice: request names must be unique")
+        seen.add(r.name)
+
+
 @dataclass(frozen=True)
 class Reservation:
     id: str
@@ -50,6 +87,10 @@ class Reservation:
     fit: Fit
     expires_at: float
     confirmed: bool = False
+
+    @property
+    def claim(self) -> str | None:
+        return claim_of(self.member)
 
 
 class ReservationBook:
@@ -61,8 +102,13 @@ class ReservationBook:
 
     def __init__(self, inventory: Callable[[], Inventory], usage: Callable[[], NodeUsage],
                  allocator: Allocator, clock: Clock, new_id: Callable[[], str], *,
-                 hold_confirmed_s: float | None = None) -> None:
+                 hold_confirmed_s: float | None = None, holders: Holders | None = None,
+                 evaluator: SelectorEvaluator | None = None) -> None:
+        """`holders`: the claims holding each device, for Confirm's re-check (None: no claims to check).
+        `evaluator`: runs selectors before the fit, outside the lock (None: the allocator runs them itself)."""
         self._hold_confirmed = hold_confirmed_s
+        self._holders = holders or (lambda: {})
+        self._evaluator = evaluator
         self._inventory = inventory
         self._usage = usage
         self._allocator = allocator
@@ -70,11 +116,40 @@ class ReservationBook:
         self._new_id = new_id
         self._lock = threading.Lock()
         self._live: dict[str, Reservation] = {}
+        # device -> live reservations holding it; replaced whole under the lock, read without it (prepare asks
+        # while it holds the node lock, which reserve takes inside this lock to read the prepared devices)
+        self._by_device: Mapping[str, tuple[Reservation, ...]] = {}
+
+    def _changed(self) -> None:
+        by_device: dict[str, tuple[Reservation, ...]] = {}
+        for r in self._live.values():
+            for d in r.fit.all_devices:
+                by_device[d] = (*by_device.get(d, ()), r)
+        self._by_device = by_device
 
     def _expire(self) -> None:
         now = self._clock()
-        for rid in [r.id for r in self._live.values() if r.expires_at <= now]:
+        gone = [r.id for r in self._live.values() if r.expires_at <= now]
+        for rid in gone:
             del self._live[rid]
+        if gone:
+            self._changed()
+
+    def _others(self, device: str, claim: str | None, reservation: str | None,
+                reservations: Mapping[str, tuple[Reservation, ...]],
+                holders: Mapping[str, Collection[str]]) -> list[str]:
+        """Who holds `device` besides the claim `claim` and the reservation `reservation`: live reservations
+        for other claims and claims allocated or prepared here. The one check of one holder per device."""
+        now = self._clock()
+        others = [f"reservation {r.id} (gang {r.gang_id}, member {r.member})" for r in reservations.get(device, ())
+                  if r.id != reservation and r.expires_at > now and (claim is None or r.claim != claim)]
+        others += [f"ResourceClaim {c}" for c in sorted(holders.get(device, ())) if c != claim]
+        return others
+
+    def reserved_for_other(self, device: str, claim: str) -> str:
+        """Why `claim` may not take `device` now ("" when it may): a live reservation for another claim holds
+        it. Lock-free (see _by_device): prepare calls it under the node lock."""
+        return ", ".join(self._others(device, claim, None, self._by_device, {}))
 
     def settle(self) -> int:
         """Drop confirmed reservations whose devices the node now counts as allocated or prepared: the claim
@@ -92,6 +167,8 @@ class ReservationBook:
                 if r.confirmed and not r.fit.shared_milli and set(r.fit.all_devices) <= held]
         for rid in done:
             del self._live[rid]
+        if done:
+            self._changed()
         return len(done)
 
     def _usage_with_reservations(self) -> NodeUsage:
@@ -104,26 +181,48 @@ class ReservationBook:
             reserved.update(d for d in r.fit.all_devices if d not in r.fit.shared_milli)
         return dataclasses.replace(base, reserved=frozenset(reserved), shared_milli=shared)
 
-    def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
-        """Hold devices for one gang member; raises NoFit when the node cannot take it."""
+    def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float,
+                timeout_s: float | None = None) -> Reservation:
+        """Hold devices for one gang member; raises NoFit when the node cannot take it, ValueError for a bad
+        request (a selector included) and TimeoutError when its selectors outlast `timeout_s`."""
         if not 0 < ttl_seconds <= MAX_TTL_SECONDS:  # also NaN, which compares false both ways
             raise ValueError(f"ttl_seconds must be more than 0 and at most {MAX_TTL_SECONDS:g}, got {ttl_seconds}")
+        check_claim(claim)
+        allocator = self._allocator
+        expressions = sorted({s for r in claim.requests for s in r.selectors})
+        if expressions and self._evaluator is not None:
+            # every device the node could offer (nothing taken is a superset of any moment's offer), outside the
+            # lock: a costly selector then delays only its own call, never Capacity or another Reserve
+            devices = [c.env for c in candidates(self._inventory(), NodeUsage())]
+            table = self._evaluator.evaluate(expressions, devices, timeout_s)
+            allocator = Allocator(table, allocator.policy, allocator.mix)
         with self._lock:
             self._expire()
-            fit = self._allocator.allocate(self._inventory(), self._usage_with_reservations(), claim)
+            fit = allocator.allocate(self._inventory(), self._usage_with_reservations(), claim)
             r = Reservation(self._new_id(), gang_id, member, fit, self._clock() + ttl_seconds)
             self._live[r.id] = r
+            self._changed()
             return r
 
     def confirm(self, reservation_id: str) -> Reservation:
-        """Keep the devices past the TTL (the allocation is being committed); fails once expired."""
+        """Keep the devices past the TTL (the allocation is being committed). Fails once expired, and when
+        another claim now holds one of its devices (ReservationLost: the reservation ends)."""
         with self._lock:
             self._expire()
             r = self._live.get(reservation_id)
             if r is None:
                 raise UnknownReservation(reservation_id)
+            holders = self._holders()
+            lost = {d: others for d in sorted(r.fit.all_devices)
+                    if (others := self._others(d, r.claim, r.id, self._by_device, holders))}
+            if lost:
+                del self._live[reservation_id]
+                self._changed()
+                raise ReservationLost(f"reservation {reservation_id} no longer holds " + "; ".join(
+                    f"{d} (held by {', '.join(o)})" for d, o in lost.items()))
             held_until = self._clock() + self._hold_confirmed if self._hold_confirmed is not None else math.inf
             r = self._live[reservation_id] = dataclasses.replace(r, confirmed=True, expires_at=held_until)
+            self._changed()
             self._settle()  # the claim may be seen already
             return r
 
@@ -135,6 +234,7 @@ class ReservationBook:
             gone = [r.id for r in self._live.values() if reservation_id in ("", r.id) and gang_id in ("", r.gang_id)]
             for rid in gone:
                 del self._live[rid]
+            self._changed()
             return len(gone)
 
     def live(self) -> list[Reservation]:
@@ -164,25 +264,27 @@ class NodeAllocatorService:
         self.book = book
         self._token = token
 
-    def _check(self, bearer: str | None) -> None:
+    def authenticate(self, bearer: str | None) -> None:
+        """Raises Unauthenticated unless `bearer` is the token: every transport calls it before it reads
+        anything else of the request."""
         if not token_matches(bearer, self._token):
             raise Unauthenticated("missing or wrong bearer token")
 
-    def reserve(self, bearer: str | None, gang_id: str, member: str, claim: Claim,
-                ttl_seconds: float) -> Reservation:
-        self._check(bearer)
-        return self.book.reserve(gang_id, member, claim, ttl_seconds)
+    def reserve(self, bearer: str | None, gang_id: str, member: str, claim: Claim,  # noqa: PLR0917
+                ttl_seconds: float, timeout_s: float | None = None) -> Reservation:
+        self.authenticate(bearer)
+        return self.book.reserve(gang_id, member, claim, ttl_seconds, timeout_s)
 
     def confirm(self, bearer: str | None, reservation_id: str) -> Reservation:
-        self._check(bearer)
+        self.authenticate(bearer)
         return self.book.confirm(reservation_id)
 
     def release(self, bearer: str | None, reservation_id: str = "", gang_id: str = "") -> int:
-        self._check(bearer)
+        self.authenticate(bearer)
         return self.book.release(reservation_id, gang_id)
 
     def capacity(self, bearer: str | None) -> CapacitySummary:
-        self._check(bearer)
+        self.authenticate(bearer)
         return self.book.capacity()
 
 

@@ -1,13 +1,20 @@
 """The reservation protocol over gRPC (proto/arbiter.proto): a servicer for the agent, a client for the arbiter.
 
-The bearer token travels as metadata `authorization: Bearer <token>`; the servicer maps errors to codes:
-UNAUTHENTICATED, RESOURCE_EXHAUSTED (does not fit), NOT_FOUND (unknown or expired), INVALID_ARGUMENT.
+The bearer token travels as metadata `authorization: Bearer <token>`, over TLS: the arbiter trusts exactly
+the certificate whose SHA-256 fingerprint the node published on its Node (`pinned_channel`), so the token
+never reaches a server without that certificate's key. The token is checked before the request is even
+parsed (`TokenInterceptor`). The servicer maps errors to codes: UNAUTHENTICATED, RESOURCE_EXHAUSTED (does not
+fit), NOT_FOUND (unknown or expired), FAILED_PRECONDITION (Confirm: another claim took a device),
+INVALID_ARGUMENT (a bad request or selector), DEADLINE_EXCEEDED (selectors outlasted the caller's deadline).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ssl
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -19,6 +26,7 @@ from agent.arbiter.reservation import (
     NodeAllocatorService,
     NodeUnavailable,
     Reservation,
+    ReservationLost,
     Unauthenticated,
     UnknownReservation,
 )
@@ -63,11 +71,31 @@ def reservation_from_pb(resp: pb.ReserveResponse, gang_id: str, member: str) -> 
     return Reservation(resp.reservation_id, gang_id, member, Fit(devices, shared, resp.score), resp.expires_at)
 
 
-def _bearer(context: grpc.ServicerContext) -> str | None:
-    for key, value in context.invocation_metadata():
+def _bearer(metadata: Any) -> str | None:
+    for key, value in metadata or ():
         if key == "authorization" and isinstance(value, str) and value.lower().startswith(BEARER):
             return value[len(BEARER):]
     return None
+
+
+class TokenInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """UNAUTHENTICATED for a call without the token, before its request is deserialized or validated: an
+    unauthenticated caller learns nothing about what a valid request looks like."""
+
+    def __init__(self, service: NodeAllocatorService) -> None:
+        self._service = service
+
+        def deny(_request: bytes, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)  # no deserializer: the bytes stay unread
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        try:
+            self._service.authenticate(_bearer(handler_call_details.invocation_metadata))
+        except Unauthenticated:
+            return self._deny
+        return continuation(handler_call_details)
 
 
 class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
@@ -76,21 +104,28 @@ class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
 
     def _call(self, context: grpc.ServicerContext, fn: Callable[[str | None], T]) -> T:
         try:
-            return fn(_bearer(context))
+            bearer = _bearer(context.invocation_metadata())
+            self.service.authenticate(bearer)  # first, also without the interceptor
+            return fn(bearer)
         except Unauthenticated as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
         except NoFit as e:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except ReservationLost as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, e.args[0] if e.args else str(e))
         except UnknownReservation as e:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no live reservation {e}")
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except TimeoutError as e:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
         raise AssertionError("context.abort raises")
 
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveResponse:
         def go(bearer: str | None) -> pb.ReserveResponse:
             claim = claim_from_pb(request)
-            r = self.service.reserve(bearer, request.gang_id, request.member, claim, request.ttl_seconds)
+            r = self.service.reserve(bearer, request.gang_id, request.member, claim, request.ttl_seconds,
+                                     context.time_remaining())
             return reservation_to_pb(r)
         return self._call(context, go)
 
@@ -109,12 +144,50 @@ class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
 
 
 def add_to_server(service: NodeAllocatorService, server: grpc.Server) -> None:
+    """The servicer on `server`; build the server with `interceptors=[TokenInterceptor(service)]`."""
     pb_grpc.add_NodeAllocatorServicer_to_server(NodeAllocatorServicer(service), server)
+
+
+# --- the arbiter's side of TLS ------------------------------------------------------------------------------
+
+
+class CertificateMismatch(NodeUnavailable):
+    """The server's certificate is not the one its Node published: nothing is sent to it."""
+
+
+def fingerprint(certificate_pem: str) -> str:
+    """SHA-256 of the certificate's DER bytes, lowercase hex (as the Node annotation carries it)."""
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(certificate_pem)).hexdigest()
+
+
+def pinned_channel(address: str, expected: str, server_name: str, timeout_s: float = 5.0) -> grpc.Channel:
+    """A TLS channel to `address` that trusts only the certificate whose fingerprint is `expected`.
+
+    gRPC has no fingerprint check of its own, so the server's certificate is read first (a handshake that
+    sends nothing), compared with `expected`, and then made the channel's only root: the channel's own
+    handshake proves the server holds that certificate's key, and a server showing any other is refused by
+    gRPC before a call (and its token) goes out. `server_name` must be in the certificate (the agent puts its
+    node name there). Raises CertificateMismatch or NodeUnavailable."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not expected:
+        raise CertificateMismatch(f"{server_name} publishes no certificate fingerprint: not connecting to {address}")
+    try:
+        pem = ssl.get_server_certificate((host, int(port)), timeout=timeout_s)
+    except (OSError, ValueError) as e:
+        raise NodeUnavailable(f"cannot read the certificate of {server_name} at {address}: {e}") from e
+    got = fingerprint(pem)
+    if not hmac.compare_digest(got, expected.lower()):
+        raise CertificateMismatch(f"{address} shows a certificate with SHA-256 {got}, not the {expected} that "
+                                  f"{server_name} published: not connecting")
+    credentials = grpc.ssl_channel_credentials(root_certificates=pem.encode())
+    return grpc.secure_channel(address, credentials, options=(("grpc.ssl_target_name_override", server_name),))
 
 
 class GrpcNodeClient:
     """NodeClient over a gRPC channel: RESOURCE_EXHAUSTED -> NoFit, NOT_FOUND -> UnknownReservation,
-    UNAUTHENTICATED -> Unauthenticated; any other failure (unreachable, deadline) -> NodeUnavailable."""
+    FAILED_PRECONDITION -> ReservationLost, UNAUTHENTICATED -> Unauthenticated; any other failure
+    (unreachable, deadline, a TLS handshake refused) -> NodeUnavailable."""
 
     def __init__(self, channel: grpc.Channel, token: str, timeout_s: float = 5.0) -> None:
         self._stub = pb_grpc.NodeAllocatorStub(channel)
@@ -131,6 +204,8 @@ class GrpcNodeClient:
                 raise NoFit(detail) from e
             if code == grpc.StatusCode.NOT_FOUND:
                 raise UnknownReservation(detail) from e
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise ReservationLost(detail) from e
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 raise Unauthenticated(detail) from e
             raise NodeUnavailable(f"{code.name if code else 'RPC failed'}: {detail}") from e

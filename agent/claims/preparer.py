@@ -44,10 +44,13 @@ class ClaimPreparer:
         on_inventory_changed: Callable[[], None] = lambda: None,
         lock_timeout: float = 10.0,
         sharing: ClaimSharing | None = None,
+        reserved: Callable[[str, str], str] = lambda device_name, claim: "",
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
-        TimeSlicing and MPS configs on the node (None: they are checked, not applied)."""
+        TimeSlicing and MPS configs on the node (None: they are checked, not applied). `reserved(device,
+        "namespace/name")` names the arbiter's reservation for another claim holding the device, "" for none
+        (agent.arbiter.reservation.ReservationBook.reserved_for_other): prepare refuses such a device."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
@@ -63,6 +66,7 @@ class ClaimPreparer:
             migs=migs,
             on_inventory_changed=on_inventory_changed,
             sharing=sharing,
+            reserved=reserved,
         )
 
     def recover(self) -> Recovery:

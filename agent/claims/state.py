@@ -112,6 +112,7 @@ class ClaimStates:
         migs: MigDevices | None = None,
         on_inventory_changed: Callable[[], None] = lambda: None,
         sharing: ClaimSharing | None = None,
+        reserved: Callable[[str, str], str] = lambda device_name, claim: "",
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -124,6 +125,7 @@ class ClaimStates:
         self.migs = migs  # None: MIG devices are never created or destroyed here
         self.on_inventory_changed = on_inventory_changed  # called (under the node lock) after a create/destroy
         self.sharing = sharing  # None: TimeSlicing/MPS configs are checked but not applied on the node
+        self.reserved = reserved  # which reservation for another claim holds a device ("" for none)
         self._boot_id: str | None = None
         self._migs_changed = False
 
@@ -328,6 +330,9 @@ class ClaimStates:
                 mig_mode_switched=found.switches_mig_mode,
             )
             self._check_free(cp, ref.uid, device)
+            if not device.admin_access and (holder := self.reserved(name, f"{ref.namespace}/{ref.name}")):
+                # the queue arbiter holds it for a gang it is committing: one holder per device
+                raise ClaimError(f"device {name} is reserved for another claim: {holder}")
             planned.append(_Planned(device, found.cdi, config))
         return planned
 

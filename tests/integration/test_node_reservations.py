@@ -1,5 +1,6 @@
-"""The node agent's reservation API against the API server fake: advertised on the Node, authenticated, and
-counting devices allocated in ResourceClaims, prepared on the node, and reserved."""
+"""The node agent's reservation API against the API server fake: advertised on the Node with its certificate's
+fingerprint, served over TLS, authenticated, counting devices allocated in ResourceClaims, prepared on the
+node, and reserved, and re-checking them at Confirm."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import grpc
 import pytest
 
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
-from agent.arbiter.names import ADDRESS_ANNOTATION
+from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from agent.arbiter.node_service import NodeReservations, TokenFileError, read_token, split_address
-from agent.arbiter.reservation import NodeUnavailable, Unauthenticated
-from agent.arbiter.reservation_grpc import GrpcNodeClient
+from agent.arbiter.reservation import NodeUnavailable, ReservationLost, Unauthenticated
+from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
 from tests.unit.test_allocation_allocator import gpu, inventory
 from tests.unit.test_reservation_book import TOKEN
@@ -34,8 +35,8 @@ def rest() -> Iterator[Rest]:
 
 
 @pytest.fixture
-def node(rest: Rest) -> Iterator[tuple[NodeReservations, list[str]]]:
-    prepared: list[str] = []
+def node(rest: Rest) -> Iterator[tuple[NodeReservations, list[tuple[str, str]]]]:
+    prepared: list[tuple[str, str]] = []  # (device, its claim)
     inv = inventory(*(gpu(i, "A") for i in range(4)))
     service = NodeReservations(node_name=NODE, driver=DRIVER, inventory=lambda: inv, prepared=lambda: prepared,
                                unhealthy=lambda: (), token=TOKEN, rest=rest)
@@ -62,6 +63,12 @@ def gpus(n: int) -> Claim:
     return Claim((DeviceRequest("gpus", count=n),))
 
 
+def channel(rest: Rest, service: NodeReservations) -> grpc.Channel:
+    """As the arbiter connects: to the address the Node names, trusting the certificate it publishes."""
+    annotations = rest.get(NODES, None, NODE)["metadata"]["annotations"]
+    return pinned_channel(annotations[ADDRESS_ANNOTATION], annotations[FINGERPRINT_ANNOTATION], NODE)
+
+
 def eventually(check: Any, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -70,32 +77,31 @@ def eventually(check: Any, timeout: float = 5.0) -> None:
 
 
 def test_the_address_is_advertised_on_the_node_and_serves_reservations(
-        rest: Rest, node: tuple[NodeReservations, list[str]]) -> None:
+        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
     service, _ = node
     address = rest.get(NODES, None, NODE)["metadata"]["annotations"][ADDRESS_ANNOTATION]
     assert address == f"127.0.0.1:{service.port}"
-    with grpc.insecure_channel(address) as channel:
-        r = GrpcNodeClient(channel, TOKEN).reserve("g", "m", gpus(4), 30)
+    with channel(rest, service) as ch:
+        r = GrpcNodeClient(ch, TOKEN).reserve("g", "m", gpus(4), 30)
         assert len(r.fit.devices["gpus"]) == 4
 
 
-def test_no_reservation_without_the_token(node: tuple[NodeReservations, list[str]]) -> None:
+def test_no_reservation_without_the_token(rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
     service, _ = node
-    with grpc.insecure_channel(f"127.0.0.1:{service.port}") as channel, \
-            pytest.raises(Unauthenticated):  # tried: a wrong token
-        GrpcNodeClient(channel, "not-the-token").reserve("g", "m", gpus(1), 30)
+    with channel(rest, service) as ch, pytest.raises(Unauthenticated):  # tried: a wrong token
+        GrpcNodeClient(ch, "not-the-token").reserve("g", "m", gpus(1), 30)
     assert service.book.live() == []
 
 
 def test_allocated_prepared_and_reserved_devices_are_all_taken(
-        rest: Rest, node: tuple[NodeReservations, list[str]]) -> None:
+        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
     service, prepared = node
     allocated_claim(rest, "held", ["gpu-0"])
     allocated_claim(rest, "elsewhere", ["gpu-1"], node="other-node")  # another node's pool: not ours
     eventually(lambda: "gpu-0" in service.usage().allocated)
-    prepared.append("gpu-3")  # prepared for a terminating pod whose claim is already deallocated
-    with grpc.insecure_channel(f"127.0.0.1:{service.port}") as channel:
-        client = GrpcNodeClient(channel, TOKEN)
+    prepared.append(("gpu-3", "default/gone"))  # prepared for a terminating pod whose claim is deallocated
+    with channel(rest, service) as ch:
+        client = GrpcNodeClient(ch, TOKEN)
         with pytest.raises(NoFit):  # tried: three GPUs where gpu-0 is allocated and gpu-3 prepared
             client.reserve("g", "m", gpus(3), 30)
         r = client.reserve("g", "m", gpus(2), 30)
@@ -107,7 +113,7 @@ def test_allocated_prepared_and_reserved_devices_are_all_taken(
 
 
 def test_a_confirmed_reservation_holds_until_its_claim_is_seen_then_the_claim_counts(
-        rest: Rest, node: tuple[NodeReservations, list[str]]) -> None:
+        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
     service, _ = node
     now = [1000.0]
     service.book._clock = lambda: now[0]  # type: ignore[method-assign]
