@@ -135,14 +135,17 @@ class ReservationBook:
         if gone:
             self._changed()
 
-    def _others(self, device: str, claim: str | None, reservation: str | None,
+    def _others(self, device: str, claim: str | None, reservation: Reservation | None,
                 reservations: Mapping[str, tuple[Reservation, ...]],
                 holders: Mapping[str, Collection[str]]) -> list[str]:
-        """Who holds `device` besides the claim `claim` and the reservation `reservation`: live reservations
-        for other claims and claims allocated or prepared here. The one check of one holder per device."""
+        """Who holds `device` besides the claim `claim` and `reservation`: live reservations for other claims
+        (other shares of a GPU `reservation` shares are not: the allocator made them fit) and claims allocated
+        or prepared here. The one check of one holder per device."""
         now = self._clock()
+        shares = reservation is not None and device in reservation.fit.shared_milli
         others = [f"reservation {r.id} (gang {r.gang_id}, member {r.member})" for r in reservations.get(device, ())
-                  if r.id != reservation and r.expires_at > now and (claim is None or r.claim != claim)]
+                  if (reservation is None or r.id != reservation.id) and r.expires_at > now
+                  and (claim is None or r.claim != claim) and not (shares and device in r.fit.shared_milli)]
         others += [f"ResourceClaim {c}" for c in sorted(holders.get(device, ())) if c != claim]
         return others
 
@@ -214,7 +217,7 @@ class ReservationBook:
                 raise UnknownReservation(reservation_id)
             holders = self._holders()
             lost = {d: others for d in sorted(r.fit.all_devices)
-                    if (others := self._others(d, r.claim, r.id, self._by_device, holders))}
+                    if (others := self._others(d, r.claim, r, self._by_device, holders))}
             if lost:
                 del self._live[reservation_id]
                 self._changed()

@@ -180,7 +180,12 @@ def pinned_channel(address: str, expected: str, server_name: str, timeout_s: flo
     if not hmac.compare_digest(got, expected.lower()):
         raise CertificateMismatch(f"{address} shows a certificate with SHA-256 {got}, not the {expected} that "
                                   f"{server_name} published: not connecting")
-    credentials = grpc.ssl_channel_credentials(root_certificates=pem.encode())
+    return trusting_channel(address, pem, server_name)
+
+
+def trusting_channel(address: str, certificate_pem: str, server_name: str) -> grpc.Channel:
+    """A TLS channel whose only trusted certificate is `certificate_pem`, checked for `server_name`."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=certificate_pem.encode())
     return grpc.secure_channel(address, credentials, options=(("grpc.ssl_target_name_override", server_name),))
 
 

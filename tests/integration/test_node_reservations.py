@@ -4,18 +4,28 @@ node, and reserved, and re-checking them at Confirm."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
 import grpc
 import pytest
 
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
+from agent.arbiter.controller import NodeDirectory
 from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from agent.arbiter.node_service import NodeReservations, TokenFileError, read_token, split_address
 from agent.arbiter.reservation import NodeUnavailable, ReservationLost, Unauthenticated
-from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
+from agent.arbiter.reservation_grpc import (
+    CertificateMismatch,
+    GrpcNodeClient,
+    claim_to_pb,
+    fingerprint,
+    pinned_channel,
+    trusting_channel,
+)
 from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
 from tests.unit.test_allocation_allocator import gpu, inventory
 from tests.unit.test_reservation_book import TOKEN
@@ -157,3 +167,164 @@ def _write(path: Any, text: str) -> Any:
 def test_a_malformed_address_is_refused(address: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         split_address(address)
+
+
+# --- issue 17 item 9: TLS, pinned by the fingerprint the Node publishes ---------------------------------
+
+
+class Recorder(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """What a man in the middle receives: the metadata of every call that reaches it."""
+
+    def __init__(self) -> None:
+        self.metadata: list[Any] = []
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        self.metadata.append(details.invocation_metadata)
+        return continuation(details)
+
+
+@pytest.fixture
+def impostor() -> Iterator[tuple[str, Recorder]]:
+    """A reservation server with a certificate of its own (same node name), recording what it is sent."""
+    from agent.arbiter.node_service import self_signed
+    from agent.arbiter.reservation import NodeAllocatorService
+    from agent.arbiter.reservation_grpc import add_to_server
+    from tests.unit.test_reservation_book import book
+
+    key, cert = self_signed(NODE, "127.0.0.1")
+    recorder = Recorder()
+    server = grpc.server(futures.ThreadPoolExecutor(2), interceptors=[recorder])
+    add_to_server(NodeAllocatorService(book(4), "the-impostors-own-token"), server)
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
+    server.start()
+    yield f"127.0.0.1:{port}", recorder
+    server.stop(None)
+
+
+def test_the_node_publishes_the_fingerprint_of_the_certificate_it_serves(
+        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    import ssl
+
+    service, _ = node
+    annotations = rest.get(NODES, None, NODE)["metadata"]["annotations"]
+    served = ssl.get_server_certificate(("127.0.0.1", service.port))
+    assert annotations[FINGERPRINT_ANNOTATION] == fingerprint(served) == fingerprint(service.certificate.decode())
+    with grpc.insecure_channel(f"127.0.0.1:{service.port}") as plain, pytest.raises(NodeUnavailable):
+        GrpcNodeClient(plain, TOKEN, timeout_s=2).capacity()  # tried: plaintext, as before: refused
+
+
+def test_a_new_agent_start_makes_a_new_certificate(rest: Rest) -> None:
+    inv = inventory(gpu(0, "A"))
+    seen = []
+    for _ in range(2):
+        service = NodeReservations(node_name=NODE, driver=DRIVER, inventory=lambda: inv, prepared=lambda: (),
+                                   unhealthy=lambda: (), token=TOKEN, rest=rest)
+        service.start("127.0.0.1:0")
+        seen.append(rest.get(NODES, None, NODE)["metadata"]["annotations"][FINGERPRINT_ANNOTATION])
+        service.stop()
+    assert len(set(seen)) == 2
+
+
+def test_a_man_in_the_middle_with_another_certificate_is_refused_and_never_sees_the_token(
+        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]], impostor: tuple[str, Recorder]) -> None:
+    service, _ = node
+    address, recorder = impostor
+    published = rest.get(NODES, None, NODE)["metadata"]["annotations"][FINGERPRINT_ANNOTATION]
+    # the Node's address is redirected to the impostor: its certificate is not the one published
+    with pytest.raises(CertificateMismatch, match="not the .* that gpu-node-1 published"):
+        pinned_channel(address, published, NODE)
+    # the arbiter's directory: the node's calls fail, nothing reaches the impostor
+    directory = NodeDirectory(TOKEN, fingerprint=lambda node: published)
+    directory.addresses = {NODE: address}
+    with pytest.raises(CertificateMismatch):
+        directory.clients()[NODE].reserve("g", "m", gpus(1), 30)
+    # even a channel pinned to the real certificate (as if the first look had reached the real server) does
+    # not complete its handshake with the impostor, so no call and no token is sent
+    with trusting_channel(address, service.certificate.decode(), NODE) as ch, pytest.raises(NodeUnavailable):
+        GrpcNodeClient(ch, TOKEN, timeout_s=2).capacity()
+    assert recorder.metadata == []
+    # the real server, with the published fingerprint, is reached
+    directory.addresses = {NODE: f"127.0.0.1:{service.port}"}
+    assert directory.clients()[NODE].capacity().free_gpu_milli == 4000
+    directory.close()
+
+
+def test_a_node_that_publishes_no_fingerprint_is_not_connected_to(
+        node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    service, _ = node
+    directory = NodeDirectory(TOKEN)  # no fingerprint for any node (an agent from before TLS)
+    directory.addresses = {NODE: f"127.0.0.1:{service.port}"}
+    with pytest.raises(CertificateMismatch, match="publishes no certificate fingerprint"):
+        directory.clients()[NODE].capacity()
+
+
+# --- issue 17 items 5 and 7 through the running service ---------------------------------------------------
+
+
+def test_confirm_fails_when_another_claim_was_allocated_and_prepared_a_reserved_device(
+        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    service, prepared = node
+    with channel(rest, service) as ch:
+        client = GrpcNodeClient(ch, TOKEN)
+        r = client.reserve("g", "default/pod-a/claim-a", gpus(4), 30)
+        stolen = sorted(r.fit.all_devices)[0]
+        allocated_claim(rest, "intruder", [stolen])  # kube-scheduler, not seeing the reservation
+        prepared.append((stolen, "default/intruder"))
+        eventually(lambda: stolen in service.holders())
+        with pytest.raises(ReservationLost, match=f"{stolen} \\(held by ResourceClaim default/intruder"):
+            client.confirm(r.id)
+        ok = client.reserve("h", "default/pod-b/claim-b", gpus(1), 30)
+        allocated_claim(rest, "claim-b", list(ok.fit.all_devices))  # its own claim, written by the arbiter
+        eventually(lambda: next(iter(ok.fit.all_devices)) in service.holders())
+        client.confirm(ok.id)
+
+
+NESTED = "[{0}].all(a, [{0}].all(b, [{0}].all(c, [{0}].all(d, a + b + c + d >= 0))))".format(
+    ", ".join(str(i) for i in range(60)))  # 13M steps: minutes of CEL
+
+
+def test_a_costly_selector_is_cut_off_and_never_blocks_capacity(
+        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    """Tried: one Reserve with a nested comprehension held the lock for 67.8 s and blocked Capacity."""
+    service, _ = node
+    costly = Claim((DeviceRequest("x", selectors=(NESTED,)),))
+    errors: list[grpc.RpcError] = []
+    with channel(rest, service) as ch:
+        client = GrpcNodeClient(ch, TOKEN, timeout_s=30)
+
+        def reserve() -> None:
+            try:
+                client._rpc(client._stub.Reserve, claim_to_pb("g", "m", costly, 30))
+            except grpc.RpcError as e:
+                errors.append(e)
+            except Exception as e:  # the client maps codes; keep the grpc error for the assertion
+                errors.append(e.__cause__)  # type: ignore[arg-type]
+
+        worker = threading.Thread(target=reserve)
+        worker.start()
+        answered = 0
+        while worker.is_alive() and answered < 50:  # Capacity answers while the Reserve's selector runs
+            assert client.capacity().free_gpu_milli == 4000
+            answered += 1
+        worker.join(30)
+        assert answered > 0
+    assert not worker.is_alive()
+    assert errors and errors[0].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "exceeds the cost limit" in (errors[0].details() or "")
+    assert service.book.live() == []
+
+
+def test_a_costly_selector_stops_at_the_callers_deadline() -> None:
+    from agent.arbiter.selector_worker import SelectorTimeout, WorkerSelectors
+
+    selectors = WorkerSelectors(per_evaluation_s=600)  # only the deadline can stop it
+    try:
+        started = time.monotonic()
+        with pytest.raises(SelectorTimeout, match="deadline"):
+            selectors.evaluate([NESTED], [{"driver": DRIVER, "attributes": {}, "capacity": {}}], 0.5)
+        assert time.monotonic() - started < 10  # not the minutes the selector would take
+        # the killed worker is replaced: the next call is answered
+        answer = selectors.evaluate(["true"], [{"driver": DRIVER, "attributes": {}, "capacity": {}}], 30)
+        assert answer.matches("true", {"driver": DRIVER, "attributes": {}, "capacity": {}})
+    finally:
+        selectors.close()

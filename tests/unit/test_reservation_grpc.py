@@ -12,16 +12,25 @@ import pytest
 from agent._proto import arbiter_pb2 as pb
 from agent._proto import arbiter_pb2_grpc as pb_grpc
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
-from agent.arbiter.reservation import GangCoordinator, MemberPlacement, NodeAllocatorService, UnknownReservation
-from agent.arbiter.reservation_grpc import GrpcNodeClient, add_to_server
+from agent.arbiter.reservation import (
+    GangCoordinator,
+    MemberPlacement,
+    NodeAllocatorService,
+    ReservationLost,
+    UnknownReservation,
+)
+from agent.arbiter.reservation_grpc import GrpcNodeClient, TokenInterceptor, add_to_server
 from tests.unit.test_reservation_book import TOKEN, Clock, book
+
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 @pytest.fixture
 def endpoint(tmp_path: pathlib.Path) -> Iterator[tuple[str, Clock]]:
     clock = Clock()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    add_to_server(NodeAllocatorService(book(4, clock), TOKEN), server)
+    service = NodeAllocatorService(book(4, clock), TOKEN)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[TokenInterceptor(service)])
+    add_to_server(service, server)
     address = f"unix://{tmp_path}/arbiter.sock"
     server.add_insecure_port(address)
     server.start()
@@ -113,3 +122,87 @@ def test_a_ttl_that_never_expires_or_is_absurd_is_invalid_argument(endpoint: tup
         ok = pb.ReserveRequest(gang_id="g2", member="m", ttl_seconds=10,
                                requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=4)])
         assert stub.Reserve(ok, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5).reservation_id
+
+
+def reserve_request(*requests: pb.DeviceRequest, ttl: float = 10) -> pb.ReserveRequest:
+    return pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=ttl, requests=list(requests))
+
+
+GPU = "gpu.nvidia.com"
+INVALID = {
+    "duplicate names": reserve_request(*[pb.DeviceRequest(name="x", device_class=GPU, count=1)] * 3),
+    "negative count": reserve_request(pb.DeviceRequest(name="x", device_class=GPU, count=-1)),
+    "unknown class": reserve_request(pb.DeviceRequest(name="x", device_class="tpu.example.com", count=1)),
+    "NaN ttl": reserve_request(pb.DeviceRequest(name="x", device_class=GPU, count=1), ttl=float("nan")),
+    "bad selector": reserve_request(pb.DeviceRequest(name="x", device_class=GPU, selectors=["1/0 == 1"])),
+}
+
+
+@pytest.mark.parametrize("request_", list(INVALID.values()), ids=list(INVALID))
+def test_a_caller_without_the_token_learns_nothing_about_its_request(
+        endpoint: tuple[str, Clock], request_: pb.ReserveRequest) -> None:
+    """Tried: an invalid request without a token got INVALID_ARGUMENT with the validation message."""
+    address, _ = endpoint
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.NodeAllocatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Reserve(request_, timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert err.value.details() == "missing or wrong bearer token"
+        with pytest.raises(grpc.RpcError) as err:  # with the token it is the request's fault
+            stub.Reserve(request_, metadata=AUTH, timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_bytes_that_are_no_request_are_unauthenticated_without_the_token(endpoint: tuple[str, Clock]) -> None:
+    address, _ = endpoint
+    with grpc.insecure_channel(address) as channel:
+        raw = channel.unary_unary("/gpudra.arbiter.v1.NodeAllocator/Reserve")
+        with pytest.raises(grpc.RpcError) as err:
+            raw(b"\xff\xff\xff not a protobuf", timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_duplicate_request_names_are_invalid_argument_and_hold_nothing(endpoint: tuple[str, Clock]) -> None:
+    address, _ = endpoint
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.NodeAllocatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Reserve(INVALID["duplicate names"], metadata=AUTH, timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "request name 'x' is used twice" in (err.value.details() or "")
+        assert GrpcNodeClient(channel, TOKEN).capacity().free_gpu_milli == 4000
+
+
+def test_a_runtime_cel_error_is_invalid_argument(endpoint: tuple[str, Clock], caplog: pytest.LogCaptureFixture) -> None:
+    """Tried: `1/0 == 1` raised ZeroDivisionError in the servicer: UNKNOWN and a traceback in the log."""
+    address, _ = endpoint
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.NodeAllocatorStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Reserve(INVALID["bad selector"], metadata=AUTH, timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == "selector '1/0 == 1' failed: division by zero in CEL expression"
+    assert "Traceback" not in caplog.text and not any(r.exc_info for r in caplog.records)
+
+
+def test_a_lost_reservation_is_failed_precondition_and_reservation_lost_for_the_arbiter(
+        tmp_path: pathlib.Path) -> None:
+    holders: dict[str, set[str]] = {}
+    b = book(2)
+    b._holders = lambda: holders  # type: ignore[method-assign]
+    service = NodeAllocatorService(b, TOKEN)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=[TokenInterceptor(service)])
+    add_to_server(service, server)
+    address = f"unix://{tmp_path}/lost.sock"
+    server.add_insecure_port(address)
+    server.start()
+    try:
+        with grpc.insecure_channel(address) as channel:
+            client = GrpcNodeClient(channel, TOKEN)
+            r = client.reserve("g", "ns/pod/claim", Claim((DeviceRequest("r"),)), 30)
+            holders[next(iter(r.fit.all_devices))] = {"ns/another"}
+            with pytest.raises(ReservationLost, match="held by ResourceClaim ns/another"):
+                client.confirm(r.id)
+    finally:
+        server.stop(None)
