@@ -175,7 +175,6 @@ class NodeReservations:
         host, port = split_address(address)
         advertised_host = advertised(host, port, node_ip).rpartition(":")[0]
         key, self.certificate = self_signed(self.node_name, advertised_host)
-        self._selectors.warm()
         server = grpc.server(futures.ThreadPoolExecutor(8, thread_name_prefix="reservations"),
                              interceptors=[reservation_grpc.TokenInterceptor(self.service)])
         reservation_grpc.add_to_server(self.service, server)

@@ -4,8 +4,9 @@ The `cel` package counts no cost, and its `execute` holds the GIL until it retur
 comprehensions ran 67.8 s inside the agent and stalled every other call, Capacity included. So the node agent
 evaluates a Reserve's selectors here, before its fit and outside the book's lock, in a child process
 (`python -m agent.arbiter.selector_worker`) that it kills when one evaluation outlasts its budget or the
-whole outlasts the caller's gRPC deadline. A killed or crashed worker is replaced on the next call; a few idle
-ones are kept started, so a call does not pay for an interpreter's start.
+whole outlasts the caller's gRPC deadline. The first Reserve with a selector starts a worker (~0.4 s: an
+interpreter and the `cel` import); a few idle ones are kept after, and a killed or crashed one is replaced on
+the next call. Reserves without selectors (the arbiter's own requests, unless a claim has some) need none.
 
 The budget stands in for kube-apiserver's cost limit (agent.allocation.cel.MAX_COST, 1,000,000 units per
 expression and device): on the development machine cel-rust runs one step of `[..].all(c, a + b + c >= 0)`
@@ -32,7 +33,6 @@ from agent.allocation.selectors import EvaluatedSelectors, device_key
 
 PER_EVALUATION_S = 0.25  # one selector on one device; see the module docstring
 MAX_CALL_S = 10.0  # all of one Reserve's selectors, when the caller set no deadline
-START_S = 30.0  # a new worker's start (interpreter and `cel` import) on a busy node
 IDLE_WORKERS = 2
 MAX_WORKERS = 4  # evaluating at once; more Reserves wait for one (within their deadline)
 MEMORY_LIMIT = 1 << 30  # a worker's address space: a selector building huge lists fails instead of swapping
@@ -91,11 +91,6 @@ class WorkerSelectors:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_WORKERS)
         self._closed = False
-
-    def warm(self) -> None:
-        """Start one worker now, so the first Reserve does not wait for it."""
-        worker = self._started(time.monotonic() + START_S)
-        self._give_back(worker, ok=True)
 
     def _started(self, deadline: float) -> _Worker:
         with self._lock:
