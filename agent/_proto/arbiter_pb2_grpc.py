@@ -67,7 +67,8 @@ class NodeAllocatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Confirm(self, request, context):
-        """Keep a reservation past its TTL: the arbiter is committing the gang. NOT_FOUND once expired.
+        """Keep a reservation past its TTL: the arbiter is committing the gang. NOT_FOUND once expired;
+        FAILED_PRECONDITION (and the reservation ends) when a claim other than the member's holds one of its devices.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
