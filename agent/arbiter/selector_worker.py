@@ -95,6 +95,9 @@ class WorkerSelectors:
     def _started(self, deadline: float) -> _Worker:
         with self._lock:
             worker = self._idle.pop() if self._idle else None
+        if worker is not None and worker.proc.poll() is not None:  # died while idle (killed from outside)
+            worker.kill()
+            worker = None
         worker = worker or _Worker()
         if not worker.ready:
             try:
@@ -138,7 +141,10 @@ class WorkerSelectors:
     def _run(self, worker: _Worker, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
              deadline: float) -> dict[tuple[str, str], bool | str]:
         keys = [device_key(d) for d in devices]
-        worker.send({"expressions": list(expressions), "devices": list(devices)})
+        try:
+            worker.send({"expressions": list(expressions), "devices": list(devices)})
+        except OSError as e:
+            raise SelectorError(f"cannot evaluate selectors: the worker is gone ({e})") from None
         answers: dict[tuple[str, str], bool | str] = {}
         for expression in expressions:
             for key in keys:

@@ -328,3 +328,18 @@ def test_a_costly_selector_stops_at_the_callers_deadline() -> None:
         assert answer.matches("true", {"driver": DRIVER, "attributes": {}, "capacity": {}})
     finally:
         selectors.close()
+
+
+def test_a_selector_worker_killed_while_idle_is_replaced() -> None:
+    from agent.arbiter.selector_worker import WorkerSelectors
+
+    device = {"driver": DRIVER, "attributes": {}, "capacity": {}}
+    selectors = WorkerSelectors()
+    try:
+        assert selectors.evaluate(["true"], [device], 30).matches("true", device)
+        [idle] = selectors._idle
+        idle.proc.kill()  # e.g. the kernel's OOM killer
+        idle.proc.wait()
+        assert not selectors.evaluate(["false"], [device], 30).matches("false", device)
+    finally:
+        selectors.close()
