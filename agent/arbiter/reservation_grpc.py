@@ -177,7 +177,7 @@ def pinned_channel(address: str, expected: str, server_name: str, timeout_s: flo
     except (OSError, ValueError) as e:
         raise NodeUnavailable(f"cannot read the certificate of {server_name} at {address}: {e}") from e
     got = fingerprint(pem)
-    if not hmac.compare_digest(got, expected.lower()):
+    if not hmac.compare_digest(got.encode(), expected.lower().encode()):
         raise CertificateMismatch(f"{address} shows a certificate with SHA-256 {got}, not the {expected} that "
                                   f"{server_name} published: not connecting")
     return trusting_channel(address, pem, server_name)

@@ -256,6 +256,9 @@ def test_a_node_that_publishes_no_fingerprint_is_not_connected_to(
     directory.addresses = {NODE: f"127.0.0.1:{service.port}"}
     with pytest.raises(CertificateMismatch, match="publishes no certificate fingerprint"):
         directory.clients()[NODE].capacity()
+    for garbage in ("é" * 64, "not hex", "0" * 64):  # tried: a non-ASCII value raised TypeError, not a refusal
+        with pytest.raises(CertificateMismatch):
+            pinned_channel(f"127.0.0.1:{service.port}", garbage, NODE)
 
 
 # --- issue 17 items 5 and 7 through the running service ---------------------------------------------------
