@@ -152,3 +152,26 @@ def test_with_nvidia_cdi_hook_the_spec_alone_makes_libcuda_resolvable(
     resolvable = {line.split()[0] for line in out.splitlines() if " => " in line}
     assert {"libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-ptxjitcompiler.so.1", "libnvidia-nvvm.so.4"} <= resolvable
     assert out.split()[-2:] == ["libcuda.so.1", f"libcuda.so.{VERSION}"]  # create-symlinks made both links
+
+
+def test_a_root_built_from_the_spec_alone_loads_libcuda(
+    tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer
+) -> None:
+    """The issue's symptom, on the fake: a root made of the spec's mounts (and what its hooks do) and a program
+    that dlopens libcuda.so.1. The fake library loads; it has no cuInit, which only a GPU machine has
+    (tests/gpu)."""
+    from tests.container.chroot_root import CUDA_PROGRAM, compile_program, missing_tools, run_in_spec_root
+
+    if (why := missing_tools()) is not None:
+        pytest.skip(why)
+    hook = tmp_path / "nvidia-cdi-hook"  # never run: run_in_spec_root does what the spec's hooks ask
+    hook.write_text("#!/bin/sh\nexit 1\n")
+    hook.chmod(0o755)
+    _, spec = prepare(tmp_path, server, hook=str(hook))
+    for e in [spec["containerEdits"]] + [d["containerEdits"] for d in spec["devices"]]:
+        e["deviceNodes"] = [{**n, "hostPath": "/dev/null"} for n in e.get("deviceNodes") or ()]  # no GPU here
+    (tmp_path / "build").mkdir()
+    program = compile_program(CUDA_PROGRAM, tmp_path / "build/program")
+    done = run_in_spec_root(spec, tmp_path / "chroot", ["/program"], program)
+    assert "dlopen libcuda.so.1: ok" in done.stdout, done.stdout + done.stderr
+    assert "no cuInit" in done.stdout and done.returncode == 3
