@@ -91,7 +91,8 @@ def test_bench_node_prepare_unprepare(server: fakes.apiserver.ApiServer, batch: 
     p99 = percentile(total, 99)
     verdict = ("meets" if p99 < TARGET_P99_MS else "MISSES") + f" the {TARGET_P99_MS:.0f} ms p99 target"
     print(
-        f"\nnode daemon, {batch}-claim batch (1 GPU each), state and CDI on {storage} ({STORAGE[storage]}), "
+        f"\nnode daemon, {batch}-claim batch (1 GPU each), specs with a fake driver root's files and hooks, "
+        f"state and CDI on {storage} ({STORAGE[storage]}), "
         f"{CYCLES} cycles over the unix socket:\n"
         f"  prepare+unprepare {summary(total)}" + (f"  ({verdict})" if batch == 1 else "") + "\n"
         f"  prepare           {summary(prepare)}\n"
