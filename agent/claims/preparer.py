@@ -37,7 +37,7 @@ class ClaimPreparer:
         state_dir: Path,
         cdi_root: Path,
         source: ClaimSource,
-        driver_edits: Mapping[str, Any] | None = None,
+        driver_edits: Mapping[str, Any] | None = None,  # the driver's files and hooks, in every claim's spec
         inventory: Callable[[], Inventory],
         is_healthy: Callable[[str], bool] = lambda device_name: True,
         boot_id: Callable[[], str] = read_boot_id,
@@ -49,8 +49,7 @@ class ClaimPreparer:
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
-        TimeSlicing and MPS configs on the node (None: they are checked, not applied). `driver_edits`: the
-        driver's files and hooks (agent.driver.edits), added to every claim's spec."""
+        TimeSlicing and MPS configs on the node (None: they are checked, not applied)."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
