@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from agent.driver import elf, ldcache
-from agent.driver.files import BINARIES, SOCKETS, DriverFiles, File, Library
+from agent.driver.files import BINARIES, SOCKETS, DriverFiles, File, Library, dev_link_name
 
 log = logging.getLogger(__name__)
 
@@ -219,12 +219,6 @@ def _library(fs: DriverRootFs, path: str) -> Library | None:
         soname_link=soname is not None and soname != name and fs.is_link(f"{directory}/{soname}"),
         dev_link=dev is not None and dev != target and fs.is_link(f"{directory}/{dev}"),
     )
-
-
-def dev_link_name(soname: str) -> str | None:
-    """The unversioned link name of a library: `libcuda.so.1` -> `libcuda.so`; None without `.so`."""
-    head, sep, _ = soname.partition(".so")
-    return head + sep if sep else None
 
 
 def _binaries(fs: DriverRootFs) -> Iterator[File]:

@@ -12,7 +12,7 @@ import posixpath
 import re
 from typing import Any
 
-from agent.driver.files import DriverFiles, Library
+from agent.driver.files import DriverFiles, Library, dev_link_name
 
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 # A client connects to a unix socket by writing to it, which a read-only mount forbids.
@@ -55,8 +55,8 @@ def _own_links(lib: Library, folder: str) -> list[str]:
     if lib.soname is not None and lib.soname != lib.name and lib.soname_link:
         out.append(f"{lib.name}::{folder}/{lib.soname}")
     target = lib.soname or lib.name
-    dev = target.partition(".so")[0] + ".so"
-    if dev != target and lib.dev_link:
+    dev = dev_link_name(target)
+    if dev is not None and dev != target and lib.dev_link:
         out.append(f"{target}::{folder}/{dev}")
     return out
 

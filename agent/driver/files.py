@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The compute and utility libraries a CUDA container needs (NVIDIA_DRIVER_CAPABILITIES compute,utility),
-# by name stem; `libnvidia-pkcs11*` exists only on some drivers and is mounted where present.
+# by name stem, reported missing when absent. Every other library of the version is mounted too where present
+# (`libnvidia-pkcs11*`, which only some drivers have, the graphics ones), as NVIDIA's generator does.
 COMPUTE_LIBRARIES = (
     "libcuda",
     "libcudadebugger",
@@ -22,7 +23,6 @@ COMPUTE_LIBRARIES = (
     "libnvidia-cfg",
     "libnvidia-allocator",
 )
-OPTIONAL_LIBRARY_PREFIXES = ("libnvidia-pkcs11",)
 BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
@@ -84,6 +84,12 @@ class DriverFiles:
 def library_stem(file_name: str) -> str:
     """`libcuda.so.580.159.04` -> `libcuda`."""
     return file_name.split(".so", 1)[0]
+
+
+def dev_link_name(soname: str) -> str | None:
+    """The unversioned link name of a library: `libcuda.so.1` -> `libcuda.so`; None without `.so`."""
+    head, sep, _ = soname.partition(".so")
+    return head + sep if sep else None
 
 
 def missing_names(files: DriverFiles) -> tuple[str, ...]:
