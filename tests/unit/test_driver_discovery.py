@@ -230,3 +230,20 @@ def test_sonames_of_real_libraries_match_readelf() -> None:
     assert elf.read_info(elf.from_bytes(elf_shared_object("libnvidia-ml.so.1"))).soname == "libnvidia-ml.so.1"
     with pytest.raises(elf.ElfError):
         elf.read_info(elf.from_bytes(b"#!/bin/sh\n" + bytes(100)))
+
+
+def test_start_up_says_once_what_is_missing_and_that_the_hook_is_absent(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agent.driver.startup import log_setup, set_up
+
+    root = fake_root(tmp_path)
+    (root / "usr/bin/nvidia-persistenced").unlink()
+    setup = set_up(root, "/", VERSION, None)
+    caplog.set_level("INFO")
+    log_setup(setup)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert warnings[0].endswith(": nvidia-persistenced")
+    assert "nvidia-cdi-hook not found" in warnings[1] and "ldconfig itself" in warnings[1]
+    assert setup.edits["mounts"] and "hooks" not in setup.edits  # the mounts stay without the hook
