@@ -69,6 +69,16 @@ def rootfs(tmp_path: pathlib.Path) -> pathlib.Path:
     return root
 
 
+def engine_runs(podman: str, rootfs: pathlib.Path) -> None:
+    """Skip, saying why, where podman cannot run any container here (cgroups, storage): the machine's limit,
+    not what these tests check."""
+    done = subprocess.run([podman, "--runtime", "runc", "run", "--rm", "--network", "none", *LIMITS,
+                           "--rootfs", str(rootfs), "/bin/sh", "-c", "true"],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"podman cannot run a plain container here: {done.stderr.strip()[-300:]}")
+
+
 def prepare(tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer, hook: str | None) -> tuple[str, dict[str, Any]]:
     """Prepare a one-GPU claim with the agent on a fake driver root; its CDI device id and written spec."""
     driver_root = tmp_path / "driver-root"
@@ -116,6 +126,7 @@ def test_without_the_hook_the_container_sees_the_libraries_and_its_ldconfig_find
     tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer, rootfs: pathlib.Path
 ) -> None:
     podman = engine()
+    engine_runs(podman, rootfs)
     device_id, spec = prepare(tmp_path, server, hook=None)
     assert "hooks" not in spec["containerEdits"]
     lib_dir = next(m["containerPath"] for m in spec["containerEdits"]["mounts"]
@@ -136,12 +147,15 @@ def test_with_nvidia_cdi_hook_the_spec_alone_makes_libcuda_resolvable(
     tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer, rootfs: pathlib.Path
 ) -> None:
     podman = engine()
-    from tests.container.cdi_hook import BuildError, build
+    engine_runs(podman, rootfs)
+    from tests.container.cdi_hook import BuildTimeout, build, built, go_command
 
+    if built() is None and go_command() is None:
+        pytest.skip("nvidia-cdi-hook is not built and `go` is not on PATH to build it (Go module v1.20.2)")
     try:
         hook = str(build(budget_s=900))
-    except BuildError as exc:
-        pytest.skip(f"nvidia-cdi-hook cannot be built here: {exc}")
+    except BuildTimeout as exc:  # too slow here, not broken; a failed build fails the test
+        pytest.skip(str(exc))
     device_id, spec = prepare(tmp_path, server, hook=hook)
     assert [h["args"][1] for h in spec["containerEdits"]["hooks"]] == [
         "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"
