@@ -247,3 +247,13 @@ def test_start_up_says_once_what_is_missing_and_that_the_hook_is_absent(
     assert warnings[0].endswith(": nvidia-persistenced")
     assert "nvidia-cdi-hook not found" in warnings[1] and "ldconfig itself" in warnings[1]
     assert setup.edits["mounts"] and "hooks" not in setup.edits  # the mounts stay without the hook
+
+
+def test_the_old_format_alone_is_read() -> None:
+    """glibc < 2.2's layout (no ldconfig here writes it any more): offsets count from the end of the table."""
+    import struct
+
+    strings = b"libcuda.so.1\0/usr/lib64/libcuda.so.1\0"
+    data = b"ld.so-1.7.0\0" + struct.pack("<I", 1) + struct.pack("<iII", 0x0303, 0, 13) + strings
+    [entry] = ldcache.parse(data)
+    assert (entry.name, entry.path, entry.is_64bit_elf) == ("libcuda.so.1", "/usr/lib64/libcuda.so.1", True)
