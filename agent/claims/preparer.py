@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from agent.claims.cdi import CdiStore, MigCaps
 from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, read_boot_id
@@ -36,6 +37,7 @@ class ClaimPreparer:
         state_dir: Path,
         cdi_root: Path,
         source: ClaimSource,
+        driver_edits: Mapping[str, Any] | None = None,  # the driver's files and hooks, in every claim's spec
         inventory: Callable[[], Inventory],
         is_healthy: Callable[[str], bool] = lambda device_name: True,
         boot_id: Callable[[], str] = read_boot_id,
@@ -59,7 +61,7 @@ class ClaimPreparer:
             node_name=node_name,
             driver_name=driver_name,
             checkpoints=CheckpointStore(state_dir, boot_id),
-            specs=CdiStore(cdi_root),
+            specs=CdiStore(cdi_root, driver_edits),
             inventory=inventory,
             is_healthy=is_healthy,
             mig_caps=mig_caps,
