@@ -18,6 +18,7 @@ from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
+from agent.devices.shares import ShareMode
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
@@ -58,6 +59,7 @@ class NodeConfig:
     state_dir: Path
     kubeconfig: str | None = None
     partitionable: bool = False
+    share_mode: ShareMode | None = None  # --consumable-shares: whole GPUs shareable by many claims
     resync_interval_s: float = 30.0
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
@@ -134,6 +136,7 @@ class NodeAgent:
             node_uid=self._node_uid,
             rules=rules,
             taints=self._device_taints,
+            share_mode=config.share_mode,
         )
         # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
         self._node = NodeWatcher(self._api, config.node_name)
