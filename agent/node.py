@@ -155,6 +155,7 @@ class NodeAgent:
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
             sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
+            share_mode=config.share_mode,
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None

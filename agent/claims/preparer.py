@@ -22,6 +22,7 @@ from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
 from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
+from agent.devices.shares import ShareMode
 from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class ClaimPreparer:
         on_inventory_changed: Callable[[], None] = lambda: None,
         lock_timeout: float = 10.0,
         sharing: ClaimSharing | None = None,
+        share_mode: ShareMode | None = None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
@@ -63,6 +65,7 @@ class ClaimPreparer:
             migs=migs,
             on_inventory_changed=on_inventory_changed,
             sharing=sharing,
+            share_mode=share_mode,
         )
 
     def recover(self) -> Recovery:
