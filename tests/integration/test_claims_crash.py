@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 import yaml
@@ -105,7 +106,8 @@ def shared_claim(ref: ClaimRef) -> dict[str, object]:
     """A share of gpu-0 (10Gi of it), as kube-scheduler allocates consumable capacity."""
     body = claim(ref.uid, [], name=ref.name, namespace=ref.namespace)
     body["status"]["allocation"]["devices"]["results"] = [{
-        "request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0", "shareID": f"{ref.uid}-share",
+        "request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0",
+        "shareID": str(uuid.uuid5(uuid.NAMESPACE_OID, ref.uid)),
         "consumedCapacity": {"memory": "10Gi"},
     }]
     return body
