@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,14 +16,14 @@ from kubernetes import client
 from agent.devices.shares import ShareMode
 from agent.nvml.source import open_nvml
 from agent.slices.publisher import Publisher
-from tests.integration.test_apiserver_versions import (  # noqa: F401 (server: the fixture)
-    create_slice,
-    device,
-    invalid_fields,
-    serve,
-    server,
-    slice_body,
-)
+from fakes.apiserver import ApiServer
+from tests.integration.test_apiserver_versions import create_slice, device, invalid_fields, serve, slice_body
+
+
+@pytest.fixture
+def api_server() -> Iterator[ApiServer]:
+    with serve("1.37") as s:
+        yield s
 
 def shared(value: str = "80Gi", **policy: Any) -> dict[str, Any]:
     default = policy.pop("default", "80Gi")
@@ -39,7 +40,8 @@ def test_shareable_devices_are_kept_from_1_36(version: str, kept: bool) -> None:
         assert (created.spec.devices[0].capacity["memory"].request_policy is not None) == kept
 
 
-def test_request_policy_rules(server: Any) -> None:
+def test_request_policy_rules(api_server: ApiServer) -> None:
+    server = api_server
     create_slice(server, slice_body("ok", devices=[shared()]))
     at = "spec.devices[0].capacity[memory].requestPolicy"
     assert invalid_fields(lambda: create_slice(server, slice_body("max", devices=[shared(max="90Gi")]))) == {
@@ -52,7 +54,8 @@ def test_request_policy_rules(server: Any) -> None:
         at: "Forbidden: allowMultipleAllocations must be true"}
 
 
-def test_claims_capacity_requests_and_share_ids(server: Any) -> None:
+def test_claims_capacity_requests_and_share_ids(api_server: ApiServer) -> None:
+    server = api_server
     api = client.ResourceV1Api(server.api_client())
     body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c", "namespace": "default"},
