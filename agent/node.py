@@ -219,7 +219,8 @@ class NodeAgent:
 
             self.reservations = NodeReservations(
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=lambda: self._inventory,
-                prepared=lambda: [d.device_name for d in self._preparer.prepared()],
+                # shares count from their claims' consumedCapacity (usage), not as devices prepared whole
+                prepared=lambda: [d.device_name for d in self._preparer.prepared() if not d.share_id],
                 unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
             )
             self.reservations.start(self.config.reservation_address, self.config.node_ip)
