@@ -323,3 +323,18 @@ def test_an_existing_directory_keeps_its_mode(root: pathlib.Path, server: fakes.
     with running(daemon):
         pass
     assert stat.S_IMODE((root / "state").stat().st_mode) == 0o711
+
+
+# --- consumable shares ----------------------------------------------------------------------------------
+
+
+def test_consumable_shares_with_partitionable_devices_is_refused(root: pathlib.Path,
+                                                                 server: fakes.apiserver.ApiServer) -> None:
+    result = start(root, server, "--consumable-shares", "memory", "--partitionable-devices")
+    assert_refused(result, "--consumable-shares=memory cannot be combined with --partitionable-devices", code=2)
+
+
+def test_a_bad_consumable_shares_value_from_the_environment(root: pathlib.Path,
+                                                            server: fakes.apiserver.ApiServer) -> None:
+    result = start(root, server, env={"CONSUMABLE_SHARES": "half"})
+    assert_refused(result, "--consumable-shares must be one of disabled, memory, unlimited", "'half'", code=2)
