@@ -121,3 +121,22 @@ def test_published_shares_are_accepted_by_every_version_that_keeps_them() -> Non
             Publisher(server.api_client(), "node-a", share_mode=ShareMode("count", 4)).publish(inventory)
             [s] = server.store.objects("ResourceSlice")
             assert s["spec"]["devices"][0]["capacity"]["shares"]["value"] == "4"
+
+
+@pytest.mark.parametrize(("version", "kept"), [("1.35", False), ("1.36", True)])
+def test_share_ids_in_claim_status_are_kept_from_1_36(version: str, kept: bool) -> None:
+    with serve(version) as server:
+        api = client.ResourceV1Api(server.api_client())
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "default"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "8Gi"}}}}]}}}
+        stored = json.loads(api.create_namespaced_resource_claim("default", body, _preload_content=False).data)
+        assert ("capacity" in stored["spec"]["devices"]["requests"][0]["exactly"]) == kept
+        stored["status"] = {"allocation": {"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0",
+            "shareID": "0b0e7a52-3c3a-4b8e-9d55-6f6e2f0b8a11", "consumedCapacity": {"memory": "8Gi"}}]}}}
+        written = json.loads(api.replace_namespaced_resource_claim_status("c", "default", stored,
+                                                                          _preload_content=False).data)
+        [result] = written["status"]["allocation"]["devices"]["results"]
+        assert ("shareID" in result, "consumedCapacity" in result) == (kept, kept)
