@@ -450,7 +450,7 @@ class ClaimStates:
         what = f"ResourceClaim {ref.namespace}/{ref.name}"
         if device.sharing:
             raise ClaimError(f"{what}: device {device.device_name} is a share of a GPU other claims use too; "
-                             f"a {device.sharing} config would change the whole GPU for them (use no sharing "
+                             f"its {device.sharing} config would change the whole GPU for them (use no sharing "
                              "config with consumable shares)")  # fmt: skip
         parsed = names.parse_device_name(device.device_name)
         gpu = inventory.gpu(parsed.minor) if isinstance(parsed, names.GpuName) else None

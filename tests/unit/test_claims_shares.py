@@ -105,7 +105,7 @@ def test_a_share_never_meets_a_whole_gpu_claim(node: SharedNode) -> None:
 def test_a_share_with_an_mps_config_is_refused(node: SharedNode) -> None:
     body = share("mps", configs=[opaque(sharing={"strategy": "MPS"})])
     error = node.preparer().prepare([node.add(body)])["mps"].error
-    assert "a MPS config would change the whole GPU" in error
+    assert "its MPS config would change the whole GPU" in error
 
 
 def test_a_share_of_a_mig_device_is_refused(node: SharedNode) -> None:
