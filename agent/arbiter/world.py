@@ -14,6 +14,7 @@ handle) is left out of the snapshot, with the reason in `World.waiting`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -375,6 +376,21 @@ def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str,
     return out
 
 
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """gpu-2 before gpu-10."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)
+
+
+def _share_index(claims: Sequence[Mapping[str, Any]], driver: str, node: str,
+                 gpu_index: Mapping[str, Mapping[str, int]]) -> int | None:
+    """The core's index of the one GPU a pod's claims hold shares of, when that is all they hold there."""
+    shared = {device for c in claims for pool, device, _ in allocated_shares(c, driver) if pool == node}
+    whole = [d for c in claims for d in allocated_devices(c, driver, shares=False)]
+    if len(shared) != 1 or whole:
+        return None
+    return gpu_index.get(node, {}).get(next(iter(shared)))
+
+
 def _node_ready(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False
@@ -465,6 +481,12 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             if pool in devices:
                 held_devices.setdefault(pool, set()).add(device)
     held_elsewhere = {pool: len(held) for pool, held in held_devices.items()}
+    # The core's GPU indices of each node: its GPUs nobody else holds, in name order. A running share is seated
+    # on the GPU it really uses, so the arbiter's picture of a node is the node's (unseated, pods of different
+    # sizes could be packed where they do not fit, and a whole-GPU pod would be planned onto a shared GPU).
+    gpu_index = {node: {d: i for i, d in enumerate(sorted(names - held_devices.get(node, set()), key=_natural))}
+                 for node, names in devices.items()}  # fmt: skip
+    seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
     other_cpu: dict[str, float] = {}
     other_mem: dict[str, float] = {}
     for pod in other_pods:
@@ -530,7 +552,14 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                 created = born
             before = exact.get(gang.queue, 0.0)
             exact[gang.queue] = before + gpus * MILLI
-            pods_out.append(PodSpec(name=key, gpu_milli=round(exact[gang.queue]) - round(before), cpu_milli=cpu,
+            milli = round(exact[gang.queue]) - round(before)
+            index = None
+            if status != "Pending" and 0 < milli < MILLI and member.node is not None:
+                index = _share_index(member.claims, driver, member.node, gpu_index)
+                if index is not None:  # never more than a GPU, whatever the rounding: the cycle must go on
+                    milli = min(milli, MILLI - seated.get((member.node, index), 0))
+                    seated[(member.node, index)] = seated.get((member.node, index), 0) + milli
+            pods_out.append(PodSpec(name=key, gpu_milli=milli, cpu_milli=cpu, gpu_index=index if milli else None,
                                     mem_bytes=mem,
                                     status=status, node=member.node if status != "Pending" else None))
             admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))

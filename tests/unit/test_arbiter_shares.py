@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
 from agent.arbiter.world import Unsupported, build_world, reservation_claim
 from agent.devices.shares import ShareMode
@@ -15,6 +16,7 @@ from agent.nvml.source import open_nvml
 from agent.slices.build import build_resource_slices
 from tests.unit.test_arbiter_support import cycle, doc, job, node, pod, queue
 from tests.unit.test_arbiter_world import DRIVER, NOW
+from tests.unit.test_arbiter_world import claim as api_claim
 from tests.unit.test_arbiter_world import node as api_node
 from tests.unit.test_arbiter_world import pod as api_pod
 from tests.unit.test_arbiter_world import queue as api_queue
@@ -38,12 +40,14 @@ def shared_claim(name: str, device: str, consumed: dict[str, str], node_name: st
 MEMORY = ShareMode("memory")
 
 
-def shared_world(claims: list[dict[str, Any]], mode: ShareMode = MEMORY) -> Any:
+def shared_world(claims: list[dict[str, Any]], mode: ShareMode = MEMORY,
+                 pending: list[dict[str, Any]] = ()) -> Any:  # type: ignore[assignment]
     with open_nvml("fake:dgx-h100") as nvml:
         inventory = nvml.discover()
     n, _ = api_node("n0")
     slices = build_resource_slices(inventory, "n0", share_mode=mode)
-    pods = [api_pod(c["metadata"]["name"], c["metadata"]["name"], gated=False, node_name="n0") for c in claims]
+    pods = [api_pod(c["metadata"]["name"], c["metadata"]["name"], gated=False, node_name="n0") for c in claims
+            if c.get("status")] + list(pending)
     queues = [api_queue("root"), api_queue("team-a", "root", 1)]
     return build_world(pods=pods, claims=claims, pod_groups=[], queues=queues, nodes=[n], slices=slices,
                        driver=DRIVER, now=NOW)
@@ -116,3 +120,27 @@ def test_bad_shares_are_refused_with_a_reason(pod_extra: dict[str, Any], message
 def test_a_share_needs_a_node_that_says_its_gpu_memory() -> None:
     with pytest.raises(SnapshotError, match="says its GPUs' gpuMemory"):
         parse_snapshot(doc([node("n", 1)], [queue("q")], [job("j", "q", [share("s")])]))
+
+
+def test_running_shares_sit_on_the_gpu_they_use_so_the_cycle_sees_the_node_as_it_is() -> None:
+    # gpu-0 and gpu-1 each hold a 48Gi and a 31Gi share, so six GPUs of the eight are free. Seated anywhere, the
+    # shares would be packed onto three GPUs (the second 48Gi one fits beside neither 31Gi pair) and a gang
+    # of six whole GPUs would find five.
+    claims = [shared_claim("a-small", "gpu-0", {"memory": "31Gi"}),
+              shared_claim("b-small", "gpu-1", {"memory": "31Gi"}),
+              shared_claim("c-big", "gpu-0", {"memory": "48Gi"}),
+              shared_claim("d-big", "gpu-1", {"memory": "48Gi"})]
+    six = api_claim("six", 6)
+    world_ = shared_world([*claims, six], pending=[api_pod("train", "six")])
+    seats = {p.name.split("/")[-1]: p.gpu_index for j in world_.snapshot.jobs for p in j.pods if p.fractional}
+    assert seats == {"a-small": 0, "b-small": 1, "c-big": 0, "d-big": 1}
+    result = run_cycle(world_.snapshot, ["allocate"])
+    assert result.pods["team-a/train"].action == "bind"
+
+
+def test_shares_that_overfill_a_gpu_are_clamped_and_the_cycle_goes_on() -> None:
+    # a stale or wrong allocation: 90Gi of shares on a 79.6 GiB GPU
+    claims = [shared_claim(f"s{i}", "gpu-0", {"memory": "30Gi"}) for i in range(3)]
+    world_ = shared_world(claims)
+    assert sum(p.gpu_milli for j in world_.snapshot.jobs for p in j.pods) == 1000
+    run_cycle(world_.snapshot, ["allocate", "reclaim", "preempt"])
