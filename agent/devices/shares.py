@@ -103,9 +103,14 @@ def _opt(raw: object) -> Fraction | None:
 
 
 def _text(value: Fraction) -> str:
-    if value.denominator != 1:
-        raise ShareError(f"capacity {value} is not a whole number")
-    return format_bytes(int(value))
+    """A value as a quantity: whole numbers canonically ("8Gi"), fractions in milli units ("500m") as far as
+    they go (a quantity has at most nano precision; finer is rounded up, as Kubernetes rounds)."""
+    if value.denominator == 1:
+        return format_bytes(int(value))
+    for scale, suffix in ((1000, "m"), (1000**2, "u"), (1000**3, "n")):
+        if (value * scale).denominator == 1:
+            return f"{int(value * scale)}{suffix}"
+    return f"{-(-value.numerator * 1000**3 // value.denominator)}n"
 
 
 @dataclass(frozen=True)
@@ -255,4 +260,4 @@ def gpu_fraction(share_memory: Fraction | int, device_memory: Fraction | int) ->
 
 def describe(values: Mapping[str, Fraction]) -> str:
     """`memory=8Gi, shares=1`, for messages."""
-    return ", ".join(f"{k}={_text(v) if v.denominator == 1 else str(v)}" for k, v in sorted(values.items()))
+    return ", ".join(f"{k}={_text(v)}" for k, v in sorted(values.items()))

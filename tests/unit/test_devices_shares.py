@@ -112,3 +112,9 @@ def test_modes(text: str, mode: ShareMode) -> None:
 def test_bad_modes_say_what_is_wanted(text: str) -> None:
     with pytest.raises(shares.ShareError, match="disabled, memory, unlimited"):
         shares.parse_mode(text)
+
+
+def test_fractional_values_are_written_as_quantities() -> None:
+    assert shares.to_quantities({"cores": Fraction(1, 2), "memory": Fraction(8 * GI)}) == {"cores": "500m",
+                                                                                          "memory": "8Gi"}
+    assert shares.consumed(Fraction(3, 2), Capacity(Fraction(4))) == Fraction(3, 2)  # no policy: as asked
