@@ -18,6 +18,7 @@ from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
+from agent.devices.shares import ShareMode
 from agent.driver.startup import log_setup, set_up
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
@@ -59,6 +60,7 @@ class NodeConfig:
     state_dir: Path
     kubeconfig: str | None = None
     partitionable: bool = False
+    share_mode: ShareMode | None = None  # --consumable-shares: whole GPUs shareable by many claims
     resync_interval_s: float = 30.0
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
@@ -142,6 +144,7 @@ class NodeAgent:
             node_uid=self._node_uid,
             rules=rules,
             taints=self._device_taints,
+            share_mode=config.share_mode,
         )
         # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
         self._node = NodeWatcher(self._api, config.node_name)
@@ -162,6 +165,7 @@ class NodeAgent:
             on_inventory_changed=self._on_inventory_changed,
             sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
             reserved=self._reserved_for_other,
+            share_mode=config.share_mode,
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None

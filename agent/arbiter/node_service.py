@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import logging
+import math
 import socket
 import threading
 import time
@@ -31,13 +32,15 @@ import grpc
 
 from agent.allocation.allocator import Allocator
 from agent.allocation.catalog import NodeUsage
+from agent.allocation.fragmentation import MILLI
 from agent.allocation.selectors import CelSelectors
 from agent.arbiter import reservation_grpc
 from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from agent.arbiter.reservation import NodeAllocatorService, ReservationBook
 from agent.arbiter.selector_worker import WorkerSelectors
-from agent.arbiter.world import Json, allocated_devices
+from agent.arbiter.world import Json, allocated_devices, allocated_shares, share_gpus
 from agent.devices.model import Inventory
+from agent.devices.names import gpu_device_name
 from agent.kube.errors import ApiError
 from agent.kube.informer import Informer
 from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
@@ -126,6 +129,7 @@ class NodeReservations:
         `claim_seen` of the nodes its claims name; by default the node watches claims itself."""
         self.node_name = node_name
         self._driver = driver
+        self._inventory = inventory
         self._prepared = prepared
         self._unhealthy = unhealthy
         self._rest = rest
@@ -147,12 +151,22 @@ class NodeReservations:
             self.book.settle()
 
     def usage(self) -> NodeUsage:
+        """What claims hold here: whole devices, and the GPU fraction consumable-capacity shares took (at least a
+        milli-GPU each, so a GPU with any share is never offered whole)."""
+        claims = self._claims.by_index(POOL_INDEX, self.node_name)
         allocated = frozenset(
-            device for claim in self._claims.by_index(POOL_INDEX, self.node_name)
-            for pool, device in allocated_devices(claim, self._driver) if pool == self.node_name
+            device for claim in claims
+            for pool, device in allocated_devices(claim, self._driver, shares=False) if pool == self.node_name
         )
+        memory = {gpu_device_name(g.minor): float(g.memory_bytes) for g in self._inventory().gpus}
+        shared: dict[str, int] = {}
+        for claim in claims:
+            for pool, device, consumed in allocated_shares(claim, self._driver):
+                if pool == self.node_name:
+                    milli = math.ceil(share_gpus(consumed, {"memory": memory.get(device, 0.0)}) * MILLI)
+                    shared[device] = min(MILLI, shared.get(device, 0) + max(1, milli))
         return NodeUsage(allocated=allocated, prepared=frozenset(d for d, _ in self._prepared()),
-                         unhealthy=frozenset(self._unhealthy()))
+                         unhealthy=frozenset(self._unhealthy()), shared_milli=shared)
 
     def holders(self) -> Mapping[str, Collection[str]]:
         """device -> the claims ("namespace/name") allocated it on this node or prepared with it here."""

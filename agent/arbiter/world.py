@@ -14,6 +14,7 @@ handle) is left out of the snapshot, with the reason in `World.waiting`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -113,10 +114,12 @@ def is_allocated(claim: Mapping[str, Any]) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
 
 
-def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[tuple[str, str]]:
-    """(pool, device) of each of our driver's devices in the claim's allocation."""
+def allocated_devices(claim: Mapping[str, Any], driver: str, *, shares: bool = True) -> list[tuple[str, str]]:
+    """(pool, device) of each of our driver's devices in the claim's allocation (without `shares`: only those
+    the claim holds whole, not its consumable-capacity shares)."""
     results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ())
-    return [(str(r.get("pool")), str(r.get("device"))) for r in results if r.get("driver") == driver]
+    return [(str(r.get("pool")), str(r.get("device"))) for r in results
+            if r.get("driver") == driver and (shares or not r.get("shareID"))]
 
 
 # --- claims as the local allocator's requests -----------------------------------------------------------
@@ -146,6 +149,9 @@ def reservation_claim(claim: Mapping[str, Any]) -> Claim:
             raise Unsupported(f"request {name!r} uses allocationMode {exact.get('allocationMode')}")
         if exact.get("adminAccess"):
             raise Unsupported(f"request {name!r} asks for admin access")
+        if (exact.get("capacity") or {}).get("requests"):
+            raise Unsupported(f"request {name!r} asks for consumable capacity (a share of a GPU): kube-scheduler "
+                              "places shares; leave the pod without the arbiter's gate")  # fmt: skip
         selectors = tuple(str(s["cel"]["expression"]) for s in exact.get("selectors") or () if s.get("cel"))
         requests.append(DeviceRequest(name, klass, selectors, int(exact.get("count") or 1)))
     if not requests:
@@ -195,13 +201,58 @@ def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[
     return out
 
 
-def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, str], float]) -> float:
+def shareable_capacities(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[str, str], dict[str, float]]:
+    """(pool, device) -> capacity values of each device published with allowMultipleAllocations."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != driver:
+            continue
+        pool = str((spec.get("pool") or {}).get("name"))
+        for d in spec.get("devices") or ():
+            if d.get("allowMultipleAllocations") is True:
+                out[(pool, str(d.get("name")))] = {
+                    str(k): _quantity((v or {}).get("value", "0")) for k, v in (d.get("capacity") or {}).items()}
+    return out
+
+
+def share_gpus(consumed: Mapping[str, Any], capacity: Mapping[str, float] | None) -> float:
+    """What a share is worth in GPUs: the largest part it takes of any of the device's capacities (memory for
+    `memory: 8Gi`, one of N for `--consumable-shares=N`); 1 when the device is not published (any more)."""
+    if not capacity:
+        return 1.0
+    parts = [_quantity(v) / capacity[k] for k, v in consumed.items() if capacity.get(k)]
+    return min(1.0, max(parts, default=1.0))
+
+
+def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, str], float],
+               capacities: Mapping[tuple[str, str], Mapping[str, float]] | None = None) -> float:
     """GPUs a claim counts toward its queue: once allocated, what was allocated (a firstAvailable claim its
-    chosen subrequest, a MIG device its share of a GPU); before, what it asks for (firstAvailable: its first
-    choice; unknown devices as whole GPUs)."""
+    chosen subrequest, a MIG device its share of a GPU, a consumable-capacity share the part of the GPU it
+    consumed: nine 8Gi shares of a 79.6 GiB H100 are 72/79.6 of a GPU); before, what it asks for
+    (firstAvailable: its first choice; unknown devices as whole GPUs)."""
     if is_allocated(claim):
-        return sum(worth.get(device, 1.0) for device in allocated_devices(claim, driver))
+        total = 0.0
+        for r in _results(claim):
+            if r.get("driver") != driver:
+                continue
+            key = (str(r.get("pool")), str(r.get("device")))
+            if r.get("shareID"):
+                total += share_gpus(r.get("consumedCapacity") or {}, (capacities or {}).get(key))
+            else:
+                total += worth.get(key, 1.0)
+        return total
     return float(device_count(reservation_claim(claim)))
+
+
+def _results(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    return ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ())
+
+
+def allocated_shares(claim: Mapping[str, Any], driver: str) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """(pool, device, consumedCapacity) of each consumable-capacity share of our driver in the allocation."""
+    return [(str(r.get("pool")), str(r.get("device")), r.get("consumedCapacity") or {})
+            for r in _results(claim) if r.get("driver") == driver and r.get("shareID")]
 
 
 def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices: Mapping[str, Sequence[str]],
@@ -325,6 +376,21 @@ def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str,
     return out
 
 
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """gpu-2 before gpu-10."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)
+
+
+def _share_index(claims: Sequence[Mapping[str, Any]], driver: str, node: str,
+                 gpu_index: Mapping[str, Mapping[str, int]]) -> int | None:
+    """The core's index of the one GPU a pod's claims hold shares of, when that is all they hold there."""
+    shared = {device for c in claims for pool, device, _ in allocated_shares(c, driver) if pool == node}
+    whole = [d for c in claims for d in allocated_devices(c, driver, shares=False)]
+    if len(shared) != 1 or whole:
+        return None
+    return gpu_index.get(node, {}).get(next(iter(shared)))
+
+
 def _node_ready(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False
@@ -407,13 +473,20 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
 
     # nodes
     devices = _pool_devices(slices, driver)
-    held_elsewhere: dict[str, int] = {}
+    held_devices: dict[str, set[str]] = {}  # a GPU whose shares other claims hold is held once
     for key, c in claims_by_key.items():
         if key in attributed or not is_allocated(c):
             continue
-        for pool, _device in allocated_devices(c, driver):
+        for pool, device in allocated_devices(c, driver):
             if pool in devices:
-                held_elsewhere[pool] = held_elsewhere.get(pool, 0) + 1
+                held_devices.setdefault(pool, set()).add(device)
+    held_elsewhere = {pool: len(held) for pool, held in held_devices.items()}
+    # The core's GPU indices of each node: its GPUs nobody else holds, in name order. A running share is seated
+    # on the GPU it really uses, so the arbiter's picture of a node is the node's (unseated, pods of different
+    # sizes could be packed where they do not fit, and a whole-GPU pod would be planned onto a shared GPU).
+    gpu_index = {node: {d: i for i, d in enumerate(sorted(names - held_devices.get(node, set()), key=_natural))}
+                 for node, names in devices.items()}  # fmt: skip
+    seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
     other_cpu: dict[str, float] = {}
     other_mem: dict[str, float] = {}
     for pod in other_pods:
@@ -443,7 +516,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # jobs
     jobs = []
     worth = device_gpus(slices, driver)
+    capacities = shareable_capacities(slices, driver)
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
+    # A pod holds whole milli-GPUs; each queue's fractions are rounded as a running sum, so nine 8Gi shares of a
+    # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
+    exact: dict[str, float] = {}
     for job, gang in sorted(gangs.items()):
         if job in waiting and any(statuses[k] == "Pending" for k in gang.members):
             continue
@@ -463,7 +540,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                     ref = f"{meta(c).get('namespace')}/{meta(c).get('name')}"
                     if ref not in counted:
                         counted.add(ref)
-                        gpus += claim_gpus(c, driver, worth)
+                        gpus += claim_gpus(c, driver, worth, capacities)
             except Unsupported as e:
                 unsupported = f"{key}: {e}"
                 gpus = 0
@@ -473,7 +550,17 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             born = parse_time(meta(member.pod).get("creationTimestamp"))
             if born is not None and (created is None or born < created) and group is None:
                 created = born
-            pods_out.append(PodSpec(name=key, gpu_milli=round(gpus * MILLI), cpu_milli=cpu, mem_bytes=mem,
+            before = exact.get(gang.queue, 0.0)
+            exact[gang.queue] = before + gpus * MILLI
+            milli = round(exact[gang.queue]) - round(before)
+            index = None
+            if status != "Pending" and 0 < milli < MILLI and member.node is not None:
+                index = _share_index(member.claims, driver, member.node, gpu_index)
+                if index is not None:  # never more than a GPU, whatever the rounding: the cycle must go on
+                    milli = min(milli, MILLI - seated.get((member.node, index), 0))
+                    seated[(member.node, index)] = seated.get((member.node, index), 0) + milli
+            pods_out.append(PodSpec(name=key, gpu_milli=milli, cpu_milli=cpu, gpu_index=index if milli else None,
+                                    mem_bytes=mem,
                                     status=status, node=member.node if status != "Pending" else None))
             admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
             if status == "Running" and admitted is not None:

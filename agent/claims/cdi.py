@@ -36,9 +36,15 @@ def spec_file_name(claim_uid: str) -> str:
     return f"{_FILE_PREFIX}{claim_uid}.yaml"
 
 
-def device_id(claim_uid: str, device_name: str) -> str:
-    """The fully-qualified CDI device id handed to the kubelet: `k8s.gpu.nvidia.com/claim=<uid>-<device>`."""
-    return f"{KIND}={claim_uid}-{device_name}"
+def device_id(claim_uid: str, device_name: str, share_id: str = "") -> str:
+    """The fully-qualified CDI device id handed to the kubelet: `k8s.gpu.nvidia.com/claim=<uid>-<device>`, and
+    `<uid>-<device>-<shareID>` for a share of a consumable-capacity device (one claim may hold two shares of
+    one GPU; the shareID keeps each its own device, stable across prepares)."""
+    return f"{KIND}={cdi_name(claim_uid, device_name, share_id)}"
+
+
+def cdi_name(claim_uid: str, device_name: str, share_id: str = "") -> str:
+    return f"{claim_uid}-{device_name}" + (f"-{share_id}" if share_id else "")
 
 
 # --- MIG capability device nodes ------------------------------------------------------------------------
@@ -111,6 +117,8 @@ class CdiDevice:
     name: str  # the DRA device name, e.g. gpu-0 or gpu-0-mig-1g10gb-19-0
     uuid: str  # GPU-... or MIG-...
     device_nodes: tuple[str, ...]
+    share_id: str = ""  # a share of a consumable-capacity device
+    env: tuple[str, ...] = ()  # what this device alone sets (a share's memory limit)
 
 
 def gpu_device_nodes(minor: int) -> tuple[str, ...]:
@@ -144,8 +152,9 @@ def claim_spec(claim_uid: str, devices: Sequence[CdiDevice], node_name: str, dri
         },
         "devices": [
             {
-                "name": f"{claim_uid}-{d.name}",
-                "containerEdits": {"deviceNodes": [{"path": p} for p in d.device_nodes]},
+                "name": cdi_name(claim_uid, d.name, d.share_id),
+                "containerEdits": {"deviceNodes": [{"path": p} for p in d.device_nodes]}
+                | ({"env": list(d.env)} if d.env else {}),
             }
             for d in devices
         ],

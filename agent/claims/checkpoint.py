@@ -95,6 +95,8 @@ class CheckpointedDevice:
     sharing: str = ""  # "", "TimeSlicing" or "MPS": whether other claims may hold the device too
     admin_access: bool = False
     share_id: str = ""
+    # A share's consumedCapacity as allocated (name -> quantity text): checked against the device at prepare.
+    consumed: tuple[tuple[str, str], ...] = ()
     dynamic_mig: DynamicMig | None = None
     # Prepare switched the GPU's MIG mode for this device (on for a created MIG device, off for a whole GPU);
     # the last claim holding such a device switches it back.
@@ -131,7 +133,9 @@ def _device_to_json(d: CheckpointedDevice) -> dict[str, Any]:
         "adminAccess": d.admin_access,
         "shareID": d.share_id,
     }
-    if d.mig_mode_switched:  # absent otherwise, as below
+    if d.consumed:  # absent otherwise, as below
+        out["consumedCapacity"] = dict(d.consumed)
+    if d.mig_mode_switched:
         out["migModeSwitched"] = True
     if d.dynamic_mig is not None:  # absent otherwise: records without created devices read as before
         m = d.dynamic_mig
@@ -168,6 +172,7 @@ def _device_from_json(raw: Mapping[str, Any]) -> CheckpointedDevice:
         sharing=raw.get("sharing", ""),
         admin_access=bool(raw.get("adminAccess", False)),
         share_id=raw.get("shareID", ""),
+        consumed=tuple(sorted((str(k), str(v)) for k, v in (raw.get("consumedCapacity") or {}).items())),
         dynamic_mig=_dynamic_mig_from_json(raw.get("dynamicMig")),
         mig_mode_switched=bool(raw.get("migModeSwitched", False)),
     )

@@ -23,6 +23,7 @@ class AllocatedDevice:
     device: str
     admin_access: bool = False
     share_id: str = ""
+    consumed: tuple[tuple[str, str], ...] = ()  # a share's consumedCapacity (name, quantity)
 
     @property
     def base_request(self) -> str:
@@ -60,6 +61,7 @@ def _node_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool:
             device=_text(r["device"], "device"),
             admin_access=bool(r.get("adminAccess") or False),
             share_id=str(r.get("shareID") or ""),
+            consumed=tuple(sorted((str(k), str(v)) for k, v in (r.get("consumedCapacity") or {}).items())),
         )
         for r in raw_results
         if r.get("driver") == driver and r.get("pool") == pool

@@ -23,6 +23,7 @@ from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
 from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
+from agent.devices.shares import ShareMode
 from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class ClaimPreparer:
         lock_timeout: float = 10.0,
         sharing: ClaimSharing | None = None,
         reserved: Callable[[str, str], str] = lambda device_name, claim: "",
+        share_mode: ShareMode | None = None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
@@ -69,6 +71,7 @@ class ClaimPreparer:
             on_inventory_changed=on_inventory_changed,
             sharing=sharing,
             reserved=reserved,
+            share_mode=share_mode,
         )
 
     def recover(self) -> Recovery:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from agent.claims import cdi
@@ -35,7 +36,7 @@ from agent.claims.claim import AllocatedDevice, ClaimError, node_allocation
 from agent.claims.config import ConfigError, DeviceConfig, DeviceRef, Mps, TimeSlicing, resolve_device_configs
 from agent.claims.mig import MigDevices, left_behind
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
-from agent.devices import deliverable, names
+from agent.devices import deliverable, names, shares
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory
 from agent.sharing.claims import ClaimSharing
@@ -113,6 +114,7 @@ class ClaimStates:
         on_inventory_changed: Callable[[], None] = lambda: None,
         sharing: ClaimSharing | None = None,
         reserved: Callable[[str, str], str] = lambda device_name, claim: "",
+        share_mode: shares.ShareMode | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver_name = driver_name
@@ -126,6 +128,7 @@ class ClaimStates:
         self.on_inventory_changed = on_inventory_changed  # called (under the node lock) after a create/destroy
         self.sharing = sharing  # None: TimeSlicing/MPS configs are checked but not applied on the node
         self.reserved = reserved  # which reservation for another claim holds a device ("" for none)
+        self.share_mode = share_mode  # --consumable-shares: what a shared GPU holds (else its memory only)
         self._boot_id: str | None = None
         self._migs_changed = False
 
@@ -299,42 +302,45 @@ class ClaimStates:
     def _plan(self, cp: Checkpoint, ref: ClaimRef, claim: Mapping[str, Any]) -> list[_Planned]:
         allocation = node_allocation(claim, ref, self.driver_name, self.pool_name)
         inventory = self.inventory()
-        by_device: dict[str, list[AllocatedDevice]] = {}
+        by_device: dict[tuple[str, str], list[AllocatedDevice]] = {}  # (device, shareID): each share alone
         for r in allocation.results:
-            by_device.setdefault(r.device, []).append(r)
+            by_device.setdefault((r.device, r.share_id), []).append(r)
 
         resolved: list[_Resolved] = []
-        for name in by_device:
+        for name, _ in by_device:
             resolved.append(self._resolve(cp, inventory, ref.uid, name, [r.dynamic for r in resolved if r.dynamic]))
         refs = [
             DeviceRef(results[0].request, name, r.type, r.cdi.uuid)
-            for (name, results), r in zip(by_device.items(), resolved, strict=True)
+            for ((name, _), results), r in zip(by_device.items(), resolved, strict=True)
         ]
         try:
             configs = resolve_device_configs(allocation.configs, refs)
         except ConfigError as exc:
             raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name}: bad device config: {exc}") from None
 
-        planned = []
-        for (name, results), found, config in zip(by_device.items(), resolved, configs, strict=True):
+        planned: list[_Planned] = []
+        for ((name, share_id), results), found, config in zip(by_device.items(), resolved, configs, strict=True):
             device = CheckpointedDevice(
                 request_names=tuple(dict.fromkeys(r.base_request for r in results)),
                 pool_name=self.pool_name,
                 device_name=name,
-                cdi_device_ids=(cdi.device_id(ref.uid, name),),
+                cdi_device_ids=(cdi.device_id(ref.uid, name, share_id),),
                 uuid=found.cdi.uuid,
                 sharing=_sharing_name(config),
                 admin_access=all(r.admin_access for r in results),
-                share_id=results[0].share_id,
+                share_id=share_id,
+                consumed=results[0].consumed,
                 dynamic_mig=found.dynamic,
                 mig_mode_switched=found.switches_mig_mode,
             )
+            if share_id:
+                self._check_share(cp, ref, device, [p.checkpointed for p in planned], inventory)
             self._check_free(cp, ref.uid, device)
             if not device.admin_access and (holder := self.reserved(name, f"{ref.namespace}/{ref.name}")):
                 # the queue arbiter holds it for a gang it is committing: one holder per device
                 raise ClaimError(f"device {name} is reserved for another claim: {holder}")
-            planned.append(_Planned(device, found.cdi, config))
-        return planned
+            planned.append(_Planned(device, replace(found.cdi, share_id=share_id), config))
+        return _with_share_limits(planned, inventory)
 
     def _resolve(
         self, cp: Checkpoint, inventory: Inventory, uid: str, device_name: str, pending: Sequence[DynamicMig]
@@ -439,14 +445,56 @@ class ClaimStates:
             )
         return DynamicMig(gpu.uuid, profile.gi_profile_id, placement.start), switch
 
+    def _check_share(
+        self, cp: Checkpoint, ref: ClaimRef, device: CheckpointedDevice, mine: Sequence[CheckpointedDevice],
+        inventory: Inventory,
+    ) -> None:  # fmt: skip
+        """A share of a consumable-capacity GPU: refused when it comes with a TimeSlicing or MPS config (both
+        change the whole GPU, which other claims' shares use), and when it and the GPU's other shares would
+        consume more than the GPU has (a scheduler bug, or an allocation made from stale slices)."""
+        what = f"ResourceClaim {ref.namespace}/{ref.name}"
+        if device.sharing:
+            raise ClaimError(f"{what}: device {device.device_name} is a share of a GPU other claims use too; "
+                             f"its {device.sharing} config would change the whole GPU for them (use no sharing "
+                             "config with consumable shares)")  # fmt: skip
+        parsed = names.parse_device_name(device.device_name)
+        gpu = inventory.gpu(parsed.minor) if isinstance(parsed, names.GpuName) else None
+        if gpu is None:
+            raise ClaimError(f"{what}: share {device.share_id} is of {device.device_name}, which is not a whole GPU "
+                             f"on node {self.node_name}; only whole GPUs are shared by capacity")  # fmt: skip
+        if self.share_mode is not None:
+            capacities = shares.capacities(gpu.memory_bytes, self.share_mode)
+        else:  # published without shares now (e.g. the server dropped them): the GPU's memory still bounds them
+            capacities = {shares.MEMORY: shares.Capacity(Fraction(gpu.memory_bytes))}
+        others = [held for _, held in _held_by_others(cp, ref.uid, device.device_name) if held.share_id]
+        others += [d for d in mine if d.device_name == device.device_name and d.share_id]
+        this = _consumed(device)
+        if not shares.fits(this, capacities, [_consumed(d) for d in others]):
+            used = {k: sum((_consumed(d).get(k, Fraction(0)) for d in others), Fraction(0))
+                    for k in capacities}  # fmt: skip
+            raise ClaimError(
+                f"{what}: share {device.share_id} of {device.device_name} ({shares.describe(this) or 'nothing'}) "
+                f"does not fit beside the {len(others)} share(s) prepared on it ({shares.describe(used)} of "
+                f"{shares.describe({k: c.value for k, c in capacities.items()})}): the allocation is stale or "
+                "wrong; it is refused so no share loses memory it was promised"
+            )
+
     def _check_free(self, cp: Checkpoint, uid: str, device: CheckpointedDevice) -> None:
         """Refuse a device another claim holds, unless the two may share it: admin access (monitoring, never
-        exclusive), distinct consumable-capacity shares, or TimeSlicing/MPS configs of the same strategy."""
-        if device.admin_access or device.share_id:
+        exclusive), consumable-capacity shares (each checked by `_check_share`), or TimeSlicing/MPS configs
+        of the same strategy. A share and a whole-device claim never meet on one device."""
+        if device.admin_access:
             return
         for other, held in _held_by_others(cp, uid, device.device_name):
-            if held.admin_access or held.share_id:
+            if held.admin_access or (held.share_id and device.share_id):
                 continue
+            if held.share_id or device.share_id:
+                raise ClaimError(
+                    f"device {device.device_name} is already prepared for ResourceClaim {other.namespace}/"
+                    f"{other.name} (uid {other.uid}) {'as a share' if held.share_id else 'as a whole device'}; "
+                    f"this claim holds it {'as a share' if device.share_id else 'whole'}: a GPU is either "
+                    "shared by capacity or held whole"
+                )
             if device.sharing and device.sharing == held.sharing:
                 continue
             hint = (
@@ -618,6 +666,31 @@ class ClaimStates:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return Recovery(tuple(rolled_back), restored, removed, len(temps))
+
+
+def _consumed(device: CheckpointedDevice) -> dict[str, Fraction]:
+    return shares.consumed_of(dict(device.consumed))
+
+
+def _with_share_limits(planned: list[_Planned], inventory: Inventory) -> list[_Planned]:
+    """Each share's memory limit where the container's CUDA sees it: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, keyed by
+    device ordinal. The ordinals are the claim's GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID), and a
+    GPU held as several shares gets their sum; every share device carries the same value, so a container
+    given several of them sees one consistent setting."""
+    if not any(p.checkpointed.share_id for p in planned):
+        return planned
+    buses = {g.uuid: g.pci_bus_id for g in inventory.gpus}
+    gpus = sorted(dict.fromkeys(p.cdi.uuid for p in planned), key=lambda u: buses.get(u, u))
+    limits: dict[str, int] = {}
+    for p in planned:
+        memory = _consumed(p.checkpointed).get(shares.MEMORY)
+        if p.checkpointed.share_id and memory:
+            limits[p.cdi.uuid] = limits.get(p.cdi.uuid, 0) + -(-int(memory) // shares.MIB)
+    if not limits:
+        return planned
+    value = ",".join(f"{i}={limits[u]}M" for i, u in enumerate(gpus) if u in limits)
+    env = ("CUDA_DEVICE_ORDER=PCI_BUS_ID", f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={value}")
+    return [replace(p, cdi=replace(p.cdi, env=env)) if p.checkpointed.share_id else p for p in planned]
 
 
 def _parent_uuid(device: CheckpointedDevice) -> str:

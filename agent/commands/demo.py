@@ -30,6 +30,7 @@ from agent.demo import mig, report
 from agent.demo.kubectl import Json, Kubectl, KubectlError
 from agent.demo.node import DRIVER, DemoError, DemoNode
 from agent.demo.queues import run_queue_scene
+from agent.demo.shares import run_share_scene
 from fakes.kubelet import KubeletError
 from fakes.nvml.binaries import install_driver_root
 from fakes.scheduler import FakeScheduler, Unsatisfiable
@@ -140,6 +141,7 @@ class Demo:
         _say("", f"== 4. Claims from {self.manifests / 'examples'}: {names}")
         self._rounds(claims)
         self._device_plugin_style_pods(kubectl)
+        self._shared_gpus(kubectl, kubeconfig, driver_root)
 
         first = next(iter(self.nodes.values()))
         _say("", f"== 7. MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}")
@@ -158,6 +160,22 @@ class Demo:
         run_queue_scene()
 
     # --- steps -------------------------------------------------------------------------------------------
+
+    def _shared_gpus(self, kubectl: Kubectl, kubeconfig: Path, driver_root: Path) -> None:
+        """A node of its own with --consumable-shares memory: ten 8Gi inference claims, nine on one H100."""
+        name = "node-shared-dgx-h100"
+        kubectl.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        node = DemoNode(name, "dgx-h100", self.workdir / name, kubeconfig, driver_root=driver_root,
+                        verbose=self.verbose, extra_args=("--consumable-shares", "memory"))  # fmt: skip
+        self.stack.callback(node.close)
+        node.start()
+        node.wait_registered()
+        node.wait_for(lambda: self._slices(kubectl, name) or None, f"slices of {name}", 30.0)
+        _say("", f"== 6b. Shared GPUs (consumable capacity, --consumable-shares=memory) on {name}: ten inference "
+                 "claims of memory: 8Gi")  # fmt: skip
+        run_share_scene(kubectl, self.scheduler, node, _say)
+        if node.terminate() != 0:
+            raise DemoError(f"agent on {name} did not exit cleanly")
 
     def _apply_device_classes(self, kubectl: Kubectl) -> list[str]:
         path = self.manifests / "base" / "deviceclasses.yaml"

@@ -15,6 +15,7 @@ from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.commands import preflight
 from agent.commands.preflight import StartupError
+from agent.devices import shares
 from agent.driver.discovery import DriverVersionMismatch
 from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
@@ -63,6 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         default=_env("PARTITIONABLE_DEVICES", "") in ("1", "true"),
         help="publish possible MIG placements with sharedCounters (alpha in 1.34; falls back if dropped)",
+    )
+    p.add_argument(
+        "--consumable-shares",
+        default=_env("CONSUMABLE_SHARES", "disabled"),
+        help="publish whole GPUs shareable by many claims (consumable capacity, Kubernetes 1.36+): memory, "
+        "unlimited, a share count N, or disabled (env CONSUMABLE_SHARES)",
     )
     p.add_argument(
         "--additional-xids-to-ignore",
@@ -148,6 +155,15 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         except ValueError as exc:
             raise StartupError(str(exc)) from None
     try:
+        share_mode = shares.parse_mode(args.consumable_shares)
+    except shares.ShareError as exc:
+        raise StartupError(str(exc)) from None
+    if share_mode is not None and args.partitionable_devices:
+        raise StartupError(
+            f"--consumable-shares={share_mode} cannot be combined with --partitionable-devices: a GPU shared by "
+            "claims cannot also be carved into MIG devices at prepare (see DESIGN.md, consumable capacity)"
+        )
+    try:
         mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
     except InvalidMigConfig as exc:
         raise StartupError(str(exc)) from None
@@ -159,6 +175,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         state_dir=Path(args.state_dir),
         kubeconfig=args.kubeconfig,
         partitionable=args.partitionable_devices,
+        share_mode=share_mode,
         resync_interval_s=preflight.interval("--resync-interval", args.resync_interval),
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,

@@ -34,7 +34,7 @@ class DemoNode:
     """Directories under `root`: kubelet/, cdi/, state/ and agent.log (unless the agent logs to our stderr)."""
 
     def __init__(self, name: str, machine: str, root: Path, kubeconfig: Path, *, driver_root: Path,
-                 verbose: bool = False) -> None:  # fmt: skip
+                 verbose: bool = False, extra_args: Sequence[str] = ()) -> None:  # fmt: skip
         self.name = name
         self.machine = machine
         self.root = root
@@ -46,6 +46,7 @@ class DemoNode:
         self.driver_root = driver_root  # fake nvidia-smi and nvidia-cuda-mps-control in usr/bin
         self.kubeconfig = kubeconfig
         self.verbose = verbose
+        self.extra_args = tuple(extra_args)  # more `gpu-dra-agent node` flags, e.g. --consumable-shares memory
         self.process: subprocess.Popen[bytes] | None = None
         self.kubelet = FakeKubelet(self.kubelet_root, timeout=20.0)
         self._log: IO[bytes] | None = None
@@ -73,6 +74,7 @@ class DemoNode:
             "--driver-root", str(self.driver_root),
             "--metrics-addr", "",
             "--log-format", "text",
+            *self.extra_args,
         ]  # fmt: skip
         self._log = None if self.verbose else self.log_path.open("ab")
         env = {**os.environ, persist.ENV: str(self.gpu_state)}

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.devices import deliverable
+from agent.devices import deliverable, shares
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
 from agent.quantity import format_bytes
@@ -50,6 +50,7 @@ def pool_content(
     partitionable: bool = False,
     rules: SliceRules = LATEST,
     taints: Taints | None = None,
+    share_mode: shares.ShareMode | None = None,
 ) -> tuple[SliceContent, ...]:
     """The pool's devices, grouped into slices the server version `rules` accepts, in a stable order.
 
@@ -59,9 +60,12 @@ def pool_content(
     forms prepare can deliver are offered (agent.devices.deliverable). On 1.34 the counter set shares a slice
     with that GPU's devices, from 1.35 counter sets get slices of their own.
     `taints` are attached where the version serves device taints (the caller withdraws devices elsewhere).
+    With `share_mode` (and a version that keeps consumable capacity), whole GPUs are published shareable:
+    `allowMultipleAllocations` with the mode's capacities (agent.devices.shares); MIG devices stay exclusive.
     Attributes are unprefixed, i.e. in the driver's own domain, so the content is the same for any driver name.
     """
     taints = taints if rules.taints_served and taints else {}
+    share_mode = share_mode if rules.shares_served else None
     plain: list[Json] = []
     partitioned: list[tuple[Json, list[Json]]] = []  # (counter set, devices) of each partitionable GPU
     for gpu in inventory.gpus:
@@ -71,7 +75,7 @@ def pool_content(
             if carved:  # none when GPU instances without compute instances fill the GPU
                 partitioned.append((counter_set, _with_taints(carved, gpu, taints, rules)))
             continue
-        devices = [] if gpu.mig_enabled else [gpu_device(inventory, gpu)]
+        devices = [] if gpu.mig_enabled else [gpu_device(inventory, gpu, share_mode)]
         devices.extend(mig_device(inventory, gpu, m) for m in migs)
         plain.extend(_with_taints(devices, gpu, taints, rules))
     plain.sort(key=lambda d: natural_key(d["name"]))
@@ -170,9 +174,10 @@ def build_resource_slices(
     generation: int = 1,
     rules: SliceRules = LATEST,
     taints: Taints | None = None,
+    share_mode: shares.ShareMode | None = None,
 ) -> list[Json]:
     """`pool_content` then `resource_slices`, for callers that do no bookkeeping of their own."""
-    content = pool_content(inventory, partitionable=partitionable, rules=rules, taints=taints)
+    content = pool_content(inventory, partitionable=partitionable, rules=rules, taints=taints, share_mode=share_mode)
     return resource_slices(content, node_name=node_name, driver=driver, generation=generation, node_uid=node_uid)
 
 
@@ -240,18 +245,21 @@ def _product_attributes(inventory: Inventory, gpu: Gpu) -> Json:
     return attrs
 
 
-def gpu_device(inventory: Inventory, gpu: Gpu) -> Json:
-    """A whole GPU as a ResourceSlice device (also the local allocator's view of it)."""
+def gpu_device(inventory: Inventory, gpu: Gpu, share_mode: shares.ShareMode | None = None) -> Json:
+    """A whole GPU as a ResourceSlice device (also the local allocator's view of it); shareable by several
+    claims at once with `share_mode`."""
     attrs: Json = {"type": _string("gpu"), "uuid": _string(gpu.uuid), **_product_attributes(inventory, gpu)}
     if gpu.nvlink_domain:
         attrs["nvlinkDomain"] = _string(gpu.nvlink_domain)
     attrs["index"] = _int(gpu.index)
     attrs["minor"] = _int(gpu.minor)
-    return {
-        "name": gpu_device_name(gpu.minor),
-        "attributes": attrs,
-        "capacity": _quantities({"memory": gpu.memory_bytes}),
-    }
+    device: Json = {"name": gpu_device_name(gpu.minor), "attributes": attrs}
+    if share_mode is None:
+        device["capacity"] = _quantities({"memory": gpu.memory_bytes})
+    else:
+        device["allowMultipleAllocations"] = True
+        device["capacity"] = shares.capacity_json(shares.capacities(gpu.memory_bytes, share_mode))
+    return device
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from agent import quantity
 from agent.devices.model import Inventory
+from agent.devices.shares import ShareMode
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, Taints, pool_content, resource_slices
 from agent.slices.versions import LATEST, SliceRules, rules_for
@@ -51,6 +52,10 @@ class CountersDropped(Exception):
     """The server stored a slice without sharedCounters/consumesCounters (DRAPartitionableDevices off)."""
 
 
+class SharesDropped(Exception):
+    """The server stored a slice without allowMultipleAllocations (DRAConsumableCapacity off)."""
+
+
 class Publisher:
     def __init__(
         self,
@@ -62,6 +67,7 @@ class Publisher:
         node_uid: str | None = None,
         rules: SliceRules | None = None,
         taints: Callable[[], Taints] | None = None,
+        share_mode: ShareMode | None = None,
         max_attempts: int = 5,
         backoff_s: float = 0.05,
         retry_s: float = 0.5,
@@ -81,6 +87,7 @@ class Publisher:
         self._owner_known = node_uid is not None  # else looked up once, at the first write
         self._rules = rules  # the server version's; read from /version on first use when not given
         self._taints = taints  # device taints to publish where the server version serves them
+        self._share_mode = share_mode  # whole GPUs shareable (consumable capacity) where the server keeps it
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
         self._retry_s = retry_s  # first pause of `run` after a failed pass
@@ -97,6 +104,11 @@ class Publisher:
     def partitionable(self) -> bool:
         """False once the server was seen dropping counter fields, whatever the flag said."""
         return self._partitionable
+
+    @property
+    def share_mode(self) -> ShareMode | None:
+        """The consumable-shares mode in effect: None once the server is too old for it or dropped it."""
+        return self._share_mode
 
     @property
     def known_rules(self) -> SliceRules | None:
@@ -201,7 +213,15 @@ class Publisher:
     def _content(self) -> tuple[SliceContent, ...]:
         assert self._inventory is not None
         taints = self._taints() if self._taints is not None else None
-        return pool_content(self._inventory, partitionable=self._partitionable, rules=self.rules, taints=taints)
+        rules = self.rules
+        if self._share_mode is not None and not rules.shares_served:
+            log.warning(
+                "--consumable-shares=%s needs Kubernetes 1.36 or later (DRAConsumableCapacity is alpha and off by "
+                "default in %s); publishing whole GPUs", self._share_mode, rules.label,
+            )
+            self._share_mode = None
+        return pool_content(self._inventory, partitionable=self._partitionable, rules=rules, taints=taints,
+                            share_mode=self._share_mode)  # fmt: skip
 
     def _reconcile(self, content: tuple[SliceContent, ...]) -> PublishResult:
         """One pass of list, compare, write; conflicts re-read at once, server errors back off."""
@@ -218,6 +238,14 @@ class Publisher:
                     "(feature gate DRAPartitionableDevices is off); publishing without partitionable MIG devices"
                 )
                 self._partitionable = False
+                content = self._content()
+                continue
+            except SharesDropped:
+                log.warning(
+                    "the API server dropped allowMultipleAllocations from ResourceSlice writes (feature gate "
+                    "DRAConsumableCapacity is off); publishing whole GPUs without consumable shares"
+                )
+                self._share_mode = None
                 content = self._content()
                 continue
             except ApiError as exc:
@@ -307,6 +335,12 @@ def _check_counters_kept(sent: Json, stored: Json) -> None:
     if counted(sent) != counted(stored):
         raise CountersDropped
 
+    def shared(obj: Json) -> int:
+        return sum(1 for d in (obj.get("spec") or {}).get("devices") or [] if d.get("allowMultipleAllocations"))
+
+    if shared(sent) != shared(stored):
+        raise SharesDropped
+
 
 def _prune(value: Any) -> Any:
     """Drop unset fields: the server omits empty lists, maps and nulls that we may send."""
@@ -331,6 +365,13 @@ def _canonical(spec: Json) -> Json:
 
     for device in spec.get("devices", []):
         numbers(device.get("capacity", {}))
+        for capacity in device.get("capacity", {}).values():
+            policy = capacity.get("requestPolicy") or {}
+            for key in ("default",):
+                if key in policy:
+                    policy[key] = quantity.parse(str(policy[key]))
+            for key, value in list((policy.get("validRange") or {}).items()):
+                policy["validRange"][key] = quantity.parse(str(value))
         for taint in device.get("taints", []):  # RFC 3339 either way: "...Z" or "...+00:00" (the client's)
             if "timeAdded" in taint:
                 taint["timeAdded"] = datetime.fromisoformat(str(taint["timeAdded"]).replace("Z", "+00:00"))

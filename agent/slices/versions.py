@@ -15,7 +15,9 @@ kubernetes/kubernetes pkg/apis/resource/validation/validation.go `validateResour
 
 Which features a server keeps by default (pkg/features/kube_features.go): device taints (DRADeviceTaints) are
 alpha and off in 1.34-1.35, beta and on in 1.36, GA in 1.37; partitionable devices (DRAPartitionableDevices)
-alpha in 1.34-1.35, beta and on from 1.36. An alpha field written to a server with the gate off is dropped.
+alpha in 1.34-1.35, beta and on from 1.36; consumable capacity (DRAConsumableCapacity: allowMultipleAllocations,
+requestPolicy, claims' capacity.requests) alpha in 1.34-1.35, beta and on in 1.36 and 1.37. An alpha field
+written to a server with the gate off is dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class SliceRules:
     version: tuple[int, int]
     separate_counters: bool  # sharedCounters in slices of their own (1.35+), else beside their devices
     taints_served: bool  # device taints kept by default (1.36+); before that they are withdrawn instead
+    shares_served: bool = False  # consumable capacity (DRAConsumableCapacity) kept by default (1.36+)
     max_devices: int = 128
     max_devices_advanced: int = 64  # when any device of the slice has taints or consumes counters
     max_counter_sets: int = 8  # sharedCounters entries a slice (1.35+)
@@ -52,8 +55,8 @@ RULES = {
         max_counters_consumed=1024, max_taints=4,
     ),
     (1, 35): SliceRules((1, 35), separate_counters=True, taints_served=False),
-    (1, 36): SliceRules((1, 36), separate_counters=True, taints_served=True),
-    (1, 37): SliceRules((1, 37), separate_counters=True, taints_served=True),
+    (1, 36): SliceRules((1, 36), separate_counters=True, taints_served=True, shares_served=True),
+    (1, 37): SliceRules((1, 37), separate_counters=True, taints_served=True, shares_served=True),
 }
 LATEST = RULES[NEWEST]
 

@@ -117,8 +117,31 @@ def _claim_spec(new_spec: Obj | None, old_spec: Obj | None, gates: KubernetesVer
             request.pop(name, None)
 
 
+def _allocation_results(claim: Obj | None) -> list[Obj]:
+    allocation = ((claim or {}).get("status") or {}).get("allocation") or {}
+    return [r for r in (allocation.get("devices") or {}).get("results") or [] if isinstance(r, dict)]
+
+
+def _claim_shares(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+    """dropDisabledDRAResourceClaimConsumableCapacityStatusFields (resourceclaim/strategy.go): a result's shareID
+    and consumedCapacity, and status.devices[].shareID, unless the gate is on or the old claim uses them."""
+    def used(o: Obj) -> bool:
+        return any("shareID" in r or "consumedCapacity" in r for r in _allocation_results(o)) or any(
+            "shareID" in d for d in (o.get("status") or {}).get("devices") or [] if isinstance(d, dict))
+
+    if gates.enabled("DRAConsumableCapacity") or _in_use(old, used):
+        return
+    for result in _allocation_results(new):
+        result.pop("shareID", None)
+        result.pop("consumedCapacity", None)
+    for device in (new.get("status") or {}).get("devices") or []:
+        if isinstance(device, dict):
+            device.pop("shareID", None)
+
+
 def _resource_claim(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
     _claim_spec(new.get("spec"), (old or {}).get("spec") if old else None, gates)
+    _claim_shares(new, old, gates)
 
 
 def _resource_claim_template(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:

@@ -11,8 +11,12 @@ device, and the taint effect None is valid.
 
 from __future__ import annotations
 
+import itertools
 import re
+from fractions import Fraction
 from typing import Any
+
+from agent import quantity
 
 Causes = list[tuple[str, str]]
 
@@ -37,9 +41,11 @@ MAX_CEL_LENGTH = 10 * 1024
 MAX_OPAQUE_PARAMETERS = 10 * 1024
 MAX_RESERVED_FOR = 256
 MAX_ALLOCATION_RESULTS = 32
+MAX_VALID_VALUES = 10  # CapacityRequestPolicyDiscreteMaxOptions
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")  # RFC 4122, lowercase
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # semver 2.0.0, the rule agent.allocation.cel also has; not imported from there, because that would load the
 # CEL bindings (and their CLI) into every fake API server.
@@ -119,6 +125,80 @@ def _attribute(where: str, value: Any) -> Causes:
     return []
 
 
+def _quantity(value: Any) -> Fraction | None:
+    try:
+        return quantity.parse(str(value)).value
+    except quantity.QuantityError:
+        return None
+
+
+def _capacity(where: str, capacity: Any, shareable: bool) -> Causes:
+    """A device capacity's requestPolicy (validateMultiAllocatableDeviceCapacity and validateRequestPolicyRange
+    in pkg/apis/resource/validation): only on a device with allowMultipleAllocations; one of validValues and
+    validRange, each with a default inside it; min <= max <= value; min + step <= value; default and max on
+    the step grid from min; at most 10 valid values, ascending, none above the value."""
+    policy = capacity.get("requestPolicy") if isinstance(capacity, dict) else None
+    if policy is None:
+        return []
+    at = f"{where}.requestPolicy"
+    if not shareable:
+        return [(at, "Forbidden: allowMultipleAllocations must be true")]
+    value = _quantity(capacity.get("value"))
+    default = _quantity(policy["default"]) if policy.get("default") is not None else None
+    valid_values = policy.get("validValues") or []
+    valid_range = policy.get("validRange")
+    if value is None:
+        return []
+    if valid_values and valid_range is not None:
+        return [(at, 'exactly one policy can be specified, cannot specify "validValues" and "validRange" at the '
+                     "same time")]  # fmt: skip
+    out: Causes = []
+    if valid_values:
+        if default is None:
+            return [(f"{at}.default", "Required value: required when validValues is defined")]
+        values = [_quantity(v) for v in valid_values]
+        if len(values) > MAX_VALID_VALUES:
+            out.append((f"{at}.validValues", f"must have at most {MAX_VALID_VALUES} items"))
+        for i, (a, b) in enumerate(itertools.pairwise(values)):
+            if a is not None and b is not None and a > b:
+                out.append((f"{at}.validValues[{i + 1}]", "values must be sorted in ascending order"))
+        out += [(f"{at}.validValues[{i}]", f"option is larger than capacity value: {capacity.get('value')}")
+                for i, v in enumerate(values) if v is not None and v > value]  # fmt: skip
+        if default not in values:
+            out.append((f"{at}.validValues", "default value is not valid according to the requestPolicy"))
+        return out
+    if valid_range is None:
+        return out
+    if default is None:
+        return [(f"{at}.default", "Required value: required when validRange is defined")]
+    low, high, step = (_quantity(valid_range[k]) if valid_range.get(k) is not None else None
+                       for k in ("min", "max", "step"))  # fmt: skip
+    if low is None:
+        return [(f"{at}.validRange.min", "Required value: required when validRange is defined")]
+    if low > value:
+        out.append((f"{at}.validRange.min", f"min is larger than capacity value: {capacity.get('value')}"))
+    if default < low:
+        out.append((f"{at}.validRange.default", f"default is less than min: {valid_range['min']}"))
+    if high is not None:
+        if low > high:
+            out.append((f"{at}.validRange.max", f"min is larger than max: {valid_range['max']}"))
+        if high > value:
+            out.append((f"{at}.validRange.max", f"max is larger than capacity value: {capacity.get('value')}"))
+        if default > high:
+            out.append((f"{at}.validRange.default", f"default is more than max: {valid_range['max']}"))
+    if step is not None:
+        if step <= 0:
+            return [*out, (f"{at}.validRange.step", "must be greater than zero")]
+        if low + step > value:
+            out.append((f"{at}.validRange.step", f"one step {low + step} is larger than capacity value: "
+                                                 f"{capacity.get('value')}"))  # fmt: skip
+        for bound in (default, high):
+            if bound is not None and (int(bound) - int(low)) % int(step):
+                out.append((f"{at}.validRange.step", f"value is not a multiple of a given step "
+                                                     f"({valid_range['step']}) from ({valid_range['min']})"))
+    return out
+
+
 def _counters(where: str, counters: Any) -> Causes:
     if not isinstance(counters, dict) or not counters:
         return [(where, "at least one counter is required")]
@@ -145,6 +225,7 @@ def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_
             out.append((f"{where}.capacity[{name}]", why))
         if name in attributes:
             out.append((f"{where}.capacity[{name}]", "attribute and capacity names must be unique"))
+        out += _capacity(f"{where}.capacity[{name}]", capacity[name], device.get("allowMultipleAllocations") is True)
     consumed = device.get("consumesCounters") or []
     seen_sets: set[str] = set()
     total = 0
@@ -300,6 +381,11 @@ def _exact(where: str, request: dict[str, Any]) -> Causes:
     if mode == "ExactCount" and count is not None and count <= 0:
         out.append((f"{where}.count", "must be greater than zero"))
     out += _selectors(f"{where}.selectors", request.get("selectors") or [])
+    for name, value in ((request.get("capacity") or {}).get("requests") or {}).items():
+        if (why := qualified_name(name)):
+            out.append((f"{where}.capacity.requests[{name}]", why))
+        if (amount := _quantity(value)) is None or amount < 0:
+            out.append((f"{where}.capacity.requests[{name}]", "must be a non-negative quantity"))
     return out
 
 
@@ -363,6 +449,7 @@ def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
     if len(results) > MAX_ALLOCATION_RESULTS:
         out.append(("status.allocation.devices.results", f"must have at most {MAX_ALLOCATION_RESULTS} results"))
     requests = _request_names(obj.get("spec") or {})
+    seen: set[tuple[Any, ...]] = set()
     for i, result in enumerate(results):
         if result.get("request") not in requests:
             out.append((f"status.allocation.devices.results[{i}].request", "must be the name of a request in the "
@@ -371,6 +458,14 @@ def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
             out.append((f"status.allocation.devices.results[{i}].device", why))
         if (why := dns_subdomain(result.get("driver"), 63)):
             out.append((f"status.allocation.devices.results[{i}].driver", why))
+        share = result.get("shareID")
+        if share is not None and not _UID.fullmatch(str(share)):
+            out.append((f"status.allocation.devices.results[{i}].shareID", f"invalid UID {share!r}"))
+        key = (result.get("driver"), result.get("pool"), result.get("device"), share)
+        if key in seen:
+            out.append((f"status.allocation.devices.results[{i}]", "Duplicate value: a device (and share) may be "
+                        "allocated once"))  # fmt: skip
+        seen.add(key)
     return out
 
 

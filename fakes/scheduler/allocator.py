@@ -5,18 +5,25 @@ counts; a device is selectable when every DeviceClass selector and then every re
 devices in other claims' allocations are taken (admin-access results excepted); all devices of a claim sit
 on one node; `matchAttribute` constraints need one typed value across the devices of the named requests, so
 the search backtracks. Requests are `exactly` or `firstAvailable` (first alternative that fits wins).
-Pure: claims, slices and classes come in as API JSON dicts; the allocation goes out as one.
+Consumable capacity (DRAConsumableCapacity): a device with `allowMultipleAllocations` is never taken by a
+claim; each allocation of it is a share with a fresh `shareID` and the `consumedCapacity` its request rounds
+to under the device's request policies (agent.devices.shares), and shares never consume more than the device
+has; a request's `capacity.requests` must also fit an exclusive device's capacity.
+Pure apart from the random shareID: claims, slices and classes come in as API JSON dicts; the allocation goes
+out as one.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.allocation.cel import DeviceSelector, Json, SelectorError, device_variable
+from agent.devices import shares
 
 # The allocator gives up after this many placement attempts rather than search forever (kube-scheduler
 # bounds the same search with a time limit).
@@ -56,6 +63,14 @@ class Candidate:
         """The CEL `device` selectors see, built once however many requests and nodes look at the device."""
         return device_variable(self.driver, self.device)
 
+    @property
+    def shareable(self) -> bool:
+        return self.device.get("allowMultipleAllocations") is True
+
+    @functools.cached_property
+    def capacities(self) -> dict[str, shares.Capacity]:
+        return {str(k): shares.Capacity.from_json(v) for k, v in (self.device.get("capacity") or {}).items()}
+
     def attribute(self, qualified: str) -> Any:
         """A fully-qualified attribute's typed value ({"string": ...}), None when absent."""
         domain, _, name = qualified.rpartition("/")
@@ -76,6 +91,18 @@ class Alternative:
     count: int | None  # None: allocationMode All
     admin_access: bool
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    capacity: tuple[tuple[str, Any], ...] = ()  # capacity.requests: (name, exact value)
+
+    def share(self, device: Candidate) -> dict[str, Any] | None:
+        """What one allocation of `device` for this request consumes, None when the device cannot serve it.
+        An exclusive device consumes nothing that others count; its capacity must still cover the request."""
+        requests = dict(self.capacity)
+        if device.shareable:
+            return shares.share_of(requests, device.capacities)
+        if any(name not in device.capacities or value > device.capacities[name].value
+               for name, value in requests.items()):  # fmt: skip
+            return None
+        return {}
 
 
 @dataclass
@@ -84,6 +111,7 @@ class _Search:
     constraints: list[tuple[frozenset[str], str]]
     chosen: list[tuple[Alternative, Candidate]] = field(default_factory=list)
     steps: int = 0
+    consumed: Mapping[tuple[str, str, str], list[dict[str, Any]]] = field(default_factory=dict)  # other claims'
 
 
 def allocate(
@@ -100,7 +128,8 @@ def allocate(
     slices, classes = list(slices), list(classes)
     by_class = {c["metadata"]["name"]: c for c in classes}
     uid = claim.get("metadata", {}).get("uid")
-    taken = _taken(c for c in claims if c.get("metadata", {}).get("uid") != uid)
+    others = [c for c in claims if c.get("metadata", {}).get("uid") != uid]
+    taken, consumed = _taken(others), _consumed(others)
     devices = [c for c in _current_devices(slices) if node is None or c.location in ("", _node_location(node))]
     requests = [(r["name"], _alternatives(r, by_class)) for r in spec.get("requests", [])]
     if not requests:
@@ -113,12 +142,13 @@ def allocate(
     for location in sorted({d.location for d in devices if d.location}) or [""]:
         here = [d for d in devices if d.location in ("", location)]
         search = _Search(
-            [(name, [(a, _selectable(a, here, taken)) for a in alts]) for name, alts in requests], constraints
+            [(name, [(a, _selectable(a, here, taken, consumed)) for a in alts]) for name, alts in requests],
+            constraints, consumed=consumed,
         )
         if _place(search, 0):
             return _allocation(claim, search.chosen, by_class, location)
         failures.append(_explain(search, location))
-    in_use = bool(taken) and _fits_when_free(claim, slices, classes, node)
+    in_use = bool(taken or consumed) and _fits_when_free(claim, slices, classes, node)
     reason = "; ".join(failures) if failures else "no devices are published"
     raise Unsatisfiable(reason + (" (devices are in use by other claims)" if in_use else ""), in_use=in_use)
 
@@ -164,9 +194,17 @@ def _alternatives(request: Mapping[str, Any], classes: Mapping[str, Mapping[str,
                 int(e.get("count", 1)) if mode == "ExactCount" else None,
                 bool(e.get("adminAccess", False)),
                 tuple(e.get("tolerations") or ()),
+                tuple(_capacity_requests(e, result_name).items()),
             )
         )
     return alternatives
+
+
+def _capacity_requests(entry: Mapping[str, Any], result_name: str) -> dict[str, Any]:
+    try:
+        return shares.requests_of(entry.get("capacity"))
+    except shares.ShareError as exc:
+        raise Unsatisfiable(f"request {result_name!r}: {exc}") from None
 
 
 def _node_location(node: str) -> str:
@@ -196,16 +234,31 @@ def _current_devices(slices: Iterable[Mapping[str, Any]]) -> list[Candidate]:
     return out
 
 
+def _results(claims: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    for c in claims:
+        yield from (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+
+
 def _taken(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
-    return {
-        (r["driver"], r["pool"], r["device"])
-        for c in claims
-        for r in (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
-        if not r.get("adminAccess")
-    }
+    """Devices other claims hold whole (a share, with its shareID, holds only what it consumed)."""
+    return {(r["driver"], r["pool"], r["device"]) for r in _results(claims)
+            if not r.get("adminAccess") and not r.get("shareID")}  # fmt: skip
 
 
-def _selectable(alt: Alternative, devices: Sequence[Candidate], taken: set[tuple[str, str, str]]) -> list[Candidate]:
+def _consumed(claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """What other claims' shares consume of each shared device."""
+    out: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in _results(claims):
+        if r.get("shareID"):
+            out.setdefault((r["driver"], r["pool"], r["device"]), []).append(
+                shares.consumed_of(r.get("consumedCapacity")))
+    return out
+
+
+def _selectable(
+    alt: Alternative, devices: Sequence[Candidate], taken: set[tuple[str, str, str]],
+    consumed: Mapping[tuple[str, str, str], list[dict[str, Any]]],
+) -> list[Candidate]:  # fmt: skip
     """The devices this alternative may take: matching and free; for All, every match or none if one is taken."""
     matching = []
     for d in devices:
@@ -219,9 +272,15 @@ def _selectable(alt: Alternative, devices: Sequence[Candidate], taken: set[tuple
             raise Unsatisfiable(f"request {alt.result_name!r}, device {d.name}: {e}") from None
     if alt.admin_access:
         return matching  # admin access may use devices that are in use
+    matching = [d for d in matching if _has_room(alt, d, consumed.get(d.key, []))]
     if alt.count is None and any(d.key in taken for d in matching):
         return []
     return [d for d in matching if d.key not in taken]
+
+
+def _has_room(alt: Alternative, device: Candidate, taken: Sequence[Mapping[str, Any]]) -> bool:
+    share = alt.share(device)
+    return share is not None and (not device.shareable or shares.fits(share, device.capacities, taken))
 
 
 def _taints_tolerated(taints: Iterable[Mapping[str, Any]], tolerations: Sequence[Mapping[str, Any]]) -> bool:
@@ -278,10 +337,15 @@ def _choose(search: _Search, index: int, alt: Alternative, candidates: list[Cand
 
 def _try(search: _Search, alt: Alternative, devices: Sequence[Candidate]) -> bool:
     """Add devices when free in this claim and consistent with every constraint; leave chosen as it was if not."""
-    in_claim = {c.key for _, c in search.chosen}
-    if any(d.key in in_claim for d in devices) or len({d.key for d in devices}) < len(devices):
+    in_claim = {c.key for _, c in search.chosen if not c.shareable}  # one claim may hold several shares
+    exclusive = [d.key for d in devices if not d.shareable]
+    if any(d.key in in_claim for d in devices) or len(set(exclusive)) < len(exclusive):
         return False
     trial = [*search.chosen, *((alt, d) for d in devices)]
+    for d in {d.key: d for d in devices if d.shareable}.values():
+        mine = [a.share(c) or {} for a, c in trial if c.key == d.key]
+        if not shares.fits({}, d.capacities, [*search.consumed.get(d.key, []), *mine]):
+            return False
     for requests, attribute in search.constraints:
         values = {d.attribute(attribute) for a, d in trial if _applies(requests, a.result_name)}
         if None in values or len(values) > 1:
@@ -333,6 +397,10 @@ def _allocation(
         result: Json = {"request": alt.result_name, "driver": d.driver, "pool": d.pool, "device": d.name}
         if alt.admin_access:
             result["adminAccess"] = True
+        if d.shareable:
+            result["shareID"] = str(uuid.uuid4())
+            if consumed := alt.share(d):
+                result["consumedCapacity"] = shares.to_quantities(consumed)
         results.append(result)
     devices: Json = {"results": results}
     config = list(_configs(claim, chosen, classes))

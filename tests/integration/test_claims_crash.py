@@ -3,7 +3,8 @@
 A child process loops over prepare and unprepare batches, journaling each claim it saw prepared; the test
 kills it with SIGKILL at a random moment, runs `recover()` as a restarting agent would, and checks: no
 Started claim survives, every Completed claim has its CDI spec and no spec lacks one (no leaked file, no
-temp file), no claim the child saw prepared is lost, and retrying every claim succeeds.
+temp file), no claim the child saw prepared is lost, and retrying every claim succeeds. The same trial runs
+over consumable-capacity shares: every claim a share of one GPU, each its own CDI device.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 import yaml
@@ -89,7 +91,10 @@ def check_converged(root: pathlib.Path) -> None:
     assert [p.name for p in (root / "state").rglob("*.tmp")] == []
     for uid in states:
         spec = yaml.safe_load((root / "cdi" / cdi.spec_file_name(uid)).read_text())
-        assert [d["name"] for d in spec["devices"]] == [f"{uid}-{d.device_name}" for d in cp.claims[uid].devices]
+        names = [i.split("=", 1)[1] for d in cp.claims[uid].devices for i in d.cdi_device_ids]
+        assert [d["name"] for d in spec["devices"]] == names
+        assert all(n == cdi.cdi_name(uid, d.device_name, d.share_id) for n, d in zip(names, cp.claims[uid].devices,
+                                                                                      strict=True))
     for uid, what in last_journal_state(root).items():
         if what == "prepared":
             assert uid in states, f"{uid} was prepared before the kill and is lost"
@@ -97,16 +102,30 @@ def check_converged(root: pathlib.Path) -> None:
             assert uid not in states, f"{uid} was unprepared before the kill and came back"
 
 
+def shared_claim(ref: ClaimRef) -> dict[str, object]:
+    """A share of gpu-0 (10Gi of it), as kube-scheduler allocates consumable capacity."""
+    body = claim(ref.uid, [], name=ref.name, namespace=ref.namespace)
+    body["status"]["allocation"]["devices"]["results"] = [{
+        "request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0",
+        "shareID": str(uuid.uuid5(uuid.NAMESPACE_OID, ref.uid)),
+        "consumedCapacity": {"memory": "10Gi"},
+    }]
+    return body
+
+
 @pytest.mark.slow
-def test_kill_minus_nine_at_random_points_always_recovers(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(("layout", "kills"), [("devices", KILLS), ("shares", KILLS // 2)])
+def test_kill_minus_nine_at_random_points_always_recovers(tmp_path: pathlib.Path, layout: str, kills: int) -> None:
     for ref, device in zip(REFS, DEVICES, strict=True):
         (tmp_path / "claims" / ref.namespace).mkdir(parents=True, exist_ok=True)
         body = claim(ref.uid, [device], name=ref.name, namespace=ref.namespace)
+        if layout == "shares":
+            body = shared_claim(ref)
         (tmp_path / "claims" / ref.namespace / f"{ref.name}.json").write_text(json.dumps(body))
 
     rng = random.Random(1234)
     repaired = {"rolled_back": 0, "removed_specs": 0, "removed_temps": 0}
-    for kill in range(KILLS):
+    for kill in range(kills):
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.test_claims_crash", str(tmp_path), str(kill)],
             cwd=REPO,
@@ -135,7 +154,7 @@ def test_kill_minus_nine_at_random_points_always_recovers(tmp_path: pathlib.Path
         check_converged(tmp_path)
 
     assert len(last_journal_state(tmp_path)) == len(REFS)
-    print(f"{KILLS} kills; repaired on restart: {repaired}")
+    print(f"{kills} kills; repaired on restart: {repaired}")
 
 
 if __name__ == "__main__":

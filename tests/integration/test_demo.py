@@ -88,6 +88,10 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     assert len(re.findall(r"event  sweep-\d-0: evicted by the arbiter \(reclaim\)", out)) == 2
     assert len(re.findall(r"eval-\d\s+admitted", out)) == 2
     assert re.search(r"team-b\s+research\s+8\s+8\s+8\s+8", out)
+    # shared GPUs: ten 8Gi inference claims, nine on one H100, each its own CDI device with its limit
+    shared = re.findall(r"inference-\d\s+8Gi\s+(gpu-\d)\s+\w{8}\s+memory=8Gi, shares=1\s+0\.100\s+0=8192M\s+\S+", out)
+    assert shared == ["gpu-0"] * 9 + ["gpu-1"], out
+    assert "gpu-0: 9 share(s), 0.904 of the GPU (72 of 79.6 GiB) in the queue" in out
 
 
 def test_demo_on_dgx_h100_alone_calls_the_mig_claim_unsatisfiable(capsys: pytest.CaptureFixture[str]) -> None:

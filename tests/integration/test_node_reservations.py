@@ -346,3 +346,27 @@ def test_a_selector_worker_killed_while_idle_is_replaced() -> None:
         assert not selectors.evaluate(["false"], [device], 30).matches("false", device)
     finally:
         selectors.close()
+def test_consumable_capacity_shares_take_their_fraction_and_keep_the_gpu_from_whole_claims(
+        rest: Rest, node: tuple[NodeReservations, list[str]]) -> None:
+    service, _ = node
+    memory = service._inventory().gpus[0].memory_bytes
+    for i in range(9):
+        claim = rest.create(RESOURCE_CLAIMS, "default", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"share-{i}"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "8Gi"}}}}]}},
+        })
+        claim["status"] = {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0",
+                                     "shareID": f"00000000-0000-4000-8000-00000000000{i}",
+                                     "consumedCapacity": {"memory": "8Gi"}}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+        }}
+        rest.replace(RESOURCE_CLAIMS, claim, "status")
+    per_share = -(-8 * (1 << 30) * 1000 // memory)
+    eventually(lambda: service.usage().shared_milli.get("gpu-0") == 9 * per_share)
+    assert "gpu-0" not in service.usage().allocated
+    with pytest.raises(NoFit):  # tried: every GPU whole while gpu-0 holds shares
+        service.book.reserve("g", "m", gpus(4), 10)
+    assert sorted(service.book.reserve("g", "m", gpus(3), 10).fit.devices["gpus"]) == ["gpu-1", "gpu-2", "gpu-3"]

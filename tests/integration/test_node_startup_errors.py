@@ -338,3 +338,16 @@ def test_a_driver_root_of_another_version_is_refused(root: pathlib.Path, server:
 
 def test_host_driver_root_must_be_absolute(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> None:
     assert_refused(start(root, server, "--host-driver-root", "run/nvidia/driver"), "--host-driver-root", code=2)
+# --- consumable shares ----------------------------------------------------------------------------------
+
+
+def test_consumable_shares_with_partitionable_devices_is_refused(root: pathlib.Path,
+                                                                 server: fakes.apiserver.ApiServer) -> None:
+    result = start(root, server, "--consumable-shares", "memory", "--partitionable-devices")
+    assert_refused(result, "--consumable-shares=memory cannot be combined with --partitionable-devices", code=2)
+
+
+def test_a_bad_consumable_shares_value_from_the_environment(root: pathlib.Path,
+                                                            server: fakes.apiserver.ApiServer) -> None:
+    result = start(root, server, env={"CONSUMABLE_SHARES": "half"})
+    assert_refused(result, "--consumable-shares must be one of disabled, memory, unlimited", "'half'", code=2)

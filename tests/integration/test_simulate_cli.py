@@ -107,3 +107,15 @@ def test_missing_file_and_unknown_action_are_clear_errors(tmp_path: pathlib.Path
     path = snapshot_file(tmp_path, reclaim_scenario())
     assert main(["simulate", str(path), "--actions", "allocate,backfill"]) != 0
     assert "unknown action 'backfill'" in capsys.readouterr().err
+
+
+def test_simulate_takes_shared_claims_as_gpu_memory(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 8Gi shares of 79.6 GiB H100s: nine fit a GPU, so 18 of 19 run on two GPUs and one waits
+    h100 = 81559 << 20
+    shares = [{k: v for k, v in pod(f"s{i}").items() if k != "gpus"} | {"gpuMemory": 8 << 30} for i in range(19)]
+    document = doc([node("n", 2, gpuMemory=h100)], [queue("q")], [job("infer", "q", shares, min_member=1)])
+    assert main(["simulate", str(snapshot_file(tmp_path, document)), "--rounds", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    running = [p for p in out["pods"].values() if p["outcome"] == "running"]
+    assert len(running) == 18
+    assert sorted(p["gpuIndex"] for p in running) == [0] * 9 + [1] * 9

@@ -104,6 +104,8 @@ def test_daemonset_directory_installs_the_base_and_overlays_change_one_thing() -
     partitionable = kustomize(DAEMONSET / "overlays" / "partitionable-devices")
     assert agent_env(partitionable) == {**agent_env(base), "PARTITIONABLE_DEVICES": "true"}
     assert [d for d in partitionable if d["kind"] != "DaemonSet"] == [d for d in base if d["kind"] != "DaemonSet"]
+    shared = kustomize(DAEMONSET / "overlays" / "consumable-shares")
+    assert agent_env(shared) == {**agent_env(base), "CONSUMABLE_SHARES": "memory"}
 
     def mig_configs(rendered: list[dict[str, Any]]) -> dict[str, Any]:
         (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]

@@ -43,12 +43,13 @@ _FIELDS = {
     "the snapshot": ("config", "nodes", "queues", "jobs", "now", "fairness"),
     "config": ("placement",),
     "config.placement": ("gpu", "cpu"),
-    "node": ("name", "gpus", "cpuMilli", "memBytes", "gpuModel", "labels", "nvlinkDomains"),
+    "node": ("name", "gpus", "cpuMilli", "memBytes", "gpuModel", "labels", "nvlinkDomains", "gpuMemory"),
     "queue": ("name", "parent", "priority", *RESOURCES, "preemptMinRuntime", "reclaimMinRuntime"),
     "queue resource": ("quota", "limit", "overQuotaWeight"),
     "job": ("name", "queue", "priority", "preemptible", "minMember", "createdAt", "pods", "startedAt",
             "preemptionDelay", "pendingSince"),
-    "pod": ("name", "gpus", "status", "node", "gpuIndex", "cpuMilli", "memBytes", "taskPriority", "nodeSelector"),
+    "pod": ("name", "gpus", "gpuMemory", "status", "node", "gpuIndex", "cpuMilli", "memBytes", "taskPriority",
+            "nodeSelector"),
     "fairness": ("kValue", "usage", "history", "windowSize", "halfLife"),
     "fairness usage": RESOURCES,
     "fairness history": ("queue", "start", "end", "gpus", "cpuMilli", "memBytes"),
@@ -63,9 +64,11 @@ class SnapshotError(ValueError):
 def parse_snapshot(doc: object) -> Snapshot:
     top = _obj(doc, "the snapshot", "the snapshot")
     placement = _placement(top.get("config"))
-    nodes = tuple(_node(n, i) for i, n in enumerate(_list(top, "nodes", "the snapshot")))
+    raw_nodes = _list(top, "nodes", "the snapshot")
+    nodes = tuple(_node(n, i) for i, n in enumerate(raw_nodes))
+    gpu_memory = _gpu_memory(raw_nodes, nodes)
     queues = tuple(_queue(q, i) for i, q in enumerate(_list(top, "queues", "the snapshot")))
-    jobs = tuple(_job(j, i) for i, j in enumerate(_list(top, "jobs", "the snapshot")))
+    jobs = tuple(_job(j, i, gpu_memory) for i, j in enumerate(_list(top, "jobs", "the snapshot")))
     now = _timestamp(top["now"], "the snapshot", "now") if top.get("now") is not None else None
     fairness = _fairness(top.get("fairness"), queues, nodes, now)
     snapshot = Snapshot(nodes=nodes, queues=queues, jobs=jobs, placement=placement, fairness=fairness, now=now)
@@ -163,7 +166,18 @@ def _queue(raw: object, index: int) -> QueueSpec:
 _TERM_KEYS = ("quota", "limit", "overQuotaWeight")
 
 
-def _job(raw: object, index: int) -> JobSpec:
+def _gpu_memory(raw_nodes: list[Any], nodes: tuple[NodeSpec, ...]) -> dict[str, float]:
+    """Each node's per-GPU memory in bytes, where it says (`gpuMemory`): what a pod's `gpuMemory` share is of."""
+    out = {}
+    for raw, node in zip(raw_nodes, nodes, strict=True):
+        if "gpuMemory" in raw:
+            out[node.name] = _quantity(raw, "gpuMemory", f"node {node.name!r}")
+            if out[node.name] <= 0:
+                raise SnapshotError(f"node {node.name!r} has a gpuMemory of {out[node.name]:g}; it must be positive.")
+    return out
+
+
+def _job(raw: object, index: int, gpu_memory: Mapping[str, float] | None = None) -> JobSpec:
     job = _obj(raw, f"jobs[{index}]")
     name = _name(job, f"jobs[{index}]")
     where = f"job {name!r}"
@@ -175,7 +189,7 @@ def _job(raw: object, index: int) -> JobSpec:
     preemptible = job.get("preemptible", priority < NON_PREEMPTIBLE_PRIORITY)
     if not isinstance(preemptible, bool):
         raise SnapshotError(f"{where} has a preemptible field that is not true or false.")
-    pods = tuple(_pod(p, where, i) for i, p in enumerate(_list(job, "pods", where)))
+    pods = tuple(_pod(p, where, i, gpu_memory or {}) for i, p in enumerate(_list(job, "pods", where)))
     min_member = _int(job, "minMember", where, default=len(pods))
     if min_member < 0:
         raise SnapshotError(f"{where} has a negative minMember {min_member}.")
@@ -194,12 +208,30 @@ def _job(raw: object, index: int) -> JobSpec:
     )
 
 
-def _pod(raw: object, job: str, index: int) -> PodSpec:
+def _share(pod: Mapping[str, Any], where: str, gpu_memory: Mapping[str, float]) -> float:
+    """A consumable-capacity share (`gpuMemory` bytes of one GPU) as a GPU fraction: of its node's GPU, or of
+    the largest GPU for a pending pod, rounded up to the next milli-GPU so shares never overfill a GPU (nine
+    8Gi shares of a 79.6 GiB H100 are 0.101 each: nine fit, a tenth does not)."""
+    if "gpus" in pod:
+        raise SnapshotError(f"{where} has both gpus and gpuMemory; a share names only its gpuMemory.")
+    memory = _quantity(pod, "gpuMemory", where)
+    node = pod.get("node")
+    whole = gpu_memory.get(node) if isinstance(node, str) else max(gpu_memory.values(), default=None)
+    if whole is None:
+        raise SnapshotError(f"{where} asks for gpuMemory, but {'its node' if node else 'no node'} says its "
+                            "GPUs' gpuMemory.")  # fmt: skip
+    if memory <= 0 or memory > whole:
+        raise SnapshotError(f"{where} asks for {memory:g} bytes of GPU memory; a share is more than 0 and at most "
+                            f"a GPU's {whole:g}.")  # fmt: skip
+    return math.ceil(round(memory / whole * MILLI, 9)) / MILLI
+
+
+def _pod(raw: object, job: str, index: int, gpu_memory: Mapping[str, float] | None = None) -> PodSpec:
     pod = _obj(raw, f"{job} pods[{index}]")
     name = _name(pod, f"{job} pods[{index}]")
     where = f"pod {name!r}"
     _known_fields(pod, "pod", where)
-    gpus = _quantity(pod, "gpus", where, default=0.0)
+    gpus = _share(pod, where, gpu_memory or {}) if "gpuMemory" in pod else _quantity(pod, "gpus", where, default=0.0)
     if gpus > MAX_NODE_GPUS:
         raise SnapshotError(f"{where} asks for {gpus:g} GPUs, more than any node may have ({MAX_NODE_GPUS}).")
     if gpus > 1 and gpus != int(gpus):
