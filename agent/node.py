@@ -63,6 +63,7 @@ class NodeConfig:
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
     driver_root: Path = Path("/")  # where nvidia-smi and nvidia-cuda-mps-control are installed
+    dev_root: Path = Path("/")  # where the host's /dev/nvidia* nodes are (the CDI specs' hostPath beneath it)
     reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
@@ -152,6 +153,7 @@ class NodeAgent:
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
             on_inventory_changed=self._on_inventory_changed,
             sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
+            dev_root=config.dev_root,
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None

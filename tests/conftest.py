@@ -24,6 +24,11 @@ BUILD_KEY = pytest.StashKey[str]()
 # so CI (90 minutes) never times out on it.
 BUILD_ON_FIRST_USE = True
 BUILD_BUDGET_S = 40 * 60
+# The node tier (marker `node`) also needs kubelet, containerd, runc, the CNI plugins and crictl
+# (tests/node/build.py): ~5 CPU-minutes cold once the control plane's packages are in Go's build cache.
+# GPU_DRA_AGENT_NODE_STACK_BUILD_BUDGET (seconds) bounds it the same way.
+NODE_STACK_KEY = pytest.StashKey[pathlib.Path | str | build.BuildError]()
+NODE_BUILD_BUDGET_S = 20 * 60
 
 
 # Property tests draw the same examples on every run by default, so CI on a clean clone is reproducible;
@@ -46,7 +51,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     Here rather than in a fixture: a cold build takes many minutes, longer than any per-test timeout.
     """
-    if not any(item.get_closest_marker("controlplane") for item in items):
+    if any(item.get_closest_marker("node") for item in items):
+        config.stash[NODE_STACK_KEY] = _node_stack(config)
+    if not any(item.get_closest_marker("controlplane") or item.get_closest_marker("node") for item in items):
         return
     ready = build.built()
     if ready is not None:
@@ -82,6 +89,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.stash[CONTROL_PLANE_KEY] = error
         return
     config.stash[BUILD_KEY] = f"built in {time.monotonic() - started:.0f}s"
+
+
+def _node_stack(config: pytest.Config) -> pathlib.Path | str | build.BuildError:
+    """The node tier's binary directory, or why the tier is skipped (str) or broken (BuildError)."""
+    from tests.node import build as node_build
+    from tests.node import images
+
+    if os.geteuid() != 0:
+        return "real node tier skipped: it needs root (device nodes, cgroups, containerd)"
+    if why := images.available():
+        return f"real node tier skipped: {why}"
+    ready = node_build.built()
+    if ready is not None:
+        return ready
+    if why := node_build.missing_prerequisite():
+        return f"real node tier skipped: {why}"
+    if os.environ.get("GPU_DRA_AGENT_BUILD_CONTROL_PLANE", "1" if BUILD_ON_FIRST_USE else "0") != "1":
+        return "real node tier skipped: its binaries are not built; `make node-stack` builds them"
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"building the node stack for the real node tier (first use; log beside "
+                            f"{node_build.binary_dir()})")  # fmt: skip
+    budget = float(os.environ.get("GPU_DRA_AGENT_NODE_STACK_BUILD_BUDGET", NODE_BUILD_BUDGET_S))
+    try:
+        return node_build.build(budget_s=budget)
+    except build.BuildTimeout as error:
+        return f"real node tier skipped: {error}"
+    except build.BuildError as error:
+        return error
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

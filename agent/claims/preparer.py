@@ -44,6 +44,7 @@ class ClaimPreparer:
         on_inventory_changed: Callable[[], None] = lambda: None,
         lock_timeout: float = 10.0,
         sharing: ClaimSharing | None = None,
+        dev_root: Path | None = None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
@@ -63,6 +64,7 @@ class ClaimPreparer:
             migs=migs,
             on_inventory_changed=on_inventory_changed,
             sharing=sharing,
+            dev_root=dev_root,
         )
 
     def recover(self) -> Recovery:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from agent.claims import cdi
@@ -112,8 +113,10 @@ class ClaimStates:
         migs: MigDevices | None = None,
         on_inventory_changed: Callable[[], None] = lambda: None,
         sharing: ClaimSharing | None = None,
+        dev_root: Path | None = None,
     ) -> None:
         self.node_name = node_name
+        self.dev_root = dev_root  # where the host's /dev nodes are, when not at /dev
         self.driver_name = driver_name
         self.pool_name = node_name  # one pool per node, named after it
         self.checkpoints = checkpoints
@@ -244,7 +247,7 @@ class ClaimStates:
                 parsed.parent_minor, made.gpu_instance_id, made.compute_instance_id, self.mig_caps
             )
             devices[i] = CdiDevice(device.device_name, made.uuid, nodes)
-        spec = cdi.claim_spec(entry.uid, devices, self.node_name, self.driver_name)
+        spec = cdi.claim_spec(entry.uid, devices, self.node_name, self.driver_name, self.dev_root)
         cp.claims[entry.uid] = entry = replace(entry, cdi_spec=spec)
         return entry
 
@@ -287,7 +290,7 @@ class ClaimStates:
         planned = self._plan(cp, ref, fetched)
         devices = [p.cdi for p in planned]
         to_create = any(_to_create(p.checkpointed) for p in planned)
-        spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name)
+        spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name, self.dev_root)
         entry = ClaimEntry(
             ref.uid, ref.namespace, ref.name, ClaimState.STARTED, tuple(p.checkpointed for p in planned), spec
         )

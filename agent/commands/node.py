@@ -80,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where the NVIDIA driver (nvidia-smi, nvidia-cuda-mps-control) is installed, as NVIDIA's "
         "nvidiaDriverRoot (env NVIDIA_DRIVER_ROOT)",
     )
+    p.add_argument(
+        "--dev-root",
+        default=_env("NVIDIA_DEV_ROOT", "/"),
+        help="where the host's /dev/nvidia* nodes are, when not at /dev (a driver container's, or stand-ins); "
+        "CDI specs then name them as hostPath beneath it (env NVIDIA_DEV_ROOT)",
+    )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
     p.add_argument(
         "--reservation-addr",
@@ -151,6 +157,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         health_events=args.health_events,
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
         driver_root=Path(args.driver_root),
+        dev_root=Path(args.dev_root),
         reservation_address=args.reservation_addr or None,
         reservation_token=token,
         node_ip=_env("NODE_IP"),
