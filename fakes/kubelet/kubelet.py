@@ -25,9 +25,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agent._proto.kubelet import dra_health_v1_pb2, dra_health_v1_pb2_grpc, dra_health_v1alpha1_pb2
-from agent._proto.kubelet import dra_health_v1alpha1_pb2_grpc
-from agent._proto.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from agent._proto.kubelet import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
 from agent._proto.kubelet import pluginregistration_v1_pb2 as reg_pb
 from agent._proto.kubelet import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
