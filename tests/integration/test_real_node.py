@@ -293,7 +293,7 @@ def test_an_xid_taints_the_device_and_marks_the_pod_s_resource_unhealthy(site: S
             return statuses if any(h.get("health") == "Unhealthy" for r in statuses for h in r["resources"]) else None
 
         statuses = wait_for("the pod's allocatedResourcesStatus to say Unhealthy", unhealthy, 60)
-        assert statuses[0]["name"] == "claim:gpu/gpu"
+        assert statuses[0]["name"] == "claim:gpu"  # the container's claim reference names no request
 
 
 # -- MIG and MPS -------------------------------------------------------------------------------------------

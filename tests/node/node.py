@@ -518,3 +518,36 @@ def real_node(cp: ControlPlane, binaries: Path, **kw: Any) -> Iterator[RealNode]
         yield node
     finally:
         node.stop()
+
+
+def main() -> None:
+    """`python -m tests.node.node [MACHINE]`: a control plane and one real node for trying things by hand.
+
+    Builds what is missing (control plane, node stack), starts both and the agent on the fake machine
+    (default mixed-mig), writes ./node.kubeconfig, prints how to reach containerd; Ctrl-C stops and cleans up.
+    """
+    import sys
+
+    from tests.controlplane import build as cp_build
+
+    from . import build as node_build
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwind through stop(): cgroups and temp dirs go too
+    machine = sys.argv[1] if len(sys.argv) > 1 else "mixed-mig"
+    with ControlPlane(cp_build.build()).start() as cp:
+        classes = Path(__file__).parents[2] / "daemonset" / "base" / "deviceclasses.yaml"
+        for doc in yaml.safe_load_all(classes.read_text()):
+            cp.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", doc)
+        with RealNode(cp, node_build.build(), machine=machine).start() as node:
+            path = cp.write_kubeconfig(Path("node.kubeconfig").resolve())
+            print(f"node {node.name} Ready ({machine}) in {node.startup_seconds['all']:.1f}s; KUBECONFIG={path}\n"
+                  f"  logs: {node.logs} and {node.root / 'agent.log'}\n"
+                  f"  crictl: {node.binaries / 'crictl'} --runtime-endpoint unix://{node.containerd_sock} ps\n"
+                  f"  pods: image {images.WORKLOAD_IMAGE}, imagePullPolicy Never, hostNetwork true",
+                  flush=True)  # fmt: skip
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
+
+
+if __name__ == "__main__":
+    main()
