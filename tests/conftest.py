@@ -49,12 +49,17 @@ def shared_dir() -> pathlib.Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build the upstream binaries before the first test when the real tier is selected and they are missing.
 
-    Here rather than in a fixture: a cold build takes many minutes, longer than any per-test timeout.
+    Here rather than in a fixture: a cold build takes many minutes, longer than any per-test timeout. The
+    node tier needs the control plane too; its own stack is built after it, when Go's build cache already
+    holds most of what the kubelet compiles.
     """
+    if any(item.get_closest_marker("controlplane") or item.get_closest_marker("node") for item in items):
+        _control_plane(config)
     if any(item.get_closest_marker("node") for item in items):
         config.stash[NODE_STACK_KEY] = _node_stack(config)
-    if not any(item.get_closest_marker("controlplane") or item.get_closest_marker("node") for item in items):
-        return
+
+
+def _control_plane(config: pytest.Config) -> None:
     ready = build.built()
     if ready is not None:
         config.stash[CONTROL_PLANE_KEY] = ready

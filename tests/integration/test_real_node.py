@@ -40,6 +40,7 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 # PID 1 of each container: prints nothing, stops at once on SIGTERM (busybox sh ignores it as PID 1 otherwise).
 WORKLOAD = 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
 XID_DOUBLE_BIT_ECC = 48
+PREPARE_CALL = 'Calling NodePrepareResources rpc" logger="dra-plugin" driverName="gpu.nvidia.com"'  # kubelet -v=4
 T = TypeVar("T")
 
 
@@ -246,6 +247,9 @@ def test_a_kubelet_restart_keeps_the_pod_and_prepares_nothing_twice(site: Site) 
         uid = pod.claim["metadata"]["uid"]
         before = _prepared_files(site, uid)
         registrations = len([r for r in agent.logs() if r.get("msg") == "registered with the kubelet"])
+        prepares = site.kubelet_log().count(PREPARE_CALL)
+        assert prepares >= 1, "the kubelet's log no longer shows its prepare calls: update PREPARE_CALL"
+        wiped = site.kubelet_log().count("Deleted ResourceSlices")
         site.node.restart_kubelet()
         wait_for(
             "the plugin to register again",
@@ -257,7 +261,13 @@ def test_a_kubelet_restart_keeps_the_pod_and_prepares_nothing_twice(site: Site) 
         after = wait_running(site, pod.name)
         assert after.container_ids() == pod.container_ids()
         assert [s["restartCount"] for s in after.pod["status"]["containerStatuses"]] == [0]
+        # The restarted kubelet took the claim from its own checkpoint: no new prepare call, no rewrite.
+        assert site.kubelet_log().count(PREPARE_CALL) == prepares
         assert _prepared_files(site, uid) == before
+        # It wiped the node's slices when it started (upstream does, for drivers not yet registered); the
+        # agent published them again.
+        assert site.kubelet_log().count("Deleted ResourceSlices") > wiped
+        wait_for("the agent's slices to be back", lambda: pod.devices[0] in site.devices() or None, 60)
         assert in_container(site, after, "ls /dev/nvidia*")
 
 
@@ -265,12 +275,14 @@ def test_an_agent_killed_with_a_running_pod_comes_back_without_preparing_again(s
     with running(site, "one-h100-80gb", "across-agent-kill") as pod:
         uid = pod.claim["metadata"]["uid"]
         before = _prepared_files(site, uid)
+        prepares = site.kubelet_log().count(PREPARE_CALL)
         site.node.kill_agent()
         agent = site.node.start_agent()
         agent.wait_for_log("registered with the kubelet", timeout=60)
         time.sleep(5)
         after = wait_running(site, pod.name)
         assert after.container_ids() == pod.container_ids()
+        assert site.kubelet_log().count(PREPARE_CALL) == prepares
         assert _prepared_files(site, uid) == before
     # and the restarted agent unprepares it when the pod goes
     assert not spec_path(site, uid).exists() and not checkpoint_path(site, uid).exists()

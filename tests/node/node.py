@@ -21,6 +21,10 @@ mount, the memory controller already used by the machine's process manager), and
   `--dev-root` points its CDI specs' hostPath there. The host's /dev/nvidia* are never touched.
 On stop, every pod sandbox is removed through CRI, the daemons stop, whatever is left in the node's cgroups is
 killed and the cgroups removed, and mounts left under the node's directory are lazily unmounted.
+
+Three host paths are fixed in the binaries, whatever the flags: the kubelet's device-plugin socket
+(/var/lib/kubelet/device-plugins/kubelet.sock), its container log links (/var/log/containers) and the shim
+sockets (/run/containerd/s). Stop removes what this node put there, and the directories if it made them.
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ from . import images
 T = TypeVar("T")
 DRIVER = "gpu.nvidia.com"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Fixed in kubelet and containerd whatever their flags; see the module docstring.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
+SHIM_SOCKETS = Path("/run/containerd/s")
+HOST_PATHS = (DEVICE_PLUGIN_SOCKET, CONTAINER_LOG_LINKS, SHIM_SOCKETS)
 # The kubelet's registration of a DRA driver shows in CSINode-like form nowhere; the Node carries nothing
 # either. What the kubelet does show is its plugin watcher's log line and the driver's sockets being dialled.
 KUBELET_FEATURE_GATES: dict[str, bool] = {}  # DRA, ResourceHealthStatus and device taints are on in 1.37
@@ -86,6 +95,16 @@ def hierarchies() -> list[Path]:
     if (CGROUP_ROOT / "cgroup.controllers").exists():  # pure v2
         return [CGROUP_ROOT]
     return sorted(p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost ancestor of `path` (or itself) that does not exist yet; None if it all exists."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0,
@@ -149,6 +168,8 @@ class RealNode:
         self.cgroup = f"{own_cgroup().rstrip('/')}/gpu-dra-node-{os.getpid()}-{self.root.name}"
         # Per hierarchy, the ancestors of the node's cgroup that existed before it: the rest is ours to remove.
         self._existing_ancestors = {h: {p for p in self._ancestors(h) if p.is_dir()} for h in hierarchies()}
+        # The host paths' first missing ancestor before start: what stop may remove again.
+        self._made_on_host = [_first_missing(p) for p in HOST_PATHS]
         self.components: dict[str, Component] = {}
         self.agent: Daemon | None = None
         self.startup_seconds: dict[str, float] = {}
@@ -190,7 +211,7 @@ class RealNode:
             self.root, kubeconfig, self.name, env={persist.ENV: str(self.gpu_state)}, machine=f"fake:{self.machine}",
             extra_args=("--driver-root", str(driver_root), "--dev-root", str(self.dev_root)),
         ).start()  # fmt: skip
-        self.agent.wait_serving(timeout=60)
+        self.agent.wait_for_log("registered with the kubelet", timeout=60)
         return self.agent
 
     def check_running(self) -> None:
@@ -237,6 +258,7 @@ class RealNode:
             self.components.pop("containerd").stop()
         self._remove_cgroup()
         self._unmount_below(self.root)
+        self._clean_host_paths()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -288,6 +310,22 @@ class RealNode:
                 if not top.exists():
                     break
                 time.sleep(0.1)
+
+    def _clean_host_paths(self) -> None:
+        pod_logs = str(self.root / "pod-logs")
+        with contextlib.suppress(OSError):
+            for link in CONTAINER_LOG_LINKS.iterdir():
+                if link.is_symlink() and os.readlink(link).startswith(pod_logs):
+                    link.unlink()
+        if self._made_on_host[0] is None:  # the kubelet directory was there: only our socket goes
+            with contextlib.suppress(OSError):
+                DEVICE_PLUGIN_SOCKET.unlink()
+        for made in self._made_on_host:
+            if made is not None and made.exists():
+                with contextlib.suppress(OSError):
+                    for leftover in sorted(made.rglob("*"), key=lambda p: -len(p.parts)):  # empty dirs, sockets
+                        leftover.rmdir() if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
+                    made.rmdir()
 
     @staticmethod
     def _unmount_below(root: Path) -> None:
@@ -352,7 +390,6 @@ temp = "{base / "tmp"}"
     sandbox = "{images.PAUSE_IMAGE}"
 
 [{runtime}]
-  enable_cdi = true
   cdi_spec_dirs = ["{self.cdi_root}"]
   restrict_oom_score_adj = true
   disable_apparmor = true
@@ -363,6 +400,7 @@ temp = "{base / "tmp"}"
       runtime_type = "io.containerd.runc.v2"
       [{runtime}.containerd.runtimes.runc.options]
         BinaryName = "{self.binaries / "runc"}"
+        Root = "{base / "runc"}"
         SystemdCgroup = false
   [{runtime}.cni]
     bin_dirs = ["{cni / "bin"}"]
@@ -457,7 +495,7 @@ temp = "{base / "tmp"}"
         self._spawn("kubelet", [
             str(self.binaries / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--root-dir={self.kubelet_root}", f"--cert-dir={pki}", f"--hostname-override={self.name}",
-            "--node-ip=127.0.0.1", "--v=4",
+            "--v=4",
         ], {**os.environ, "PATH": f"{self.binaries}:{os.environ.get('PATH', '/usr/bin:/bin')}"})  # fmt: skip
 
     def _grant_node_role(self) -> None:
