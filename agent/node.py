@@ -18,6 +18,7 @@ from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
+from agent.driver.startup import log_setup, set_up
 from agent.kube.claims import KubeClaimSource
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
@@ -62,7 +63,9 @@ class NodeConfig:
     liveness_address: str | None = None
     health_events: bool = True  # watch NVML for critical XIDs and lost GPUs
     extra_ignored_xids: frozenset[int] = frozenset()  # beyond the application XIDs always ignored
-    driver_root: Path = Path("/")  # where nvidia-smi and nvidia-cuda-mps-control are installed
+    driver_root: Path = Path("/")  # the NVIDIA driver's root as the agent sees it (its files, nvidia-smi)
+    host_driver_root: str = "/"  # the same root as the container runtime on the host sees it (CDI hostPaths)
+    nvidia_cdi_hook_path: str | None = None  # host path of nvidia-cdi-hook; None: NVIDIA's install paths
     dev_root: Path = Path("/")  # where the host's /dev/nvidia* nodes are (the CDI specs' hostPath beneath it)
     reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
@@ -118,6 +121,11 @@ class NodeAgent:
         self._stop = threading.Event()
         self._discovery_lock = threading.Lock()  # discover and swap together (_refresh)
         self._inventory = nvml.discover()
+        # The driver's files every claim's CDI spec carries, found once (DriverVersionMismatch: wrong root).
+        self.driver = set_up(
+            config.driver_root, config.host_driver_root, self._inventory.driver_version, config.nvidia_cdi_hook_path
+        )
+        log_setup(self.driver)
         self.health = HealthSource()
         self._health_lock = threading.Lock()  # orders event updates against re-recording after discovery
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
@@ -147,6 +155,7 @@ class NodeAgent:
             driver_name=config.driver_name,
             state_dir=config.state_dir,
             cdi_root=config.cdi_root,
+            driver_edits=self.driver.edits,
             source=KubeClaimSource(self._api),
             inventory=lambda: self._inventory,
             is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),

@@ -134,12 +134,11 @@ def claim_spec(
     claim_uid: str, devices: Sequence[CdiDevice], node_name: str, driver_name: str, dev_root: Path | None = None
 ) -> dict[str, Any]:
     """The spec for one claim. Claim-wide edits (control nodes, env) sit at the top level, which the runtime
-    applies once when any device of the spec is injected.
+    applies once when any device of the spec is injected; the driver's files join them when the spec is
+    written (`with_driver_edits`), so the checkpoint keeps only what is the claim's own.
 
-    The spec carries device nodes only; driver libraries come from the node's NVIDIA container runtime,
-    which finds the GPUs through NVIDIA_VISIBLE_DEVICES. That is why it names every device of the claim:
-    a container given only some of them still sees all (one value per container; per-device values would
-    overwrite each other).
+    `NVIDIA_VISIBLE_DEVICES=void`: the spec itself brings the driver's files, so NVIDIA's legacy runtime hook,
+    where a node still runs it, must inject nothing a second time (as NVIDIA's generator sets it).
     """
     if not devices:
         raise ValueError("a CDI spec needs at least one device")
@@ -148,7 +147,7 @@ def claim_spec(
         "kind": KIND,
         "containerEdits": {
             "env": [
-                f"NVIDIA_VISIBLE_DEVICES={','.join(d.uuid for d in devices)}",
+                "NVIDIA_VISIBLE_DEVICES=void",
                 f"KUBERNETES_NODE_NAME={node_name}",
                 f"DRA_RESOURCE_DRIVER_NAME={driver_name}",
             ],
@@ -164,6 +163,20 @@ def claim_spec(
     }
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+def with_driver_edits(spec: Mapping[str, Any], driver: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec` with the driver's edits (agent.driver.edits) first in its claim-wide containerEdits, and the
+    cdiVersion those need (a new dict; `spec` is left alone)."""
+    if not driver:
+        return dict(spec)
+    own = spec.get("containerEdits") or {}
+    merged = dict(own)
+    for key, values in driver.items():
+        merged[key] = [*values, *own.get(key, ())]
+    out = {**spec, "containerEdits": merged}
+    out["cdiVersion"] = minimum_version(out)
+    return out
 
 
 def _edits(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
@@ -204,8 +217,9 @@ except AttributeError:  # pragma: no cover - PyYAML built without libyaml
 class CdiStore:
     """This driver's claim specs under the CDI root (other files there are never touched)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, driver_edits: Mapping[str, Any] | None = None) -> None:
         self.root = Path(root)
+        self.driver_edits = driver_edits or {}  # agent.driver.edits, built once at start-up, added to every spec
 
     def path(self, claim_uid: str) -> Path:
         if problem := uid_problem(claim_uid):  # callers check first; this keeps a bad UID out of any path
@@ -217,7 +231,8 @@ class CdiStore:
         path = self.path(claim_uid)
         # Not durable: the checkpoint keeps every spec and recovery rewrites a missing one, a power loss voids
         # the claim anyway (new boot id), and on nodes the CDI root (/var/run/cdi) is tmpfs.
-        files.write_atomic(path, yaml.dump(dict(spec), Dumper=_Dumper, sort_keys=False).encode(), durable=False)
+        text = yaml.dump(with_driver_edits(spec, self.driver_edits), Dumper=_Dumper, sort_keys=False)
+        files.write_atomic(path, text.encode(), durable=False)
         return path
 
     def remove(self, claim_uid: str) -> bool:

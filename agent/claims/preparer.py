@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from agent.claims.cdi import CdiStore, MigCaps
 from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, read_boot_id
@@ -36,6 +37,7 @@ class ClaimPreparer:
         state_dir: Path,
         cdi_root: Path,
         source: ClaimSource,
+        driver_edits: Mapping[str, Any] | None = None,
         inventory: Callable[[], Inventory],
         is_healthy: Callable[[str], bool] = lambda device_name: True,
         boot_id: Callable[[], str] = read_boot_id,
@@ -48,7 +50,8 @@ class ClaimPreparer:
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
-        TimeSlicing and MPS configs on the node (None: they are checked, not applied)."""
+        TimeSlicing and MPS configs on the node (None: they are checked, not applied). `driver_edits`: the
+        driver's files and hooks (agent.driver.edits), added to every claim's spec."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
@@ -57,7 +60,7 @@ class ClaimPreparer:
             node_name=node_name,
             driver_name=driver_name,
             checkpoints=CheckpointStore(state_dir, boot_id),
-            specs=CdiStore(cdi_root),
+            specs=CdiStore(cdi_root, driver_edits),
             inventory=inventory,
             is_healthy=is_healthy,
             mig_caps=mig_caps,

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from agent.devices.model import Gpu, Inventory, MigDevice
 from agent.devices.names import gpu_device_name, mig_device_name
+from agent.driver import report
+from agent.driver.discovery import DriverVersionMismatch
+from agent.driver.startup import set_up
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, NvmlSpec, open_nvml, parse_nvml_spec
 
@@ -24,6 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="NVML to read: the host's library, or a fake machine such as fake:dgx-h100 (default: real)",
     )
     parser.add_argument("--output", choices=("json", "table"), default="table", help="output format")
+    parser.add_argument(
+        "--driver-root",
+        default=os.environ.get("NVIDIA_DRIVER_ROOT") or "/",
+        help="the NVIDIA driver's root, to show the files containers get from it (env NVIDIA_DRIVER_ROOT)",
+    )
+    parser.add_argument(
+        "--host-driver-root",
+        default=os.environ.get("NVIDIA_HOST_DRIVER_ROOT") or "/",
+        help="the same root as the host sees it (env NVIDIA_HOST_DRIVER_ROOT)",
+    )
+    parser.add_argument(
+        "--nvidia-cdi-hook-path",
+        default=os.environ.get("NVIDIA_CDI_HOOK_PATH"),
+        help="host path of nvidia-cdi-hook (env NVIDIA_CDI_HOOK_PATH)",
+    )
 
 
 def _spec(text: str) -> NvmlSpec:
@@ -37,13 +57,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         with open_nvml(args.nvml) as nvml:
             inventory = nvml.discover()
-    except (NvmlError, InvalidNvmlSpec) as exc:
+        driver = set_up(Path(args.driver_root), args.host_driver_root, inventory.driver_version,
+                        args.nvidia_cdi_hook_path)  # fmt: skip
+    except (NvmlError, InvalidNvmlSpec, DriverVersionMismatch) as exc:
         print(f"gpu-dra-agent inventory: {exc}", file=sys.stderr)
         return 1
     if args.output == "json":
-        print(json.dumps(inventory_document(inventory), indent=2))
+        print(json.dumps({**inventory_document(inventory), "driverFiles": report.document(driver)}, indent=2))
     else:
-        print(inventory_table(inventory))
+        print("\n".join([inventory_table(inventory), "", *report.table_lines(driver)]))
     return 0
 
 

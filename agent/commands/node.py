@@ -15,6 +15,7 @@ from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.commands import preflight
 from agent.commands.preflight import StartupError
+from agent.driver.discovery import DriverVersionMismatch
 from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
 from agent.kubelet.sockets import SocketError
@@ -77,8 +78,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--driver-root",
         default=_env("NVIDIA_DRIVER_ROOT", "/"),
-        help="where the NVIDIA driver (nvidia-smi, nvidia-cuda-mps-control) is installed, as NVIDIA's "
-        "nvidiaDriverRoot (env NVIDIA_DRIVER_ROOT)",
+        help="where the NVIDIA driver (its libraries, nvidia-smi, nvidia-cuda-mps-control) is installed, as the "
+        "agent sees it (the DaemonSet mounts it at /driver-root) (env NVIDIA_DRIVER_ROOT)",
+    )
+    p.add_argument(
+        "--host-driver-root",
+        default=_env("NVIDIA_HOST_DRIVER_ROOT", "/"),
+        help="the same driver root as the container runtime on the host sees it, for the CDI specs' host paths, "
+        "as NVIDIA's nvidiaDriverRoot: / or e.g. /run/nvidia/driver (env NVIDIA_HOST_DRIVER_ROOT)",
+    )
+    p.add_argument(
+        "--nvidia-cdi-hook-path",
+        default=_env("NVIDIA_CDI_HOOK_PATH"),
+        help="host path of NVIDIA's nvidia-cdi-hook, run by the CDI specs' hooks; default: where NVIDIA's "
+        "container toolkit installs it (env NVIDIA_CDI_HOOK_PATH)",
     )
     p.add_argument(
         "--dev-root",
@@ -158,6 +171,12 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
         driver_root=Path(args.driver_root),
         dev_root=Path(args.dev_root),
+        host_driver_root=preflight.absolute_path("--host-driver-root", args.host_driver_root),
+        nvidia_cdi_hook_path=(
+            preflight.absolute_path("--nvidia-cdi-hook-path", args.nvidia_cdi_hook_path)
+            if args.nvidia_cdi_hook_path
+            else None
+        ),
         reservation_address=args.reservation_addr or None,
         reservation_token=token,
         node_ip=_env("NODE_IP"),
@@ -219,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         _serve(_config(args), args.metrics_addr, args.nvml)
-    except StartupError as exc:  # a setting that cannot work
+    except (StartupError, DriverVersionMismatch) as exc:  # a setting that cannot work
         log.critical("%s", exc)
         return 2
     except _OPERATOR_ERRORS as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 import re
 import socket
 import stat
@@ -43,6 +44,13 @@ def interval(flag: str, seconds: float) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise StartupError(f"{flag} must be a positive number of seconds, not {seconds}")
     return seconds
+
+
+def absolute_path(flag: str, value: str) -> str:
+    """A host path as the CDI specs name it: absolute, normalised."""
+    if not value.startswith("/"):
+        raise StartupError(f"{flag} must be an absolute path, not {value!r}")
+    return posixpath.normpath(value)
 
 
 def address(flag: str, value: str) -> tuple[str, int]:

@@ -4,7 +4,9 @@
     python -m fakes.nvml xid   --state FILE --gpu N --xid X  an Xid for the agent's NVML event wait
     python -m fakes.nvml lose  --state FILE --gpu N          the GPU falls off the bus (Xid 79 first)
     python -m fakes.nvml reset --state FILE --gpu N          `nvidia-smi -r`: instances go, MIG mode stays
-    python -m fakes.nvml driver-root DIR                     fake nvidia-smi, nvidia-cuda-mps-control in DIR/usr/bin
+    python -m fakes.nvml driver-root DIR [--layout L] [--version V]
+                                                             fake nvidia-smi, nvidia-cuda-mps-control in DIR/usr/bin,
+                                                             and a driver install's libraries, binaries, firmware
 
 `--machine` is needed only to create a state that does not exist yet; otherwise the file names its machine.
 """
@@ -12,12 +14,14 @@
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 from collections.abc import Sequence
 
 from fakes.nvml import persist
 from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.control import FakeNvml
+from fakes.nvml.driver_files import LAYOUTS, VERSION
 from fakes.nvml.machines import get_machine
 from fakes.nvml.show import render
 from fakes.nvml.state import GpuBusy
@@ -50,11 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--gpu", type=int, required=True, help="NVML index of the GPU")
         if name == "xid":
             p.add_argument("--xid", type=int, required=True, help="the Xid number (e.g. 48, 79)")
-    root = sub.add_parser("driver-root", help="write the fake NVIDIA binaries into DIR/usr/bin")
+    root = sub.add_parser("driver-root", help="write a fake NVIDIA driver install (binaries, libraries) into DIR")
     root.add_argument("dir")
+    root.add_argument("--layout", choices=sorted(LAYOUTS), default="host",
+                      help="host: usr/lib/<multiarch>; driver-folder: usr/local/nvidia/{lib64,bin}")
+    root.add_argument("--version", default=VERSION, help="driver version of the files (the fake NVML reports "
+                      f"{VERSION})")
     args = parser.parse_args(argv)
     if args.command == "driver-root":
-        print(install_driver_root(args.dir))
+        print(install_driver_root(pathlib.Path(args.dir), version=args.version, layout=args.layout))
         return 0
     if args.command == "xid" and args.xid <= 0:
         parser.error(f"--xid is a positive number, not {args.xid}")

@@ -1,5 +1,6 @@
 """The fake NVIDIA binaries as executables: a fake driver root whose usr/bin holds `nvidia-smi` and
-`nvidia-cuda-mps-control` (put that directory on PATH, or pass the root as the agent's --driver-root).
+`nvidia-cuda-mps-control` (put that directory on PATH, or pass the root as the agent's --driver-root), beside
+the rest of a driver install (fakes.nvml.driver_files: libraries, other binaries, firmware, ld.so.cache).
 
 They run this checkout's fakes with this interpreter and act on the GPUs of FAKE_NVML_STATE, which they
 inherit from whoever runs them (the agent, a test, a shell).
@@ -10,13 +11,19 @@ from __future__ import annotations
 import pathlib
 import sys
 
+from fakes.nvml.driver_files import VERSION, install_driver_files
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BINARIES = {"nvidia-smi": "fakes.nvml.smi", "nvidia-cuda-mps-control": "fakes.nvml.mps"}
 BIN_DIR = "usr/bin"
 
 
-def install_driver_root(root: pathlib.Path, python: str = sys.executable) -> pathlib.Path:
-    """Write the fake binaries into `<root>/usr/bin` (created); returns that directory."""
+def install_driver_root(
+    root: pathlib.Path, python: str = sys.executable, *, version: str = VERSION, layout: str = "host"
+) -> pathlib.Path:
+    """Write the fake binaries into `<root>/usr/bin` (created) and the driver's other files of `version`
+    in `layout` (see fakes.nvml.driver_files); returns the usr/bin directory."""
+    install_driver_files(pathlib.Path(root), version, layout)
     bin_dir = pathlib.Path(root) / BIN_DIR
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name, module in BINARIES.items():

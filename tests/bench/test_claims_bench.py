@@ -30,7 +30,11 @@ def _percentiles(samples: list[float]) -> str:
 
 @pytest.mark.bench
 def test_prepare_unprepare_latency(tmp_path: pathlib.Path) -> None:
-    cdi_root = pathlib.Path(tempfile.mkdtemp(dir=TMPFS)) if TMPFS.is_dir() else tmp_path / "cdi"
+    """Side by side, cycles interleaved: specs with no driver files (the agent before issue 19, which left
+    them to NVIDIA's runtime hook) and specs carrying a fake driver root's files and hooks (what it writes now)."""
+    from agent.driver.startup import set_up
+    from fakes.nvml.binaries import install_driver_root
+
     inv = Inventory("550.54.15", "12.4", gpus=tuple(gpu(i) for i in range(8)))
     source = StaticClaimSource()
     refs = []
@@ -38,28 +42,43 @@ def test_prepare_unprepare_latency(tmp_path: pathlib.Path) -> None:
         body = claim(f"uid-{i}", [f"gpu-{i}"])
         source.put(body)
         refs.append(ClaimRef("default", f"uid-{i}", body["metadata"]["name"]))
-    preparer = ClaimPreparer(
-        node_name=NODE,
-        driver_name=DRIVER,
-        state_dir=tmp_path / "state",
-        cdi_root=cdi_root,
-        source=source,
-        inventory=lambda: inv,
-        boot_id=lambda: "boot-1",
-        mig_caps=cdi.MigCaps(lambda: None),
-    )
-    print(f"\nstate dir {tmp_path} (disk), CDI root {cdi_root}")
+    install_driver_root(tmp_path / "driver-root")
+    hook = tmp_path / "driver-root/usr/bin/nvidia-cdi-hook"
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    driver = set_up(tmp_path / "driver-root", "/", inv.driver_version, None)
+    assert len(driver.edits["mounts"]) == 17 and driver.hook is not None
+    roots = []
+    preparers = {}
+    for label, edits in (("no driver files", None), ("driver files+hooks", driver.edits)):
+        cdi_root = pathlib.Path(tempfile.mkdtemp(dir=TMPFS)) if TMPFS.is_dir() else tmp_path / f"cdi-{len(roots)}"
+        roots.append(cdi_root)
+        preparers[label] = ClaimPreparer(
+            node_name=NODE,
+            driver_name=DRIVER,
+            state_dir=tmp_path / f"state-{len(roots)}",
+            cdi_root=cdi_root,
+            source=source,
+            inventory=lambda: inv,
+            boot_id=lambda: "boot-1",
+            mig_caps=cdi.MigCaps(lambda: None),
+            driver_edits=edits,
+        )
+    print(f"\nstate dir {tmp_path} (disk), CDI roots {', '.join(map(str, roots))}")
     for name, batch, cycles in (("1-GPU claim", refs[:1], CYCLES), ("8-claim batch", refs, CYCLES // 5)):
-        samples = []
+        samples: dict[str, list[float]] = {label: [] for label in preparers}
         for _ in range(cycles):
-            start = time.perf_counter()
-            results = preparer.prepare(batch)
-            errors = preparer.unprepare(batch)
-            samples.append(time.perf_counter() - start)
-            assert not any(r.error for r in results.values()) and not any(errors.values())
-        print(f"claims prepare+unprepare, {name}: {_percentiles(samples)}")
-    if cdi_root.parent == TMPFS:
-        shutil.rmtree(cdi_root)
+            for label, preparer in preparers.items():
+                start = time.perf_counter()
+                results = preparer.prepare(batch)
+                errors = preparer.unprepare(batch)
+                samples[label].append(time.perf_counter() - start)
+                assert not any(r.error for r in results.values()) and not any(errors.values())
+        for label, taken in samples.items():
+            print(f"claims prepare+unprepare, {name}, {label:19}: {_percentiles(taken)}")
+    for cdi_root in roots:
+        if cdi_root.parent == TMPFS:
+            shutil.rmtree(cdi_root)
 
 
 @pytest.mark.bench

@@ -323,3 +323,18 @@ def test_an_existing_directory_keeps_its_mode(root: pathlib.Path, server: fakes.
     with running(daemon):
         pass
     assert stat.S_IMODE((root / "state").stat().st_mode) == 0o711
+
+
+# --- the driver root ------------------------------------------------------------------------------------
+
+
+def test_a_driver_root_of_another_version_is_refused(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> None:
+    from fakes.nvml.binaries import install_driver_root
+
+    install_driver_root(root / "driver-root", version="535.104.05")  # the fake NVML reports 550.54.15
+    assert_refused(start(root, server, "--driver-root", str(root / "driver-root")),
+                   "libcuda.so.535.104.05", "NVML reports driver 550.54.15", code=2)  # fmt: skip
+
+
+def test_host_driver_root_must_be_absolute(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> None:
+    assert_refused(start(root, server, "--host-driver-root", "run/nvidia/driver"), "--host-driver-root", code=2)

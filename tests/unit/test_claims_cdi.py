@@ -36,7 +36,7 @@ def test_spec_contents() -> None:
     assert spec["devices"][1]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}]
     top = spec["containerEdits"]
     assert [n["path"] for n in top["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    assert "NVIDIA_VISIBLE_DEVICES=GPU-0,GPU-3" in top["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in top["env"]  # a legacy NVIDIA hook must not inject a second time
     assert "KUBERNETES_NODE_NAME=node-a" in top["env"]
     assert "DRA_RESOURCE_DRIVER_NAME=gpu.nvidia.com" in top["env"]
 

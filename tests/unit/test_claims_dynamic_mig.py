@@ -165,7 +165,7 @@ def test_prepare_creates_the_allocated_placement_and_the_spec_names_it(node: Nod
     assert gpu2 is not None
     spec = node.spec("u1")
     assert spec is not None
-    assert f"NVIDIA_VISIBLE_DEVICES=MIG-{19:04d}{3:04d}-0000-0000-0000-000000000000" in spec["containerEdits"]["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"]
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     gi_cap, ci_cap = cdi.default_mig_minor(2, 103), cdi.default_mig_minor(2, 103, 0)
     assert nodes == ["/dev/nvidia2", f"/dev/nvidia-caps/nvidia-cap{gi_cap}", f"/dev/nvidia-caps/nvidia-cap{ci_cap}"]
@@ -305,7 +305,9 @@ def test_static_mig_devices_are_used_but_never_destroyed(node: Node, monkeypatch
     ok(preparer.prepare([ref])["u1"])
     static = next(m for m in node.inventory.mig_devices if m.parent_minor == 0 and m.placement.start == 4)
     spec = node.spec("u1")
-    assert spec is not None and f"NVIDIA_VISIBLE_DEVICES={static.uuid}" in spec["containerEdits"]["env"]
+    assert spec is not None
+    nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes == list(cdi.mig_device_nodes(0, static.gpu_instance_id, static.compute_instance_id, cdi.MigCaps()))
     assert preparer.unprepare([ref]) == {"u1": ""}
 
     other = node.add("u2", [STATIC_3G])

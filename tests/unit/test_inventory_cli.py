@@ -114,3 +114,35 @@ def test_real_nvml_without_library_exits_with_one_sentence() -> None:
     assert proc.stderr.count("\n") == 1
     assert "Traceback" not in proc.stderr
     assert "libnvidia-ml.so.1" in proc.stderr
+
+
+def test_inventory_shows_what_the_driver_root_provides(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    from fakes.nvml.binaries import install_driver_root
+
+    root = tmp_path / "driver-root"
+    install_driver_root(root)
+    (root / "usr/bin/nvidia-debugdump").unlink()
+    hook = root / "usr/bin/nvidia-cdi-hook"
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    assert main(["inventory", "--nvml", "fake:dgx-h100", "--output", "json", "--driver-root", str(root)]) == 0
+    files = json.loads(capsys.readouterr().out)["driverFiles"]
+    assert files["version"] == "550.54.15"
+    assert any(p.endswith("/libcuda.so.550.54.15") for p in files["libraries"])
+    assert files["missing"] == ["nvidia-debugdump"]
+    assert files["nvidiaCdiHook"] == "/usr/bin/nvidia-cdi-hook"
+    assert main(["inventory", "--nvml", "fake:dgx-h100", "--driver-root", str(tmp_path / "empty")]) == 0
+    table = capsys.readouterr().out
+    assert "  libraries:   0: -" in table and "libcuda.so.550.54.15" in table.split("missing:")[1]
+    assert "  hook:        not found" in table
+    assert max(len(line) for line in table.splitlines()) < 200
+
+
+def test_inventory_refuses_a_driver_root_of_another_version(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    from fakes.nvml.binaries import install_driver_root
+
+    install_driver_root(tmp_path, version="535.104.05")
+    assert main(["inventory", "--nvml", "fake:dgx-h100", "--driver-root", str(tmp_path)]) == 1
+    assert "NVML reports driver 550.54.15" in capsys.readouterr().err
