@@ -23,6 +23,7 @@ import yaml
 
 from agent.claims import cdi
 from fakes.nvml.control import FakeNvml
+from fakes.nvml.driver_files import VERSION as DRIVER_VERSION
 from fakes.nvml.machines import get_machine
 from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY
 from tests.controlplane import build
@@ -105,8 +106,18 @@ def site(request: pytest.FixtureRequest) -> Iterator[Site]:
     with ControlPlane(binaries).start() as cp:
         for doc in yaml.safe_load_all((REPO / "daemonset" / "base" / "deviceclasses.yaml").read_text()):
             cp.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", doc)
-        with RealNode(cp, stack).start() as node:
+        with RealNode(cp, stack, cdi_hook=_cdi_hook()).start() as node:
             yield Site(cp, node)
+
+
+def _cdi_hook() -> Path | None:
+    """NVIDIA's nvidia-cdi-hook (tests/container/cdi_hook.py builds it, ~1 minute cold), or None without Go."""
+    from tests.container import cdi_hook
+
+    try:
+        return cdi_hook.build(budget_s=600)
+    except build.BuildError:
+        return None
 
 
 def example(name: str, pod_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -207,17 +218,24 @@ def test_a_pod_with_a_gpu_claim_runs_with_the_devices_and_environment(site: Site
         ]
         [device] = pod.devices
         minor = gpu_index(device)
-        uuid = get_machine(site.node.machine).gpu_uuid(minor)
         nodes = in_container(site, pod, "ls /dev").split()
         assert f"nvidia{minor}" in nodes and "nvidiactl" in nodes and "nvidia-uvm" in nodes
         assert not [n for n in nodes if n.startswith("nvidia") and n[6:].isdigit() and n != f"nvidia{minor}"]
         # a character device with the stand-in's numbers (1:3, as /dev/null), so the runtime injected it
         assert in_container(site, pod, f"stat -c '%F %t:%T' /dev/nvidia{minor}").strip() == "character special file 1:3"
         env = dict(line.split("=", 1) for line in in_container(site, pod, "env").splitlines() if "=" in line)
-        assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void"  # the spec brings the driver: no legacy hook may add more
         assert env["DRA_RESOURCE_DRIVER_NAME"] == "gpu.nvidia.com"
         assert env["KUBERNETES_NODE_NAME"] == site.node.name
         assert spec_path(site, pod.claim["metadata"]["uid"]).exists()
+        # The driver's libraries from the (fake) driver root, mounted read-only at the host's paths...
+        libraries = in_container(site, pod, "ls /usr/lib/x86_64-linux-gnu/").split()
+        assert f"libcuda.so.{DRIVER_VERSION}" in libraries and f"libnvidia-ml.so.{DRIVER_VERSION}" in libraries
+        if site.node.cdi_hook is None:
+            pytest.skip("nvidia-cdi-hook could not be built here (no Go): the loader-cache check needs it")
+        # ...and the spec's nvidia-cdi-hook hooks, run by runc, made them resolvable by the loader.
+        cache = in_container(site, pod, "ldconfig -p")
+        assert "libcuda.so.1 " in cache and "libnvidia-ml.so.1 " in cache
 
 
 def test_deleting_the_pod_unprepares_and_frees_the_gpu_for_the_next_pod(site: Site) -> None:
@@ -316,11 +334,14 @@ def test_a_mig_claim_runs_with_the_parent_and_capability_nodes(site: Site) -> No
         [device] = pod.devices
         assert "-mig-1g10gb-" in device
         parent = gpu_index(device)
-        nodes = in_container(site, pod, "ls /dev /dev/nvidia-caps").split()
-        assert f"nvidia{parent}" in nodes
-        assert len([n for n in nodes if n.startswith("nvidia-cap")]) >= 2
-        env = in_container(site, pod, "env")
-        assert "NVIDIA_VISIBLE_DEVICES=MIG-" in env
+        assert f"nvidia{parent}" in in_container(site, pod, "ls /dev").split()
+        # exactly the capability nodes the claim's spec names (its GPU and compute instance's), as the runtime
+        # injected them from the spec the kubelet's CDI id pointed at
+        spec = yaml.safe_load(spec_path(site, pod.claim["metadata"]["uid"]).read_text())
+        named = {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
+        caps = {p.rsplit("/", 1)[1] for p in named if p.startswith("/dev/nvidia-caps/")}
+        assert len(caps) == 2
+        assert set(in_container(site, pod, "ls /dev/nvidia-caps").split()) == caps
 
 
 def test_an_mps_claim_is_shared_by_both_containers(site: Site) -> None:

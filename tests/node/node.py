@@ -152,13 +152,14 @@ def _kubelet_credentials(cp: ControlPlane, directory: Path, node: str) -> tuple[
 
 class RealNode:
     def __init__(self, cp: ControlPlane, binaries: Path, root: Path | None = None, *, name: str = "node-r",
-                 machine: str = "mixed-mig") -> None:  # fmt: skip
+                 machine: str = "mixed-mig", cdi_hook: Path | None = None) -> None:  # fmt: skip
         self.cp = cp
         self.binaries = binaries
         self._own_root = root is None
         self.root = root or Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))  # unix sockets: keep paths short
         self.name = name
         self.machine = machine
+        self.cdi_hook = cdi_hook  # nvidia-cdi-hook for the specs' hooks (ldcache, symlinks); None: specs run none
         self.logs = self.root / "logs"
         self.containerd_sock = self.root / "containerd" / "containerd.sock"
         self.kubelet_root = self.root / "kubelet"  # the kubelet's --root-dir: plugins/, plugins_registry/
@@ -206,10 +207,14 @@ class RealNode:
 
     def start_agent(self) -> Daemon:
         kubeconfig = self.cp.write_kubeconfig(self.root / "admin.kubeconfig")
+        # the fake driver: nvidia-smi and MPS control for sharing, real ELF libraries for the specs' mounts; a
+        # host process sees the root where the runtime does, so both roots are the same path
         driver_root = install_driver_root(self.root / "driver-root").parents[1]
+        hook = ("--nvidia-cdi-hook-path", str(self.cdi_hook)) if self.cdi_hook else ()
         self.agent = Daemon(
             self.root, kubeconfig, self.name, env={persist.ENV: str(self.gpu_state)}, machine=f"fake:{self.machine}",
-            extra_args=("--driver-root", str(driver_root), "--dev-root", str(self.dev_root)),
+            extra_args=("--driver-root", str(driver_root), "--host-driver-root", str(driver_root),
+                        "--dev-root", str(self.dev_root), *hook),
         ).start()  # fmt: skip
         self.agent.wait_for_log("registered with the kubelet", timeout=60)
         return self.agent
