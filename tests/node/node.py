@@ -317,19 +317,21 @@ class RealNode:
                 time.sleep(0.1)
 
     def _clean_host_paths(self) -> None:
+        """Our log links and the kubelet's device-plugin socket go; directories we made go once empty. Nothing
+        else is unlinked: another node on this machine may have live shim sockets there."""
         pod_logs = str(self.root / "pod-logs")
         with contextlib.suppress(OSError):
             for link in CONTAINER_LOG_LINKS.iterdir():
                 if link.is_symlink() and os.readlink(link).startswith(pod_logs):
                     link.unlink()
-        if self._made_on_host[0] is None:  # the kubelet directory was there: only our socket goes
-            with contextlib.suppress(OSError):
-                DEVICE_PLUGIN_SOCKET.unlink()
+        with contextlib.suppress(OSError):
+            DEVICE_PLUGIN_SOCKET.unlink()  # the kubelet makes it afresh at every start
         for made in self._made_on_host:
-            if made is not None and made.exists():
+            if made is not None and made.is_dir():
+                for directory in sorted((p for p in made.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    with contextlib.suppress(OSError):
+                        directory.rmdir()
                 with contextlib.suppress(OSError):
-                    for leftover in sorted(made.rglob("*"), key=lambda p: -len(p.parts)):  # empty dirs, sockets
-                        leftover.rmdir() if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
                     made.rmdir()
 
     @staticmethod
