@@ -52,7 +52,8 @@ node-stack: node-deps
 node-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	   { [ ! -e /usr/include/seccomp.h ] || ! dpkg -s busybox-static >/dev/null 2>&1; }; then \
-	  apt-get install -y -q --no-install-recommends libseccomp-dev busybox-static >/dev/null || \
+	  { apt-get update -q >/dev/null; DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends libseccomp-dev busybox-static >/dev/null; } || \
 	  echo "node-deps: apt-get install libseccomp-dev busybox-static failed; the node tier will be skipped"; \
 	fi
 

@@ -126,6 +126,13 @@ def _node_stack(config: pytest.Config) -> pathlib.Path | str | build.BuildError:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    node = config.stash.get(NODE_STACK_KEY, None)
+    if isinstance(node, str):
+        terminalreporter.write_line(node, yellow=True)
+    elif isinstance(node, build.BuildError):
+        terminalreporter.write_line(f"real node tier failed to build: {node}", red=True)
+    elif node is not None:
+        terminalreporter.write_line(f"real node tier: {node}")
     outcome = config.stash.get(CONTROL_PLANE_KEY, None)
     if outcome is None:
         return
