@@ -46,6 +46,9 @@ class Part:
 
     def ldflags(self) -> str:
         if self.directory == "kubelet":  # `kubelet --version` and the Node's kubeletVersion: a release, not master
+            if self.version() != cp.kubernetes_version():  # the stamp is the control plane's release
+                raise cp.BuildError(f"{self.path / 'go.mod'} pins k8s.io/kubernetes {self.version()}, the control "
+                                    f"plane {cp.kubernetes_version()}: move them together")  # fmt: skip
             return cp._ldflags()
         if self.directory == "containerd":
             return f"-s -w -X github.com/containerd/containerd/v2/version.Version={self.version()}"

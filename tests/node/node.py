@@ -39,7 +39,7 @@ import subprocess
 import tempfile
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,16 +60,14 @@ from tests.integration.test_node_support import Daemon
 from . import images
 
 T = TypeVar("T")
-DRIVER = "gpu.nvidia.com"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Fixed in kubelet and containerd whatever their flags; see the module docstring.
 DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
 SHIM_SOCKETS = Path("/run/containerd/s")
 HOST_PATHS = (DEVICE_PLUGIN_SOCKET, CONTAINER_LOG_LINKS, SHIM_SOCKETS)
-# The kubelet's registration of a DRA driver shows in CSINode-like form nowhere; the Node carries nothing
-# either. What the kubelet does show is its plugin watcher's log line and the driver's sockets being dialled.
-KUBELET_FEATURE_GATES: dict[str, bool] = {}  # DRA, ResourceHealthStatus and device taints are on in 1.37
+# None needed: DRA, ResourceHealthStatus (beta since 1.36) and device taints are on by default in 1.37.
+KUBELET_FEATURE_GATES: dict[str, bool] = {}
 
 
 class NodeError(ControlPlaneError):
@@ -554,15 +552,6 @@ temp = "{base / "tmp"}"
         component = Component(name, process, log)
         self.components[name] = component
         return component
-
-
-@contextlib.contextmanager
-def real_node(cp: ControlPlane, binaries: Path, **kw: Any) -> Iterator[RealNode]:
-    node = RealNode(cp, binaries, **kw).start()
-    try:
-        yield node
-    finally:
-        node.stop()
 
 
 def main() -> None:
