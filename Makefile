@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo proto bench clean control-plane container-tools
+.PHONY: venv test lint demo proto bench clean control-plane container-tools node-stack node-deps
 
 venv: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP) container-tools
+test: $(STAMP) container-tools node-deps
 	$(PY) -m pytest
 
 # podman, Debian's runc and a static busybox for tests/integration/test_cdi_container.py (a claim's CDI spec
@@ -41,6 +41,21 @@ proto: $(STAMP)
 # ~/.cache/gpu-dra-agent/control-plane (GPU_DRA_AGENT_CACHE moves it); `make test` does this on first use.
 control-plane:
 	$(PYTHON) -m tests.controlplane.build
+
+# kubelet 1.37, containerd 2.4 (+ctr, shim), runc 1.5 (seccomp), CNI plugins and crictl from tests/node/*/go.mod
+# into ~/.cache/gpu-dra-agent/node-stack; `make test` does this on first use (tests marked `node`).
+node-stack: node-deps
+	$(PYTHON) -m tests.node.build
+
+# What the node tier needs from Debian beyond Go: libseccomp's headers (runc) and a static busybox (images).
+# Installed only as root on Debian/Ubuntu and only when missing; elsewhere the tier is skipped with the reason.
+node-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	   { [ ! -e /usr/include/seccomp.h ] || ! dpkg -s busybox-static >/dev/null 2>&1; }; then \
+	  { apt-get update -q >/dev/null; DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends libseccomp-dev busybox-static >/dev/null; } || \
+	  echo "node-deps: apt-get install libseccomp-dev busybox-static failed; the node tier will be skipped"; \
+	fi
 
 bench: $(STAMP)
 	$(PY) -m pytest tests/bench -m bench -s -p no:cacheprovider -o addopts=""

@@ -68,6 +68,7 @@ class NodeConfig:
     driver_root: Path = Path("/")  # the NVIDIA driver's root as the agent sees it (its files, nvidia-smi)
     host_driver_root: str = "/"  # the same root as the container runtime on the host sees it (CDI hostPaths)
     nvidia_cdi_hook_path: str | None = None  # host path of nvidia-cdi-hook; None: NVIDIA's install paths
+    dev_root: Path = Path("/")  # where the host's /dev/nvidia* nodes are (the CDI specs' hostPath beneath it)
     reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
@@ -166,6 +167,7 @@ class NodeAgent:
             sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
             reserved=self._reserved_for_other,
             share_mode=config.share_mode,
+            dev_root=config.dev_root,
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None

@@ -24,6 +24,11 @@ BUILD_KEY = pytest.StashKey[str]()
 # so CI (90 minutes) never times out on it.
 BUILD_ON_FIRST_USE = True
 BUILD_BUDGET_S = 40 * 60
+# The node tier (marker `node`) also needs kubelet, containerd, runc, the CNI plugins and crictl
+# (tests/node/build.py; README has the measured times). GPU_DRA_AGENT_NODE_STACK_BUILD_BUDGET (seconds)
+# bounds its build the same way.
+NODE_STACK_KEY = pytest.StashKey[pathlib.Path | str | build.BuildError]()
+NODE_BUILD_BUDGET_S = 20 * 60
 
 
 # Property tests draw the same examples on every run by default, so CI on a clean clone is reproducible;
@@ -44,10 +49,22 @@ def shared_dir() -> pathlib.Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build the upstream binaries before the first test when the real tier is selected and they are missing.
 
-    Here rather than in a fixture: a cold build takes many minutes, longer than any per-test timeout.
+    Here rather than in a fixture: a cold build takes many minutes, longer than any per-test timeout. The
+    node tier needs the control plane too; its own stack is built after it, when Go's build cache already
+    holds most of what the kubelet compiles.
     """
-    if not any(item.get_closest_marker("controlplane") for item in items):
-        return
+    if any(item.get_closest_marker("controlplane") or item.get_closest_marker("node") for item in items):
+        _control_plane(config)
+    if any(item.get_closest_marker("node") for item in items):
+        control_plane = config.stash.get(CONTROL_PLANE_KEY, None)
+        config.stash[NODE_STACK_KEY] = (
+            _node_stack(config)
+            if isinstance(control_plane, pathlib.Path)
+            else "real node tier skipped: it runs beside the real control plane, which is not built"
+        )
+
+
+def _control_plane(config: pytest.Config) -> None:
     ready = build.built()
     if ready is not None:
         config.stash[CONTROL_PLANE_KEY] = ready
@@ -84,7 +101,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[BUILD_KEY] = f"built in {time.monotonic() - started:.0f}s"
 
 
+def _node_stack(config: pytest.Config) -> pathlib.Path | str | build.BuildError:
+    """The node tier's binary directory, or why the tier is skipped (str) or broken (BuildError)."""
+    from tests.node import build as node_build
+    from tests.node import images
+
+    if os.geteuid() != 0:
+        return "real node tier skipped: it needs root (device nodes, cgroups, containerd)"
+    if why := images.available():
+        return f"real node tier skipped: {why}"
+    ready = node_build.built()
+    if ready is not None:
+        return ready
+    if why := node_build.missing_prerequisite():
+        return f"real node tier skipped: {why}"
+    if os.environ.get("GPU_DRA_AGENT_BUILD_CONTROL_PLANE", "1" if BUILD_ON_FIRST_USE else "0") != "1":
+        return "real node tier skipped: its binaries are not built; `make node-stack` builds them"
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"building the node stack for the real node tier (first use; log beside "
+                            f"{node_build.binary_dir()})")  # fmt: skip
+    budget = float(os.environ.get("GPU_DRA_AGENT_NODE_STACK_BUILD_BUDGET", NODE_BUILD_BUDGET_S))
+    try:
+        return node_build.build(budget_s=budget)
+    except build.BuildTimeout as error:
+        return f"real node tier skipped: {error}"
+    except build.BuildError as error:
+        return error
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    node = config.stash.get(NODE_STACK_KEY, None)
+    if isinstance(node, str):
+        terminalreporter.write_line(node, yellow=True)
+    elif isinstance(node, build.BuildError):
+        terminalreporter.write_line(f"real node tier failed to build: {node}", red=True)
+    elif node is not None:
+        terminalreporter.write_line(f"real node tier: {node}")
     outcome = config.stash.get(CONTROL_PLANE_KEY, None)
     if outcome is None:
         return

@@ -3,7 +3,8 @@
 One transient spec per claim, `<cdi-root>/k8s.gpu.nvidia.com-claim_<uid>.yaml`, kind
 `k8s.gpu.nvidia.com/claim`, one CDI device `<uid>-<device name>` per allocated device, as NVIDIA's DRA
 driver writes them. Device nodes carry only `path`: the runtime reads type and major/minor from the host
-node, and leaving out `hostPath` keeps the spec loadable by runtimes with older CDI libraries.
+node, and leaving out `hostPath` keeps the spec loadable by runtimes with older CDI libraries. Only a dev
+root other than `/` (`--dev-root`) adds `hostPath`, beneath it.
 """
 
 from __future__ import annotations
@@ -129,7 +130,17 @@ def mig_device_nodes(parent_minor: int, gi: int, ci: int, caps: MigCaps) -> tupl
     return (f"/dev/nvidia{parent_minor}", *caps.device_nodes(parent_minor, gi, ci))
 
 
-def claim_spec(claim_uid: str, devices: Sequence[CdiDevice], node_name: str, driver_name: str) -> dict[str, Any]:
+def device_node(path: str, dev_root: Path | None = None) -> dict[str, str]:
+    """A device node entry. With a dev root other than `/` (a driver container's /dev mounted elsewhere, or
+    a test's stand-in nodes) the host's node lies beneath it, so the runtime is told where (`hostPath`)."""
+    if dev_root is None or dev_root == Path("/"):
+        return {"path": path}
+    return {"path": path, "hostPath": str(dev_root / path.lstrip("/"))}
+
+
+def claim_spec(
+    claim_uid: str, devices: Sequence[CdiDevice], node_name: str, driver_name: str, dev_root: Path | None = None
+) -> dict[str, Any]:
     """The spec for one claim. Claim-wide edits (control nodes, env) sit at the top level, which the runtime
     applies once when any device of the spec is injected; the driver's files join them when the spec is
     written (`with_driver_edits`), so the checkpoint keeps only what is the claim's own.
@@ -148,12 +159,12 @@ def claim_spec(claim_uid: str, devices: Sequence[CdiDevice], node_name: str, dri
                 f"KUBERNETES_NODE_NAME={node_name}",
                 f"DRA_RESOURCE_DRIVER_NAME={driver_name}",
             ],
-            "deviceNodes": [{"path": p} for p in CONTROL_NODES],
+            "deviceNodes": [device_node(p, dev_root) for p in CONTROL_NODES],
         },
         "devices": [
             {
                 "name": cdi_name(claim_uid, d.name, d.share_id),
-                "containerEdits": {"deviceNodes": [{"path": p} for p in d.device_nodes]}
+                "containerEdits": {"deviceNodes": [device_node(p, dev_root) for p in d.device_nodes]}
                 | ({"env": list(d.env)} if d.env else {}),
             }
             for d in devices

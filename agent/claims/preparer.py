@@ -49,6 +49,7 @@ class ClaimPreparer:
         sharing: ClaimSharing | None = None,
         reserved: Callable[[str, str], str] = lambda device_name, claim: "",
         share_mode: ShareMode | None = None,
+        dev_root: Path | None = None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
@@ -72,6 +73,7 @@ class ClaimPreparer:
             sharing=sharing,
             reserved=reserved,
             share_mode=share_mode,
+            dev_root=dev_root,
         )
 
     def recover(self) -> Recovery:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 from agent.claims import cdi
@@ -115,8 +116,10 @@ class ClaimStates:
         sharing: ClaimSharing | None = None,
         reserved: Callable[[str, str], str] = lambda device_name, claim: "",
         share_mode: shares.ShareMode | None = None,
+        dev_root: Path | None = None,
     ) -> None:
         self.node_name = node_name
+        self.dev_root = dev_root  # where the host's /dev nodes are, when not at /dev
         self.driver_name = driver_name
         self.pool_name = node_name  # one pool per node, named after it
         self.checkpoints = checkpoints
@@ -249,7 +252,7 @@ class ClaimStates:
                 parsed.parent_minor, made.gpu_instance_id, made.compute_instance_id, self.mig_caps
             )
             devices[i] = CdiDevice(device.device_name, made.uuid, nodes)
-        spec = cdi.claim_spec(entry.uid, devices, self.node_name, self.driver_name)
+        spec = cdi.claim_spec(entry.uid, devices, self.node_name, self.driver_name, self.dev_root)
         cp.claims[entry.uid] = entry = replace(entry, cdi_spec=spec)
         return entry
 
@@ -292,7 +295,7 @@ class ClaimStates:
         planned = self._plan(cp, ref, fetched)
         devices = [p.cdi for p in planned]
         to_create = any(_to_create(p.checkpointed) for p in planned)
-        spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name)
+        spec = None if to_create else cdi.claim_spec(ref.uid, devices, self.node_name, self.driver_name, self.dev_root)
         entry = ClaimEntry(
             ref.uid, ref.namespace, ref.name, ClaimState.STARTED, tuple(p.checkpointed for p in planned), spec
         )

@@ -100,6 +100,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="host path of NVIDIA's nvidia-cdi-hook, run by the CDI specs' hooks; default: where NVIDIA's "
         "container toolkit installs it (env NVIDIA_CDI_HOOK_PATH)",
     )
+    p.add_argument(
+        "--dev-root",
+        default=_env("NVIDIA_DEV_ROOT", "/"),
+        help="where the host's /dev/nvidia* nodes are, when not at /dev (a driver container's, or stand-ins); "
+        "CDI specs then name them as hostPath beneath it (env NVIDIA_DEV_ROOT)",
+    )
     p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
     p.add_argument(
         "--reservation-addr",
@@ -181,6 +187,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         health_events=args.health_events,
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
         driver_root=Path(args.driver_root),
+        dev_root=Path(args.dev_root),
         host_driver_root=preflight.absolute_path("--host-driver-root", args.host_driver_root),
         nvidia_cdi_hook_path=(
             preflight.absolute_path("--nvidia-cdi-hook-path", args.nvidia_cdi_hook_path)

@@ -2,9 +2,14 @@
 
 It does what the kubelet's plugin watcher and DRA manager do, minus pods: finds `*-reg.sock` in
 `<root>/plugins_registry`, calls GetInfo, validates type/name/endpoint/versions, answers with
-NotifyRegistrationStatus, then sends one NodePrepareResources / NodeUnprepareResources per driver per pod
-(v1 preferred, v1beta1 as fallback), retrying transient gRPC failures with backoff and rejecting responses
-that skip or invent claims, as the kubelet does.
+NotifyRegistrationStatus, then sends one NodePrepareResources / NodeUnprepareResources per driver per pod,
+retrying transient gRPC failures with backoff (standing in for the pod worker's next sync) and rejecting
+responses that skip or invent claims, as the kubelet does.
+
+Service choice is the 1.37 kubelet's (pkg/kubelet/cm/dra/plugin, checked against it in the node tier): the
+DRAPlugin service is the first of the plugin's advertised ones the kubelet speaks (the plugin's order, not
+the kubelet's), kept for the plugin's life with no fallback when the plugin then answers Unimplemented; the
+optional DRAResourceHealth service is the kubelet's most recent one the plugin advertises (v1, then v1alpha1).
 """
 
 from __future__ import annotations
@@ -20,9 +25,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agent._proto.kubelet import dra_health_v1alpha1_pb2 as health_pb
-from agent._proto.kubelet import dra_health_v1alpha1_pb2_grpc as health_grpc
-from agent._proto.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from agent._proto.kubelet import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
 from agent._proto.kubelet import pluginregistration_v1_pb2 as reg_pb
 from agent._proto.kubelet import pluginregistration_v1_pb2_grpc as reg_grpc
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
@@ -33,9 +45,15 @@ log = logging.getLogger(__name__)
 DRA_PLUGIN_TYPE = "DRAPlugin"
 V1 = "v1.DRAPlugin"
 V1BETA1 = "v1beta1.DRAPlugin"
+RESOURCE_HEALTH_V1 = "v1.DRAResourceHealth"
 RESOURCE_HEALTH = "v1alpha1.DRAResourceHealth"
-# What this kubelet speaks, most preferred first.
+# What this kubelet speaks. DRAPlugin: the plugin's order decides; health: most recent first.
 KUBELET_VERSIONS = (V1, V1BETA1)
+KUBELET_HEALTH_VERSIONS = (RESOURCE_HEALTH_V1, RESOURCE_HEALTH)
+_HEALTH_APIS: dict[str, tuple[ModuleType, Any]] = {
+    RESOURCE_HEALTH_V1: (dra_health_v1_pb2, dra_health_v1_pb2_grpc.DRAResourceHealthStub),
+    RESOURCE_HEALTH: (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub),
+}
 _APIS: dict[str, tuple[ModuleType, Any]] = {
     V1: (dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginStub),
     V1BETA1: (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginStub),
@@ -75,8 +93,13 @@ class Plugin:
     channel: grpc.Channel = field(repr=False)
 
     @property
+    def health_api(self) -> str | None:
+        """The health service the kubelet watches: its most recent one the plugin advertises, if any."""
+        return next((v for v in KUBELET_HEALTH_VERSIONS if v in self.versions), None)
+
+    @property
     def serves_health(self) -> bool:
-        return RESOURCE_HEALTH in self.versions
+        return self.health_api is not None
 
 
 @dataclass(frozen=True)
@@ -96,7 +119,7 @@ class HealthWatch:
         return self
 
     def __next__(self) -> tuple[DeviceHealth, ...]:
-        message: health_pb.NodeWatchResourcesResponse = next(self._call)
+        message = next(self._call)
         return tuple(
             DeviceHealth(d.device.pool_name, d.device.device_name, Health(d.health), d.last_updated_time)
             for d in message.devices
@@ -241,7 +264,8 @@ class FakeKubelet:
         return ""
 
     def _choose(self, offered: tuple[str, ...]) -> str | None:
-        return next((v for v in self.versions if v in offered), None)
+        """The first service the plugin offers that this kubelet speaks (the kubelet's validateSupportedServices)."""
+        return next((v for v in offered if v in self.versions), None)
 
     def _deregister(self, driver: str) -> None:
         plugin = self._plugins.pop(driver)
@@ -278,22 +302,18 @@ class FakeKubelet:
 
     def watch_health(self, driver: str, timeout: float | None = None) -> HealthWatch:
         plugin = self.plugin(driver)
-        if not plugin.serves_health:
-            raise KubeletError(f"driver {driver} does not offer {RESOURCE_HEALTH}")
-        stub = health_grpc.DRAResourceHealthStub(plugin.channel)
-        return HealthWatch(stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest(), timeout=timeout))
+        if plugin.health_api is None:
+            raise KubeletError(f"driver {driver} offers none of {list(KUBELET_HEALTH_VERSIONS)}")
+        messages, stub_type = _HEALTH_APIS[plugin.health_api]
+        call = stub_type(plugin.channel).NodeWatchResources(messages.NodeWatchResourcesRequest(), timeout=timeout)
+        return HealthWatch(call)
 
     def _call(self, driver: str, method: str, claims: Sequence[ClaimRef]) -> Any:
         plugin = self.plugin(driver)
         try:
             response = self._with_retries(lambda: self._invoke(plugin, plugin.api, method, claims))
-        except grpc.RpcError as exc:
-            fallback = self._choose(tuple(v for v in plugin.versions if v != plugin.api))
-            if exc.code() != grpc.StatusCode.UNIMPLEMENTED or fallback is None:
-                raise KubeletError(f"{method} for driver {driver}: {exc.code().name}: {exc.details()}") from exc
-            log.info("driver %s does not serve %s, falling back to %s", driver, plugin.api, fallback)
-            plugin.api = fallback
-            return self._call(driver, method, claims)
+        except grpc.RpcError as exc:  # Unimplemented included: the kubelet keeps the negotiated service
+            raise KubeletError(f"{method} for driver {driver}: {exc.code().name}: {exc.details()}") from exc
         _check_entries(method, {c.uid for c in claims}, set(response.claims))
         return response
 

@@ -143,14 +143,18 @@ def _lock(lock: IO[str], deadline: float | None, budget_s: float | None) -> None
 
 
 def _go_build(go: str, module: Path, packages: list[str], output: Path, out: IO[str],
-              deadline: float | None = None, budget_s: float | None = None) -> None:  # fmt: skip
-    ldflags = _ldflags() if module == MODULE_DIR else "-s -w"
+              deadline: float | None = None, budget_s: float | None = None, *,
+              ldflags: str | None = None, tags: str = "", env: dict[str, str] | None = None) -> None:  # fmt: skip
+    if ldflags is None:
+        ldflags = _ldflags() if module == MODULE_DIR else "-s -w"
     command = [go, "build", "-trimpath", "-buildvcs=false", "-mod=readonly", "-ldflags", ldflags,
+               *(["-tags", tags] if tags else []),
                "-o", f"{output}{os.sep}" if len(packages) > 1 else str(output), *packages]  # fmt: skip
     print(f"$ (cd {module} && {' '.join(command)})", file=out, flush=True)
     started = time.monotonic()
     # A session of its own, so a stop takes the compilers and linkers go started with it.
-    process = subprocess.Popen(command, cwd=module, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(command, cwd=module, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**os.environ, **(env or {})})  # fmt: skip
     try:
         returncode = process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:

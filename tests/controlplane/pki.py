@@ -23,6 +23,7 @@ _VALID_FOR = datetime.timedelta(days=2)
 @dataclass(frozen=True)
 class Pki:
     ca_cert: Path
+    ca_key: Path  # kept so a harness can sign more clients (the node tier's kubelet)
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
@@ -118,6 +119,7 @@ def make_pki(directory: Path) -> Pki:
     cert_pem = serialization.Encoding.PEM
     return Pki(
         ca_cert=write("ca.crt", ca.public_bytes(cert_pem)),
+        ca_key=write("ca.key", _pem_key(ca_key), 0o600),
         serving_cert=write("apiserver.crt", serving.public_bytes(cert_pem)),
         serving_key=write("apiserver.key", _pem_key(serving_key), 0o600),
         admin_cert=write("admin.crt", admin.public_bytes(cert_pem)),

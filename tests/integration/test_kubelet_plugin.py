@@ -65,7 +65,7 @@ def test_registration_and_socket_layout(root, plugin, kubelet):
     registered = kubelet.plugin(DRIVER)
     assert registered.registration_socket == root / "plugins_registry" / "gpu.nvidia.com-reg.sock"
     assert registered.endpoint == root / "plugins" / "gpu.nvidia.com" / "dra.sock"
-    assert registered.api == V1 and registered.serves_health
+    assert registered.api == V1 and registered.health_api == "v1.DRAResourceHealth"  # the most recent offered
     assert plugin.wait_registered(timeout=5).registered
     for path in (plugin.registration_socket, plugin.dra_socket):
         mode = path.stat().st_mode
@@ -118,8 +118,9 @@ def test_a_plugin_offering_only_v1beta1_is_called_with_v1beta1(root, preparer):
         assert kubelet.prepare(DRIVER, [A])["uid-a"].error == ""
 
 
-def test_the_kubelet_falls_back_to_v1beta1_when_v1_is_advertised_but_not_served(root, preparer):
-    # A plugin built by hand: registration says v1 and v1beta1, the endpoint serves only v1beta1.
+def test_a_plugin_advertising_v1_but_not_serving_it_fails_prepare(root, preparer):
+    # A plugin built by hand: registration says v1 and v1beta1, the endpoint serves only v1beta1. The 1.37
+    # kubelet keeps the service it chose at registration (no fallback): the pod's prepare fails.
     endpoint = root / "plugins" / DRIVER / "dra.sock"
     registration = RegistrationServicer(DRIVER, str(endpoint), (V1, V1BETA1))
     server = grpc.server(futures.ThreadPoolExecutor(2))
@@ -134,10 +135,19 @@ def test_the_kubelet_falls_back_to_v1beta1_when_v1_is_advertised_but_not_served(
         with FakeKubelet(root) as kubelet:
             kubelet.scan()
             assert kubelet.plugin(DRIVER).api == V1
-            assert kubelet.prepare(DRIVER, [A])["uid-a"].error == ""
-            assert kubelet.plugin(DRIVER).api == V1BETA1
+            with pytest.raises(KubeletError, match="NodePrepareResources for driver .*: UNIMPLEMENTED"):
+                kubelet.prepare(DRIVER, [A])
+            assert kubelet.plugin(DRIVER).api == V1
     finally:
         server.stop(0).wait()
+
+
+def test_the_plugin_s_order_of_services_decides_which_the_kubelet_calls(root, preparer):
+    # The kubelet takes the first advertised service it speaks, so a plugin listing v1beta1 first gets v1beta1.
+    with KubeletPlugin(DRIVER, root, preparer, dra_versions=(V1BETA1, V1)), FakeKubelet(root) as kubelet:
+        kubelet.scan()
+        assert kubelet.plugin(DRIVER).api == V1BETA1
+        assert kubelet.prepare(DRIVER, [A])["uid-a"].error == ""
 
 
 def test_a_kubelet_that_speaks_no_offered_version_rejects_the_plugin(root, plugin):
@@ -243,8 +253,8 @@ def test_stop_ends_open_health_streams_without_waiting_out_the_grace(root, prepa
 def test_without_a_health_source_the_health_service_is_not_offered(root, preparer, kubelet):
     with KubeletPlugin(DRIVER, root, preparer) as plugin:
         kubelet.scan()
-        assert "v1alpha1.DRAResourceHealth" not in plugin.supported_versions
-        with pytest.raises(KubeletError, match="does not offer v1alpha1.DRAResourceHealth"):
+        assert not [v for v in plugin.supported_versions if v.endswith(".DRAResourceHealth")]
+        with pytest.raises(KubeletError, match="offers none of .*DRAResourceHealth"):
             kubelet.watch_health(DRIVER)
 
 

@@ -57,6 +57,24 @@ def test_specs_validate_against_the_cdi_schema(shared_dir: pathlib.Path, uid: st
         assert errors == []
 
 
+def test_a_dev_root_names_the_host_nodes_beneath_it(shared_dir: pathlib.Path) -> None:
+    # Stand-in or relocated device nodes: the container still sees /dev/nvidia3, the runtime reads the host's.
+    from tests.unit.test_claims_support import cdi_validator
+
+    devices = [CdiDevice("gpu-3", "GPU-3", cdi.gpu_device_nodes(3))]
+    spec = cdi.claim_spec(UID, devices, "node-a", "gpu.nvidia.com", pathlib.Path("/run/test-dev"))
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia3", "hostPath": "/run/test-dev/dev/nvidia3"}
+    ]
+    control = spec["containerEdits"]["deviceNodes"][0]
+    assert control == {"path": "/dev/nvidiactl", "hostPath": "/run/test-dev/dev/nvidiactl"}
+    assert spec["cdiVersion"] == "0.5.0"  # hostPath needs it
+    assert cdi_validator(shared_dir).is_valid(spec)
+    # `/` is the host's own /dev: no hostPath, the lowest version.
+    plain = cdi.claim_spec(UID, devices, "node-a", "gpu.nvidia.com", pathlib.Path("/"))
+    assert plain == cdi.claim_spec(UID, devices, "node-a", "gpu.nvidia.com")
+
+
 def test_schema_check_catches_a_broken_spec(shared_dir: pathlib.Path) -> None:
     # The validator used above must be able to fail: a device without containerEdits is invalid.
     from tests.unit.test_claims_support import cdi_validator

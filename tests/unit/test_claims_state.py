@@ -39,6 +39,7 @@ class Node:
     source: CountingSource = field(default_factory=CountingSource)
     unhealthy: set[str] = field(default_factory=set)
     boot: str = "boot-1"
+    dev_root: pathlib.Path | None = None
 
     @property
     def state_dir(self) -> pathlib.Path:
@@ -60,6 +61,7 @@ class Node:
             boot_id=lambda: self.boot,
             mig_caps=cdi.MigCaps(lambda: None),
             lock_timeout=0.2,
+            dev_root=self.dev_root,
         )
 
     def add(self, body: dict[str, Any]) -> ClaimRef:
@@ -110,6 +112,20 @@ def test_prepare_a_mig_device_adds_its_capability_nodes(node: Node) -> None:
     gi, ci = cdi.default_mig_minor(4, 9), cdi.default_mig_minor(4, 9, 0)
     assert nodes == ["/dev/nvidia4", f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{ci}"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in spec["containerEdits"]["env"]
+
+
+def test_a_dev_root_puts_every_node_of_the_spec_beneath_it(node: Node) -> None:
+    # --dev-root: a claim prepared after a restart (spec rewritten from the checkpoint) keeps it too.
+    node.dev_root = node.root / "devroot"
+    ref = node.add(claim("uid-d", [MIG0], request="mig"))
+    ok(node.preparer().prepare([ref])["uid-d"])
+    path = node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-d.yaml"
+    first = yaml.safe_load(path.read_text())
+    nodes = [*first["containerEdits"]["deviceNodes"], *first["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert nodes and all(n["hostPath"] == f"{node.dev_root}{n['path']}" for n in nodes)
+    path.unlink()
+    ok(node.preparer().prepare([ref])["uid-d"])
+    assert yaml.safe_load(path.read_text()) == first
 
 
 def test_prepare_is_idempotent(node: Node) -> None:

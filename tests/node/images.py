@@ -1,0 +1,148 @@
+"""The images a real node runs, made without a registry: OCI image archives for `ctr images import`.
+
+Both come from one layer: Debian's static busybox (package busybox-static) with the applets the tests use
+linked in /bin, plus the host's static /sbin/ldconfig when there is one (`ldconfig -p` lists the driver
+libraries a CDI spec mounts). The sandbox ("pause") image only differs in its entrypoint: a shell that
+waits for SIGTERM. Archives are byte-for-byte reproducible (fixed mtimes, sorted entries, gzip without a
+timestamp), so their digests stay put between runs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
+LDCONFIG = Path("/sbin/ldconfig")
+APPLETS = ("sh", "ls", "env", "cat", "sleep", "echo", "test", "grep", "stat", "true", "ps", "id", "head", "wc")
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"  # the name containerd 2.4 pins for sandboxes by default
+WORKLOAD_IMAGE = "localhost/gpu-dra-agent/workload:test"
+# PID 1 in the pod: exits on SIGTERM/SIGINT as upstream's pause does, so a sandbox stops without a SIGKILL.
+PAUSE_ENTRYPOINT = ["/bin/sh", "-c", 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done']
+
+MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
+MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+class ImageError(RuntimeError):
+    """What the images are made from is missing here; the message names the Debian package."""
+
+
+def busybox() -> Path:
+    for candidate in BUSYBOX_CANDIDATES:
+        if candidate.is_file() and _is_static(candidate):
+            return candidate
+    raise ImageError("a static busybox is needed for the node tier's images: apt-get install busybox-static")
+
+
+def _is_static(path: Path) -> bool:
+    """An ELF without a PT_INTERP program header needs no dynamic loader inside the image."""
+    data = path.read_bytes()[:4096]
+    if data[:4] != b"\x7fELF" or data[4] != 2:  # 64-bit only
+        return False
+    phoff = int.from_bytes(data[0x20:0x28], "little")
+    phentsize = int.from_bytes(data[0x36:0x38], "little")
+    phnum = int.from_bytes(data[0x38:0x3A], "little")
+    for i in range(phnum):
+        start = phoff + i * phentsize
+        if start + 4 <= len(data) and int.from_bytes(data[start : start + 4], "little") == 3:  # PT_INTERP
+            return False
+    return True
+
+
+def _add(tar: tarfile.TarFile, name: str, *, data: bytes | None = None, mode: int = 0o755,
+         link: str | None = None) -> None:  # fmt: skip
+    """A file (data), a symlink (link) or else a directory, owned by root, mtime 0."""
+    info = tarfile.TarInfo(name)
+    info.mtime, info.mode = 0, mode
+    if data is not None:
+        info.size = len(data)
+    elif link is not None:
+        info.type, info.linkname = tarfile.SYMTYPE, link
+    else:
+        info.type = tarfile.DIRTYPE
+    tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def root_layer() -> bytes:
+    """The uncompressed layer tar: /bin/busybox, applet links, /sbin/ldconfig, the empty mount points."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for directory in ("bin", "dev", "etc", "proc", "sbin", "sys", "tmp", "var"):
+            _add(tar, directory, mode=0o1777 if directory == "tmp" else 0o755)
+        _add(tar, "bin/busybox", data=busybox().read_bytes())
+        for applet in APPLETS:
+            _add(tar, f"bin/{applet}", link="busybox")
+        if LDCONFIG.is_file() and _is_static(LDCONFIG):
+            _add(tar, "sbin/ldconfig", data=LDCONFIG.read_bytes())
+        _add(tar, "etc/passwd", data=b"root:x:0:0:root:/:/bin/sh\n", mode=0o644)
+        _add(tar, "etc/group", data=b"root:x:0:\n", mode=0o644)
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class Blob:
+    media_type: str
+    data: bytes
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+
+    def descriptor(self, **extra: Any) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": len(self.data), **extra}
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_archive(path: Path, name: str, entrypoint: list[str], layer: bytes) -> Path:
+    """One image as an OCI layout in a tar, named for containerd by the index's annotations."""
+    compressed = Blob(MEDIA_LAYER, gzip.compress(layer, mtime=0))
+    config = Blob(MEDIA_CONFIG, _json({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin:/sbin"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
+    }))  # fmt: skip
+    manifest = Blob(MEDIA_MANIFEST, _json({
+        "schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
+        "config": config.descriptor(), "layers": [compressed.descriptor()],
+    }))  # fmt: skip
+    tag = name.rsplit(":", 1)[1]
+    index = {"schemaVersion": 2, "manifests": [manifest.descriptor(annotations={
+        "io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag,
+    })]}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        files = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": _json(index)}
+        for blob in (compressed, config, manifest):
+            files[f"blobs/sha256/{blob.digest.split(':', 1)[1]}"] = blob.data
+        for entry, data in sorted(files.items()):
+            _add(tar, entry, data=data, mode=0o644)
+    return path
+
+
+def make_images(directory: Path) -> dict[str, Path]:
+    """The pause and workload archives under `directory`: {image name: archive}."""
+    layer = root_layer()
+    return {
+        PAUSE_IMAGE: write_archive(directory / "pause.tar", PAUSE_IMAGE, PAUSE_ENTRYPOINT, layer),
+        WORKLOAD_IMAGE: write_archive(directory / "workload.tar", WORKLOAD_IMAGE, ["/bin/sh"], layer),
+    }
+
+
+def available() -> str | None:
+    """Why the images cannot be made here, or None."""
+    try:
+        busybox()
+    except ImageError as error:
+        return str(error)
+    return None
