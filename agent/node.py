@@ -456,7 +456,7 @@ class NodeAgent:
         if self._nvml.fake is not None:
             self._nvml.fake.reset_gpu(gpu.index)  # the fake machine's `nvidia-smi -r`
         else:
-            reset_gpu(gpu.pci_bus_id)
+            reset_gpu(gpu.pci_bus_id, self.config.driver_root)
 
     def _with_seen_gpus(self) -> Inventory:
         """The inventory plus GPUs discovery no longer lists: a GPU lost between rediscovery and the health probe

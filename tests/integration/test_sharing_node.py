@@ -282,6 +282,70 @@ def test_a_missing_binary_is_that_claims_clear_error(node: Node) -> None:
     assert node.preparer.prepare([plain])["plain"].error == ""
 
 
+def test_a_failed_mps_prepare_leaves_nothing_that_blocks_the_gpu(node: Node) -> None:
+    """nvidia-smi missing: the MPS claim fails with a clear error and nothing stays behind (no record, no
+    daemon directories, no checkpoint entry), so its unprepare, another claim of the GPU and a restart all
+    work; with the binary back the same claim prepares."""
+    smi = node.driver_root / "usr/bin/nvidia-smi"
+    saved = smi.read_bytes()
+    smi.unlink()
+    ref = node.add_claim("mps-nobin", ["gpu-2"], MPS_HALF)
+    error = node.preparer.prepare([ref])["mps-nobin"].error
+    assert error.startswith("cannot apply the sharing of claim mps-nobin: nvidia-smi not found under driver root")
+    assert "cannot undo" not in error
+    assert not (node.state_dir / "sharing" / "mps-nobin.json").exists()
+    assert not (node.state_dir / "mps" / "mps-nobin").exists()
+    assert node.preparer.unprepare([ref]) == {"mps-nobin": ""}
+    plain = ClaimRef("default", "plain", "claim-plain")
+    (node.claims / "default" / "claim-plain.json").write_text(json.dumps(claim("plain", ["gpu-2"], name=plain.name)))
+    assert node.preparer.prepare([plain])["plain"].error == ""  # the GPU is not held by the failed claim
+    assert node.preparer.unprepare([plain]) == {"plain": ""}
+    node.restart()
+    smi.write_bytes(saved)
+    smi.chmod(0o755)
+    assert node.preparer.prepare([ref])["mps-nobin"].error == ""
+    assert node.gpu(2).compute_mode is ComputeMode.EXCLUSIVE_PROCESS
+    assert node.preparer.unprepare([ref]) == {"mps-nobin": ""}
+    assert node.gpu(2).compute_mode is ComputeMode.DEFAULT
+
+
+def test_a_failed_daemon_start_undoes_the_compute_mode_it_set(node: Node) -> None:
+    """nvidia-cuda-mps-control missing: the GPU had been set to EXCLUSIVE_PROCESS; the failed prepare puts
+    it back to DEFAULT and leaves no record."""
+    (node.driver_root / "usr/bin/nvidia-cuda-mps-control").unlink()
+    ref = node.add_claim("mps-nod", ["gpu-3"], MPS_HALF)
+    error = node.preparer.prepare([ref])["mps-nod"].error
+    assert "nvidia-cuda-mps-control not found under driver root" in error and "cannot undo" not in error
+    assert node.gpu(3).compute_mode is ComputeMode.DEFAULT
+    assert not (node.state_dir / "sharing" / "mps-nod.json").exists()
+    assert not (node.state_dir / "mps" / "mps-nod").exists()
+    assert node.preparer.unprepare([ref]) == {"mps-nod": ""}
+
+
+def test_undoing_a_record_of_nothing_applied_needs_no_binary(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill -9 right after the record was written, before any change: the restarted agent, with no
+    NVIDIA binary at all, rolls the claim back and the GPU is free."""
+    ref = node.add_claim("mps-early", ["gpu-2"], MPS_HALF)
+
+    class Killed(BaseException):
+        """Ends the prepare as kill -9 would: no handler of the agent runs."""
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise Killed
+
+    monkeypatch.setattr(SharingControl, "_step", killed)
+    with pytest.raises(Killed):
+        node.preparer.prepare([ref])
+    monkeypatch.undo()
+    assert (node.state_dir / "sharing" / "mps-early.json").exists()
+    for binary in ("nvidia-smi", "nvidia-cuda-mps-control"):
+        (node.driver_root / "usr/bin" / binary).unlink()
+    node.restart()
+    assert not (node.state_dir / "sharing" / "mps-early.json").exists()
+    assert node.preparer.unprepare([ref]) == {"mps-early": ""}
+    assert node.gpu(2).compute_mode is ComputeMode.DEFAULT
+
+
 def test_the_node_daemon_killed_with_9_finds_its_mps_daemon_again(tmp_path: pathlib.Path) -> None:
     """The real `gpu-dra-agent node` process, prepared through the kubelet's sockets: an MPS claim's daemon
     survives kill -9 of the agent, is adopted by the restarted agent (same pid), and stops at unprepare."""
