@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence, Set
+from collections.abc import Callable, Collection, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
-from agent.kube.claims import KubeClaimSource
+from agent.kube.claims import KubeClaimSource, allocated_in_pool
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.node_status import NodeStatus, node_labels
@@ -165,6 +165,7 @@ class NodeAgent:
                     discover=self._refresh,
                     withhold=self._withhold,
                     claims_on=self._claims_on,
+                    allocated_on=self._allocated_on,
                     prepare_lock=self._preparer.lock.hold,
                     reset=self._reset_gpu,
                 ),
@@ -214,7 +215,7 @@ class NodeAgent:
             from agent.arbiter.node_service import NodeReservations
 
             self.reservations = NodeReservations(
-                node_name=self.config.node_name, driver=self.config.driver_name, inventory=lambda: self._inventory,
+                node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
                 prepared=lambda: [d.device_name for d in self._preparer.prepared()],
                 unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
             )
@@ -428,6 +429,10 @@ class NodeAgent:
             return False
         return (parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor) in self._withheld
 
+    def _offered(self) -> Inventory:
+        """What the arbiter may reserve: the inventory without the GPUs a MIG reconfiguration is changing."""
+        return without_devices(self._inventory, {gpu_device_name(m) for m in self._withheld})
+
     def _withhold(self, minors: frozenset[int]) -> None:
         """Keep these GPUs out of the slices from now on, and publish at once (a failure is retried by the
         resync loop, which publishes the same view)."""
@@ -439,18 +444,23 @@ class NodeAgent:
             self.metrics.publish_errors.inc()
 
     def _claims_on(self, minors: Collection[int]) -> dict[int, set[str]]:
-        """Claims in the checkpoint (prepared, or being prepared) holding a device of these GPUs."""
-        held: dict[int, set[str]] = {}
-        for entry in self._preparer.states.load().claims.values():
-            for device in entry.devices:
-                try:
-                    parsed = parse_device_name(device.device_name)
-                except InvalidDeviceName:
-                    continue
-                minor = parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor
-                if minor in minors:
-                    held.setdefault(minor, set()).add(f"{entry.namespace}/{entry.name}")
-        return held
+        """What holds a device of these GPUs here: claims in the checkpoint (prepared, or being prepared) and
+        the arbiter's reservations."""
+        held: list[tuple[str, str]] = [
+            (device.device_name, f"{entry.namespace}/{entry.name}")
+            for entry in self._preparer.states.load().claims.values()
+            for device in entry.devices
+        ]
+        if self.reservations is not None:
+            live = self.reservations.book.live()
+            held += [(d, f"reservation of gang {r.gang_id}") for r in live for d in r.fit.all_devices]
+        return _by_gpu(held, minors)
+
+    def _allocated_on(self, minors: Collection[int]) -> dict[int, set[str]]:
+        """Claims allocated a device of these GPUs in the API, prepared or not (a pod bound to this node may be
+        about to start). Raises ApiError when the claims cannot be read."""
+        allocated = allocated_in_pool(self._api, self.config.driver_name, self.config.node_name)
+        return _by_gpu([(d, claim) for claim, devices in allocated.items() for d in devices], minors)
 
     def _reset_gpu(self, gpu: Gpu) -> None:
         if self._nvml.fake is not None:
@@ -480,3 +490,17 @@ class NodeAgent:
             except Exception:  # keep this thread alive: the next change or the resync loop tries again
                 log.exception("publishing slices after a health change failed")
                 self.metrics.publish_errors.inc()
+
+
+def _by_gpu(held: Iterable[tuple[str, str]], minors: Collection[int]) -> dict[int, set[str]]:
+    """(device name, holder) pairs as the holders of each of `minors` (a MIG device counts for its GPU)."""
+    out: dict[int, set[str]] = {}
+    for device_name, holder in held:
+        try:
+            parsed = parse_device_name(device_name)
+        except InvalidDeviceName:
+            continue
+        minor = parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor
+        if minor in minors:
+            out.setdefault(minor, set()).add(holder)
+    return out

@@ -184,7 +184,8 @@ def test_sigterm_exits_cleanly_and_removes_sockets() -> None:
 def run_cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
     driver_root = fake_driver_root(cwd)
     return subprocess.run(
-        agent_command("--driver-root", str(driver_root), *args), check=False, capture_output=True, text=True, env=clean_env(), timeout=60, cwd=cwd
+        agent_command("--driver-root", str(driver_root), *args), check=False, capture_output=True, text=True,
+        env=clean_env(), timeout=60, cwd=cwd,
     )
 
 
