@@ -21,7 +21,8 @@ from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, par
 from agent.kube.claims import KubeClaimSource, allocated_in_pool
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
-from agent.kube.node_status import NodeStatus, node_labels
+from agent.kube.events import EventRecorder
+from agent.kube.node_status import COMPONENT, NodeStatus, node_labels
 from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
 from agent.kube.rest import Rest
 from agent.kube.slices import watch_changes
@@ -67,6 +68,7 @@ class NodeConfig:
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
+    mps_watch_interval_s: float = 2.0  # how often the MPS daemons of prepared claims are checked (their pids)
 
 
 class MeasuredPreparer:
@@ -227,6 +229,8 @@ class NodeAgent:
             )
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
+        self._events = EventRecorder(Rest(self._api), COMPONENT, self.config.node_name)
+        self._spawn("mps-watch", self._mps_watch_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
             if labels is not None:
@@ -477,6 +481,31 @@ class NodeAgent:
     def _device_taints(self) -> dict[str, list[Json]]:
         with self._health_lock:
             return {name: list(taints) for name, taints in self._taints.items()}
+
+    def _mps_watch_loop(self) -> None:
+        """Start again the MPS daemon of a prepared claim that died (its clients cannot connect without it), with
+        an Event on the claim; a daemon that cannot be started is a Warning once per distinct reason."""
+        told: dict[str, str] = {}
+        while not self._stop.wait(self.config.mps_watch_interval_s):
+            try:
+                revivals = self._preparer.revive_dead_daemons()
+            except Exception:  # the lock was busy, the checkpoint unreadable: try again on the next round
+                log.exception("checking the MPS daemons of prepared claims failed")
+                continue
+            for r in revivals:
+                claim = {"metadata": {"namespace": r.namespace, "name": r.name, "uid": r.uid}}
+                if not r.error:
+                    told.pop(r.uid, None)
+                    message = (f"the MPS control daemon of this claim (pid {r.old_pid}) was gone; started it "
+                               f"again (pid {r.new_pid})")  # fmt: skip
+                    log.warning("claim %s/%s: %s", r.namespace, r.name, message, extra={"claim_uid": r.uid})
+                    self._events.record(claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestarted", message,
+                                        type_="Warning")  # fmt: skip
+                elif told.get(r.uid) != r.error:
+                    told[r.uid] = r.error
+                    log.error("claim %s/%s: %s", r.namespace, r.name, r.error, extra={"claim_uid": r.uid})
+                    self._events.record(claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestartFailed",
+                                        r.error, type_="Warning")  # fmt: skip
 
     def _health_publish_loop(self) -> None:
         while True:

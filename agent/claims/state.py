@@ -280,6 +280,8 @@ class ClaimStates:
         if entry is not None and entry.state is ClaimState.COMPLETED:
             if not self.specs.exists(ref.uid) and entry.cdi_spec is not None:
                 self.specs.write(ref.uid, entry.cdi_spec)  # someone cleared the CDI root: put it back
+            if self.sharing is not None and self.sharing.revive(ref.uid):  # its containers need the daemon
+                log.warning("the MPS control daemon of claim %s had died: started again at its re-prepare", ref.uid)
             return entry, [], {}
         if entry is not None:
             log.info("claim %s was left in PrepareStarted: rolling back before preparing again", ref.uid)
