@@ -546,6 +546,17 @@ def test_a_config_naming_a_request_the_claim_lacks_is_that_claims_error(node: No
     assert node.checkpoint() == {"uid-2": ClaimState.COMPLETED}
 
 
+def test_configs_may_name_a_prioritized_list_request_or_its_subrequest(node: Node) -> None:
+    for uid, named in (("uid-1", "gpu"), ("uid-2", "gpu/large")):
+        body = claim(uid, [f"gpu-{uid[-1]}"], request="gpu/large",
+                     configs=[opaque(requests=[named], sharing={"strategy": "TimeSlicing"})])  # fmt: skip
+        body["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
+            {"name": "large", "deviceClassName": "gpu.nvidia.com"},
+            {"name": "small", "deviceClassName": "mig.nvidia.com"},
+        ]}]  # fmt: skip
+        ok(node.preparer().prepare([node.add(body)])[uid])
+
+
 def test_a_claim_wide_mig_config_on_whole_gpus_is_that_claims_error(node: Node) -> None:
     configs = [opaque("MigDeviceConfig", sharing={"strategy": "MPS"})]
     result = node.preparer().prepare([node.add(claim("uid-1", ["gpu-0", "gpu-1"], configs=configs))])["uid-1"]
