@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence, Set
+from collections.abc import Callable, Collection, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,10 +20,11 @@ from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
 from agent.devices.shares import ShareMode
 from agent.driver.startup import log_setup, set_up
-from agent.kube.claims import KubeClaimSource
+from agent.kube.claims import KubeClaimSource, allocated_in_pool
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
-from agent.kube.node_status import NodeStatus, node_labels
+from agent.kube.events import EventRecorder
+from agent.kube.node_status import COMPONENT, NodeStatus, node_labels
 from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
 from agent.kube.rest import Rest
 from agent.kube.slices import watch_changes
@@ -73,6 +74,7 @@ class NodeConfig:
     reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
     node_ip: str | None = None  # advertised instead of 0.0.0.0
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
+    mps_watch_interval_s: float = 2.0  # how often the MPS daemons of prepared claims are checked (their pids)
 
 
 class MeasuredPreparer:
@@ -181,6 +183,7 @@ class NodeAgent:
                     discover=self._refresh,
                     withhold=self._withhold,
                     claims_on=self._claims_on,
+                    allocated_on=self._allocated_on,
                     prepare_lock=self._preparer.lock.hold,
                     reset=self._reset_gpu,
                 ),
@@ -230,7 +233,7 @@ class NodeAgent:
             from agent.arbiter.node_service import NodeReservations
 
             self.reservations = NodeReservations(
-                node_name=self.config.node_name, driver=self.config.driver_name, inventory=lambda: self._inventory,
+                node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
                 prepared=self._prepared_holders,
                 unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
             )
@@ -242,6 +245,8 @@ class NodeAgent:
             )
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
+        self._events = EventRecorder(Rest(self._api), COMPONENT, self.config.node_name)
+        self._spawn("mps-watch", self._mps_watch_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
             if labels is not None:
@@ -455,6 +460,10 @@ class NodeAgent:
             return False
         return (parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor) in self._withheld
 
+    def _offered(self) -> Inventory:
+        """What the arbiter may reserve: the inventory without the GPUs a MIG reconfiguration is changing."""
+        return without_devices(self._inventory, {gpu_device_name(m) for m in self._withheld})
+
     def _withhold(self, minors: frozenset[int]) -> None:
         """Keep these GPUs out of the slices from now on, and publish at once (a failure is retried by the
         resync loop, which publishes the same view)."""
@@ -466,24 +475,29 @@ class NodeAgent:
             self.metrics.publish_errors.inc()
 
     def _claims_on(self, minors: Collection[int]) -> dict[int, set[str]]:
-        """Claims in the checkpoint (prepared, or being prepared) holding a device of these GPUs."""
-        held: dict[int, set[str]] = {}
-        for entry in self._preparer.states.load().claims.values():
-            for device in entry.devices:
-                try:
-                    parsed = parse_device_name(device.device_name)
-                except InvalidDeviceName:
-                    continue
-                minor = parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor
-                if minor in minors:
-                    held.setdefault(minor, set()).add(f"{entry.namespace}/{entry.name}")
-        return held
+        """What holds a device of these GPUs here: claims in the checkpoint (prepared, or being prepared) and
+        the arbiter's reservations."""
+        held: list[tuple[str, str]] = [
+            (device.device_name, f"{entry.namespace}/{entry.name}")
+            for entry in self._preparer.states.load().claims.values()
+            for device in entry.devices
+        ]
+        if self.reservations is not None:
+            live = self.reservations.book.live()
+            held += [(d, f"reservation of gang {r.gang_id}") for r in live for d in r.fit.all_devices]
+        return _by_gpu(held, minors)
+
+    def _allocated_on(self, minors: Collection[int]) -> dict[int, set[str]]:
+        """Claims allocated a device of these GPUs in the API, prepared or not (a pod bound to this node may be
+        about to start). Raises ApiError when the claims cannot be read."""
+        allocated = allocated_in_pool(self._api, self.config.driver_name, self.config.node_name)
+        return _by_gpu([(d, claim) for claim, devices in allocated.items() for d in devices], minors)
 
     def _reset_gpu(self, gpu: Gpu) -> None:
         if self._nvml.fake is not None:
             self._nvml.fake.reset_gpu(gpu.index)  # the fake machine's `nvidia-smi -r`
         else:
-            reset_gpu(gpu.pci_bus_id)
+            reset_gpu(gpu.pci_bus_id, self.config.driver_root)
 
     def _with_seen_gpus(self) -> Inventory:
         """The inventory plus GPUs discovery no longer lists: a GPU lost between rediscovery and the health probe
@@ -494,6 +508,31 @@ class NodeAgent:
     def _device_taints(self) -> dict[str, list[Json]]:
         with self._health_lock:
             return {name: list(taints) for name, taints in self._taints.items()}
+
+    def _mps_watch_loop(self) -> None:
+        """Start again the MPS daemon of a prepared claim that died (its clients cannot connect without it), with
+        an Event on the claim; a daemon that cannot be started is a Warning once per distinct reason."""
+        told: dict[str, str] = {}
+        while not self._stop.wait(self.config.mps_watch_interval_s):
+            try:
+                revivals = self._preparer.revive_dead_daemons()
+            except Exception:  # the lock was busy, the checkpoint unreadable: try again on the next round
+                log.exception("checking the MPS daemons of prepared claims failed")
+                continue
+            for r in revivals:
+                claim = {"metadata": {"namespace": r.namespace, "name": r.name, "uid": r.uid}}
+                if not r.error:
+                    told.pop(r.uid, None)
+                    message = (f"the MPS control daemon of this claim (pid {r.old_pid}) was gone; started it "
+                               f"again (pid {r.new_pid})")  # fmt: skip
+                    log.warning("claim %s/%s: %s", r.namespace, r.name, message, extra={"claim_uid": r.uid})
+                    self._events.record(claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestarted", message,
+                                        type_="Warning")  # fmt: skip
+                elif told.get(r.uid) != r.error:
+                    told[r.uid] = r.error
+                    log.error("claim %s/%s: %s", r.namespace, r.name, r.error, extra={"claim_uid": r.uid})
+                    self._events.record(claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestartFailed",
+                                        r.error, type_="Warning")  # fmt: skip
 
     def _health_publish_loop(self) -> None:
         while True:
@@ -507,3 +546,17 @@ class NodeAgent:
             except Exception:  # keep this thread alive: the next change or the resync loop tries again
                 log.exception("publishing slices after a health change failed")
                 self.metrics.publish_errors.inc()
+
+
+def _by_gpu(held: Iterable[tuple[str, str]], minors: Collection[int]) -> dict[int, set[str]]:
+    """(device name, holder) pairs as the holders of each of `minors` (a MIG device counts for its GPU)."""
+    out: dict[int, set[str]] = {}
+    for device_name, holder in held:
+        try:
+            parsed = parse_device_name(device_name)
+        except InvalidDeviceName:
+            continue
+        minor = parsed.minor if isinstance(parsed, GpuName) else parsed.parent_minor
+        if minor in minors:
+            out.setdefault(minor, set()).add(holder)
+    return out

@@ -73,10 +73,31 @@ def _node_allocation(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool:
             + (f" (it was allocated {elsewhere})" if elsewhere else "")
         )
     try:
-        configs = parse_allocation_configs(devices.get("config") or (), driver)
+        raw_configs = devices.get("config") or ()
+        configs = parse_allocation_configs(raw_configs, driver)
+        _check_config_requests(raw_configs, driver, claim)
     except ConfigError as exc:
         raise ClaimError(f"{what}: bad device config: {exc}") from None
     return NodeAllocation(results, tuple(configs))
+
+
+def _check_config_requests(configs: Sequence[Mapping[str, Any]], driver: str, claim: Mapping[str, Any]) -> None:
+    """A config of this driver naming a request the claim does not have would be silently ignored (NVIDIA's
+    driver skips it): the user meant some device to be configured, so it is this claim's error."""
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests")
+    if not isinstance(requests, list):
+        return  # no spec to compare with
+    known = set()
+    for r in requests:
+        known.add(str(r.get("name")))
+        known.update(f"{r.get('name')}/{sub.get('name')}" for sub in r.get("firstAvailable") or ())
+    for i, item in enumerate(configs):
+        if (item.get("opaque") or {}).get("driver") != driver:
+            continue
+        for name in item.get("requests") or ():
+            if name not in known:
+                raise ConfigError(f"config[{i}] names request {name!r}, which the claim does not have "
+                                  f"(its requests: {', '.join(sorted(known)) or 'none'})")  # fmt: skip
 
 
 def _text(value: object, field: str) -> str:

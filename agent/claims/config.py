@@ -258,7 +258,9 @@ def resolve_device_configs(entries: Sequence[ConfigEntry], devices: Sequence[Dev
     """The config each device gets: the last entry that applies to its request wins (none: exclusive).
 
     An entry naming no requests applies only to devices of its kind (a claim-wide GpuConfig leaves the
-    claim's MIG devices alone, as NVIDIA's driver does); one naming the request must fit the device.
+    claim's MIG devices alone, as NVIDIA's driver does), and must fit at least one device (NVIDIA's driver
+    ignores a MigDeviceConfig on a claim of whole GPUs; here it is the claim's error, since what it asks would
+    silently not happen); one naming the request must fit the device.
     """
 
     def applies(entry: ConfigEntry, device: DeviceRef) -> bool:
@@ -266,6 +268,13 @@ def resolve_device_configs(entries: Sequence[ConfigEntry], devices: Sequence[Dev
             return False
         return bool(entry.requests) or _kind(entry) == KIND_FOR_TYPE.get(device.type)
 
+    for claim_wide in entries:  # a claim-wide config of a kind no device takes would be silently ignored
+        if not claim_wide.requests and devices and all(_kind(claim_wide) != KIND_FOR_TYPE.get(d.type) for d in devices):
+            kinds = sorted({KIND_FOR_TYPE.get(d.type, d.type) for d in devices})
+            raise ConfigError(
+                f"the {claim_wide.source} {_kind(claim_wide)} for every request configures no device: the "
+                f"claim's devices ({', '.join(d.name for d in devices)}) take {' or '.join(kinds)}"
+            )
     chosen: list[ConfigEntry | None] = [
         next((e for e in reversed(entries) if applies(e, d)), None) for d in devices
     ]

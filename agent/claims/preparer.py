@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.claims.cdi import CdiStore, MigCaps
-from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, read_boot_id
+from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, ClaimState, read_boot_id
+from agent.claims.claim import ClaimError
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
 from agent.claims.mig import MigDevices
 from agent.claims.source import ClaimSource, read_claims
@@ -27,6 +29,18 @@ from agent.devices.shares import ShareMode
 from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Revival:
+    """An MPS daemon of a prepared claim found dead, and whether it runs again."""
+
+    namespace: str
+    name: str
+    uid: str
+    old_pid: int | None
+    new_pid: int | None
+    error: str = ""  # why it could not be started again
 
 
 class ClaimPreparer:
@@ -117,6 +131,28 @@ class ClaimPreparer:
                 errors |= {ref.uid: f"cannot unprepare: {exc}" for ref in valid}
         _log_refused("unprepare", claims, errors)
         return errors
+
+    def revive_dead_daemons(self) -> list[Revival]:
+        """Start again the MPS daemons of prepared claims whose process is gone (the watch calls this often:
+        without a dead daemon it only reads a few files and takes no lock)."""
+        sharing = self.states.sharing
+        dead = sharing.dead_daemons() if sharing is not None else {}
+        if sharing is None or not dead:
+            return []
+        out = []
+        with self.lock.hold():  # an unprepare stopping the daemon meanwhile must not see it started again
+            cp = self.states.load()
+            for uid in dead:
+                entry = cp.claims.get(uid)
+                if entry is None or entry.state is not ClaimState.COMPLETED:
+                    continue  # being prepared or unprepared: not ours to start
+                pid = sharing.daemon_pid(uid)  # read again: a prepare may have run while we waited for the lock
+                try:
+                    if sharing.revive(uid):
+                        out.append(Revival(entry.namespace, entry.name, uid, pid, sharing.daemon_pid(uid)))
+                except ClaimError as exc:
+                    out.append(Revival(entry.namespace, entry.name, uid, pid, None, str(exc)))
+        return out
 
     def prepared(self) -> Sequence[CheckpointedDevice]:
         """Devices of every claim prepared on this node (the local allocator counts them as used)."""

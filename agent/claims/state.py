@@ -280,9 +280,16 @@ class ClaimStates:
         """The claim's Completed entry, or a new Started one (added to `cp`, not saved yet) with its devices
         as the spec needs them. A Started entry's spec is left out while MIG devices are still to be made."""
         entry = cp.claims.get(ref.uid)
+        if entry is not None and (entry.namespace, entry.name) != (ref.namespace, ref.name):
+            # A UID names one claim for its whole life: another name for it is a confused or forged request,
+            # and answering it would hand that caller the stored claim's devices.
+            raise ClaimError(f"claim UID {ref.uid} is prepared here as ResourceClaim {entry.namespace}/{entry.name}, "
+                             f"not {ref.namespace}/{ref.name}: refused")  # fmt: skip
         if entry is not None and entry.state is ClaimState.COMPLETED:
             if not self.specs.exists(ref.uid) and entry.cdi_spec is not None:
                 self.specs.write(ref.uid, entry.cdi_spec)  # someone cleared the CDI root: put it back
+            if self.sharing is not None and self.sharing.revive(ref.uid):  # its containers need the daemon
+                log.warning("the MPS control daemon of claim %s had died: started again at its re-prepare", ref.uid)
             return entry, [], {}
         if entry is not None:
             log.info("claim %s was left in PrepareStarted: rolling back before preparing again", ref.uid)

@@ -25,9 +25,16 @@ from agent.migconfig.spec import InvalidMigConfig
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, open_nvml
+from agent.sharing.mps import MPS_CONTROL
+from agent.sharing.smi import NVIDIA_SMI
 from agent.slices.build import DEFAULT_DRIVER
 
 log = logging.getLogger("agent.node")
+
+# What the node runs from the driver root: nvidia-smi sets compute modes and time slices (TimeSlicing, MPS)
+# and resets GPUs for a MIG mode switch; nvidia-cuda-mps-control runs MPS daemons. Sharing has no switch,
+# so both are always needed.
+DRIVER_BINARIES = (NVIDIA_SMI, MPS_CONTROL)
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -186,7 +193,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
-        driver_root=Path(args.driver_root),
+        driver_root=preflight.driver_binaries("--driver-root", Path(args.driver_root), DRIVER_BINARIES),
         dev_root=Path(args.dev_root),
         host_driver_root=preflight.absolute_path("--host-driver-root", args.host_driver_root),
         nvidia_cdi_hook_path=(

@@ -11,10 +11,12 @@ import re
 import socket
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from agent.kubelet.plugin import dra_socket_path, registration_socket_path
 from agent.kubelet.sockets import MAX_SOCKET_PATH
+from agent.sharing.commands import BIN_DIRS, DriverRoot, NotRun
 
 STATE_DIR_MODE = 0o700  # the checkpoint and the node lock: the agent's alone
 CDI_ROOT_MODE = 0o755  # the container runtime reads the specs
@@ -126,6 +128,28 @@ def kubelet_sockets(flag: str, kubelet_root: Path, driver_name: str) -> Path:
             continue
         if not stat.S_ISSOCK(mode):
             raise StartupError(f"{sock} exists and is not a socket; remove it if nothing else uses it")
+    return root
+
+
+def driver_binaries(flag: str, root: Path, binaries: Sequence[str]) -> Path:
+    """The driver root, once every binary the enabled features run is found under it (as the agent will look
+    for them); otherwise one sentence naming what is missing, instead of a claim failing later."""
+    found = DriverRoot(root)
+    if not root.is_dir():
+        raise StartupError(f"{flag} {root} is not a directory; point it at where the NVIDIA driver is installed")
+    missing = []
+    for binary in binaries:
+        try:
+            found.find(binary)
+        except NotRun:
+            missing.append(binary)
+    if missing:
+        where = ("PATH, " if found.is_host_root else "") + ", ".join(str(root / d) for d in BIN_DIRS)
+        raise StartupError(
+            f"{flag} {root}: {' and '.join(missing)} not found (looked in {where}); point {flag} (or "
+            "NVIDIA_DRIVER_ROOT) at where the NVIDIA driver is installed, e.g. /run/nvidia/driver with the GPU "
+            "Operator's driver container"
+        )
     return root
 
 

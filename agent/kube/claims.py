@@ -36,3 +36,23 @@ class KubeClaimSource:
         )
         claim: Mapping[str, Any] = json.loads(response.data)
         return claim
+
+
+def allocated_in_pool(api: client.ApiClient, driver: str, pool: str) -> dict[str, list[str]]:
+    """Every ResourceClaim whose allocation takes `driver`'s devices from `pool`, as `namespace/name` -> those
+    device names: allocated claims, prepared or not (a pod bound, the kubelet not there yet). One list of all
+    claims, raw JSON; raises agent.kube.errors.ApiError."""
+    resource = client.ResourceV1Api(api)
+    response: Any = errors.call(
+        lambda: resource.list_resource_claim_for_all_namespaces(
+            _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    held: dict[str, list[str]] = {}
+    for claim in json.loads(response.data).get("items") or ():
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
+        devices = [str(r.get("device")) for r in results if r.get("driver") == driver and r.get("pool") == pool]
+        if devices:
+            meta = claim.get("metadata") or {}
+            held[f"{meta.get('namespace')}/{meta.get('name')}"] = devices
+    return held

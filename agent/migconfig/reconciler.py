@@ -2,9 +2,11 @@
 
 For a new value: plan every GPU the config covers (refused configs end in `failed` at once, nothing
 touched); a layout that already matches ends in `success` with no NVML call that changes anything.
-Otherwise the state label goes `pending`, the GPUs that change are withdrawn from the ResourceSlices (and
-prepare refuses their devices), and the flow waits while any of them holds a prepared claim (an Event names
-the claims). Then, under the node's prepare lock, it plans again from a fresh discovery, applies, puts the
+Otherwise the state label goes `pending`, the GPUs that change are withdrawn from the ResourceSlices and
+from the arbiter's reservations (and prepare refuses their devices), and the flow waits while any device of
+them is held: by a claim prepared here, by a claim allocated in the API but not prepared yet (its pod is
+bound and about to start), or by a reservation (an Event names them); claims it cannot read count as held.
+Then, under the node's prepare lock, it plans again from a fresh discovery, applies, puts the
 GPUs back into the slices and sets `success`; `failed` with an Event on an NVML error; `rebooting` when a
 MIG mode switch waits for a reset that processes on the GPU prevent.
 
@@ -55,7 +57,11 @@ class NodeHooks:
 
     discover: Callable[[], Inventory]  # a fresh discovery, also kept as the agent's inventory
     withhold: Callable[[frozenset[int]], None]  # keep these GPUs (minors) out of the slices; publish now
-    claims_on: Callable[[Collection[int]], Mapping[int, Collection[str]]]  # prepared claims by GPU minor
+    # What holds a device of these GPUs, by GPU minor: here (prepared claims, reservations; checked again
+    # under the prepare lock) and in the API (allocated claims; read outside the lock, which guards local
+    # state, not the network). Either raises when that cannot be known: the flow keeps waiting then.
+    claims_on: Callable[[Collection[int]], Mapping[int, Collection[str]]]
+    allocated_on: Callable[[Collection[int]], Mapping[int, Collection[str]]]
     prepare_lock: Callable[[], AbstractContextManager[object]]  # no prepare or unprepare runs meanwhile
     reset: Callable[[Gpu], None]  # reset one GPU (nvidia-smi -r), raises on failure
 
@@ -165,8 +171,8 @@ class MigReconciler:
                 return None
             try:
                 with self._hooks.prepare_lock():
-                    if self._claims(changing):
-                        continue  # a prepare won the race for the lock
+                    if self._claims(changing, api=False) != {}:
+                        continue  # a prepare won the race for the lock (None: unknown)
                     return self._apply(value)
             except TimeoutError:  # prepares kept the lock busy: wait again, the claims may have changed
                 log.info("the prepare lock was busy; MIG config %r waits", value)
@@ -177,28 +183,39 @@ class MigReconciler:
         wanted = wanted_layouts(self._configs, value, inventory, partitionable=self._partitionable)
         return plan_node(inventory, wanted)
 
-    def _claims(self, minors: Collection[int]) -> dict[int, list[str]]:
-        return {m: sorted(c) for m, c in self._hooks.claims_on(minors).items() if c}
+    def _claims(self, minors: Collection[int], *, api: bool = True) -> dict[int, list[str]] | None:
+        """What holds the GPUs, by minor (with `api`, claims allocated in the API too); None when it cannot be
+        known now."""
+        try:
+            held: dict[int, set[str]] = {}
+            for found in (self._hooks.claims_on(minors), self._hooks.allocated_on(minors) if api else {}):
+                for minor, holders in found.items():
+                    held.setdefault(minor, set()).update(holders)
+            return {m: sorted(c) for m, c in held.items() if c}
+        except Exception as exc:  # e.g. the API server is away: nothing may be taken from a claim we cannot see
+            log.warning("cannot tell which claims hold the GPUs a MIG change waits for: %s", exc)
+            return None
 
     def _superseded(self, value: str) -> bool:
         with self._wake:
             return self._offered and self._wanted != value
 
     def _wait_for_claims(self, value: str, minors: frozenset[int], stop: threading.Event) -> bool:
-        """Until none of the GPUs holds a prepared claim; False when a newer value or stop came first."""
+        """Until nothing holds a device of the GPUs (no claim prepared or allocated on them, no reservation);
+        False when a newer value or stop came first."""
         told: dict[int, list[str]] | None = None
         while True:
             if stop.is_set() or self._superseded(value):
                 return False
             held = self._claims(minors)
-            if not held:
+            if held == {}:
                 return True
-            if held != told:
+            if held is not None and held != told:
                 names = sorted({c for cs in held.values() for c in cs})
                 self._event(
                     "Warning", "MigConfigWaiting",
                     f"MIG config {value!r} waits for claim(s) {', '.join(names)} on GPU minor(s) "
-                    f"{', '.join(str(m) for m in sorted(held))} to be unprepared",
+                    f"{', '.join(str(m) for m in sorted(held))} to be released (unprepared and deallocated)",
                 )  # fmt: skip
                 told = held
             with self._wake:

@@ -15,6 +15,7 @@ from agent.claims.config import DeviceConfig
 from agent.devices.model import Inventory
 from agent.sharing.commands import SharingError
 from agent.sharing.control import Adoption, SharingControl, with_container_edits
+from agent.sharing.mps import alive
 from agent.sharing.plan import SharedDevice, SharingConfigError
 
 
@@ -52,6 +53,23 @@ class ClaimSharing:
 
     def reconcile(self, prepared: Set[str]) -> Adoption:
         return self.control.reconcile(prepared)
+
+    def revive(self, uid: str) -> bool | None:
+        """Start the claim's MPS daemon again if it is gone: True when started again, False when alive, None
+        when the claim has none. Raises ClaimError."""
+        try:
+            return self.control.revive(uid)
+        except SharingError as exc:
+            raise ClaimError(f"the MPS control daemon of claim {uid} is gone and cannot be started again: "
+                             f"{exc}") from exc  # fmt: skip
+
+    def dead_daemons(self) -> dict[str, int | None]:
+        """Claims whose MPS daemon's pid is gone (or was never written), with that pid. Reads files only: cheap
+        enough to poll."""
+        return {uid: pid for uid, pid in self.control.daemon_pids().items() if pid is None or not alive(pid)}
+
+    def daemon_pid(self, uid: str) -> int | None:
+        return self.control.mps.pid(uid)
 
 
 def _gpu_uuid(device: CheckpointedDevice, inventory: Inventory) -> str:

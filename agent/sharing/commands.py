@@ -25,6 +25,10 @@ class SharingError(Exception):
     """Applying or undoing a claim's sharing failed; the message says what and why."""
 
 
+class NotRun(SharingError):
+    """The binary could not be found or started: it changed nothing."""
+
+
 class CommandFailed(SharingError):
     def __init__(self, message: str, returncode: int) -> None:
         super().__init__(message)
@@ -44,7 +48,8 @@ class CommandRunner(Protocol):
     def run(
         self, binary: str, args: Sequence[str], *, stdin: str | None = None, env: Mapping[str, str] | None = None
     ) -> Completed:
-        """Run `binary` with `args`; raises SharingError when it cannot be found or run."""
+        """Run `binary` with `args`; raises NotRun when it cannot be found or started, SharingError when it
+        does not finish."""
         ...
 
 
@@ -67,7 +72,7 @@ class DriverRoot:
             if os.access(path, os.X_OK) and path.is_file():
                 return str(path)
         where = "PATH, " if self.is_host_root else ""
-        raise SharingError(f"{binary} not found under driver root {self.root} "
+        raise NotRun(f"{binary} not found under driver root {self.root} "
                            f"(looked in {where}{', '.join(str(d) for d in dirs)})")  # fmt: skip
 
     def library_path(self) -> str | None:
@@ -101,7 +106,7 @@ class SubprocessRunner:
         except subprocess.TimeoutExpired as exc:
             raise SharingError(f"{' '.join(argv)} did not finish within {self.timeout_s:g}s") from exc
         except OSError as exc:
-            raise SharingError(f"cannot run {argv[0]}: {exc.strerror}") from exc
+            raise NotRun(f"cannot run {argv[0]}: {exc.strerror}") from exc
         return Completed(done.returncode, done.stdout, done.stderr)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 from agent.sharing.commands import CommandFailed, CommandRunner, checked
 
@@ -27,12 +28,18 @@ class NvidiaSmi:
         """0 Default, 1 Short, 2 Medium, 3 Long (NVIDIA does not document the durations)."""
         checked(self.runner, NVIDIA_SMI, ["compute-policy", "-i", gpu_uuid, f"--set-timeslice={timeslice}"])
 
-    def restore(self, gpu_uuid: str, *, timeslice: bool = False) -> None:
-        """Back to DEFAULT compute mode (and the default time slice); a GPU that is gone needs nothing."""
+    def restore(self, gpu_uuid: str) -> None:
+        """Back to DEFAULT compute mode; a GPU that is gone needs nothing."""
+        self._unless_gone(lambda: self.set_compute_mode(gpu_uuid, ComputeMode.DEFAULT))
+
+    def restore_timeslice(self, gpu_uuid: str) -> None:
+        """Back to the default time slice; a GPU that is gone needs nothing."""
+        self._unless_gone(lambda: self.set_timeslice(gpu_uuid, 0))
+
+    @staticmethod
+    def _unless_gone(change: Callable[[], None]) -> None:
         try:
-            if timeslice:
-                self.set_timeslice(gpu_uuid, 0)
-            self.set_compute_mode(gpu_uuid, ComputeMode.DEFAULT)
+            change()
         except CommandFailed as exc:
             if exc.returncode not in GPU_GONE:
                 raise

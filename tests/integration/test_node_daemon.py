@@ -28,6 +28,7 @@ from tests.integration.test_node_support import (
     cdi_id,
     clean_env,
     create_node,
+    fake_driver_root,
     running,
     short_tmpdir,
 )
@@ -181,8 +182,10 @@ def test_sigterm_exits_cleanly_and_removes_sockets() -> None:
 
 
 def run_cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    driver_root = fake_driver_root(cwd)
     return subprocess.run(
-        agent_command(*args), check=False, capture_output=True, text=True, env=clean_env(), timeout=60, cwd=cwd
+        agent_command("--driver-root", str(driver_root), *args), check=False, capture_output=True, text=True,
+        env=clean_env(), timeout=60, cwd=cwd,
     )
 
 

@@ -65,6 +65,11 @@ class MigNode:
         wait_for(lambda: len(self.ends()) > done and self.labels().get(STATE) == end, f"{value} -> {end}",
                  timeout, self.daemon)  # fmt: skip
 
+    def release(self, *refs: ClaimRef) -> None:
+        """Delete the claims, as the resourceclaim controller does once their pods are gone."""
+        for ref in refs:
+            client.ResourceV1Api(self.api).delete_namespaced_resource_claim(ref.name, ref.namespace)
+
     def ends(self) -> list[dict[str, Any]]:
         return [e for r in ("MigConfigApplied", "MigConfigFailed", "MigConfigRebooting") for e in self.events(r)]
 
@@ -178,6 +183,7 @@ def test_pending_while_a_claim_is_prepared_then_applied(node: MigNode) -> None:
         assert node.kubelet.prepare(DRIVER, [other])[other.uid].error != ""
     finally:
         assert node.kubelet.unprepare(DRIVER, [ref]) == {ref.uid: ""}
+        node.release(ref, other)
     node.wait_state("success")
     assert node.profiles() == Counter({"7g.80gb": H100_GPUS})
 
@@ -222,6 +228,28 @@ def test_a_restarted_agent_keeps_pending_gpus_out_of_its_first_publish(node: Mig
     # The kubelet re-registers with the new process before it unprepares.
     node.kubelet.wait_for_driver(DRIVER)
     assert node.kubelet.unprepare(DRIVER, [ClaimRef(ref.namespace, ref.uid, ref.name)]) == {ref.uid: ""}
+    node.release(ref)
+    node.wait_state("success")
+    assert node.profiles() == Counter({"1g.10gb": 56})
+
+
+def test_an_allocated_claim_not_yet_prepared_holds_the_relabel_until_released(node: MigNode) -> None:
+    """The arbiter (or the scheduler) placed a claim on GPU 4 and its pod is bound, but the kubelet has not
+    prepared it yet: the relabel waits in `pending`, names the claim, withdraws the GPUs and touches none of
+    them until the claim is released; then it applies."""
+    node.relabel("all-disabled", "success")
+    ref = allocate_claim(node.api, "placed-not-prepared", ["gpu-4"])
+    try:
+        node.label("all-1g.10gb")
+        node.wait_state("pending")
+        wait_for(lambda: any("default/placed-not-prepared" in e["message"] for e in node.events("MigConfigWaiting")),
+                 "a MigConfigWaiting Event naming the claim", 10, node.daemon)  # fmt: skip
+        wait_for(lambda: not node.devices(), "the GPUs withdrawn from the slices", 10, node.daemon)
+        time.sleep(1.5)  # more than a poll of the claims
+        assert node.labels()[STATE] == "pending"
+        assert all(g["migMode"]["current"] == 0 and not g["gpuInstances"] for g in node.gpus())
+    finally:
+        node.release(ref)
     node.wait_state("success")
     assert node.profiles() == Counter({"1g.10gb": 56})
 

@@ -24,6 +24,7 @@ from tests.integration.test_node_support import (
     Daemon,
     agent_command,
     clean_env,
+    fake_driver_root,
     running,
     short_tmpdir,
 )
@@ -33,6 +34,16 @@ from tests.integration.test_node_support import (
 def server() -> Iterator[fakes.apiserver.ApiServer]:
     with fakes.apiserver.start(port=0) as s:
         yield s
+
+
+_DRIVER_ROOT: list[pathlib.Path] = []  # the fake NVIDIA binaries, outside each test's own directories
+
+
+@pytest.fixture(scope="module", autouse=True)
+def driver_root() -> Iterator[pathlib.Path]:
+    with short_tmpdir("start-driver-") as path:
+        _DRIVER_ROOT[:] = [fake_driver_root(path)]
+        yield _DRIVER_ROOT[0]
 
 
 @pytest.fixture
@@ -64,6 +75,7 @@ def start(
         "--state-dir": str(root / "state"),
         "--metrics-addr": "127.0.0.1:0",
         "--log-format": log_format,
+        "--driver-root": str(_DRIVER_ROOT[0]),
     }
     if server is not None:
         flags["--kubeconfig"] = str(server.write_kubeconfig(root / "kubeconfig"))
@@ -281,6 +293,29 @@ def test_negative_xid(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> 
     assert_refused(start(root, server, "--additional-xids-to-ignore", "13,-5"), "--additional-xids-to-ignore", code=2)
 
 
+# --- driver root ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["nvidia-smi", "nvidia-cuda-mps-control"])
+def test_a_driver_root_without_the_binaries_is_one_line_and_exit_2(
+    root: pathlib.Path, server: fakes.apiserver.ApiServer, missing: str
+) -> None:
+    """The binaries sharing and MIG resets run are checked at start, not at the first claim that needs them;
+    nothing is written before (no state dir, no socket)."""
+    driver_root = fake_driver_root(root / "other")
+    (driver_root / "usr/bin" / missing).unlink()
+    message = assert_refused(start(root, server, "--driver-root", str(driver_root)), "--driver-root", code=2)
+    assert message.startswith(f"--driver-root {driver_root}: {missing} not found (looked in {driver_root}/usr/bin,")
+    assert "NVIDIA_DRIVER_ROOT" in message
+    assert not (root / "state").exists()
+    empty = root / "empty"
+    empty.mkdir()
+    message = assert_refused(start(root, server, "--driver-root", str(empty)), code=2)
+    assert "nvidia-smi and nvidia-cuda-mps-control not found" in message
+    message = assert_refused(start(root, server, "--driver-root", str(root / "nope")), code=2)
+    assert message.startswith(f"--driver-root {root / 'nope'} is not a directory")
+
+
 # --- directory modes ------------------------------------------------------------------------------------
 
 
@@ -292,7 +327,8 @@ def test_created_directories_get_their_modes_whatever_the_umask(
     for umask in (0o077, 0o000):
         base = root / f"umask-{umask:o}"
         base.mkdir()
-        daemon = Daemon(base, server.write_kubeconfig(base / "kubeconfig"))
+        daemon = Daemon(base, server.write_kubeconfig(base / "kubeconfig"), extra_args=("--driver-root",
+                                                                                     str(_DRIVER_ROOT[0])))
         previous = os.umask(umask)
         try:
             daemon.start()

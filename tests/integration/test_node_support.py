@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client
 
 from agent.claims.types import ClaimRef
+from fakes.nvml.binaries import install_driver_root
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = "gpu.nvidia.com"
@@ -43,6 +44,7 @@ _DAEMON_ENV = (
     "MIG_CONFIG_FILE",
     "MIG_RECONFIGURE",
     "FAKE_NVML_STATE",
+    "NVIDIA_DRIVER_ROOT",
 )
 
 
@@ -54,6 +56,11 @@ def short_tmpdir(prefix: str, base: str = "/tmp") -> Iterator[pathlib.Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def fake_driver_root(root: pathlib.Path) -> pathlib.Path:
+    """A driver root holding the fake nvidia-smi and nvidia-cuda-mps-control, which the agent checks at start."""
+    return install_driver_root(root / "driver-root").parents[1]
 
 
 def agent_command(*args: str) -> list[str]:
@@ -100,12 +107,14 @@ class Daemon:
         return self.kubelet_root / "plugins" / DRIVER / "dra.sock"
 
     def start(self) -> Daemon:
-        """Start the process (returns at once); the same directories are reused across restarts."""
+        """Start the process (returns at once); the same directories are reused across restarts. Without a
+        --driver-root of the test's own, the fake binaries' driver root under `root`."""
+        driver_root = () if "--driver-root" in self.extra_args else ("--driver-root", str(fake_driver_root(self.root)))
         args = agent_command(
             "--node-name", self.node, "--nvml", self.machine, "--kubeconfig", str(self.kubeconfig),
             "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
             "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
-            *self.extra_args,
+            *driver_root, *self.extra_args,
         )  # fmt: skip
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:

@@ -282,6 +282,113 @@ def test_a_missing_binary_is_that_claims_clear_error(node: Node) -> None:
     assert node.preparer.prepare([plain])["plain"].error == ""
 
 
+def test_a_failed_mps_prepare_leaves_nothing_that_blocks_the_gpu(node: Node) -> None:
+    """nvidia-smi missing: the MPS claim fails with a clear error and nothing stays behind (no record, no
+    daemon directories, no checkpoint entry), so its unprepare, another claim of the GPU and a restart all
+    work; with the binary back the same claim prepares."""
+    smi = node.driver_root / "usr/bin/nvidia-smi"
+    saved = smi.read_bytes()
+    smi.unlink()
+    ref = node.add_claim("mps-nobin", ["gpu-2"], MPS_HALF)
+    error = node.preparer.prepare([ref])["mps-nobin"].error
+    assert error.startswith("cannot apply the sharing of claim mps-nobin: nvidia-smi not found under driver root")
+    assert "cannot undo" not in error
+    assert not (node.state_dir / "sharing" / "mps-nobin.json").exists()
+    assert not (node.state_dir / "mps" / "mps-nobin").exists()
+    assert node.preparer.unprepare([ref]) == {"mps-nobin": ""}
+    plain = ClaimRef("default", "plain", "claim-plain")
+    (node.claims / "default" / "claim-plain.json").write_text(json.dumps(claim("plain", ["gpu-2"], name=plain.name)))
+    assert node.preparer.prepare([plain])["plain"].error == ""  # the GPU is not held by the failed claim
+    assert node.preparer.unprepare([plain]) == {"plain": ""}
+    node.restart()
+    smi.write_bytes(saved)
+    smi.chmod(0o755)
+    assert node.preparer.prepare([ref])["mps-nobin"].error == ""
+    assert node.gpu(2).compute_mode is ComputeMode.EXCLUSIVE_PROCESS
+    assert node.preparer.unprepare([ref]) == {"mps-nobin": ""}
+    assert node.gpu(2).compute_mode is ComputeMode.DEFAULT
+
+
+def test_a_failed_daemon_start_undoes_the_compute_mode_it_set(node: Node) -> None:
+    """nvidia-cuda-mps-control missing: the GPU had been set to EXCLUSIVE_PROCESS; the failed prepare puts
+    it back to DEFAULT and leaves no record."""
+    (node.driver_root / "usr/bin/nvidia-cuda-mps-control").unlink()
+    ref = node.add_claim("mps-nod", ["gpu-3"], MPS_HALF)
+    error = node.preparer.prepare([ref])["mps-nod"].error
+    assert "nvidia-cuda-mps-control not found under driver root" in error and "cannot undo" not in error
+    assert node.gpu(3).compute_mode is ComputeMode.DEFAULT
+    assert not (node.state_dir / "sharing" / "mps-nod.json").exists()
+    assert not (node.state_dir / "mps" / "mps-nod").exists()
+    assert node.preparer.unprepare([ref]) == {"mps-nod": ""}
+
+
+def test_undoing_a_record_of_nothing_applied_needs_no_binary(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kill -9 right after the record was written, before any change: the restarted agent, with no
+    NVIDIA binary at all, rolls the claim back and the GPU is free."""
+    ref = node.add_claim("mps-early", ["gpu-2"], MPS_HALF)
+
+    class Killed(BaseException):
+        """Ends the prepare as kill -9 would: no handler of the agent runs."""
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise Killed
+
+    monkeypatch.setattr(SharingControl, "_step", killed)
+    with pytest.raises(Killed):
+        node.preparer.prepare([ref])
+    monkeypatch.undo()
+    assert (node.state_dir / "sharing" / "mps-early.json").exists()
+    for binary in ("nvidia-smi", "nvidia-cuda-mps-control"):
+        (node.driver_root / "usr/bin" / binary).unlink()
+    node.restart()
+    assert not (node.state_dir / "sharing" / "mps-early.json").exists()
+    assert node.preparer.unprepare([ref]) == {"mps-early": ""}
+    assert node.gpu(2).compute_mode is ComputeMode.DEFAULT
+
+
+def test_a_dead_mps_daemon_is_started_again_by_the_watch_and_by_a_re_prepare(node: Node) -> None:
+    ref = node.add_claim("mps-watch", ["gpu-2"], MPS_HALF)
+    assert node.preparer.prepare([ref])["mps-watch"].error == ""
+    assert node.preparer.revive_dead_daemons() == []  # alive: nothing to do
+    pid = node.daemon_pid("mps-watch")
+    os.kill(pid, signal.SIGKILL)  # dies while the agent runs
+    assert wait_gone(pid)
+    [revival] = node.preparer.revive_dead_daemons()
+    new_pid = node.daemon_pid("mps-watch")
+    assert (revival.uid, revival.name, revival.old_pid, revival.new_pid, revival.error) == (
+        "mps-watch", "claim-mps-watch", pid, new_pid, "")
+    assert new_pid != pid
+    assert node.ask_daemon("mps-watch", "get_default_active_thread_percentage") == ["50.0"]  # limits again
+    assert node.gpu(2).compute_mode is ComputeMode.EXCLUSIVE_PROCESS
+
+    os.kill(new_pid, signal.SIGKILL)
+    assert wait_gone(new_pid)
+    assert node.preparer.prepare([ref])["mps-watch"].error == ""  # a re-prepare checks the daemon too
+    third = node.daemon_pid("mps-watch")
+    assert third not in (pid, new_pid)
+    assert node.ask_daemon("mps-watch", "get_server_list") == [str(third)]
+
+    # A daemon that cannot be started again fails the re-prepare and is reported by the watch.
+    os.kill(third, signal.SIGKILL)
+    assert wait_gone(third)
+    (node.driver_root / "usr/bin/nvidia-cuda-mps-control").unlink()
+    error = node.preparer.prepare([ref])["mps-watch"].error
+    assert error.startswith("the MPS control daemon of claim mps-watch is gone and cannot be started again: "
+                            "nvidia-cuda-mps-control not found")  # fmt: skip
+    [failed] = node.preparer.revive_dead_daemons()
+    assert failed.error == error and failed.new_pid is None
+
+
+def test_the_watch_leaves_the_daemon_of_an_unprepared_claim_stopped(node: Node) -> None:
+    ref = node.add_claim("mps-gone", ["gpu-3"], MPS_HALF)
+    assert node.preparer.prepare([ref])["mps-gone"].error == ""
+    pid = node.daemon_pid("mps-gone")
+    assert node.preparer.unprepare([ref]) == {"mps-gone": ""}
+    assert wait_gone(pid)
+    assert node.preparer.revive_dead_daemons() == []
+    assert not (node.state_dir / "mps" / "mps-gone").exists()
+
+
 def test_the_node_daemon_killed_with_9_finds_its_mps_daemon_again(tmp_path: pathlib.Path) -> None:
     """The real `gpu-dra-agent node` process, prepared through the kubelet's sockets: an MPS claim's daemon
     survives kill -9 of the agent, is adopted by the restarted agent (same pid), and stops at unprepare."""
@@ -315,6 +422,39 @@ def test_the_node_daemon_killed_with_9_finds_its_mps_daemon_again(tmp_path: path
             gpus = fake_nvml.FakeNvml(fake_nvml.MACHINES["dgx-h100"], state).gpus
             assert (gpus[5].compute_mode, gpus[5].processes) == (0, [])
             assert not pipe.exists()
+        finally:
+            for pid_file in root.rglob(PID_FILE):
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_the_node_daemon_restarts_a_dead_mps_daemon_with_an_event_on_the_claim() -> None:
+    with short_tmpdir("mps-watch-") as root, fakes.apiserver.start(port=0) as server:
+        api = server.api_client()
+        create_node(api)
+        ref = allocate_with_config(api, "mps-watched", ["gpu-6"], opaque(sharing=MPS_HALF))
+        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), env={persist.ENV: str(root / "gpus.json")})
+        pipe = daemon.state_dir / "mps" / ref.uid / "pipe"
+        try:
+            with FakeKubelet(daemon.kubelet_root, timeout=30) as kubelet, running(daemon):
+                kubelet.wait_for_driver(DRIVER)
+                assert kubelet.prepare(DRIVER, [ref])[ref.uid].error == ""
+                pid = int((pipe / PID_FILE).read_text())
+                os.kill(pid, signal.SIGKILL)
+                assert wait_gone(pid)
+                deadline = time.monotonic() + 20
+                while not (events := [e for e in server.store.objects("Event") if e["reason"] == "MpsDaemonRestarted"]):
+                    assert time.monotonic() < deadline, daemon.tail()
+                    time.sleep(0.05)
+                [event] = events
+                new_pid = int((pipe / PID_FILE).read_text())
+                assert event["type"] == "Warning"
+                assert event["involvedObject"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                                   "name": "mps-watched", "namespace": "default", "uid": ref.uid}
+                assert event["message"] == (f"the MPS control daemon of this claim (pid {pid}) was gone; started it "
+                                            f"again (pid {new_pid})")  # fmt: skip
+                assert kubelet.unprepare(DRIVER, [ref]) == {ref.uid: ""}
+                assert wait_gone(new_pid)
         finally:
             for pid_file in root.rglob(PID_FILE):
                 with contextlib.suppress(ProcessLookupError, ValueError):

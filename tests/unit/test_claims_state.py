@@ -548,6 +548,55 @@ def test_a_malformed_config_list_is_a_bad_device_config(node: Node, config: list
     assert "bad device config" in result.error
 
 
+def test_a_config_naming_a_request_the_claim_lacks_is_that_claims_error(node: Node) -> None:
+    """Tried: an MPS config for request "gpus" in a claim whose request is "gpu"; the device would have been
+    prepared exclusive, the config silently dropped. The other claim of the batch is prepared."""
+    configs = [opaque(requests=["gpus"], sharing={"strategy": "MPS"})]
+    bad, good = node.add(claim("uid-1", ["gpu-0"], configs=configs)), node.add(claim("uid-2", ["gpu-1"]))
+    results = node.preparer().prepare([bad, good])
+    assert results["uid-1"].error == (
+        "ResourceClaim default/claim-uid-1: bad device config: config[0] names request 'gpus', which the claim "
+        "does not have (its requests: gpu)"
+    )
+    ok(results["uid-2"])
+    assert node.checkpoint() == {"uid-2": ClaimState.COMPLETED}
+
+
+def test_configs_may_name_a_prioritized_list_request_or_its_subrequest(node: Node) -> None:
+    for uid, named in (("uid-1", "gpu"), ("uid-2", "gpu/large")):
+        body = claim(uid, [f"gpu-{uid[-1]}"], request="gpu/large",
+                     configs=[opaque(requests=[named], sharing={"strategy": "TimeSlicing"})])  # fmt: skip
+        body["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
+            {"name": "large", "deviceClassName": "gpu.nvidia.com"},
+            {"name": "small", "deviceClassName": "mig.nvidia.com"},
+        ]}]  # fmt: skip
+        ok(node.preparer().prepare([node.add(body)])[uid])
+
+
+def test_a_claim_wide_mig_config_on_whole_gpus_is_that_claims_error(node: Node) -> None:
+    configs = [opaque("MigDeviceConfig", sharing={"strategy": "MPS"})]
+    result = node.preparer().prepare([node.add(claim("uid-1", ["gpu-0", "gpu-1"], configs=configs))])["uid-1"]
+    assert result.error == (
+        "ResourceClaim default/claim-uid-1: bad device config: the FromClaim MigDeviceConfig for every request "
+        "configures no device: the claim's devices (gpu-0, gpu-1) take GpuConfig"
+    )
+    assert node.checkpoint() == {}
+
+
+def test_a_prepare_naming_another_claim_for_a_stored_uid_is_refused(node: Node) -> None:
+    """The UID is prepared as default/claim-uid-1; a request for it under another name (or namespace) gets no
+    devices, and the stored claim stays prepared."""
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1", ["gpu-0"]))])["uid-1"])
+    for ref in (ClaimRef("default", "uid-1", "someone-else"), ClaimRef("other", "uid-1", "claim-uid-1")):
+        result = preparer.prepare([ref])["uid-1"]
+        assert result.devices == ()
+        assert result.error == (f"claim UID uid-1 is prepared here as ResourceClaim default/claim-uid-1, not "
+                                f"{ref.namespace}/{ref.name}: refused")  # fmt: skip
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
+    ok(preparer.prepare([ClaimRef("default", "uid-1", "claim-uid-1")])["uid-1"])
+
+
 class TurnsReadOnly(cdi.CdiStore):
     """A CDI root that turns read-only after `writable` spec writes: writes, and removals of existing
     files, fail with EROFS as the kernel's would (a missing file is still ENOENT)."""

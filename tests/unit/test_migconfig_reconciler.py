@@ -7,7 +7,7 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -15,6 +15,7 @@ import pynvml
 import pytest
 
 from agent.devices.model import Gpu
+from agent.kube.errors import ApiError
 from agent.migconfig.applying import apply_plan
 from agent.migconfig.desired import ConfigRefused, wanted_layouts
 from agent.migconfig.files import load_mig_configs
@@ -70,7 +71,8 @@ class Flow:
         self.report = Report()
         self.steps = CountingSteps()
         self.withheld: list[frozenset[int]] = []
-        self.claims: dict[int, set[str]] = {}
+        self.claims: dict[int, set[str]] = {}  # prepared here
+        self.allocated: dict[int, set[str]] | Exception = {}  # in the API (an exception: it cannot be read)
         self.resets: list[int] = []
         self.reconciler = MigReconciler(
             CONFIGS,
@@ -79,6 +81,7 @@ class Flow:
                 discover=nvml.discover,
                 withhold=self.withheld.append,
                 claims_on=self.claims_on,
+                allocated_on=self.allocated_on,
                 prepare_lock=nullcontext,
                 reset=self.reset,
             ),
@@ -89,6 +92,11 @@ class Flow:
 
     def claims_on(self, minors: Collection[int]) -> Mapping[int, Collection[str]]:
         return {m: set(c) for m, c in self.claims.items() if m in minors}
+
+    def allocated_on(self, minors: Collection[int]) -> Mapping[int, Collection[str]]:
+        if isinstance(self.allocated, Exception):
+            raise self.allocated
+        return {m: set(c) for m, c in self.allocated.items() if m in minors}
 
     def reset(self, gpu: Gpu) -> None:
         self.resets.append(gpu.index)
@@ -186,6 +194,48 @@ def test_pending_while_a_claim_holds_a_gpu_then_applied(nvml: NvmlSource) -> Non
     worker.join(5)
     assert result == [MigState.SUCCESS]
     assert flow.profiles() == Counter({"1g.10gb": 56})
+
+
+def _wait_for(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not cond():
+        assert time.monotonic() < deadline, f"no {what} within 5 s"
+        time.sleep(0.01)
+
+
+def test_an_allocated_claim_not_yet_prepared_holds_the_change_until_released(nvml: NvmlSource) -> None:
+    """A pod bound, its claim allocated a GPU the label changes, the kubelet not there yet: the change waits
+    (pending, the claim named) and touches nothing; once the claim is deallocated it goes on."""
+    flow = Flow(nvml)
+    flow.allocated = {5: {"team-a/gang-0-gpu"}}
+    result: list[MigState | None] = []
+    worker = threading.Thread(target=lambda: result.append(flow.reconciler.reconcile("all-1g.10gb")))
+    worker.start()
+    _wait_for(lambda: any(r == "MigConfigWaiting" for _, r, _ in flow.report.events), "MigConfigWaiting Event")
+    time.sleep(0.1)
+    assert flow.report.states == ["pending"] and result == []
+    waiting = next(m for _, r, m in flow.report.events if r == "MigConfigWaiting")
+    assert "team-a/gang-0-gpu" in waiting and "GPU minor(s) 5" in waiting
+    assert flow.steps.changes == Counter()
+    assert flow.withheld == [frozenset(range(8))]
+    flow.allocated = {}  # deallocated
+    worker.join(5)
+    assert result == [MigState.SUCCESS]
+
+
+def test_claims_that_cannot_be_read_hold_the_change(nvml: NvmlSource) -> None:
+    """The API is away: which claims are allocated cannot be known, so nothing is changed until it can."""
+    flow = Flow(nvml)
+    flow.allocated = ApiError(503, "the server is currently unable to handle the request")
+    result: list[MigState | None] = []
+    worker = threading.Thread(target=lambda: result.append(flow.reconciler.reconcile("all-1g.10gb")))
+    worker.start()
+    _wait_for(lambda: flow.report.states == ["pending"], "pending")
+    time.sleep(0.2)
+    assert result == [] and flow.steps.changes == Counter()
+    flow.allocated = {}
+    worker.join(5)
+    assert result == [MigState.SUCCESS]
 
 
 def test_a_new_value_while_pending_replaces_the_old_one(nvml: NvmlSource) -> None:
