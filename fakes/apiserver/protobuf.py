@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from .errors import ApiError
@@ -55,11 +55,11 @@ def _go() -> _GoFields:
     return _GoFields(json.loads((_HERE / "kubernetes_fields.json").read_text()))
 
 
-def _json_name(owner: Descriptor, field: FieldDescriptor) -> str:
-    return _go().json_names.get(f"{owner.full_name}.{field.name}", field.name)
+def _json_name(owner: Any, field: Any) -> str:
+    return str(_go().json_names.get(f"{owner.full_name}.{field.name}", field.name))
 
 
-def _inline(owner: Descriptor, field: FieldDescriptor) -> bool:
+def _inline(owner: Any, field: Any) -> bool:
     return f"{owner.full_name}.{field.name}" in _go().inline
 
 
@@ -125,7 +125,7 @@ def _to_json(message: Message) -> dict[str, Any]:
 _OMIT = object()
 
 
-def _field_to_json(owner: Descriptor, field: FieldDescriptor, value: Any) -> Any:
+def _field_to_json(owner: Any, field: Any, value: Any) -> Any:
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         value_field = field.message_type.fields_by_name["value"]
         return {k: _value_to_json(value_field, v) for k, v in value.items()}
@@ -137,7 +137,7 @@ def _field_to_json(owner: Descriptor, field: FieldDescriptor, value: Any) -> Any
     return _OMIT if converted is None else converted
 
 
-def _value_to_json(field: FieldDescriptor, value: Any) -> Any:
+def _value_to_json(field: Any, value: Any) -> Any:
     if field.message_type is None:
         if field.type == FieldDescriptor.TYPE_BYTES:
             return base64.b64encode(value).decode()
@@ -227,7 +227,7 @@ def _from_json(message: Message, data: dict[str, Any]) -> None:
             _set_message(target, field, value)
 
 
-def _json_names(descriptor: Descriptor) -> frozenset[str]:
+def _json_names(descriptor: Any) -> frozenset[str]:
     """The JSON keys a message's fields take, an embedded struct's (which may embed another) included."""
     names: set[str] = set()
     for field in descriptor.fields:
@@ -238,13 +238,13 @@ def _json_names(descriptor: Descriptor) -> frozenset[str]:
     return frozenset(names)
 
 
-def _scalar(field: FieldDescriptor, value: Any) -> Any:
+def _scalar(field: Any, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_BYTES:
         return base64.b64decode(value)
     return value
 
 
-def _set_message(target: Message, field: FieldDescriptor, value: Any) -> None:
+def _set_message(target: Message, field: Any, value: Any) -> None:
     special = _SPECIAL_FROM_JSON.get(field.message_type.full_name)
     if special is not None:
         special(target, value)

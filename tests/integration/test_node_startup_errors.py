@@ -235,7 +235,7 @@ def test_log_format_xml_from_the_environment(root: pathlib.Path, server: fakes.a
             proc_args, env={**clean_env(), "LOG_FORMAT": "xml"}, cwd=REPO, capture_output=True, text=True, check=False
         )
     )
-    assert_refused(result, "--log-format", "xml", "json or text", code=2, log_format="text")
+    assert_refused(result, "--log-format", "xml", "LOG_FORMAT", "json, text", code=2, log_format="text")
 
 
 def test_log_format_xml_flag(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> None:
