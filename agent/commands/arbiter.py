@@ -10,12 +10,10 @@ import argparse
 import logging
 import math
 import os
-import signal
 import socket
 import sys
 import threading
 import uuid
-from types import FrameType
 from typing import cast
 
 from agent import logs
@@ -25,6 +23,7 @@ from agent.arbiter.metrics import ArbiterMetrics
 from agent.arbiter.names import COMPONENT
 from agent.arbiter.node_service import TokenFileError, read_token, split_address
 from agent.commands.options import option, switch
+from agent.commands.signals import stop_on_signals
 from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
 from agent.kube.events import EventRecorder
@@ -87,12 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc).replace("--reservation-addr", "--metrics-addr"))
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop.set, log)
     try:
         rest = Rest(api_client(args.kubeconfig))
     except KubeconfigError as exc:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.commands import preflight
 from agent.commands.options import option, switch
 from agent.commands.preflight import StartupError
+from agent.commands.signals import stop_on_signals
 from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
 from agent.kubelet.sockets import SocketError
@@ -153,12 +152,7 @@ def _serve(config: NodeConfig, metrics_addr: str, nvml_spec: str) -> None:
             # The bound port, so `--metrics-addr 127.0.0.1:0` is usable (tests, several agents on one host).
             log.info("metrics serving", extra={"address": f"{host}:{metrics_server.server_port}"})
 
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            agent.stop()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop_on_signals(agent.stop, log)
         agent.run()
 
 
