@@ -57,6 +57,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "then a node in use), binpack (fewest free GPUs, KAI's default) or spread")
 
 
+GATE_POLICY_API = ("admissionregistration.k8s.io/v1", "mutatingadmissionpolicies")
+
+
+def warn_without_gate_policy(rest: Rest) -> bool:
+    """Say once, at start-up, when the server does not serve MutatingAdmissionPolicy: the arbiter overlay's
+    policy that gates queue pods then never applies, and kube-scheduler binds them past the arbiter. True when
+    it warned."""
+    try:
+        if rest.serves(*GATE_POLICY_API):
+            return False
+    except ApiError as exc:
+        log.warning("could not check whether the server serves MutatingAdmissionPolicy: %s", exc)
+        return False
+    log.warning(
+        "this cluster does not serve MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, GA and on by default "
+        "from Kubernetes 1.36; on 1.34-1.35 start kube-apiserver with --feature-gates=MutatingAdmissionPolicy=true "
+        "--runtime-config=admissionregistration.k8s.io/v1beta1=true and apply the policy as v1beta1): pods "
+        "labelled scheduling.gpu-dra-agent.io/queue get no scheduling gate and are scheduled past the arbiter; "
+        "until then have your workload controller add the gate scheduling.gpu-dra-agent.io/arbiter to them")
+    return True
+
+
 def _fail(message: str) -> int:
     print(f"gpu-dra-agent arbiter: {message}", file=sys.stderr)
     return 2
@@ -91,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         rest = Rest(api_client(args.kubeconfig))
     except KubeconfigError as exc:
         return _fail(str(exc))
+    warn_without_gate_policy(rest)
     identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"  # unique, and says which process
     metrics = None
     if metrics_at is not None:

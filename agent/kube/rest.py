@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from agent.kube.client import REQUEST_TIMEOUT
-from agent.kube.errors import ApiError, Gone, call
+from agent.kube.errors import ApiError, Gone, NotFound, call
 
 Json = dict[str, Any]
 
@@ -104,6 +104,15 @@ class Rest:
                  "resourceVersion": resource_version}
         out: Json = self._request("GET", resource.path(namespace), query=query)
         return out
+
+    def serves(self, group_version: str, plural: str) -> bool:
+        """Whether the server's discovery lists `plural` under `group_version` ("admissionregistration.k8s.io/v1")."""
+        path = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
+        try:
+            listed = self._request("GET", path)
+        except NotFound:
+            return False
+        return any(r.get("name") == plural for r in listed.get("resources") or [])
 
     def get(self, resource: Resource, namespace: str | None, name: str) -> Json:
         out: Json = self._request("GET", resource.path(namespace, name))

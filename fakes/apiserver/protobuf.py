@@ -134,7 +134,7 @@ def _field_to_json(owner: Any, field: Any, value: Any) -> Any:
     converted = _value_to_json(field, value)
     if field.message_type is None and not converted and f"{owner.full_name}.{field.name}" not in _go().pointers:
         return _OMIT  # Go's zero of a non-pointer field, which its JSON leaves out
-    return _OMIT if converted is None else converted
+    return converted  # a zero Time or RawExtension written on the wire is JSON's null, as Go writes it
 
 
 def _value_to_json(field: Any, value: Any) -> Any:
