@@ -21,7 +21,8 @@ def test_readme_runs_the_fakes_with_the_venvs_interpreter() -> None:
     import re
 
     text = README.read_text()
-    bare = [m.group(0) for m in re.finditer(r"(\S*)python3? -m fakes\.\w+", text) if not m.group(1).endswith(".venv/bin/")]
+    found = re.finditer(r"(\S*)python3? -m fakes\.\w+", text)
+    bare = [m.group(0) for m in found if not m.group(1).endswith(".venv/bin/")]
     assert bare == []
 
 
