@@ -37,6 +37,12 @@ def _until(create: Any, accept: Any, timeout: float = 20.0) -> Any:
         time.sleep(0.3)
 
 
+def needs_mutating_policies(cluster: Cluster) -> None:
+    listed = cluster.raw("GET", "/apis/admissionregistration.k8s.io/v1").body
+    if not any(r.get("name") == "mutatingadmissionpolicies" for r in listed.get("resources") or []):
+        pytest.skip("MutatingAdmissionPolicy v1 is served from Kubernetes 1.36")
+
+
 def _gates(pod: dict[str, Any]) -> list[str]:
     return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
 
@@ -44,6 +50,7 @@ def _gates(pod: dict[str, Any]) -> list[str]:
 @needs_kubectl
 def test_the_arbiter_overlays_policy_gates_queue_pods(cluster: Cluster, tmp_path: Path) -> None:
     assert KUBECTL is not None
+    needs_mutating_policies(cluster)
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
     applied = subprocess.run([KUBECTL, f"--kubeconfig={config}", "apply", "-f", str(GATE_POLICY)],
                              capture_output=True, text=True, timeout=60, check=False)
@@ -70,6 +77,7 @@ def _policy(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_apply_configuration_and_deny_on_create_and_update(cluster: Cluster) -> None:
+    needs_mutating_policies(cluster)
     base = "/apis/admissionregistration.k8s.io/v1"
     rules = {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
                                 "resources": ["configmaps"]}]}

@@ -30,6 +30,9 @@ def rows(output: str) -> list[list[str]]:
 
 def test_apply_recursive_of_the_daemonset_directory_passes_on_a_fresh_server(cluster: Cluster,
                                                                             tmp_path: Path) -> None:
+    listed = cluster.raw("GET", "/apis/admissionregistration.k8s.io/v1").body
+    if not any(r.get("name") == "mutatingadmissionpolicies" for r in listed.get("resources") or []):
+        pytest.skip("the arbiter overlay's MutatingAdmissionPolicy v1 is served from Kubernetes 1.36")
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
     done = kubectl(config, "apply", "-R", "-f", str(DAEMONSET))
     assert done.returncode == 0, done.stderr
