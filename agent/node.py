@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.sharing import ClaimSharing
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
@@ -36,7 +37,6 @@ from agent.nvml.health import HealthMonitor, device_taint, parent_gpu_name, with
 from agent.nvml.migctl import MigControl
 from agent.nvml.migmode import MigReconfiguration
 from agent.nvml.source import NvmlSource
-from agent.sharing.claims import ClaimSharing
 from agent.sharing.commands import DriverRoot, SubprocessRunner
 from agent.sharing.control import SharingControl
 from agent.slices.build import Json, pool_content

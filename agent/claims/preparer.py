@@ -18,11 +18,11 @@ from agent.claims.cdi import CdiStore, MigCaps
 from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, read_boot_id
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
 from agent.claims.mig import MigDevices
+from agent.claims.sharing import ClaimSharing
 from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
 from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
-from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
 
