@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -41,8 +42,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
     args = parser.parse_args(raw)
-    code: int = args._run(args)
+    from agent.commands.options import SettingError, StartupFailure
+
+    try:
+        code: int = args._run(args)
+    except (SettingError, StartupFailure) as exc:
+        print(f"gpu-dra-agent {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        return _closed_pipe()
+    try:
+        sys.stdout.flush()  # a reader that left early is found here when the output was buffered
+    except BrokenPipeError:
+        return _closed_pipe()
     return code
+
+
+def _closed_pipe() -> int:
+    """The reader went away (`inventory --output json | head`): stop quietly, as a pipeline expects; stdout is
+    pointed at /dev/null so the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.sharing import ClaimSharing
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
@@ -39,7 +40,6 @@ from agent.nvml.health import HealthMonitor, device_taint, parent_gpu_name, with
 from agent.nvml.migctl import MigControl
 from agent.nvml.migmode import MigReconfiguration
 from agent.nvml.source import NvmlSource
-from agent.sharing.claims import ClaimSharing
 from agent.sharing.commands import DriverRoot, SubprocessRunner
 from agent.sharing.control import SharingControl
 from agent.slices.build import Json, pool_content
@@ -264,7 +264,8 @@ class NodeAgent:
         self._stop.set()
 
     def shutdown(self) -> None:
-        """Stop serving and remove the sockets. Slices stay: a restarting agent keeps its pool visible."""
+        """Stop serving and remove the sockets. Slices owned by the Node stay: a restarting agent keeps its pool
+        visible; slices without an owner (no such Node) are withdrawn, as nothing else would ever remove them."""
         self._stop.set()
         self._health_changed.set()  # wakes the health-publish thread to see the stop
         self._publisher.wake()  # and the resync loop
@@ -280,6 +281,7 @@ class NodeAgent:
             self.reservations.stop()
         for t in self._threads:
             t.join(timeout=5)
+        self._publisher.withdraw_ownerless()  # after the resync loop: no publish races the withdrawal
         log.info("node agent stopped")
 
     # --- internals -------------------------------------------------------------------------------------
@@ -364,7 +366,8 @@ class NodeAgent:
         """From the Node watch thread: note the owner, republish from the resync loop (no API I/O here)."""
         if node.uid is None:
             log.warning(
-                "there is no Node named %s: check --node-name; slices are published without an owner",
+                "there is no Node named %s: check --node-name; slices are published without an owner and "
+                "withdrawn when the agent stops",
                 self.config.node_name,
             )
         if self._publisher.set_node_uid(node.uid):

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from agent.claims import files
+from agent import files
 from agent.claims.types import uid_problem
 
 log = logging.getLogger(__name__)

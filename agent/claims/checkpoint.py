@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.claims import files
+from agent import files
 from agent.claims.types import uid_problem
 
 VERSION = 2

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.claims.config import ConfigEntry, ConfigError, parse_allocation_configs
+from agent.claimconfig.config import ConfigEntry, ConfigError, parse_allocation_configs
 from agent.claims.types import ClaimRef
 
 

@@ -21,12 +21,12 @@ from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, Check
 from agent.claims.claim import ClaimError
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
 from agent.claims.mig import MigDevices
+from agent.claims.sharing import ClaimSharing
 from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, prepared_devices
 from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
 from agent.devices.shares import ShareMode
-from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from agent.claimconfig.config import ConfigError, DeviceConfig, DeviceRef, Mps, TimeSlicing, resolve_device_configs
 from agent.claims import cdi
 from agent.claims.cdi import CdiDevice, CdiStore, MigCaps
 from agent.claims.checkpoint import (
@@ -34,13 +35,12 @@ from agent.claims.checkpoint import (
     DynamicMig,
 )
 from agent.claims.claim import AllocatedDevice, ClaimError, node_allocation
-from agent.claims.config import ConfigError, DeviceConfig, DeviceRef, Mps, TimeSlicing, resolve_device_configs
 from agent.claims.mig import MigDevices, left_behind
+from agent.claims.sharing import ClaimSharing
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
 from agent.devices import deliverable, names, shares
 from agent.devices.geometry import PlacedProfile, free_placements
 from agent.devices.model import Gpu, Inventory
-from agent.sharing.claims import ClaimSharing
 
 log = logging.getLogger(__name__)
 

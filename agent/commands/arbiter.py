@@ -10,12 +10,10 @@ import argparse
 import logging
 import math
 import os
-import signal
 import socket
 import sys
 import threading
 import uuid
-from types import FrameType
 from typing import cast
 
 from agent import logs
@@ -24,7 +22,9 @@ from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
 from agent.arbiter.names import COMPONENT
 from agent.arbiter.node_service import TokenFileError, read_token, split_address
-from agent.kube.client import api_client
+from agent.commands.options import option, switch
+from agent.commands.signals import stop_on_signals
+from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
 from agent.kube.events import EventRecorder
 from agent.kube.leader import LeaderElector
@@ -33,34 +33,50 @@ from agent.kube.rest import Rest
 log = logging.getLogger("agent.arbiter")
 
 
-def _env(name: str, default: str = "") -> str:
-    return os.environ.get(name) or default
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", default=_env("KUBECONFIG") or None, help="kubeconfig; in-cluster when absent")
-    p.add_argument("--reservation-token-file", default=_env("RESERVATION_TOKEN_FILE"),
-                   help="file holding the bearer token the node agents expect (env RESERVATION_TOKEN_FILE)")
-    p.add_argument("--leader-elect", action="store_true", default=_env("LEADER_ELECT") in ("1", "true"),
-                   help="decide only while holding the Lease (run several replicas)")
-    p.add_argument("--leader-elect-namespace", default=_env("POD_NAMESPACE", "gpu-dra-agent"),
-                   help="namespace of the Lease (env POD_NAMESPACE)")
-    p.add_argument("--metrics-addr", default=_env("METRICS_ADDR", ":9401"),
-                   help="Prometheus [host]:port, empty to disable (env METRICS_ADDR)")
-    p.add_argument("--driver-name", default=_env("DRIVER_NAME", "gpu.nvidia.com"), help="DRA driver name")
-    p.add_argument("--reservation-ttl", type=float, default=30.0,
-                   help="seconds a node holds an unconfirmed reservation")
-    p.add_argument("--period", type=float, default=1.0, help="seconds between cycles when nothing changes")
-    p.add_argument("--log-format", choices=("json", "text"), default=_env("LOG_FORMAT", "text"))
-    p.add_argument("--usage-half-life", type=float, default=None, metavar="SECONDS",
-                   help="time-aware fair share: past usage decays with this half-life and shifts the over-quota "
-                        "division (kept in each Queue's status); off when absent")
-    p.add_argument("--usage-k-value", type=float, default=1.0,
-                   help="how strongly past usage shifts the over-quota division (KAI's kValue, default 1)")
-    p.add_argument("--gpu-placement", choices=GPU_POLICIES, default=_env("GPU_PLACEMENT", "fgd"),
-                   help="how GPU pods choose a node: fgd (default; least fragmentation growth for the workload "
-                        "the cluster runs, then a node in use), binpack (fewest free GPUs, KAI's default) "
-                        "or spread")
+    option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
+    option(p, "--reservation-token-file", env="RESERVATION_TOKEN_FILE", default="",
+           help="file holding the bearer token the node agents expect (required)")
+    switch(p, "--leader-elect", env="LEADER_ELECT", default=False,
+           help="decide only while holding the Lease (run several replicas)")
+    option(p, "--leader-elect-namespace", env="POD_NAMESPACE", default="gpu-dra-agent", help="namespace of the Lease")
+    option(p, "--metrics-addr", env="METRICS_ADDR", default=":9401", help="Prometheus [host]:port, empty to disable")
+    option(p, "--driver-name", env="DRIVER_NAME", default="gpu.nvidia.com", help="DRA driver name")
+    option(p, "--reservation-ttl", env="RESERVATION_TTL", type=float, default=30.0, metavar="SECONDS",
+           help="seconds a node holds an unconfirmed reservation")
+    option(p, "--period", env="PERIOD", type=float, default=1.0, metavar="SECONDS",
+           help="seconds between cycles when nothing changes")
+    option(p, "--log-format", env="LOG_FORMAT", choices=logs.FORMATS, default="text", help="json or text")
+    option(p, "--usage-half-life", env="USAGE_HALF_LIFE", type=float, default=None, metavar="SECONDS",
+           help="time-aware fair share: past usage decays with this half-life and shifts the over-quota "
+                "division (kept in each Queue's status); off when absent")
+    option(p, "--usage-k-value", env="USAGE_K_VALUE", type=float, default=1.0,
+           help="how strongly past usage shifts the over-quota division (KAI's kValue)")
+    option(p, "--gpu-placement", env="GPU_PLACEMENT", choices=GPU_POLICIES, default="fgd",
+           help="how GPU pods choose a node: fgd (least fragmentation growth for the workload the cluster runs, "
+                "then a node in use), binpack (fewest free GPUs, KAI's default) or spread")
+
+
+GATE_POLICY_API = ("admissionregistration.k8s.io/v1", "mutatingadmissionpolicies")
+
+
+def warn_without_gate_policy(rest: Rest) -> bool:
+    """Say once, at start-up, when the server does not serve MutatingAdmissionPolicy: the arbiter overlay's
+    policy that gates queue pods then never applies, and kube-scheduler binds them past the arbiter. True when
+    it warned."""
+    try:
+        if rest.serves(*GATE_POLICY_API):
+            return False
+    except ApiError as exc:
+        log.warning("could not check whether the server serves MutatingAdmissionPolicy: %s", exc)
+        return False
+    log.warning(
+        "this cluster does not serve MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, GA and on by default "
+        "from Kubernetes 1.36; on 1.34-1.35 start kube-apiserver with --feature-gates=MutatingAdmissionPolicy=true "
+        "--runtime-config=admissionregistration.k8s.io/v1beta1=true and apply the policy as v1beta1): pods "
+        "labelled scheduling.gpu-dra-agent.io/queue get no scheduling gate and are scheduled past the arbiter; "
+        "until then have your workload controller add the gate scheduling.gpu-dra-agent.io/arbiter to them")
+    return True
 
 
 def _fail(message: str) -> int:
@@ -77,15 +93,14 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     if not args.reservation_token_file:
         return _fail("--reservation-token-file is required: node agents refuse anonymous reservations")
-    if not all(math.isfinite(v) and v > 0 for v in (args.reservation_ttl, args.period)):
-        return _fail("--reservation-ttl and --period must be positive")
+    for flag, value in (("--reservation-ttl", args.reservation_ttl), ("--period", args.period)):
+        if not (math.isfinite(value) and value > 0):
+            return _fail(f"{flag} must be a positive number of seconds, not {value}")
     half_life = args.usage_half_life
     if half_life is not None and not (math.isfinite(half_life) and half_life > 0):
         return _fail("--usage-half-life must be a positive number of seconds")
     if not (math.isfinite(args.usage_k_value) and args.usage_k_value >= 0):
         return _fail("--usage-k-value must be a number at or above 0")
-    if args.gpu_placement not in GPU_POLICIES:  # GPU_PLACEMENT from the environment skips argparse's check
-        return _fail(f"--gpu-placement must be one of {', '.join(GPU_POLICIES)}, not {args.gpu_placement!r}")
     try:
         token = read_token(args.reservation_token_file)
         metrics_at = split_address(args.metrics_addr) if args.metrics_addr else None
@@ -93,16 +108,12 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc).replace("--reservation-addr", "--metrics-addr"))
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop.set, log)
     try:
         rest = Rest(api_client(args.kubeconfig))
-    except Exception as exc:  # a malformed kubeconfig: the client raises many kinds
-        return _fail(f"cannot load the kubeconfig: {exc}")
+    except KubeconfigError as exc:
+        return _fail(str(exc))
+    warn_without_gate_policy(rest)
     identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"  # unique, and says which process
     metrics = None
     if metrics_at is not None:

@@ -11,6 +11,7 @@ the other team arrives.
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import sys
 import tempfile
@@ -80,10 +81,15 @@ def _say(*lines: str) -> None:
 
 
 class Demo:
+    def _heading(self, title: str) -> str:
+        """`== N. title`, numbered in the order the sections run."""
+        return f"== {next(self._sections)}. {title}"
+
     def __init__(
         self, stack: ExitStack, manifests: Path, workdir: Path, machines: Sequence[str], verbose: bool
     ) -> None:
         self.stack = stack
+        self._sections = itertools.count(1)
         self.manifests = manifests
         self.workdir = workdir
         self.machines = machines
@@ -100,7 +106,7 @@ class Demo:
         _say(
             f"gpu-dra-agent demo (work directory {self.workdir})",
             "",
-            "== 1. Cluster",
+            self._heading("Cluster"),
             f"  API server fake  {server.url}",
             f"  DeviceClasses    {', '.join(classes)}  (from {self.manifests / 'base' / 'deviceclasses.yaml'})",
         )
@@ -115,7 +121,7 @@ class Demo:
             self.nodes[name] = node
             node.start()
 
-        _say("", "== 2. Node agents (gpu-dra-agent node, one subprocess per node)")
+        _say("", self._heading("Node agents (gpu-dra-agent node, one subprocess per node)"))
         for node in self.nodes.values():
             t0 = time.monotonic()
             plugin = node.wait_registered()
@@ -126,7 +132,7 @@ class Demo:
                 f" registered as {plugin.driver} ({plugin.api}) in {time.monotonic() - t0:.1f}s; logs: {logs}"
             )
 
-        _say("", "== 3. Devices published as ResourceSlices")
+        _say("", self._heading("Devices published as ResourceSlices"))
         for node in self.nodes.values():
             slices = self._slices(kubectl, node.name)
             pool = slices[0]["spec"]["pool"]
@@ -138,17 +144,18 @@ class Demo:
 
         claims = self._create_claims(kubectl)
         names = ", ".join(c["metadata"]["name"] for c in claims)
-        _say("", f"== 4. Claims from {self.manifests / 'examples'}: {names}")
+        _say("", self._heading(f"Claims from {self.manifests / 'examples'}: {names}"))
         self._rounds(claims)
         self._device_plugin_style_pods(kubectl)
         self._shared_gpus(kubectl, kubeconfig, driver_root)
 
         first = next(iter(self.nodes.values()))
-        _say("", f"== 7. MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}")
+        _say("", self._heading(
+            f"MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}"))
         for value in ("all-1g.10gb", "all-disabled"):
             _say(*mig.relabel(kubectl, first.name, value, lambda: self._slices(kubectl, first.name)))
 
-        _say("", "== 8. Stopping the agents with SIGTERM")
+        _say("", self._heading("Stopping the agents with SIGTERM"))
         for node in self.nodes.values():
             code = node.terminate()
             left = [str(s) for s in node.sockets if s.exists()]
@@ -156,7 +163,7 @@ class Demo:
                 raise DemoError(f"agent on {node.name} exited with {code}; sockets left: {left or 'none'}")
             _say(f"  {node.name}: exited 0; sockets removed: {', '.join(s.name for s in node.sockets)}")
 
-        _say("", "== 7. Queues: two teams share two 8-GPU nodes through the arbiter")
+        _say("", self._heading("Queues: two teams share two 8-GPU nodes through the arbiter"))
         run_queue_scene()
 
     # --- steps -------------------------------------------------------------------------------------------
@@ -252,7 +259,8 @@ class Demo:
         ]
         if not pods:
             return
-        _say("", "== 6. Device-plugin-style pods: extended resources through DRA (DeviceClass extendedResourceName)")
+        _say("", self._heading(
+            "Device-plugin-style pods: extended resources through DRA (DeviceClass extendedResourceName)"))
         for manifest in pods:
             pod = kubectl.create({**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}})
             name = pod["metadata"]["name"]
@@ -305,7 +313,7 @@ class Demo:
     def _show_cdi(self, claim: Json) -> None:
         node = self.nodes[report.node_of(claim)]
         path = node.cdi_root / cdi.spec_file_name(claim["metadata"]["uid"])
-        _say("", f"== 5. CDI spec of claim {claim['metadata']['name']}: {path}")
+        _say("", self._heading(f"CDI spec of claim {claim['metadata']['name']}: {path}"))
         spec = yaml.safe_load(path.read_text())
         _say(*("    " + line for line in yaml.safe_dump(spec, sort_keys=False, width=110).splitlines()))
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import sys
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.commands import preflight
+from agent.commands.options import option, switch
 from agent.commands.preflight import StartupError
+from agent.commands.signals import stop_on_signals
 from agent.devices import shares
 from agent.driver.discovery import DriverVersionMismatch
 from agent.kube.client import KubeconfigError, api_client
@@ -42,100 +41,52 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    p.add_argument(
-        "--driver-name", default=_env("DRIVER_NAME", DEFAULT_DRIVER), help="DRA driver name (env DRIVER_NAME)"
-    )
-    p.add_argument("--nvml", default=_env("NVML", "real"), help="real or fake:<machine> (env NVML)")
-    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="kubeconfig; in-cluster config when absent")
-    p.add_argument("--kubelet-root", default=_env("KUBELET_ROOT", "/var/lib/kubelet"), help="env KUBELET_ROOT")
-    p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory (env CDI_ROOT)")
-    p.add_argument(
-        "--state-dir",
-        default=_env("STATE_DIR", "/var/run/gpu-dra-agent"),
-        help="checkpoint directory; claims are void after a reboot, so /run (tmpfs) suits it (env STATE_DIR)",
-    )
-    p.add_argument(
-        "--metrics-addr", default=_env("METRICS_ADDR", ":9400"), help="Prometheus [host]:port, empty to disable"
-    )
-    p.add_argument(
-        "--healthcheck-addr",
-        default=_env("HEALTHCHECK_ADDR", ""),
-        help="[host]:port for the gRPC liveness probe, empty to disable (env HEALTHCHECK_ADDR)",
-    )
-    p.add_argument(
-        "--log-format", choices=logs.FORMATS, default=_env("LOG_FORMAT", "text"), help="json or text (env LOG_FORMAT)"
-    )
-    p.add_argument(
-        "--partitionable-devices",
-        action="store_true",
-        default=_env("PARTITIONABLE_DEVICES", "") in ("1", "true"),
-        help="publish possible MIG placements with sharedCounters (alpha in 1.34; falls back if dropped)",
-    )
-    p.add_argument(
-        "--consumable-shares",
-        default=_env("CONSUMABLE_SHARES", "disabled"),
-        help="publish whole GPUs shareable by many claims (consumable capacity, Kubernetes 1.36+): memory, "
-        "unlimited, a share count N, or disabled (env CONSUMABLE_SHARES)",
-    )
-    p.add_argument(
-        "--additional-xids-to-ignore",
-        default=_env("ADDITIONAL_XIDS_TO_IGNORE", ""),
-        help="comma-separated XIDs that do not make a GPU unhealthy, beyond the application XIDs",
-    )
-    p.add_argument(
-        "--health-events",
-        action=argparse.BooleanOptionalAction,
-        default=_env("HEALTH_EVENTS", "true") not in ("0", "false"),
-        help="watch NVML for critical XIDs and lost GPUs (env HEALTH_EVENTS)",
-    )
-    p.add_argument(
-        "--driver-root",
-        default=_env("NVIDIA_DRIVER_ROOT", "/"),
-        help="where the NVIDIA driver (its libraries, nvidia-smi, nvidia-cuda-mps-control) is installed, as the "
-        "agent sees it (the DaemonSet mounts it at /driver-root) (env NVIDIA_DRIVER_ROOT)",
-    )
-    p.add_argument(
-        "--host-driver-root",
-        default=_env("NVIDIA_HOST_DRIVER_ROOT", "/"),
-        help="the same driver root as the container runtime on the host sees it, for the CDI specs' host paths, "
-        "as NVIDIA's nvidiaDriverRoot: / or e.g. /run/nvidia/driver (env NVIDIA_HOST_DRIVER_ROOT)",
-    )
-    p.add_argument(
-        "--nvidia-cdi-hook-path",
-        default=_env("NVIDIA_CDI_HOOK_PATH"),
-        help="host path of NVIDIA's nvidia-cdi-hook, run by the CDI specs' hooks; default: where NVIDIA's "
-        "container toolkit installs it (env NVIDIA_CDI_HOOK_PATH)",
-    )
-    p.add_argument(
-        "--dev-root",
-        default=_env("NVIDIA_DEV_ROOT", "/"),
-        help="where the host's /dev/nvidia* nodes are, when not at /dev (a driver container's, or stand-ins); "
-        "CDI specs then name them as hostPath beneath it (env NVIDIA_DEV_ROOT)",
-    )
-    p.add_argument("--resync-interval", type=float, default=30.0, help="seconds between slice resyncs")
-    p.add_argument(
-        "--reservation-addr",
-        default=_env("RESERVATION_ADDR", ""),
-        help="HOST:PORT to serve the arbiter's reservation API on, empty to disable (env RESERVATION_ADDR)",
-    )
-    p.add_argument(
-        "--reservation-token-file",
-        default=_env("RESERVATION_TOKEN_FILE", ""),
-        help="file holding the bearer token the arbiter presents (env RESERVATION_TOKEN_FILE)",
-    )
-    p.add_argument(
-        "--mig-config-file",
-        default=_env("MIG_CONFIG_FILE"),
-        help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's "
-        "(env MIG_CONFIG_FILE)",
-    )
-    p.add_argument(
-        "--mig-reconfigure",
-        action=argparse.BooleanOptionalAction,
-        default=_env("MIG_RECONFIGURE", "true") not in ("0", "false"),
-        help="apply the MIG config the node label nvidia.com/mig.config names (env MIG_RECONFIGURE)",
-    )
+    option(p, "--node-name", env="NODE_NAME", help="this node's name")
+    option(p, "--driver-name", env="DRIVER_NAME", default=DEFAULT_DRIVER, help="DRA driver name")
+    option(p, "--nvml", env="NVML", default="real", metavar="real|fake:MACHINE",
+           help="NVML to use: the host's library, or a fake machine such as fake:dgx-h100")
+    option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
+    option(p, "--kubelet-root", env="KUBELET_ROOT", default="/var/lib/kubelet",
+           help="the kubelet's root directory, where its plugin sockets live")
+    option(p, "--cdi-root", env="CDI_ROOT", default="/var/run/cdi", help="CDI spec directory")
+    option(p, "--state-dir", env="STATE_DIR", default="/var/run/gpu-dra-agent",
+           help="checkpoint directory; claims are void after a reboot, so /run (tmpfs) suits it")
+    option(p, "--metrics-addr", env="METRICS_ADDR", default=":9400", help="Prometheus [host]:port, empty to disable")
+    option(p, "--healthcheck-addr", env="HEALTHCHECK_ADDR", default="",
+           help="[host]:port for the gRPC liveness probe, empty to disable")
+    option(p, "--log-format", env="LOG_FORMAT", default="text", choices=logs.FORMATS, help="json or text")
+    switch(p, "--partitionable-devices", env="PARTITIONABLE_DEVICES", default=False,
+           help="publish every MIG placement prepare can deliver as a partitionable device (falls back to whole "
+                "GPUs where the server drops counters)")
+    option(p, "--consumable-shares", env="CONSUMABLE_SHARES", default="disabled", metavar="disabled|memory|unlimited|N",
+           help="publish whole GPUs shareable by many claims (consumable capacity, Kubernetes 1.36+): memory, "
+                "unlimited, a share count N, or disabled")
+    option(p, "--additional-xids-to-ignore", env="ADDITIONAL_XIDS_TO_IGNORE", default="",
+           help="comma-separated XIDs that do not make a GPU unhealthy, beyond the application XIDs")
+    switch(p, "--health-events", env="HEALTH_EVENTS", default=True,
+           help="watch NVML for critical XIDs and lost GPUs")
+    option(p, "--driver-root", env="NVIDIA_DRIVER_ROOT", default="/",
+           help="where the NVIDIA driver (its libraries, nvidia-smi, nvidia-cuda-mps-control) is installed, as the "
+                "agent sees it (the DaemonSet mounts it at /driver-root)")
+    option(p, "--host-driver-root", env="NVIDIA_HOST_DRIVER_ROOT", default="/",
+           help="the same driver root as the container runtime on the host sees it, for the CDI specs' host paths, "
+                "as NVIDIA's nvidiaDriverRoot: / or e.g. /run/nvidia/driver")
+    option(p, "--nvidia-cdi-hook-path", env="NVIDIA_CDI_HOOK_PATH",
+           help="host path of NVIDIA's nvidia-cdi-hook, run by the CDI specs' hooks; default: where NVIDIA's "
+                "container toolkit installs it")
+    option(p, "--dev-root", env="NVIDIA_DEV_ROOT", default="/",
+           help="where the host's /dev/nvidia* nodes are, when not at /dev (a driver container's, or stand-ins); "
+                "CDI specs then name them as hostPath beneath it")
+    option(p, "--resync-interval", env="RESYNC_INTERVAL", default=30.0, type=float, metavar="SECONDS",
+           help="seconds between slice resyncs, positive")
+    option(p, "--reservation-addr", env="RESERVATION_ADDR", default="",
+           help="HOST:PORT to serve the arbiter's reservation API on, empty to disable")
+    option(p, "--reservation-token-file", env="RESERVATION_TOKEN_FILE", default="",
+           help="file holding the bearer token the arbiter presents")
+    option(p, "--mig-config-file", env="MIG_CONFIG_FILE",
+           help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's")
+    switch(p, "--mig-reconfigure", env="MIG_RECONFIGURE", default=True,
+           help="apply the MIG config the node label nvidia.com/mig.config names")
 
 
 def _xids(text: str) -> frozenset[int]:
@@ -239,40 +190,34 @@ def _serve(config: NodeConfig, metrics_addr: str, nvml_spec: str) -> None:
             # The bound port, so `--metrics-addr 127.0.0.1:0` is usable (tests, several agents on one host).
             log.info("metrics serving", extra={"address": f"{host}:{metrics_server.server_port}"})
 
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            agent.stop()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop_on_signals(agent.stop, log)
         agent.run()
 
 
-# Failures an operator causes and can fix: the message is the whole story.
-_OPERATOR_ERRORS = (StartupError, KubeconfigError, InvalidNvmlSpec, NvmlError, CheckpointCorrupt, ApiError, SocketError)
+# Failures an operator causes and can fix: the message is the whole story. Settings that cannot work (exit 2)
+# and failures at start-up (exit 1).
+_SETTING_ERRORS = (StartupError, KubeconfigError, InvalidNvmlSpec, DriverVersionMismatch)
+_STARTUP_FAILURES = (NvmlError, CheckpointCorrupt, ApiError, SocketError)
+PREFIX = "gpu-dra-agent node"
 
 
 def run(args: argparse.Namespace) -> int:
     """0 after a clean shutdown; otherwise one log record saying why (JSON with --log-format json), never a
     traceback: 2 for a setting that cannot work, 1 for a failure at start-up."""
-    try:
-        logs.setup(args.log_format)
-    except ValueError as exc:
-        print(f"gpu-dra-agent node: --log-format (or LOG_FORMAT): {exc}", file=sys.stderr)
-        return 2
+    logs.setup(args.log_format)  # argparse checked the choice, the environment's value included
     try:
         _serve(_config(args), args.metrics_addr, args.nvml)
-    except (StartupError, DriverVersionMismatch) as exc:  # a setting that cannot work
-        log.critical("%s", exc)
+    except _SETTING_ERRORS as exc:
+        log.critical("%s: %s", PREFIX, exc)
         return 2
-    except _OPERATOR_ERRORS as exc:
-        log.critical("%s", exc)
+    except _STARTUP_FAILURES as exc:
+        log.critical("%s: %s", PREFIX, exc)
         return 1
     except OSError as exc:  # e.g. a port taken since it was probed
-        log.critical("gpu-dra-agent node: %s", exc)
+        log.critical("%s: %s", PREFIX, exc)
         return 1
     except Exception as exc:  # a bug: still one line for the operator, the traceback for whoever debugs it
         log.debug("start-up failed", exc_info=True)
-        log.critical("gpu-dra-agent node failed: %s: %s", type(exc).__name__, exc)
+        log.critical("%s: failed: %s: %s", PREFIX, type(exc).__name__, exc)
         return 1
     return 0

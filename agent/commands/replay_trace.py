@@ -32,6 +32,7 @@ from agent.allocation.replay import (
     typical_mix,
 )
 from agent.allocation.trace_policies import TracePod, baseline_policies
+from agent.commands.options import SettingError
 
 T = TypeVar("T")
 
@@ -160,14 +161,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         names = _policies(str(args.policy))
     except TraceError as e:
-        print(e, file=sys.stderr)
-        return 2
+        raise SettingError(str(e)) from None
     if args.seeds < 1:
-        print("--seeds must be at least 1", file=sys.stderr)
-        return 2
+        raise SettingError("--seeds must be at least 1")
     if args.jobs < 1:
-        print("--jobs must be at least 1", file=sys.stderr)
-        return 2
+        raise SettingError("--jobs must be at least 1")
     regimes = list(TIE_REGIMES) if args.ties == "both" else [str(args.ties)]
     try:
         lists = _pod_lists(args.trace_dir, str(args.pods))
@@ -176,21 +174,16 @@ def run(args: argparse.Namespace) -> int:
             nodes, _, mix = _trace(str(path), str(nodes_path))
         policies = baseline_policies(mix)  # the same names and tie rules whatever the list
     except TraceError as e:
-        print(f"bad trace: {e}", file=sys.stderr)
-        return 2
+        raise SettingError(f"bad trace: {e}") from None
     except OSError as e:
-        print(f"cannot read the trace: {e.strerror}: {e.filename}", file=sys.stderr)
-        return 2
+        raise SettingError(f"cannot read the trace: {e.strerror}: {e.filename}") from None
     except (ValueError, csv.Error) as e:  # csv.Error: a malformed quote or a NUL byte
-        print(f"bad trace: {e}", file=sys.stderr)
-        return 2
+        raise SettingError(f"bad trace: {e}") from None
     unknown = [p for p in names if p not in policies]
     if unknown:
-        print(f"unknown policy {', '.join(unknown)}: choose from {', '.join(policies)}", file=sys.stderr)
-        return 2
+        raise SettingError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(policies)}")
     if not nodes or not any(n.gpu_count for n in nodes):
-        print("bad trace: the node list has no GPUs", file=sys.stderr)
-        return 2
+        raise SettingError("bad trace: the node list has no GPUs")
     seeds = [PAPER_SEEDS[0] + i for i in range(args.seeds)]
     # a policy that settles ties itself gives the same placements under every regime: run it once
     regime_of = {n: regimes if policies[n].tie_rule == "regime" else regimes[:1] for n in names}
@@ -200,8 +193,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         got = dict(zip(runs, _results(runs, args.jobs), strict=True))
     except ValueError as e:
-        print(str(e), file=sys.stderr)
-        return 2
+        raise SettingError(str(e)) from None
     took = time.monotonic() - started
 
     def per_seed(path: pathlib.Path, name: str, regime: str) -> list[float]:

@@ -12,6 +12,7 @@ import json
 import secrets
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from agent.arbiter.commit import ReservationCommit
@@ -28,7 +29,9 @@ from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("snapshot", metavar="SNAPSHOT.json", help="cluster snapshot: nodes, queues, jobs")
+    parser.add_argument("snapshot", metavar="SNAPSHOT.json",
+                        help="cluster snapshot: nodes, queues, jobs; the format is agent/arbiter/snapshot/"
+                             "snapshot.schema.json, an example agent/arbiter/snapshot/example.json")
     parser.add_argument(
         "--actions",
         default=",".join(DEFAULT_ACTIONS),
@@ -66,7 +69,8 @@ def _simulate(args: argparse.Namespace, actions: list[str]) -> int:
     except RecursionError:
         return _fail(f"{args.snapshot} nests JSON too deeply to be a snapshot.")
     try:
-        snapshot = parse_snapshot(doc)
+        snapshot = parse_snapshot(doc)  # its sentences name the object; the schema then checks the rest
+        _check_schema(doc)
         commit = ReservationCommit(snapshot.nodes, time.monotonic, secrets.token_urlsafe(32)) \
             if args.reservations else None
         result = simulate(snapshot, actions, args.rounds, time.perf_counter, commit)
@@ -110,6 +114,21 @@ def reservations_summary(commit: ReservationCommit | None) -> dict[str, Any]:
     s = commit.stats
     return {"committed": s.committed, "released": s.released, "refused": s.refused, "relocated": s.relocated,
             "commitSeconds": [round(t, 6) for t in s.seconds]}
+
+
+SCHEMA = Path(__file__).resolve().parents[1] / "arbiter" / "snapshot" / "snapshot.schema.json"
+EXAMPLE = SCHEMA.with_name("example.json")
+
+
+def _check_schema(doc: object) -> None:
+    """The snapshot format as documented (agent/arbiter/snapshot/snapshot.schema.json)."""
+    import jsonschema  # type: ignore[import-untyped]
+
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "the snapshot"
+        raise SnapshotError(f"{where.lstrip('.')}: {error.message} (see {SCHEMA.name}).")
 
 
 def _fail(message: str) -> int:

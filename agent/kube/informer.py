@@ -1,9 +1,8 @@
 """An informer: a local copy of one resource type, kept current by list + watch.
 
-It lists once, then watches from the list's resourceVersion with bookmarks (so a reconnect resumes from a
-recent version even when nothing of ours changed); when the server answers 410 Gone the version is too old
-and it lists again, replacing the copy whole (objects deleted meanwhile disappear). Any other failure is
-retried with a capped backoff from the last version seen. `on_change` is called after every change, from
+Its list and watch are agent.kube.reflector's: list, watch from the list's resourceVersion with bookmarks,
+list again on 410 Gone (the copy is replaced whole, so objects deleted meanwhile disappear), capped backoff
+on other failures. `on_change` is called after every change, from
 the informer's thread: it must be quick (set an Event). `on_event(type, object)`, when given, is told each
 watch event (type ADDED, MODIFIED, DELETED) or "SYNC" with every object after a list. Indexers keep objects
 findable by a derived key (e.g. a claim by the pool its devices come from) without scanning the copy.
@@ -15,7 +14,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from agent.kube.errors import ApiError, Gone, NotFound
+from agent.kube.errors import ApiError
+from agent.kube.reflector import Backoff, Reflector
 from agent.kube.rest import Json, Resource, Rest
 
 log = logging.getLogger(__name__)
@@ -37,18 +37,14 @@ class Informer:
         self._indexers = dict(indexers or {})
         self._index: dict[str, dict[str, dict[Key, Json]]] = {name: {} for name in self._indexers}
         self._on_event = on_event
-        self._optional = optional  # a type the server may not serve (a CRD not installed yet): empty until it is
-        self._rest = rest
         self._on_change = on_change
-        self._watch_timeout = watch_timeout_s
-        self._max_backoff = max_backoff_s
         self._lock = threading.Lock()
         self._objects: dict[Key, Json] = {}
-        self._version = ""
         self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.relists = 0  # lists after the first one (410s and failures): for tests and logs
+        # optional: a type the server may not serve (a CRD not installed yet): empty until it is
+        self._reflector = Reflector(rest, resource, self._listed, self._changed, watch_timeout_s=watch_timeout_s,
+                                    backoff=Backoff(0.1, max_backoff_s), optional=optional,
+                                    on_unserved=self._unserved)
 
     # -- reading ----------------------------------------------------------------------------------------
 
@@ -84,7 +80,12 @@ class Informer:
 
     @property
     def resource_version(self) -> str:
-        return self._version
+        return self._reflector.resource_version
+
+    @property
+    def relists(self) -> int:
+        """Lists after the first one (410s and failures): for tests and logs."""
+        return self._reflector.relists
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
@@ -92,88 +93,42 @@ class Informer:
     # -- running ----------------------------------------------------------------------------------------
 
     def start(self) -> Informer:
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.resource.plural}", daemon=True)
-        self._thread.start()
+        self._reflector.start(f"informer-{self.resource.plural}")
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        self._reflector.stop(join_s=0)
 
-    def _run(self) -> None:
-        backoff = 0.1
-        listed = False
-        while not self._stop.is_set():
-            try:
-                if not listed:
-                    self._list()
-                    listed = True
-                self._watch()
-                backoff = 0.1
-                continue
-            except Gone:
-                log.info("watch of %s expired (410): listing again", self.resource.plural)
-                listed = False
-                self.relists += 1
-                continue
-            except NotFound as exc:
-                if self._optional and not self._stop.is_set():
-                    if not self._synced.is_set():
-                        log.warning("%s are not served; treating them as none until they are", self.resource.plural)
-                    self._synced.set()
-                    listed = False
-                    self._stop.wait(self._max_backoff)
-                    continue
-                failure: Exception = exc
-            except ApiError as exc:
-                failure = exc
-            except Exception as exc:  # keep the copy alive whatever happens; the next list repairs it
-                failure = exc
-                listed = False
-                self.relists += 1
-            if self._stop.is_set():
-                return  # a watch cut by the shutdown is no failure
-            if isinstance(failure, ApiError):
-                log.warning("informer for %s: %s; retrying in %.1fs", self.resource.plural, failure, backoff)
-            else:
-                log.error("informer for %s failed (%r); listing again", self.resource.plural, failure)
-            self._stop.wait(backoff)
-            backoff = min(self._max_backoff, backoff * 2)
+    def _unserved(self) -> None:
+        if not self._synced.is_set():
+            log.warning("%s are not served; treating them as none until they are", self.resource.plural)
+        self._synced.set()
 
-    def _list(self) -> None:
-        body = self._rest.list(self.resource)
-        objects = {key_of(o): _with_kind(o, self.resource) for o in body.get("items") or []}
+    def _listed(self, items: list[Json]) -> None:
+        objects = {key_of(o): _with_kind(o, self.resource) for o in items}
         with self._lock:
             self._objects = objects
             self._index = {name: {} for name in self._indexers}
             for key, obj in objects.items():
                 self._reindex(key, obj)
-            self._version = str((body.get("metadata") or {}).get("resourceVersion") or "")
         self._synced.set()
         if self._on_event is not None:
             for obj in objects.values():
                 self._on_event("SYNC", obj)
         self._on_change()
 
-    def _watch(self) -> None:
-        for event in self._rest.watch(self.resource, self._version, timeout_seconds=self._watch_timeout):
-            if self._stop.is_set():
-                return
-            obj = event.object
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-            key = key_of(obj)
-            with self._lock:
-                if event.type == "DELETED":
-                    self._unindex(key, self._objects.pop(key, None))
-                elif event.type in ("ADDED", "MODIFIED"):
-                    self._unindex(key, self._objects.get(key))
-                    self._objects[key] = _with_kind(obj, self.resource)
-                    self._reindex(key, obj)
-                if version:
-                    self._version = version
-            if event.type != "BOOKMARK":
-                if self._on_event is not None:
-                    self._on_event(event.type, obj)
-                self._on_change()
+    def _changed(self, kind: str, obj: Json) -> None:
+        key = key_of(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self._unindex(key, self._objects.pop(key, None))
+            else:
+                self._unindex(key, self._objects.get(key))
+                self._objects[key] = _with_kind(obj, self.resource)
+                self._reindex(key, obj)
+        if self._on_event is not None:
+            self._on_event(kind, obj)
+        self._on_change()
 
 
 def _with_kind(obj: Json, resource: Resource) -> Json:

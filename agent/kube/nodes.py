@@ -15,7 +15,8 @@ from kubernetes import client
 
 from agent.kube.client import REQUEST_TIMEOUT
 from agent.kube.errors import NotFound, call
-from agent.kube.watch import Backoff, Json, ListWatch
+from agent.kube.reflector import Backoff, Reflector
+from agent.kube.rest import NODES, Json, Rest
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +71,14 @@ class NodeWatcher:
         self._subscribers: list[Subscriber] = []
         self._current: NodeInfo | None = None
         self._synced = threading.Event()
-        api = client.CoreV1Api(api_client)
-        self._watch = ListWatch(
-            api.list_node,
+        self._watch = Reflector(
+            Rest(api_client),
+            NODES,
             self._on_list,
             self._on_event,
             field_selector=f"metadata.name={name}",
             what=f"Node {name}",
-            timeout_s=timeout_s,
+            watch_timeout_s=timeout_s,
             backoff=backoff,
         )
 

@@ -8,7 +8,7 @@ goes through `errors.call`: callers see agent.kube.errors, never the client's ex
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from agent.kube.client import REQUEST_TIMEOUT
-from agent.kube.errors import ApiError, Gone, call
+from agent.kube.errors import ApiError, Gone, NotFound, call
 
 Json = dict[str, Any]
 
@@ -105,6 +105,15 @@ class Rest:
         out: Json = self._request("GET", resource.path(namespace), query=query)
         return out
 
+    def serves(self, group_version: str, plural: str) -> bool:
+        """Whether the server's discovery lists `plural` under `group_version` ("admissionregistration.k8s.io/v1")."""
+        path = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
+        try:
+            listed = self._request("GET", path)
+        except NotFound:
+            return False
+        return any(r.get("name") == plural for r in listed.get("resources") or [])
+
     def get(self, resource: Resource, namespace: str | None, name: str) -> Json:
         out: Json = self._request("GET", resource.path(namespace, name))
         return out
@@ -148,13 +157,17 @@ class Rest:
         self._request("POST", PODS.path(namespace, name, "binding"), body=body)
 
     def watch(self, resource: Resource, resource_version: str, *, timeout_seconds: int = 300,
-              namespace: str | None = None) -> Iterator[WatchEvent]:
+              namespace: str | None = None, field_selector: str | None = None,
+              opened: Callable[[Any], None] | None = None) -> Iterator[WatchEvent]:
         """Events after `resource_version`, with bookmarks; raises Gone when that version is too old (HTTP
-        410 or an ERROR event with code 410), ApiError on other failures. Ends when the server closes."""
+        410 or an ERROR event with code 410), ApiError on other failures. Ends when the server closes.
+        `opened(response)` gets the open stream, whose shutdown() ends a read blocked on a silent server."""
         query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(timeout_seconds)}
+                 "timeoutSeconds": str(timeout_seconds), "fieldSelector": field_selector}
         response = self._request("GET", resource.path(namespace), query=query, stream=True,
                                  timeout=(self._timeout[0], timeout_seconds + 30.0))
+        if opened is not None:
+            opened(response)
         try:
             buffer = b""
             for chunk in response.stream(64 * 1024, decode_content=False):

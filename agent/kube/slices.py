@@ -15,7 +15,8 @@ from kubernetes import client
 
 from agent.kube.client import RAW
 from agent.kube.errors import NotFound, call
-from agent.kube.watch import ListWatch
+from agent.kube.reflector import Reflector
+from agent.kube.rest import RESOURCE_SLICES, Rest
 
 Json = dict[str, Any]
 
@@ -46,7 +47,7 @@ class SliceApi:
 
 def watch_changes(
     api_client: client.ApiClient, node_name: str, driver: str, on_change: Callable[[str, str], None]
-) -> ListWatch:
+) -> Reflector:
     """A watch (not started) of this node's slices of this driver that calls `on_change(kind, name)` for
     each one DELETED, and `on_change("LISTED", "")` after each (re)list, which may hide deletions made while
     the watch was down. ADDED and MODIFIED are left out: they are mostly our own writes."""
@@ -55,9 +56,9 @@ def watch_changes(
         if kind == "DELETED":
             on_change(kind, str((obj.get("metadata") or {}).get("name") or ""))
 
-    api: Any = client.ResourceV1Api(api_client)
-    return ListWatch(
-        api.list_resource_slice,
+    return Reflector(
+        Rest(api_client),
+        RESOURCE_SLICES,
         lambda items: on_change("LISTED", ""),
         on_event,
         field_selector=f"spec.nodeName={node_name},spec.driver={driver}",

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent.claims import files
+from agent import files
 from agent.sharing.commands import CommandFailed, CommandRunner, NotRun, SharingError
 from agent.sharing.mps import CONTAINER_PIPE_DIRECTORY, MpsDaemons
 from agent.sharing.plan import MpsPlan, SharedDevice, SharingConfigError, SharingPlan, plan_sharing

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.claims.config import DeviceConfig, Mps, TimeSlicing
+from agent.claimconfig.config import DeviceConfig, Mps, TimeSlicing
 
 MIB = 1024 * 1024
 

@@ -162,6 +162,25 @@ class Publisher:
                 return self._last
             return self._reconcile(self._content())
 
+    def withdraw_ownerless(self) -> int:
+        """At stop, when no Node of this name exists: delete the pool's slices, which no garbage collector would
+        ever remove (they have no owner); slices owned by a Node stay for the restarted agent. The count deleted."""
+        with self._lock:
+            if not self._owner_known or self._node_uid is not None:
+                return 0
+            try:
+                names = [s["metadata"]["name"] for s in self._store.list(self.node_name, self.driver)]
+                for name in names:
+                    self._store.delete(name)
+            except ApiError as exc:
+                log.warning("could not withdraw the ownerless ResourceSlices of pool %s: %s", self.node_name, exc)
+                return 0
+            self._published = None
+            if names:
+                log.info("withdrew %d ownerless ResourceSlice(s) of pool %s: there is no Node %s", len(names),
+                         self.node_name, self.node_name)
+            return len(names)
+
     def wake(self) -> None:
         """Have `run` resync now instead of at the end of its interval (the Node or a slice changed)."""
         self._wake.set()

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from . import defaults, dra_rules, schemas
+from .admission import Admission
 from .apply import manager_name, record_update, server_side_apply
 from .disabled_fields import drop_disabled_fields
 from .errors import ApiError, already_exists, conflict, invalid, not_found
@@ -90,6 +91,7 @@ class Api:
         self.store = store
         self.gates = gates
         self.validate = validate
+        self.admission = Admission(store.items, self._namespace_labels)
 
     # Reads.
 
@@ -342,7 +344,7 @@ class Api:
             if added:
                 why = f"no new finalizers can be added if the object is being deleted, found {sorted(added)}"
                 raise invalid(rt.group, rt.kind, name, [("metadata.finalizers", why)])
-        self._admit(rt, new, old, options)
+        self._admit(rt, new, old, options, subresource)
         if _same(new, old):
             return old  # what was dropped on admission may turn the write into a no-op
         if not options.applied:
@@ -390,14 +392,30 @@ class Api:
 
     # Validation.
 
+    def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        found = self.store.read(("", "v1", "namespaces"), "", namespace)
+        return dict((found or {}).get("metadata", {}).get("labels") or {}) if found is not None else None
+
     def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-               options: WriteOptions) -> None:
-        """Decode (unknown fields per fieldValidation), drop what disabled gates hide, default, validate."""
+               options: WriteOptions, subresource: str = "") -> None:
+        """Decode (unknown fields per fieldValidation), drop what disabled gates hide, default, run the mutating
+        admission policies, validate, run the validating admission policies."""
         drop_disabled_fields(rt.group, rt.kind, obj, old, self.gates)
         if rt.group == "resource.k8s.io" and rt.builtin:
             defaults.apply(rt.kind, obj)
+        operation = "CREATE" if old is None else "UPDATE"
+        namespace = obj["metadata"].get("namespace", "")
+        mutated = self.admission.mutate(rt, operation, subresource, obj, old, namespace)
+        if mutated is not obj:
+            obj.clear()
+            obj.update(mutated)
         if not self.validate:
             return
+        self._validate(rt, obj, old, options)
+        self.admission.validate(rt, operation, subresource, obj, old, namespace, options.warnings)
+
+    def _validate(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
+                  options: WriteOptions) -> None:
         causes = self._meta_causes(rt, obj["metadata"])
         unknown: list[str] = []
         if rt.builtin:

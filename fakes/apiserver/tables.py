@@ -150,6 +150,46 @@ def _param_ref(obj: Obj) -> str:
     return f"{ref['namespace']}/{ref.get('name', '*')}" if ref.get("namespace") else ref.get("name", "*")
 
 
+_EVENT_COLUMNS: list[Column] = [
+    ("Last Seen", "string", 0), ("Type", "string", 0), ("Reason", "string", 0), ("Object", "string", 0),
+    ("Subobject", "string", 1), ("Source", "string", 1), ("Message", "string", 0), ("First Seen", "string", 1),
+    ("Count", "string", 1), ("Name", "string", 1)]
+
+
+def _core_event(obj: Obj) -> Obj:
+    """An events.k8s.io/v1 Event in the core shape (as the server converts both to its internal Event)."""
+    if "regarding" not in obj and "note" not in obj and "deprecatedCount" not in obj:
+        return obj
+    return {"metadata": _meta(obj), "involvedObject": obj.get("regarding") or {}, "message": obj.get("note", ""),
+            "type": obj.get("type", ""), "reason": obj.get("reason", ""), "source": obj.get("deprecatedSource") or {},
+            "reportingComponent": obj.get("reportingController", ""),
+            "reportingInstance": obj.get("reportingInstance", ""), "eventTime": obj.get("eventTime"),
+            "firstTimestamp": obj.get("deprecatedFirstTimestamp"), "lastTimestamp": obj.get("deprecatedLastTimestamp"),
+            "count": obj.get("deprecatedCount", 0), "series": obj.get("series")}
+
+
+def _event_cells(obj: Obj, now: datetime.datetime) -> list[Any]:
+    """printEvent, wide (the server always prints every column; kubectl hides priority 1 without -o wide)."""
+    obj = _core_event(obj)
+    first = _since(obj.get("firstTimestamp") or obj.get("eventTime"), now)
+    last = _since(obj["lastTimestamp"], now) if obj.get("lastTimestamp") else first
+    count = int(obj.get("count") or 0)
+    series = obj.get("series")
+    if series:
+        last, count = _since(series.get("lastObservedTime"), now), int(series.get("count") or 0)
+    elif count == 0:
+        count = 1  # singleton events of the new API have no count
+    involved = obj.get("involvedObject") or {}
+    kind = str(involved.get("kind", "")).lower()
+    target = f"{kind}/{involved['name']}" if involved.get("name") else kind
+    source = obj.get("source") or {}
+    component = source.get("component") or obj.get("reportingComponent") or ""
+    instance = source.get("host") or obj.get("reportingInstance") or ""
+    return [last, obj.get("type", ""), obj.get("reason", ""), target, involved.get("fieldPath", ""),
+            f"{component}, {instance}" if instance else component, str(obj.get("message", "")).strip(), first,
+            count, _meta(obj).get("name", "")]
+
+
 # kind (group, kind) -> (columns between NAME and AGE, cells for them, columns after AGE, cells for them)
 Printer = tuple[list[Column], Callable[[Obj], list[Any]], list[Column], Callable[[Obj], list[Any]]]
 
@@ -267,6 +307,11 @@ def table(rt: ResourceType, objects: list[Obj], *, resource_version: str = "", i
         def cells(o: Obj) -> list[Any]:
             return [_meta(o).get("name", "")] + [_custom_cell(c, _path_value(o, c.get("jsonPath", "")), now)
                                                 for c in custom]
+    elif rt.kind == "Event" and rt.group in ("", "events.k8s.io"):  # no NAME first, no AGE: printEvent's own
+        definitions = [_column(*c) for c in _EVENT_COLUMNS]
+
+        def cells(o: Obj) -> list[Any]:
+            return _event_cells(o, now)
     elif (rt.group, rt.kind) in _CREATED_AT:
         definitions = [_column("Name", "string", 0), _column("Created At", "date", 0)]
 

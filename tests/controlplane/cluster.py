@@ -227,6 +227,7 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",  # the `kubernetes` Service may not point at loopback; no pods use it
             f"--runtime-config={','.join(RUNTIME_CONFIG)}",
             f"--feature-gates={gates}",
+            "--allow-privileged=true",  # as real clusters run: the node agent's DaemonSet is privileged
             "--profiling=false",
         ])  # fmt: skip
         self._wait(apiserver, lambda: self._get_tls(f"{self.url}/readyz"))

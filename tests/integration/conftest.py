@@ -29,6 +29,7 @@ class Response:
 
     def __init__(self, status: int, body: bytes) -> None:
         self.status = status
+        self.data = body
         try:
             self.body: Any = json.loads(body)
         except ValueError:

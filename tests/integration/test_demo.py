@@ -44,6 +44,8 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     code = main(["demo"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
+    sections = [int(n) for n in re.findall(r"^== (\d+)\. ", out, re.MULTILINE)]
+    assert sections == list(range(1, len(sections) + 1)) and len(sections) >= 8, sections
 
     claims = {m[0]: (m[1], m[2]) for m in CLAIM_LINE.findall(out)}
     assert set(claims) == example_claims()  # the MIG one too: it lands on the mixed-mig node

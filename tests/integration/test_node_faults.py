@@ -114,7 +114,8 @@ def test_the_agent_warns_about_a_node_name_with_no_node() -> None:
         daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"))
         with running(daemon):
             record = daemon.wait_for_log(
-                f"there is no Node named {NODE}: check --node-name; slices are published without an owner"
+                f"there is no Node named {NODE}: check --node-name; slices are published without an owner and "
+                "withdrawn when the agent stops"
             )
             assert record["level"] == "warning"
 

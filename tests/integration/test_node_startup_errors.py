@@ -247,7 +247,7 @@ def test_log_format_xml_from_the_environment(root: pathlib.Path, server: fakes.a
             proc_args, env={**clean_env(), "LOG_FORMAT": "xml"}, cwd=REPO, capture_output=True, text=True, check=False
         )
     )
-    assert_refused(result, "--log-format", "xml", "json or text", code=2, log_format="text")
+    assert_refused(result, "--log-format", "xml", "LOG_FORMAT", "json, text", code=2, log_format="text")
 
 
 def test_log_format_xml_flag(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> None:
@@ -305,7 +305,8 @@ def test_a_driver_root_without_the_binaries_is_one_line_and_exit_2(
     driver_root = fake_driver_root(root / "other")
     (driver_root / "usr/bin" / missing).unlink()
     message = assert_refused(start(root, server, "--driver-root", str(driver_root)), "--driver-root", code=2)
-    assert message.startswith(f"--driver-root {driver_root}: {missing} not found (looked in {driver_root}/usr/bin,")
+    assert message.startswith(
+        f"gpu-dra-agent node: --driver-root {driver_root}: {missing} not found (looked in {driver_root}/usr/bin,")
     assert "NVIDIA_DRIVER_ROOT" in message
     assert not (root / "state").exists()
     empty = root / "empty"
@@ -313,7 +314,7 @@ def test_a_driver_root_without_the_binaries_is_one_line_and_exit_2(
     message = assert_refused(start(root, server, "--driver-root", str(empty)), code=2)
     assert "nvidia-smi and nvidia-cuda-mps-control not found" in message
     message = assert_refused(start(root, server, "--driver-root", str(root / "nope")), code=2)
-    assert message.startswith(f"--driver-root {root / 'nope'} is not a directory")
+    assert message.startswith(f"gpu-dra-agent node: --driver-root {root / 'nope'} is not a directory")
 
 
 # --- directory modes ------------------------------------------------------------------------------------

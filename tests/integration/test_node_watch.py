@@ -14,7 +14,7 @@ from kubernetes import client
 
 import fakes.apiserver
 from agent.kube.nodes import NodeInfo, NodeWatcher
-from agent.kube.watch import Backoff
+from agent.kube.reflector import Backoff
 
 NODE = "node-a"
 
@@ -155,7 +155,7 @@ def test_expired_resource_version_relists(
 ) -> None:
     """tried: the watch is cut and more changes than the server's history happen before it resumes;
     the resume gets 410 Gone and the watcher lists again instead of missing the label."""
-    caplog.set_level(logging.INFO, "agent.kube.watch")
+    caplog.set_level(logging.INFO, "agent.kube.reflector")
     uid = create_node(core)
     create_node(core, "node-b")
     watcher, seen = watching(server)
@@ -168,7 +168,7 @@ def test_expired_resource_version_relists(
         label(core, {"late": "yes"})
         server.faults.clear()
         assert seen.until(lambda i: i.labels.get("late") == "yes") == NodeInfo(uid, {"late": "yes"})
-        assert "watch of Node node-a expired, listing again" in caplog.text
+        assert "watch of Node node-a expired (410): listing again" in caplog.text
     finally:
         watcher.stop()
 

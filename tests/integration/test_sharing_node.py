@@ -24,11 +24,11 @@ import fakes.nvml as fake_nvml
 from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.sharing import ClaimSharing
 from agent.claims.source import FileClaimSource
 from agent.claims.types import ClaimRef
 from agent.devices.model import ComputeMode, Inventory
 from agent.nvml.source import NvmlSource, open_nvml
-from agent.sharing.claims import ClaimSharing
 from agent.sharing.commands import DriverRoot, SubprocessRunner
 from agent.sharing.control import SharingControl
 from agent.sharing.plan import SharedDevice
@@ -481,6 +481,6 @@ def allocate_with_config(api: Any, name: str, devices: list[str], config: dict[s
 
 
 def _mps_config() -> Any:
-    from agent.claims.config import GPU_CONFIG, DeviceConfig, Mps
+    from agent.claimconfig.config import GPU_CONFIG, DeviceConfig, Mps
 
     return DeviceConfig(GPU_CONFIG, Mps(active_thread_percentage=10))

@@ -119,3 +119,30 @@ def test_simulate_takes_shared_claims_as_gpu_memory(tmp_path: pathlib.Path, caps
     running = [p for p in out["pods"].values() if p["outcome"] == "running"]
     assert len(running) == 18
     assert sorted(p["gpuIndex"] for p in running) == [0] * 9 + [1] * 9
+def test_the_shipped_example_shows_gangs_hierarchy_and_reclaim(capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.commands.simulate import EXAMPLE
+
+    assert main(["simulate", str(EXAMPLE), "--actions", "allocate,reclaim"]) == 0
+    pods = json.loads(capsys.readouterr().out)["pods"]
+    evicted = sorted(p for p, d in pods.items() if d["action"] == "evict")
+    assert evicted and all(pods[p]["evictedBy"] == "reclaim" for p in evicted)
+    assert {pods[f"vision-train-{i}"]["action"] for i in range(4)} == {"pipeline"}  # the gang, whole
+    assert {pods[f"nlp-finetune-{i}"]["action"] for i in range(2)} == {"bind"}
+
+
+def test_the_schema_is_checked(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.commands.simulate import EXAMPLE
+
+    doc = json.loads(EXAMPLE.read_text())
+    doc["config"]["placement"]["gpu"] = "fgd"
+    doc["queues"][1]["preemptMinRuntime"] = "soon"  # not a Go duration
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(doc))
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-dra-agent simulate: ") and "preemptMinRuntime" in err
+    doc["queues"][1]["preemptMinRuntime"] = "5m"
+    doc["nodes"][0]["gpuModel"] = 7
+    path.write_text(json.dumps(doc))
+    assert main(["simulate", str(path)]) == 2
+    assert "gpuModel" in capsys.readouterr().err

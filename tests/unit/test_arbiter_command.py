@@ -22,9 +22,11 @@ def run(tmp_path: pathlib.Path, *flags: str) -> int:
 def test_gpu_placement_from_the_environment_is_checked(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GPU_PLACEMENT", "tightest")
-    assert run(tmp_path) == 2
-    assert capsys.readouterr().err.strip() == (
-        "gpu-dra-agent arbiter: --gpu-placement must be one of fgd, binpack, spread, not 'tightest'")
+    with pytest.raises(SystemExit) as exit_:
+        run(tmp_path)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "GPU_PLACEMENT (the environment's --gpu-placement): 'tightest' is not one of fgd, binpack, spread")
 
 
 def test_gpu_placement_flag_refuses_an_unknown_policy(tmp_path: pathlib.Path) -> None:

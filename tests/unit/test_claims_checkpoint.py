@@ -204,7 +204,7 @@ def test_a_version_1_file_is_migrated_to_records(tmp_path: pathlib.Path) -> None
 def test_a_migration_cut_short_is_done_again(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     legacy = tmp_path / "checkpoint.json"
     legacy.write_text(V1_DOCUMENT)
-    from agent.claims import files
+    from agent import files
 
     def crash(path: pathlib.Path) -> bool:
         raise KeyboardInterrupt  # the agent dies after writing the records, before removing the old file

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.claims.config import (
+from agent.claimconfig.config import (
     ConfigEntry,
     ConfigError,
     DeviceRef,

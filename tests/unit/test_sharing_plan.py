@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from agent.claims.config import GPU_CONFIG, MIG_DEVICE_CONFIG, DeviceConfig, Interval, Mps, TimeSlicing, parse_quantity
+from agent.claimconfig.config import (
+    GPU_CONFIG,
+    MIG_DEVICE_CONFIG,
+    DeviceConfig,
+    Interval,
+    Mps,
+    TimeSlicing,
+    parse_quantity,
+)
 from agent.sharing.plan import MpsPlan, SharedDevice, SharingConfigError, SharingPlan, plan_sharing
 
 GPU0, GPU1, MIG0 = "GPU-0", "GPU-1", "MIG-0"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
+from agent.claimconfig.config import DeviceConfig
 from agent.claims.checkpoint import CheckpointedDevice
 from agent.claims.claim import ClaimError
-from agent.claims.config import DeviceConfig
 from agent.devices.model import Inventory
 from agent.sharing.commands import SharingError
 from agent.sharing.control import Adoption, SharingControl, with_container_edits
