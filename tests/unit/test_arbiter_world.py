@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from agent.arbiter.core.snapshot import go_duration as parse_duration
 from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
 from agent.arbiter.world import (
     Unsupported,
     allocation_status,
     build_world,
-    parse_duration,
     parse_time,
     reservation_claim,
 )
