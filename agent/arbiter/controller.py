@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -176,6 +177,7 @@ class Arbiter:
         with self._timed("snapshot"):
             world = self._world(now)
         self.directory.addresses = world.addresses
+        self._tell_invalid(world)
         with self._timed("recover"):
             writes, completed = self._committer.recover(world.gangs.values())
         if writes:
@@ -199,7 +201,7 @@ class Arbiter:
         with self._timed("events and status"):
             report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
             self._tell_waiting(world, report.waiting)
-            self._write_queue_status(snapshot, result, now)
+            self._write_queue_status(snapshot, result, now, world)
         if self.metrics is not None:
             self.metrics.record(cycle_values(result, now, seconds))
         return report
@@ -333,13 +335,33 @@ class Arbiter:
             usage[q.name] = acc.usage
         return replace(snapshot, fairness=Fairness(usage=usage, k_value=self.config.k_value))
 
-    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float) -> None:
+    def _tell_invalid(self, world: World) -> None:
+        """A Warning Event (and a log line) on each object left out of the snapshot, once per reason."""
+        told = {k: v for k, v in self._told.items() if k[0] != "invalid" or k[1] in world.invalid}
+        for key, bad in world.invalid.items():
+            if told.get(("invalid", key)) == bad.reason:
+                continue
+            told[("invalid", key)] = bad.reason
+            log.warning("%s left out of the arbiter's snapshot: %s", key, bad.reason)
+            api_version = QUEUES.api_version if bad.kind == "Queue" else (
+                POD_GROUPS.api_version if bad.kind == "PodGroup" else RESOURCE_CLAIMS.api_version
+                if bad.kind == "ResourceClaim" else "v1")
+            self._event(bad.obj, bad.kind, api_version, "Invalid", bad.reason, type_="Warning")
+        self._told = told
+
+    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float, world: World) -> None:
         # at most once a second, as KAI's queue controller does it periodically: a busy cycle changes every
         # queue's numbers, and a status write per queue per cycle would compete with the admissions
         if 0 <= now - self._status_written < self.config.status_period_s:
             return
         self._status_written = now
-        statuses = queue_statuses(snapshot, result)
+        statuses: dict[str, dict[str, Any]] = {
+            name: {**status, "conditions": [self._valid_condition(name, None, now)]}
+            for name, status in queue_statuses(snapshot, result).items()}
+        for key, bad in world.invalid.items():
+            if bad.kind == "Queue":
+                name = key.removeprefix("Queue ")
+                statuses[name] = {"conditions": [self._valid_condition(name, bad.reason, now)]}
         for name, acc in self._usage.items():
             if name not in statuses:
                 continue
@@ -355,6 +377,17 @@ class Arbiter:
                 self._queue_status[name] = status
             except ApiError as e:
                 log.debug("queue %s status not written: %s", name, e)
+
+    def _valid_condition(self, name: str, problem: str | None, now: float) -> dict[str, str]:
+        """The Queue's `Valid` condition; its lastTransitionTime moves only when its status does."""
+        status = "False" if problem else "True"
+        since = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        current = ((self.queues.get("", name) or {}).get("status") or {}).get("conditions") or ()
+        for c in current:
+            if isinstance(c, dict) and c.get("type") == "Valid" and c.get("status") == status:
+                since = str(c.get("lastTransitionTime") or since)
+        return {"type": "Valid", "status": status, "reason": "InvalidSpec" if problem else "Accepted",
+                "message": problem or "the arbiter weighs this queue", "lastTransitionTime": since}
 
 
 def _updated_at(state: Mapping[str, Any]) -> float:

@@ -251,6 +251,28 @@ def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
     assert len([e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]) == 1
 
 
+def test_a_queue_with_a_missing_parent_stops_no_admission_and_says_why(cluster: FakeCluster) -> None:
+    # issue 17.1: this Queue made every cycle fail (KeyError) and a 1-GPU pod waited with 16 GPUs free
+    cluster.queue("orphan", parent="no-such-parent", gpu_quota=4)
+    cluster.pod(NS, "want", "team-a", 1)
+    arbiter = cluster.arbiter(ArbiterConfig(period_s=0.2, status_period_s=0.0), start=False)
+    report = wait_for(lambda: (r := arbiter.cycle()).admitted and r, what="the pod admitted")
+    assert report.admitted == [f"{NS}/pod/want"]
+    condition = wait_for(lambda: [c for c in (cluster.rest.get(QUEUES, None, "orphan").get("status") or {})
+                                  .get("conditions", ()) if c["type"] == "Valid"], what="the Valid condition")
+    assert condition[0]["status"] == "False" and condition[0]["reason"] == "InvalidSpec"
+    assert condition[0]["message"] == "invalid Queue: its parentQueue no-such-parent does not exist"
+    healthy = cluster.rest.get(QUEUES, None, "team-a")["status"]["conditions"]
+    assert [(c["type"], c["status"]) for c in healthy] == [("Valid", "True")]
+    assert arbiter.flush_events()
+    (event,) = [e for e in cluster.rest.list(EVENTS, "default")["items"] if e["involvedObject"]["name"] == "orphan"]
+    assert (event["type"], event["reason"], event["involvedObject"]["kind"]) == ("Warning", "Invalid", "Queue")
+    arbiter.cycle()  # told once, not once a cycle
+    assert arbiter.flush_events()
+    assert len([e for e in cluster.rest.list(EVENTS, "default")["items"]
+                if e["involvedObject"]["name"] == "orphan"]) == 1
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of a subprocess")
 def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(cluster: FakeCluster) -> None:
     from agent.kube.rest import LEASES

@@ -120,3 +120,32 @@ def test_the_admission_policy_gates_pods_that_name_a_queue() -> None:
     deployment = next(d for d in docs("arbiter.yaml") if d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"][:3] == ["gpu-dra-agent", "arbiter", "--leader-elect"]
+
+
+@pytest.mark.parametrize(("field", "value", "valid"), [
+    ("quota", -5, False), ("quota", -0.5, False), ("quota", -1, True), ("quota", 0, True), ("quota", 2.5, True),
+    ("limit", -2, False), ("limit", -1, True), ("limit", 16, True),
+    ("overQuotaWeight", -1, False), ("overQuotaWeight", 0, True), ("overQuotaWeight", 3, True),
+])
+def test_the_queue_schema_refuses_values_that_mean_nothing(served: Any, field: str, value: float,
+                                                           valid: bool) -> None:
+    from agent.kube.errors import Invalid
+    _, rest = served
+    for resource in ("gpu", "cpu", "memory"):
+        body = kai_queue(f"q-{resource}", resources={resource: {field: value}})
+        if valid:
+            rest.create(QUEUES, None, body)
+            rest.delete(QUEUES, None, f"q-{resource}")
+        else:
+            with pytest.raises(Invalid, match=f"spec.resources.{resource}.{field}"):
+                rest.create(QUEUES, None, body)
+
+
+def test_every_queue_field_says_what_is_valid() -> None:
+    (crd,) = docs("queue-crd.yaml")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for resource in ("gpu", "cpu", "memory"):
+        for name, terms in spec["resources"]["properties"][resource]["properties"].items():
+            assert "-1" in terms["description"] or name == "overQuotaWeight"
+            assert "0 or more" in terms["description"] or "0 (none) or more" in terms["description"]
+    assert "cycle" in spec["parentQueue"]["description"]
