@@ -5,6 +5,7 @@ gang, reclaim across queues, and nothing lost when the arbiter is killed."""
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import signal
 import subprocess
@@ -120,7 +121,9 @@ def test_deleting_a_gangs_pods_frees_their_devices_for_the_next_gang(cluster: Fa
     assert len(devices) == len(set(devices)) == 16
 
 
-def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: FakeCluster) -> None:
+def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: FakeCluster,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="agent.arbiter.controller")
     for i in range(4):  # team-a takes all 16 GPUs: 8 in quota, 8 over it (work-conserving)
         cluster.gang(NS, f"burst{i}", "team-a", pods=1, gpus=4)
     cluster.arbiter()
@@ -130,7 +133,17 @@ def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: Fa
     assert len(pods) == 2
     assert len(running(cluster, "burst")) == 2  # team-a keeps its quota
     evicted = [e for e in cluster.rest.list(EVENTS, NS)["items"] if e["reason"] == "Evicted"]
-    assert len(evicted) == 2 and all("reclaim" in e["message"] for e in evicted)
+    assert len(evicted) == 2 and all(e["type"] == "Warning" for e in evicted)
+    assert {e["message"] for e in evicted} == {
+        "evicted by the arbiter (reclaim) to make room for gang team-b/train of queue team-b"}
+    assert all(e["involvedObject"]["kind"] == "Pod" and e["involvedObject"]["name"].startswith("burst")
+               for e in evicted)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if m.startswith("evicted team-a/burst")
+                and "queue team-a" in m and "for gang team-b/train of queue team-b" in m]) == 2
+    (admitted,) = [m for m in lines if m.startswith("admitted gang team-b/train")]
+    assert admitted == "admitted gang team-b/train of queue team-b on nodes " + ",".join(
+        sorted({p["spec"]["nodeName"] for p in pods}))
 
 
 def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
@@ -140,9 +153,16 @@ def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
     arbiter = cluster.arbiter()
     wait_for(lambda: len(running(cluster, "burst")) == 4, what="burst")
     cluster.gang("team-b", "train", "team-b", pods=2, gpus=4)
-    wait_for(lambda: any(e["reason"] == "Waiting" for e in cluster.rest.list(EVENTS, "team-b")["items"]),
-             what="team-b waits")
+    def waits() -> list[dict[str, Any]]:
+        return [e for e in cluster.rest.list(EVENTS, "team-b")["items"] if e["reason"] == "Waiting"]
+
+    wait_for(lambda: any(e["type"] == "Warning" for e in waits()), what="team-b waits")
     assert arbiter.cycles > 0 and len(running(cluster, "burst")) == 4 and running(cluster, "train-") == []
+    # told on the PodGroup it is about (not on each of its pods); a problem is a Warning, progress is not
+    told = {(e["type"], e["involvedObject"]["kind"], e["involvedObject"]["name"], e["message"].split(":")[0])
+            for e in waits()}
+    assert ("Warning", "PodGroup", "train", "no fit") in told
+    assert {t[:3] for t in told} <= {("Warning", "PodGroup", "train"), ("Normal", "PodGroup", "train")}
 
 
 class _Crash(Exception):

@@ -107,7 +107,7 @@ def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[U
     # use may already hold this chunk; evicting first would take a victim needlessly
     for unit in chain([[]], victims):
         for pod in unit:
-            session.evict(pod, cause)
+            session.evict(pod, cause, job)
         if unit:
             taken.append(unit)
         if cluster.gpu_after_free < need:
