@@ -37,7 +37,7 @@ from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, he
 from agent.arbiter.reservation import NodeClient
 from agent.arbiter.reservation_grpc import GrpcNodeClient
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import World, build_world, meta
+from agent.arbiter.world import Gang, World, build_world, meta
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer, start_all
@@ -299,7 +299,7 @@ class Arbiter:
             else:
                 report.refused[job] = outcome.reason
                 log.info("gang %s not committed: %s", job, outcome.reason)
-                self._tell(gang.pod_group, gang.namespace, job, "NotAdmitted", outcome.reason, type_="Warning")
+                self._tell_gang(gang, "NotAdmitted", outcome.reason, type_="Warning")
 
     def _tell_waiting(self, world: World, waiting: Mapping[str, str], now: float) -> None:
         """Why each gang waits, as an Event on what it is about: the PodGroup, or the pod of a gang of one. A
@@ -316,12 +316,16 @@ class Arbiter:
                 continue
             self._waits[job] = (reason, now)
             type_ = "Normal" if reason.startswith("waiting for") else "Warning"  # progress, not a problem
-            if gang.pod_group is not None:
-                self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason, type_=type_)
-            else:
-                for m in gang.members.values():
-                    if m.node is None:
-                        self._event(m.pod, "Pod", "v1", "Waiting", reason, type_=type_)
+            self._tell_gang(gang, "Waiting", reason, type_=type_)
+
+    def _tell_gang(self, gang: Gang, reason: str, message: str, *, type_: str) -> None:
+        """An Event about a gang, on what it is: its PodGroup, or the pod of a gang of one."""
+        if gang.pod_group is not None:
+            self._tell(gang.pod_group, gang.namespace, gang.name, reason, message, type_=type_)
+            return
+        for m in gang.members.values():
+            if m.node is None:
+                self._event(m.pod, "Pod", "v1", reason, message, type_=type_)
 
     def _tell(self, pod_group: str | None, namespace: str, job: str, reason: str, message: str, *,
               type_: str = "Normal") -> None:
