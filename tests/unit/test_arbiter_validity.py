@@ -129,7 +129,7 @@ _groups = st.lists(st.tuples(st.sampled_from(["g0", "g1", "g2"]), _group_spec, s
                    max_size=3, unique_by=lambda t: t[0])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_queues, _groups)
 def test_arbitrary_queues_and_pod_groups_never_stop_the_cycle(queues: Any, groups: Any) -> None:
     queue_objs = [{"metadata": {"name": n}, "spec": spec} for n, spec in queues]
