@@ -299,7 +299,11 @@ def test_reclaim_from_the_less_prioritized_queue_and_the_outcome_holds() -> None
     # one node of 4 GPUs; queues under a default parent: queue0 and queue1 (priority 100, quota 1, weight 1) and
     # queue2 (priority 101, quota 1, weight 0). queue0 runs 2 jobs, queue2 runs 2, queue1's job waits. KAI's
     # harness runs allocate, consolidate, reclaim, preempt for two rounds, then five more that must change
-    # nothing; between rounds an evicted or pipelined pod is pending again (as `CycleResult.next` moves it)
+    # nothing; between rounds an evicted or pipelined pod is pending again (as `CycleResult.next` moves it).
+    # Round two is the case: running_job1 waits again and queue2 (above its fair share of 1) is a valid victim,
+    # but KAI's solver puts the preemptor and the victims back through allocation together in queue order
+    # (actions/common/action.go TryToVirtuallyAllocatePreemptorAndGetVictims): queue2's higher priority gives
+    # its evicted job the GPU back first, running_job1 no longer fits, and nothing is evicted
     def one(name: str, q: str, age_min: int, node: str | None = None) -> dict[str, Any]:
         created = f"2025-01-01T00:{10 - age_min:02d}:00Z"  # KAI's ages: running_job0 5 min ... pending_job0 1
         return job(name, q, [pod(f"{name}-0", 1, node, cpu=0, mem=0)], priority=50, created=created)
