@@ -9,7 +9,9 @@
   newest pool generation, less devices held by claims no arbiter pod accounts for (other schedulers' pods).
 
 A gang whose pods cannot be weighed yet (claims not created, a queue missing, a request the arbiter does not
-handle) is left out of the snapshot, with the reason in `World.waiting`.
+handle) is left out of the snapshot, with the reason in `World.waiting`. An object the arbiter cannot read (an
+invalid Queue or PodGroup, a malformed pod or claim: agent.arbiter.validity) is left out too, in
+`World.invalid`, and never stops the cycle.
 """
 
 from __future__ import annotations
