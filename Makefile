@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo proto bench clean control-plane container-tools node-stack node-deps
+.PHONY: venv test lint demo proto bench trials clean control-plane container-tools node-stack node-deps
 
 venv: $(STAMP)
 
@@ -59,6 +59,9 @@ node-deps:
 
 bench: $(STAMP)
 	$(PY) -m pytest tests/bench -m bench -s -p no:cacheprovider -o addopts=""
+
+trials: $(STAMP)  # TRIALS=200 for the issue's count; slow (minutes)
+	$(PY) -m pytest tests/bench -m trials -s -p no:cacheprovider -o addopts="" --timeout=0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

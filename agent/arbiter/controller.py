@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -39,7 +40,7 @@ from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, he
 from agent.arbiter.reservation import NodeClient, Reservation
 from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import World, build_world, meta
+from agent.arbiter.world import Gang, World, build_world, meta
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer, start_all
@@ -55,6 +56,7 @@ from agent.kube.rest import (
 )
 
 log = logging.getLogger(__name__)
+WAIT_REFRESH_S = 30.0  # a wait reason whose numbers changed is told again at most this often
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,8 @@ class Arbiter:
         self._expected: list[Write] = []
         self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
-        self._told: dict[tuple[str, str], str] = {}  # (kind, key) -> the wait reason last written as an Event
+        self._waits: dict[str, tuple[str, float]] = {}  # gang -> the wait reason last told, and when
+        self._told: dict[str, str] = {}  # object left out of the snapshot -> the reason last told
         self._queue_status: dict[str, Any] = {}
         self._status_written = -math.inf
         self._usage: dict[str, Accumulator] = {}  # per queue, advanced every cycle
@@ -221,6 +224,7 @@ class Arbiter:
         with self._timed("snapshot"):
             world = self._world(now)
         self.directory.addresses = world.addresses
+        self._tell_invalid(world)
         with self._timed("recover"):
             writes, completed = self._committer.recover(world.gangs.values())
         if writes:
@@ -243,8 +247,8 @@ class Arbiter:
             self._commit(world, result, report)
         with self._timed("events and status"):
             report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
-            self._tell_waiting(world, report.waiting)
-            self._write_queue_status(snapshot, result, now)
+            self._tell_waiting(world, report.waiting, now)
+            self._write_queue_status(snapshot, result, now, world)
         if self.metrics is not None:
             self.metrics.record(cycle_values(result, now, seconds))
         return report
@@ -304,9 +308,15 @@ class Arbiter:
                 continue
             report.evicted.append(name)
             self._terminating[name] = str(m.get("uid"))
+            victim = world.gangs.get(_job_of(world, name) or "")
+            gang, queue = decision.evicted_for or ("a waiting gang", "its queue")
+            what = "moved to node " + decision.moved_to if decision.moved_to else "evicted"
             self._event(member.pod, "Pod", "v1", "Evicted",
-                        f"evicted by the arbiter ({decision.cause}) for a gang waiting in its queue",
+                        f"{what} by the arbiter ({decision.cause}) to make room for gang {gang} of queue {queue}",
                         type_="Warning")
+            log.info("evicted %s (gang %s, queue %s) on node %s: %s for gang %s of queue %s", name,
+                     victim.name if victim else "?", victim.queue if victim else "?", member.node or decision.node,
+                     decision.cause, gang, queue)
 
     def _commit(self, world: World, result: CycleResult, report: CycleReport) -> None:
         bound: dict[str, list[tuple[str, str]]] = {}
@@ -326,30 +336,41 @@ class Arbiter:
             if outcome.committed:
                 report.admitted.append(job)
                 placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
+                log.info("admitted gang %s of queue %s on nodes %s", job, gang.queue,
+                         ",".join(sorted({node for _, node in members})))
                 self._tell(gang.pod_group, gang.namespace, job, "Admitted", f"admitted: {placed}")
                 for m, node in members:
                     self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
             else:
                 report.refused[job] = outcome.reason
                 log.info("gang %s not committed: %s", job, outcome.reason)
-                self._tell(gang.pod_group, gang.namespace, job, "NotAdmitted", outcome.reason, type_="Warning")
+                self._tell_gang(gang, "NotAdmitted", outcome.reason, type_="Warning")
 
-    def _tell_waiting(self, world: World, waiting: Mapping[str, str]) -> None:
-        self._told = {k: v for k, v in self._told.items() if k[1] in waiting}  # admitted or gone: forget
+    def _tell_waiting(self, world: World, waiting: Mapping[str, str], now: float) -> None:
+        """Why each gang waits, as an Event on what it is about: the PodGroup, or the pod of a gang of one. A
+        reason is told again when it changes; when only its numbers change, at most every WAIT_REFRESH_S: they
+        change every cycle, and an Event per gang per cycle would cost more writes than the admissions."""
+        self._waits = {job: told for job, told in self._waits.items() if job in waiting}  # admitted or gone
         for job, reason in waiting.items():
             gang = world.gangs.get(job)
             if gang is None:
                 continue
-            # once per kind of reason ("no fit", "over limit", ...): the numbers in it change every cycle, and
-            # an Event per gang per cycle would cost more API writes than the admissions themselves
-            kind = reason.split(":", 1)[0]
-            if self._told.get(("gang", job)) == kind:
+            told = self._waits.get(job)
+            if told is not None and (told[0] == reason or (
+                    told[0].split(":", 1)[0] == reason.split(":", 1)[0] and now - told[1] < WAIT_REFRESH_S)):
                 continue
-            self._told[("gang", job)] = kind
-            self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason)
-            for m in gang.members.values():
-                if m.node is None:
-                    self._event(m.pod, "Pod", "v1", "Waiting", reason)
+            self._waits[job] = (reason, now)
+            type_ = "Normal" if reason.startswith("waiting for") else "Warning"  # progress, not a problem
+            self._tell_gang(gang, "Waiting", reason, type_=type_)
+
+    def _tell_gang(self, gang: Gang, reason: str, message: str, *, type_: str) -> None:
+        """An Event about a gang, on what it is: its PodGroup, or the pod of a gang of one."""
+        if gang.pod_group is not None:
+            self._tell(gang.pod_group, gang.namespace, gang.name, reason, message, type_=type_)
+            return
+        for m in gang.members.values():
+            if m.node is None:
+                self._event(m.pod, "Pod", "v1", reason, message, type_=type_)
 
     def _tell(self, pod_group: str | None, namespace: str, job: str, reason: str, message: str, *,
               type_: str = "Normal") -> None:
@@ -378,13 +399,33 @@ class Arbiter:
             usage[q.name] = acc.usage
         return replace(snapshot, fairness=Fairness(usage=usage, k_value=self.config.k_value))
 
-    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float) -> None:
+    def _tell_invalid(self, world: World) -> None:
+        """A Warning Event (and a log line) on each object left out of the snapshot, once per reason."""
+        told = {k: v for k, v in self._told.items() if k in world.invalid}
+        for key, bad in world.invalid.items():
+            if told.get(key) == bad.reason:
+                continue
+            told[key] = bad.reason
+            log.warning("%s left out of the arbiter's snapshot: %s", key, bad.reason)
+            api_version = QUEUES.api_version if bad.kind == "Queue" else (
+                POD_GROUPS.api_version if bad.kind == "PodGroup" else RESOURCE_CLAIMS.api_version
+                if bad.kind == "ResourceClaim" else "v1")
+            self._event(bad.obj, bad.kind, api_version, "Invalid", bad.reason, type_="Warning")
+        self._told = told
+
+    def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float, world: World) -> None:
         # at most once a second, as KAI's queue controller does it periodically: a busy cycle changes every
         # queue's numbers, and a status write per queue per cycle would compete with the admissions
         if 0 <= now - self._status_written < self.config.status_period_s:
             return
         self._status_written = now
-        statuses = queue_statuses(snapshot, result)
+        statuses: dict[str, dict[str, Any]] = {
+            name: {**status, "conditions": [self._valid_condition(name, None, now)]}
+            for name, status in queue_statuses(snapshot, result).items()}
+        for key, bad in world.invalid.items():
+            if bad.kind == "Queue":
+                name = key.removeprefix("Queue ")
+                statuses[name] = {"conditions": [self._valid_condition(name, bad.reason, now)]}
         for name, acc in self._usage.items():
             if name not in statuses:
                 continue
@@ -400,6 +441,21 @@ class Arbiter:
                 self._queue_status[name] = status
             except ApiError as e:
                 log.debug("queue %s status not written: %s", name, e)
+
+    def _valid_condition(self, name: str, problem: str | None, now: float) -> dict[str, str]:
+        """The Queue's `Valid` condition; its lastTransitionTime moves only when its status does."""
+        status = "False" if problem else "True"
+        since = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        current = ((self.queues.get("", name) or {}).get("status") or {}).get("conditions") or ()
+        for c in current:
+            if isinstance(c, dict) and c.get("type") == "Valid" and c.get("status") == status:
+                since = str(c.get("lastTransitionTime") or since)
+        return {"type": "Valid", "status": status, "reason": "InvalidSpec" if problem else "Accepted",
+                "message": problem or "the arbiter weighs this queue", "lastTransitionTime": since}
+
+
+def _job_of(world: World, pod: str) -> str | None:
+    return next((g.name for g in world.gangs.values() if pod in g.members), None)
 
 
 def _updated_at(state: Mapping[str, Any]) -> float:

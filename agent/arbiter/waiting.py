@@ -18,16 +18,17 @@ def wait_reasons(snapshot: Snapshot, result: CycleResult) -> dict[str, str]:
             if d.node is not None:
                 used[d.node] = used.get(d.node, 0) + pod.gpu_milli
     free = {n.name: n.gpus * MILLI - used.get(n.name, 0) for n in snapshot.nodes}
+    capacity = {n.name: n.gpus * MILLI for n in snapshot.nodes}
     out: dict[str, str] = {}
     for job in snapshot.jobs:
         decisions = [result.pods[p.name] for p in job.pods]
         if any(d.outcome == "pending" for d in decisions) or len(job.pods) < job.min_member:
-            out[job.name] = _reason(job, decisions, queues, result, free)
+            out[job.name] = _reason(job, decisions, queues, result, free, capacity=capacity)
     return out
 
 
 def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str, QueueSpec], result: CycleResult,
-            free: Mapping[str, int]) -> str:
+            free: Mapping[str, int], *, capacity: Mapping[str, int]) -> str:
     if any(d.action == "pipeline" for d in decisions):
         return "waiting for evicted pods to release their devices (reclaim or preemption under way)"
     if len(job.pods) < job.min_member:
@@ -44,6 +45,16 @@ def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str,
             return (f"over quota: a non-preemptible gang may only use queue {q.name}'s quota of "
                     f"{quota / MILLI:g} GPUs ({held / MILLI:g} in use)")
         q = queues.get(q.parent) if q.parent else None
-    pods = sum(1 for d in decisions if d.outcome == "pending")
-    return (f"no fit: the gang needs {want / MILLI:g} GPUs in {pods} pod(s); {sum(free.values()) / MILLI:g} "
-            f"free on {len(free)} node(s), at most {max(free.values(), default=0) / MILLI:g} on one")
+    pending = [p.gpu_milli for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending"]
+    largest, total = max(pending, default=0), sum(capacity.values())
+    text = (f"no fit: the gang needs {want / MILLI:g} GPUs in {len(pending)} pod(s), up to {largest / MILLI:g} "
+            f"on one node; the cluster has {total / MILLI:g} GPUs on {len(capacity)} node(s), at most "
+            f"{max(capacity.values(), default=0) / MILLI:g} on one; {sum(free.values()) / MILLI:g} free, at most "
+            f"{max(free.values(), default=0) / MILLI:g} on one")
+    if want > total:
+        return f"{text}: the gang asks for more than the whole cluster has"
+    if largest > max(capacity.values(), default=0):
+        return f"{text}: a pod asks for more GPUs than any node has"
+    if want > sum(free.values()):
+        return f"{text}: the rest is held by running pods"
+    return f"{text}: its pods do not fit the free GPUs, CPU and memory of any node"

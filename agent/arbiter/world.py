@@ -9,7 +9,9 @@
   newest pool generation, less devices held by claims no arbiter pod accounts for (other schedulers' pods).
 
 A gang whose pods cannot be weighed yet (claims not created, a queue missing, a request the arbiter does not
-handle) is left out of the snapshot, with the reason in `World.waiting`.
+handle) is left out of the snapshot, with the reason in `World.waiting`. An object the arbiter cannot read (an
+invalid Queue or PodGroup, a malformed pod or claim: agent.arbiter.validity) is left out too, in
+`World.invalid`, and never stops the cycle.
 """
 
 from __future__ import annotations
@@ -25,21 +27,17 @@ from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
 from agent.arbiter.core.model import (
     MILLI,
     NON_PREEMPTIBLE_PRIORITY,
-    UNLIMITED,
     JobSpec,
     NodeSpec,
     PodSpec,
     PodStatus,
-    QueueSpec,
-    ResourceTerms,
     Snapshot,
 )
-from agent.arbiter.core.snapshot import go_duration as parse_duration
 from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
+from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
 from agent.quantity import QuantityError, parse
 
 Json = dict[str, Any]
-MB = 1_000_000
 _UNBOUNDED_CPU = 1e12  # a node that reports no allocatable CPU/memory is not limited by them
 _UNBOUNDED_MEM = 1e18
 
@@ -316,33 +314,7 @@ class World:
     waiting: dict[str, str]  # job name -> why its gang is not weighed this cycle
     addresses: dict[str, str]  # node -> reservation address
     queue_names: list[str]
-
-
-def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
-    spec = obj.get("spec") or {}
-    res = spec.get("resources") or {}
-    terms = []
-    for resource, scale in (("gpu", MILLI), ("cpu", 1), ("memory", MB)):
-        r = res.get(resource) or {}
-
-        def term(key: str, default: float, r: Mapping[str, Any] = r, scale: float = scale) -> float:
-            v = r.get(key)
-            if v is None:
-                return default
-            value = float(v)
-            return UNLIMITED if value == UNLIMITED else value * scale
-
-        quota = term("quota", 0.0)
-        limit = term("limit", UNLIMITED)
-        weight = float(r.get("overQuotaWeight", 1.0))
-        terms.append(ResourceTerms(quota=quota, limit=limit, over_quota_weight=weight))
-    parent = spec.get("parentQueue") or None
-    priority = spec.get("priority")
-    return QueueSpec(name=str(meta(obj).get("name")), parent=str(parent) if parent else None,
-                     priority=int(priority) if priority is not None else 100,
-                     terms=(terms[0], terms[1], terms[2]),
-                     preempt_min_runtime=parse_duration(spec.get("preemptMinRuntime")),
-                     reclaim_min_runtime=parse_duration(spec.get("reclaimMinRuntime")))
+    invalid: dict[str, Invalid] = field(default_factory=dict)  # left out of the snapshot ("Kind ns/name")
 
 
 def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
@@ -400,76 +372,126 @@ def _node_ready(node: Mapping[str, Any]) -> bool:
     return True  # no conditions reported (a test cluster): taken as ready
 
 
+@dataclass
+class _Pod:
+    job: str
+    namespace: str
+    group_name: str | None
+    group: Json | None
+    queue: str
+    names: list[str]  # its ResourceClaims
+    missing: list[str]  # template claims not generated yet
+    found: list[Json | None]
+    status: PodStatus | None  # None: gone for the arbiter (terminated, holding nothing)
+    node: str | None
+
+
+def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json]) -> _Pod | None:
+    """An arbiter pod as the snapshot sees it; None for a pod that is not the arbiter's (no queue, or ungated and
+    holding nothing: kube-scheduler's)."""
+    m = meta(pod)
+    spec = pod.get("spec") or {}
+    ns = str(m.get("namespace"))
+    group_name = (spec.get("schedulingGroup") or {}).get("podGroupName")
+    group = groups.get(f"{ns}/{group_name}") if group_name else None
+    queue = (m.get("labels") or {}).get(QUEUE_LABEL) or meta(group or {}).get("labels", {}).get(QUEUE_LABEL)
+    if not queue:
+        return None
+    priority = spec.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ValueError(f"spec.priority must be an integer, not {priority!r}")
+    job = f"{ns}/{group_name}" if group_name else f"{ns}/pod/{m.get('name')}"
+    names, missing = claim_names(pod)
+    found = [claims.get(f"{ns}/{n}") for n in names]
+    phase = (pod.get("status") or {}).get("phase")
+    held = [c for c in found if c is not None and is_allocated(c)]
+    node = spec.get("nodeName") or next((allocated_node(c) for c in held if allocated_node(c)), None)
+    status: PodStatus | None
+    if m.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+        status = "Releasing" if held and node is not None else None
+    elif is_gated(pod):
+        status = "Pending"
+    elif held and node is not None:
+        status = "Running"
+    else:
+        return None
+    return _Pod(job, ns, group_name, group, str(queue), names, missing, found, status, node)
+
+
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
                 now: float) -> World:
     slices = list(slices)  # read twice: devices per node, and what each device is worth
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
-    queue_specs = [queue_spec(q) for q in queues]
+    queue_specs, bad_queues = valid_queues(queues)
+    invalid = {bad.key: bad for bad in bad_queues.values()}
     by_queue = {q.name: q for q in queue_specs}
     parents = {q.parent for q in queue_specs if q.parent}
+    bad_groups: dict[str, str] = {}
+    for key, g in groups.items():
+        problem = pod_group_problem(g)
+        if problem is not None:
+            bad = Invalid("PodGroup", g, f"invalid PodGroup: {problem}")
+            invalid[bad.key] = bad
+            bad_groups[key] = problem
 
     gangs: dict[str, Gang] = {}
     members: dict[str, Member] = {}
     waiting: dict[str, str] = {}
+    unweighed: set[str] = set()  # gangs left out whole (their queue or PodGroup is missing or invalid)
     attributed: set[str] = set()  # claims some snapshot pod accounts for
     other_pods: list[Json] = []
     statuses: dict[str, PodStatus] = {}
     for pod in pods:
-        m = meta(pod)
-        spec = pod.get("spec") or {}
-        ns = str(m.get("namespace"))
-        group_name = (spec.get("schedulingGroup") or {}).get("podGroupName")
-        group = groups.get(f"{ns}/{group_name}") if group_name else None
-        queue = (m.get("labels") or {}).get(QUEUE_LABEL) or meta(group or {}).get("labels", {}).get(QUEUE_LABEL)
-        if not queue:
+        try:
+            read = _read_pod(pod, groups, claims_by_key)
+        except (AttributeError, TypeError, ValueError) as e:  # a malformed object: reported, never fatal
+            bad = Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}")
+            invalid[bad.key] = bad
+            continue
+        if read is None:
             other_pods.append(pod)
             continue
-        job = f"{ns}/{group_name}" if group_name else f"{ns}/pod/{m.get('name')}"
-        names, missing = claim_names(pod)
-        found = [claims_by_key.get(f"{ns}/{n}") for n in names]
-        gated = is_gated(pod)
-        deleting = bool(m.get("deletionTimestamp"))
-        phase = (pod.get("status") or {}).get("phase")
-        held = [c for c in found if c is not None and is_allocated(c)]
-        node = spec.get("nodeName") or next((allocated_node(c) for c in held if allocated_node(c)), None)
-        status: PodStatus
-        if deleting or phase in ("Succeeded", "Failed"):
-            if not held or node is None:
-                continue  # gone for the arbiter: holds nothing
-            status = "Releasing"
-        elif gated:
-            status = "Pending"
-        elif held and node is not None:
-            status = "Running"
-        else:
-            other_pods.append(pod)
-            continue  # ungated and holding nothing: kube-scheduler's pod now
+        if read.status is None:
+            continue  # gone for the arbiter: holds nothing
+        job, ns, group_name, group, queue = read.job, read.namespace, read.group_name, read.group, read.queue
+        name = meta(pod).get("name")
         if group_name and group is None and job not in waiting:
             waiting[job] = f"PodGroup {group_name} does not exist"
-        if queue not in by_queue:
+        if group_name and f"{ns}/{group_name}" in bad_groups:
+            waiting[job] = f"PodGroup {group_name} is invalid: {bad_groups[f'{ns}/{group_name}']}"
+            unweighed.add(job)
+        if queue in bad_queues:
+            waiting[job] = f"queue {queue} is left out: {bad_queues[queue].reason}"
+            unweighed.add(job)
+        elif queue not in by_queue:
             waiting[job] = f"queue {queue} does not exist"
+            unweighed.add(job)
         elif queue in parents:
             waiting[job] = f"queue {queue} is a parent queue; only leaf queues take pods"
-        if status == "Pending":
-            if missing:
-                waiting.setdefault(job, f"waiting for the ResourceClaims of {m.get('name')} "
-                                        f"({', '.join(missing)}) to be created from their templates")
-            elif any(c is None for c in found):
-                waiting.setdefault(job, f"ResourceClaim of {m.get('name')} not found")
+            unweighed.add(job)
+        if read.status == "Pending":
+            if read.missing:
+                waiting.setdefault(job, f"waiting for the ResourceClaims of {name} "
+                                        f"({', '.join(read.missing)}) to be created from their templates")
+            elif any(c is None for c in read.found):
+                waiting.setdefault(job, f"ResourceClaim of {name} not found")
         gang = gangs.get(job)
         if gang is None:
-            policy = ((group or {}).get("spec") or {}).get("schedulingPolicy") or {}
-            min_count = int((policy.get("gang") or {}).get("minCount") or 1) if group else 1
+            min_count = 1
+            if group is not None and job not in unweighed:  # a valid PodGroup (pod_group_problem)
+                policy = (group.get("spec") or {}).get("schedulingPolicy") or {}
+                min_count = int((policy.get("gang") or {}).get("minCount") or 1)
             gang = gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
-        member = Member(pod_key(pod), pod, [c for c in found if c is not None],
-                        node if status != "Pending" else None)
+        member = Member(pod_key(pod), pod, [c for c in read.found if c is not None],
+                        read.node if read.status != "Pending" else None)
         gang.members[member.key] = member
         members[member.key] = member
-        statuses[member.key] = status
-        if status != "Pending":
-            attributed.update(f"{ns}/{n}" for n in names)
+        statuses[member.key] = read.status
+        if read.status != "Pending" and job not in unweighed:
+            # a gang left out holds its devices all the same: its claims count as held by others
+            attributed.update(f"{ns}/{n}" for n in read.names)
 
     # nodes
     devices = _pool_devices(slices, driver)
@@ -522,7 +544,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
     exact: dict[str, float] = {}
     for job, gang in sorted(gangs.items()):
-        if job in waiting and any(statuses[k] == "Pending" for k in gang.members):
+        if job in unweighed or (job in waiting and any(statuses[k] == "Pending" for k in gang.members)):
             continue
         pods_out = []
         group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
@@ -543,6 +565,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                         gpus += claim_gpus(c, driver, worth, capacities)
             except Unsupported as e:
                 unsupported = f"{key}: {e}"
+                gpus = 0
+            except (AttributeError, KeyError, TypeError, ValueError) as e:  # a malformed claim: reported, not fatal
+                bad = Invalid("ResourceClaim", c, f"the arbiter cannot read this claim: {e!r}")
+                invalid[bad.key] = bad
+                unsupported = f"{key}: ResourceClaim {meta(c).get('name')} is malformed"
                 gpus = 0
             cpu, mem = _requests(member.pod)
             pod_priority = (member.pod.get("spec") or {}).get("priority")
@@ -581,4 +608,4 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
     snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
-    return World(snapshot, gangs, members, waiting, addresses, queue_names)
+    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid)

@@ -5,6 +5,7 @@ gang, reclaim across queues, and nothing lost when the arbiter is killed."""
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import signal
 import subprocess
@@ -120,7 +121,9 @@ def test_deleting_a_gangs_pods_frees_their_devices_for_the_next_gang(cluster: Fa
     assert len(devices) == len(set(devices)) == 16
 
 
-def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: FakeCluster) -> None:
+def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: FakeCluster,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="agent.arbiter.controller")
     for i in range(4):  # team-a takes all 16 GPUs: 8 in quota, 8 over it (work-conserving)
         cluster.gang(NS, f"burst{i}", "team-a", pods=1, gpus=4)
     cluster.arbiter()
@@ -130,7 +133,17 @@ def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: Fa
     assert len(pods) == 2
     assert len(running(cluster, "burst")) == 2  # team-a keeps its quota
     evicted = [e for e in cluster.rest.list(EVENTS, NS)["items"] if e["reason"] == "Evicted"]
-    assert len(evicted) == 2 and all("reclaim" in e["message"] for e in evicted)
+    assert len(evicted) == 2 and all(e["type"] == "Warning" for e in evicted)
+    assert {e["message"] for e in evicted} == {
+        "evicted by the arbiter (reclaim) to make room for gang team-b/train of queue team-b"}
+    assert all(e["involvedObject"]["kind"] == "Pod" and e["involvedObject"]["name"].startswith("burst")
+               for e in evicted)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if m.startswith("evicted team-a/burst")
+                and "queue team-a" in m and "for gang team-b/train of queue team-b" in m]) == 2
+    (admitted,) = [m for m in lines if m.startswith("admitted gang team-b/train")]
+    assert admitted == "admitted gang team-b/train of queue team-b on nodes " + ",".join(
+        sorted({p["spec"]["nodeName"] for p in pods}))
 
 
 def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
@@ -140,9 +153,16 @@ def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
     arbiter = cluster.arbiter()
     wait_for(lambda: len(running(cluster, "burst")) == 4, what="burst")
     cluster.gang("team-b", "train", "team-b", pods=2, gpus=4)
-    wait_for(lambda: any(e["reason"] == "Waiting" for e in cluster.rest.list(EVENTS, "team-b")["items"]),
-             what="team-b waits")
+    def waits() -> list[dict[str, Any]]:
+        return [e for e in cluster.rest.list(EVENTS, "team-b")["items"] if e["reason"] == "Waiting"]
+
+    wait_for(lambda: any(e["type"] == "Warning" for e in waits()), what="team-b waits")
     assert arbiter.cycles > 0 and len(running(cluster, "burst")) == 4 and running(cluster, "train-") == []
+    # told on the PodGroup it is about (not on each of its pods); a problem is a Warning, progress is not
+    told = {(e["type"], e["involvedObject"]["kind"], e["involvedObject"]["name"], e["message"].split(":")[0])
+            for e in waits()}
+    assert ("Warning", "PodGroup", "train", "no fit") in told
+    assert {t[:3] for t in told} <= {("Warning", "PodGroup", "train"), ("Normal", "PodGroup", "train")}
 
 
 class _Crash(Exception):
@@ -249,6 +269,28 @@ def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
         pytest.fail("a second cycle failed")
     assert arbiter.flush_events()
     assert len([e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]) == 1
+
+
+def test_a_queue_with_a_missing_parent_stops_no_admission_and_says_why(cluster: FakeCluster) -> None:
+    # issue 17.1: this Queue made every cycle fail (KeyError) and a 1-GPU pod waited with 16 GPUs free
+    cluster.queue("orphan", parent="no-such-parent", gpu_quota=4)
+    cluster.pod(NS, "want", "team-a", 1)
+    arbiter = cluster.arbiter(ArbiterConfig(period_s=0.2, status_period_s=0.0), start=False)
+    report = wait_for(lambda: (r := arbiter.cycle()).admitted and r, what="the pod admitted")
+    assert report.admitted == [f"{NS}/pod/want"]
+    condition = wait_for(lambda: [c for c in (cluster.rest.get(QUEUES, None, "orphan").get("status") or {})
+                                  .get("conditions", ()) if c["type"] == "Valid"], what="the Valid condition")
+    assert condition[0]["status"] == "False" and condition[0]["reason"] == "InvalidSpec"
+    assert condition[0]["message"] == "invalid Queue: its parentQueue no-such-parent does not exist"
+    healthy = cluster.rest.get(QUEUES, None, "team-a")["status"]["conditions"]
+    assert [(c["type"], c["status"]) for c in healthy] == [("Valid", "True")]
+    assert arbiter.flush_events()
+    (event,) = [e for e in cluster.rest.list(EVENTS, "default")["items"] if e["involvedObject"]["name"] == "orphan"]
+    assert (event["type"], event["reason"], event["involvedObject"]["kind"]) == ("Warning", "Invalid", "Queue")
+    arbiter.cycle()  # told once, not once a cycle
+    assert arbiter.flush_events()
+    assert len([e for e in cluster.rest.list(EVENTS, "default")["items"]
+                if e["involvedObject"]["name"] == "orphan"]) == 1
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of a subprocess")

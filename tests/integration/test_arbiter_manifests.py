@@ -3,6 +3,7 @@ listed by kubectl; the arbiter's RBAC covers exactly the calls it makes; the adm
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import subprocess
@@ -120,3 +121,64 @@ def test_the_admission_policy_gates_pods_that_name_a_queue() -> None:
     deployment = next(d for d in docs("arbiter.yaml") if d["kind"] == "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"][:3] == ["gpu-dra-agent", "arbiter", "--leader-elect"]
+
+
+@pytest.mark.parametrize(("field", "value", "valid"), [
+    ("quota", -5, False), ("quota", -0.5, False), ("quota", -1, True), ("quota", 0, True), ("quota", 2.5, True),
+    ("limit", -2, False), ("limit", -1, True), ("limit", 16, True),
+    ("overQuotaWeight", -1, False), ("overQuotaWeight", 0, True), ("overQuotaWeight", 3, True),
+])
+def test_the_queue_schema_refuses_values_that_mean_nothing(served: Any, field: str, value: float,
+                                                           valid: bool) -> None:
+    from agent.kube.errors import Invalid
+    _, rest = served
+    for resource in ("gpu", "cpu", "memory"):
+        body = kai_queue(f"q-{resource}", resources={resource: {field: value}})
+        if valid:
+            rest.create(QUEUES, None, body)
+            rest.delete(QUEUES, None, f"q-{resource}")
+        else:
+            with pytest.raises(Invalid, match=f"spec.resources.{resource}.{field}"):
+                rest.create(QUEUES, None, body)
+
+
+def test_every_queue_field_says_what_is_valid() -> None:
+    (crd,) = docs("queue-crd.yaml")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for resource in ("gpu", "cpu", "memory"):
+        for name, terms in spec["resources"]["properties"][resource]["properties"].items():
+            assert "-1" in terms["description"] or name == "overQuotaWeight"
+            assert "0 or more" in terms["description"] or "0 (none) or more" in terms["description"]
+    assert "cycle" in spec["parentQueue"]["description"]
+
+
+def test_the_queue_schema_holds_on_the_fake_and_on_kube_apiserver(cluster: Any) -> None:
+    """The same CRD served by the API fake and by upstream's kube-apiserver (controlplane tier): -1 and >= 0
+    pass, anything else is a 422 naming the field."""
+    import time
+
+    (crd,) = docs("queue-crd.yaml")
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    assert cluster.raw("POST", crds, crd).status == 201
+    try:
+        deadline = time.monotonic() + 30
+        while not any(c["type"] == "Established" and c["status"] == "True" for c in (
+                cluster.raw("GET", f"{crds}/{crd['metadata']['name']}").body.get("status") or {}).get(
+                "conditions") or ()):
+            assert time.monotonic() < deadline, "the CRD was not established"
+            time.sleep(0.1)
+        queues = "/apis/scheduling.gpu-dra-agent.io/v1alpha1/queues"
+        deadline = time.monotonic() + 30
+        while (answer := cluster.raw("POST", queues, kai_queue("ok"))).status == 404 and time.monotonic() < deadline:
+            time.sleep(0.1)  # kube-apiserver serves a new CRD's endpoint a moment after Established
+        assert answer.status == 201, answer
+        for value, status in ((-1, 201), (0, 201), (2.5, 201), (-5, 422), (-0.5, 422)):
+            answer = cluster.raw("POST", queues, kai_queue(f"q{status}-{abs(value)}".replace(".", "-"),
+                                                          resources={"gpu": {"quota": value, "limit": value}}))
+            assert answer.status == status, (value, answer)
+            if status == 422:
+                assert "spec.resources.gpu.quota" in json.dumps(answer.body)
+        answer = cluster.raw("POST", queues, kai_queue("w", resources={"cpu": {"overQuotaWeight": -1}}))
+        assert answer.status == 422 and "spec.resources.cpu.overQuotaWeight" in json.dumps(answer.body)
+    finally:
+        cluster.raw("DELETE", f"{crds}/{crd['metadata']['name']}")

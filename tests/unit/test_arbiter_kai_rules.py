@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.evict import eligible, may_reclaim, reclaimers_within_boundaries
 from agent.arbiter.core.model import MILLI
 from agent.arbiter.core.session import Session, queue_key
@@ -288,3 +289,38 @@ def test_metrics_report_usage_and_the_protections_in_force() -> None:
     assert registry.get_sample_value("gpu_arbiter_queue_usage", {"queue": "a", "resource": "gpu"}) == 0.25
     assert registry.get_sample_value(
         "gpu_arbiter_protected_jobs", {"queue": "a", "protection": "reclaimMinRuntime"}) == 1
+
+
+# -- KAI's own scenario (actions/integration_tests/reclaim/reclaim_test.go getReclaimTestsMetadata, the tenth
+# entry: "... 1 job recalim from different project - reclaim from less prioritized queue") -------------------
+
+
+def test_reclaim_from_the_less_prioritized_queue_and_the_outcome_holds() -> None:
+    # one node of 4 GPUs; queues under a default parent: queue0 and queue1 (priority 100, quota 1, weight 1) and
+    # queue2 (priority 101, quota 1, weight 0). queue0 runs 2 jobs, queue2 runs 2, queue1's job waits. KAI's
+    # harness runs allocate, consolidate, reclaim, preempt for two rounds, then five more that must change
+    # nothing; between rounds an evicted or pipelined pod is pending again (as `CycleResult.next` moves it).
+    # Round two is the case: running_job1 waits again and queue2 (above its fair share of 1) is a valid victim,
+    # but KAI's solver puts the preemptor and the victims back through allocation together in queue order
+    # (actions/common/action.go TryToVirtuallyAllocatePreemptorAndGetVictims): queue2's higher priority gives
+    # its evicted job the GPU back first, running_job1 no longer fits, and nothing is evicted
+    def one(name: str, q: str, age_min: int, node: str | None = None) -> dict[str, Any]:
+        created = f"2025-01-01T00:{10 - age_min:02d}:00Z"  # KAI's ages: running_job0 5 min ... pending_job0 1
+        return job(name, q, [pod(f"{name}-0", 1, node, cpu=0, mem=0)], priority=50, created=created)
+
+    queues = [queue("default"), queue("queue0", parent="default", quota=1, weight=1),
+              queue("queue1", parent="default", quota=1, weight=1),
+              queue("queue2", parent="default", quota=1, weight=0, priority=101)]
+    jobs = [one("running_job0", "queue0", 5, "node0"), one("running_job1", "queue0", 4, "node0"),
+            one("running_job2", "queue2", 3, "node0"), one("running_job3", "queue2", 2, "node0"),
+            one("pending_job0", "queue1", 1)]
+    snapshot = parse_snapshot(doc([node("node0", 4, cpu=0, mem=0)], queues, jobs))
+    evicted: list[str] = []
+    for _ in range(2 + 5):
+        result = run_cycle(snapshot, ["allocate", "consolidate", "reclaim", "preempt"])
+        evicted += _evicted(result)
+        snapshot = result.next
+    assert evicted == ["running_job1-0"]  # queue0 gives its newer job; queue2 keeps both of its own
+    state = {p.name: p.status for j in snapshot.jobs for p in j.pods}
+    assert state == {"running_job0-0": "Running", "running_job1-0": "Pending", "running_job2-0": "Running",
+                     "running_job3-0": "Running", "pending_job0-0": "Running"}

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from agent.arbiter.core.snapshot import go_duration as parse_duration
 from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
 from agent.arbiter.world import (
     Unsupported,
     allocation_status,
     build_world,
-    parse_duration,
     parse_time,
     reservation_claim,
 )
@@ -222,6 +222,24 @@ def test_why_a_gang_waits(queues: list[Any], pods: list[Any], groups: list[Any],
     w = world(pods, claims, groups, queues=queues)
     reasons = wait_reasons(w.snapshot, run_cycle(w.snapshot))
     assert list(reasons.values())[0].startswith(reason)
+
+
+def test_a_gang_that_cannot_fit_is_told_against_the_whole_cluster() -> None:
+    from agent.arbiter.core.cycle import run_cycle
+    from agent.arbiter.waiting import wait_reasons
+
+    def reason(pods: list[Any], claims: list[Any]) -> str:
+        w = world(pods, claims)
+        return wait_reasons(w.snapshot, run_cycle(w.snapshot))["team-a/pod/p"]
+
+    assert reason([pod("p", "c24")], [claim("c24", 24)]) == (
+        "no fit: the gang needs 24 GPUs in 1 pod(s), up to 24 on one node; the cluster has 16 GPUs on 2 node(s), "
+        "at most 8 on one; 16 free, at most 8 on one: the gang asks for more than the whole cluster has")
+    running = [pod(f"r{i}", f"held{i}", gated=False, node_name=f"n{i}") for i in range(2)]
+    held = [claim(f"held{i}", 6, f"n{i}", tuple(f"gpu-{d}" for d in range(6)), f"r{i}") for i in range(2)]
+    assert reason([*running, pod("p", "c8")], [*held, claim("c8", 8)]).endswith(
+        "the cluster has 16 GPUs on 2 node(s), at most 8 on one; 4 free, at most 2 on one: "
+        "the rest is held by running pods")
 
 
 # -- every DRA claim counts toward its queue, once, as allocated ------------------------------------------

@@ -50,7 +50,7 @@ def _defragment(session: Session, job: Job, chunk: Sequence[Pod]) -> bool:
     mark = session.checkpoint()
     moved: list[Pod] = []
     for pod in _movable(session, job):
-        session.evict(pod, "consolidate")
+        session.evict(pod, "consolidate", job)
         moved.append(pod)
         trial = session.checkpoint()
         if place_chunk(session, job, chunk) and _reseat(session, moved):

@@ -40,6 +40,7 @@ class PodDecision:
     moved_to: str | None = None  # consolidation: the node an evicted pod is promised
     cause: Cause | None = None  # which action evicted it
     gpus: tuple[int, ...] = ()  # every GPU index of its seat (whole-GPU pods too): what a commit reserves
+    evicted_for: tuple[str, str] | None = None  # evicted: the (job, queue) it makes room for
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,9 @@ def _decide(session: Session, pod: Pod) -> PodDecision:
         return PodDecision("pending", node, "pipeline", index, gpus=gpus)
     if pod.state == "evicted":
         moved = nodes[pod.moved_to.node].spec.name if pod.moved_to is not None else None
-        return PodDecision("evicted", node, "evict", index, moved, pod.cause, gpus)
+        beneficiary = pod.evicted_for
+        evicted_for = (beneficiary.spec.name, beneficiary.queue.spec.name) if beneficiary is not None else None
+        return PodDecision("evicted", node, "evict", index, moved, pod.cause, gpus, evicted_for)
     if pod.state == "releasing":
         return PodDecision("evicted", node, "keep", index, gpus=gpus)
     return _WAITING

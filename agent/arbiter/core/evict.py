@@ -3,9 +3,10 @@
 Both share one solver, KAI's (actions/common/solvers): the pending chunk is tried first with no new victims
 (onto what earlier scenarios freed and did not use), then victims are taken one unit at a time (a unit is one
 pod of elastic growth above minMember, or the rest of a gang whole, so no gang is left below minMember); after
-each, the chunk is tried again (bind, or pipeline onto the releasing resources). On success the victims, with
-those earlier scenarios left evicted, go back through normal allocation in queue and job order, each job gang
-first: each that still fits, and whose queue stays within its limits, is restored; the rest stay evicted. On
+each, the chunk and the victims (with those earlier scenarios left evicted) go back through allocation
+together in queue and job order, each job gang first: a victim whose queue ranks before the chunk's takes its
+seat back first, and the chunk must then still fit (bind, or pipeline onto the releasing resources); each
+victim that still fits, and whose queue stays within its limits, is restored; the rest stay evicted. On
 failure everything is rolled back.
 
 - reclaim (plugins/proportion/reclaimable): only for a job whose leaf queue stays within its fair share with
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 
+from agent.arbiter.core.model import Vector
 from agent.arbiter.core.placing import chunk_shape, place_chunk
 from agent.arbiter.core.session import (
     EPS,
@@ -107,23 +109,22 @@ def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[U
     # use may already hold this chunk; evicting first would take a victim needlessly
     for unit in chain([[]], victims):
         for pod in unit:
-            session.evict(pod, cause)
+            session.evict(pod, cause, job)
         if unit:
             taken.append(unit)
         if cluster.gpu_after_free < need:
             continue
         trial = session.checkpoint()
-        if place_chunk(session, job, chunk):
-            # earlier scenarios' victims (of this action or an earlier one) too: what this one frees beyond its
-            # need may fit one of them again, on the nodes it took victims from (elsewhere nothing was freed)
-            left = session.victims
-            freed = {p.seat.node for unit in taken for p in unit if p.seat is not None}
-            earlier = sorted({id(u): (k, u) for n in freed for k, u in left.get(n, ())}.values(), key=_first)
-            _restore_unneeded(session, [u for _, u in earlier] + taken)
-            if session.limits_hold(job) and valid(session, job, request_of(chunk), taken):
-                _record(session, taken, {p.seat.node for _, u in earlier for p in u if p.seat is not None})
-                return True
-            session.rollback(trial)
+        # earlier scenarios' victims (of this action or an earlier one) too: what this one frees beyond its
+        # need may fit one of them again, on the nodes it took victims from (elsewhere nothing was freed)
+        left = session.victims
+        freed = {p.seat.node for unit in taken for p in unit if p.seat is not None}
+        earlier = sorted({id(u): (k, u) for n in freed for k, u in left.get(n, ())}.values(), key=_first)
+        if (_reallocate(session, job, chunk, [u for _, u in earlier] + taken) and session.limits_hold(job)
+                and valid(session, job, request_of(chunk), taken)):
+            _record(session, taken, {p.seat.node for _, u in earlier for p in u if p.seat is not None})
+            return True
+        session.rollback(trial)
     session.rollback(mark)
     return False
 
@@ -146,9 +147,12 @@ def _record(session: Session, taken: list[Unit], touched: set[int]) -> None:
                 left.setdefault(n, []).append(((seq, i), unit))
 
 
-def _restore_unneeded(session: Session, taken: list[Unit]) -> None:
-    """Victims back through allocation, in queue then job order: a unit that still fits where it ran and keeps
-    its queue within its limits stays; a unit that would break a gang's minMember stays evicted.
+def _reallocate(session: Session, job: Job, chunk: Sequence[Pod], taken: list[Unit]) -> bool:
+    """The pending chunk and the victims back through allocation together, in queue then job order (KAI
+    actions/common TryToVirtuallyAllocatePreemptorAndGetVictims): a victim whose queue ranks before the
+    chunk's takes its seat back first, and the scenario fails when the chunk then no longer fits. A unit that
+    still fits where it ran and keeps its queue within its limits stays; a unit that would break a gang's
+    minMember stays evicted.
 
     Like allocation, a job comes back gang first: the rest of its gang, then its elastic pods (highest task
     priority first), and the order is judged per job on its next unit and re-ranked after every restore. Ranking
@@ -159,26 +163,50 @@ def _restore_unneeded(session: Session, taken: list[Unit]) -> None:
     left: dict[Job, list[Unit]] = {}
     for unit in reversed(taken):
         left.setdefault(unit[0].job, []).append(unit)
+    placed = False
+    chunk_request = request_of(chunk)
 
     def order(job: Job) -> tuple[QueueKey, tuple[int, int, float, int]]:
         return queue_key(job.queue, request_of(left[job][0])), job.key()
 
     while left:
-        job = min(left, key=order)
-        unit = left[job].pop(0)
-        if not left[job]:
-            del left[job]
-        if job.active + len(unit) < job.spec.min_member:
-            continue  # an elastic pod alone would leave its gang below minMember: it stays evicted
-        if not session.within_limits(job, request_of(unit)):
-            continue  # never back in breach of its queue's limit
-        mark = session.checkpoint()
-        for pod in unit:
-            assert pod.seat is not None
-            if not session.cluster.seat_free(pod.spec, pod.seat, bind=False):
-                session.rollback(mark)
-                break
-            session.restore(pod)
+        victim = min(left, key=order)
+        if not placed and _before(job, chunk_request, victim, request_of(left[victim][0])):
+            if not place_chunk(session, job, chunk):
+                return False
+            placed = True
+            continue
+        _restore_next(session, left, victim)
+    return placed or place_chunk(session, job, chunk)
+
+
+def _before(a: Job, a_req: Vector, b: Job, b_req: Vector) -> bool:
+    """Whether job a (asking a_req) is allocated before job b, as KAI's queue tree walk orders them: by job
+    order inside one queue, else by the queue order of the two branches where they meet."""
+    if a.queue is not b.queue:
+        qa, qb = _meeting(a.queue, b.queue)
+        ka, kb = queue_key(qa, a_req), queue_key(qb, b_req)
+        if ka != kb:
+            return ka < kb
+    return a.key() < b.key()
+
+
+def _restore_next(session: Session, left: dict[Job, list[Unit]], job: Job) -> None:
+    """The job's next unit back to its seats, if they are free and its queue's limits allow."""
+    unit = left[job].pop(0)
+    if not left[job]:
+        del left[job]
+    if job.active + len(unit) < job.spec.min_member:
+        return  # an elastic pod alone would leave its gang below minMember: it stays evicted
+    if not session.within_limits(job, request_of(unit)):
+        return  # never back in breach of its queue's limit
+    mark = session.checkpoint()
+    for pod in unit:
+        assert pod.seat is not None
+        if not session.cluster.seat_free(pod.spec, pod.seat, bind=False):
+            session.rollback(mark)
+            return
+        session.restore(pod)
 
 
 def _units(job: Job, protected: bool) -> list[Unit]:

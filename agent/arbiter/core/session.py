@@ -111,7 +111,7 @@ class Job:
 
 
 class Pod:
-    __slots__ = ("cause", "job", "moved_to", "req", "seat", "shape", "spec", "state", "was")
+    __slots__ = ("cause", "evicted_for", "job", "moved_to", "req", "seat", "shape", "spec", "state", "was")
 
     def __init__(self, spec: PodSpec, job: Job) -> None:
         self.spec = spec
@@ -125,6 +125,7 @@ class Pod:
         self.seat: Seat | None = None
         self.moved_to: Seat | None = None
         self.cause: Cause | None = None
+        self.evicted_for: Job | None = None  # the gang its eviction makes room for (the Event names it)
 
 
 class _Op(NamedTuple):
@@ -339,8 +340,9 @@ class Session:
         pod.state = "pipelined"
         self.log.append(_Op("demote", pod, pod.seat))
 
-    def evict(self, pod: Pod, cause: Cause) -> None:
+    def evict(self, pod: Pod, cause: Cause, for_job: Job | None = None) -> None:
         assert pod.seat is not None and pod.state == "running"
+        pod.evicted_for = for_job
         self.cluster.occupy(pod.spec, pod.seat, now=False, after=True, sign=-1)
         self.cluster.mark_release(pod.seat.node, 1)
         pod.state, pod.cause = "evicted", cause
