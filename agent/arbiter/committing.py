@@ -165,6 +165,8 @@ class Committer:
             self.deallocate(written, [m.pod for m, _ in members])
             return Outcome(False, f"a node could not confirm: {reason}")
         for member, node in members:
+            if not is_gated(member.pod):
+                continue  # an ungated pod the arbiter caught: its claims' nodeSelector leads kube-scheduler there
             try:
                 outcome.writes.append(self.ungate(member.pod, node))
             except ApiError as e:  # committed: the next cycle's recovery ungates it
@@ -248,6 +250,18 @@ class Committer:
                 if not is_gated(current):
                     return (PODS, ns, name, str(meta(current).get("resourceVersion")))
         raise AssertionError("unreachable")
+
+    def release_gate(self, pod: Json) -> Write:
+        """Remove the arbiter's gate from a pod that is not the arbiter's (the admission policy gates every pod
+        with claims; these have none of our classes), changing nothing else."""
+        m = meta(pod)
+        ns, name = str(m.get("namespace")), str(m.get("name"))
+        body = copy.deepcopy(pod)
+        body.setdefault("kind", "Pod")
+        body["spec"]["schedulingGates"] = [g for g in body["spec"].get("schedulingGates") or ()
+                                           if g.get("name") != GATE]
+        written = self._rest.replace(PODS, body)
+        return (PODS, ns, name, str(meta(written).get("resourceVersion")))
 
     # -- recovery -------------------------------------------------------------------------------------
 

@@ -5,8 +5,13 @@
   `spec.schedulingPolicy.gang.minCount`), or a pod alone. The queue label sits on the pod or its PodGroup.
 - A pod waits (Pending) while it carries our scheduling gate; it holds devices (Running on its node) once its
   claims are allocated; it is Releasing while it terminates with claims still allocated.
+- The arbiter is the only allocator of the driver's devices (agent.arbiter.fence): a gated pod that names no
+  queue waits in the default queue, and so does an ungated, unbound pod whose claim of our classes is not
+  allocated (created before the fence, or ungated by hand; kube-scheduler cannot allocate it). A gated pod
+  with neither a queue nor a claim of ours is released: its gate removed, nothing allocated.
 - Nodes: those whose agent advertises a reservation address; GPUs are the `type=gpu` devices of our driver's
   newest pool generation, less devices held by claims no arbiter pod accounts for (other schedulers' pods).
+  A device in two claims (however it came about) counts as used once and is reported in `World.doubles`.
 
 A gang whose pods cannot be weighed yet (claims not created, a queue missing, a request the arbiter does not
 handle) is left out of the snapshot, with the reason in `World.waiting`.
@@ -34,13 +39,14 @@ from agent.arbiter.core.model import (
     Snapshot,
 )
 from agent.arbiter.core.snapshot import go_duration as parse_duration
-from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
+from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, DEFAULT_QUEUE, GATE, QUEUE_LABEL
 from agent.quantity import QuantityError, parse
 
 Json = dict[str, Any]
 MB = 1_000_000
 _UNBOUNDED_CPU = 1e12  # a node that reports no allocatable CPU/memory is not limited by them
 _UNBOUNDED_MEM = 1e18
+EXTENDED_RESOURCE = "nvidia.com/gpu"  # DRAExtendedResource: kube-scheduler would allocate it through our class
 
 
 # --- small readers ------------------------------------------------------------------------------------
@@ -111,6 +117,25 @@ def reserved_for(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
 
 def is_allocated(claim: Mapping[str, Any]) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
+
+
+def claim_is_ours(claim: Mapping[str, Any]) -> bool:
+    """Whether any request of the claim (a firstAvailable one: any of its subrequests) names one of our classes."""
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        for sub in (r.get("exactly") or {}, *(r.get("firstAvailable") or ())):
+            if sub.get("deviceClassName") in (GPU_CLASS, MIG_CLASS):
+                return True
+    return False
+
+
+def asks_extended_gpus(pod: Mapping[str, Any]) -> bool:
+    """Whether a container asks for `nvidia.com/gpu`, which kube-scheduler turns into a claim of our class."""
+    spec = pod.get("spec") or {}
+    for c in (*(spec.get("containers") or ()), *(spec.get("initContainers") or ())):
+        res = c.get("resources") or {}
+        if EXTENDED_RESOURCE in (res.get("requests") or {}) or EXTENDED_RESOURCE in (res.get("limits") or {}):
+            return True
+    return False
 
 
 def allocated_devices(claim: Mapping[str, Any], driver: str) -> list[tuple[str, str]]:
@@ -265,6 +290,8 @@ class World:
     waiting: dict[str, str]  # job name -> why its gang is not weighed this cycle
     addresses: dict[str, str]  # node -> reservation address
     queue_names: list[str]
+    release: list[Json] = field(default_factory=list)  # gated pods that are not the arbiter's: ungate as they are
+    doubles: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (pool, device) in 2+ claims -> keys
 
 
 def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
@@ -336,7 +363,7 @@ def _node_ready(node: Mapping[str, Any]) -> bool:
 
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
-                now: float) -> World:
+                now: float, default_queue: str | None = DEFAULT_QUEUE) -> World:
     slices = list(slices)  # read twice: devices per node, and what each device is worth
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
@@ -349,6 +376,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     waiting: dict[str, str] = {}
     attributed: set[str] = set()  # claims some snapshot pod accounts for
     other_pods: list[Json] = []
+    release: list[Json] = []
     statuses: dict[str, PodStatus] = {}
     for pod in pods:
         m = meta(pod)
@@ -357,15 +385,25 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         group_name = (spec.get("schedulingGroup") or {}).get("podGroupName")
         group = groups.get(f"{ns}/{group_name}") if group_name else None
         queue = (m.get("labels") or {}).get(QUEUE_LABEL) or meta(group or {}).get("labels", {}).get(QUEUE_LABEL)
-        if not queue:
-            other_pods.append(pod)
-            continue
-        job = f"{ns}/{group_name}" if group_name else f"{ns}/pod/{m.get('name')}"
         names, missing = claim_names(pod)
         found = [claims_by_key.get(f"{ns}/{n}") for n in names]
         gated = is_gated(pod)
         deleting = bool(m.get("deletionTimestamp"))
         phase = (pod.get("status") or {}).get("phase")
+        # ungated, unbound, with a claim of ours no one allocated: kube-scheduler cannot (the fence); we do
+        caught = (not gated and not deleting and not spec.get("nodeName") and phase in (None, "Pending")
+                  and any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in found))
+        if not queue and default_queue:
+            if gated and not missing and None not in found and not any(claim_is_ours(c) for c in found if c) \
+                    and not asks_extended_gpus(pod) and not deleting:
+                release.append(pod)  # gated by the admission policy for claims that are not ours
+                continue
+            if gated or caught or ADMITTED_ANNOTATION in (m.get("annotations") or {}):
+                queue = default_queue
+        if not queue:
+            other_pods.append(pod)
+            continue
+        job = f"{ns}/{group_name}" if group_name else f"{ns}/pod/{m.get('name')}"
         held = [c for c in found if c is not None and is_allocated(c)]
         node = spec.get("nodeName") or next((allocated_node(c) for c in held if allocated_node(c)), None)
         status: PodStatus
@@ -373,7 +411,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             if not held or node is None:
                 continue  # gone for the arbiter: holds nothing
             status = "Releasing"
-        elif gated:
+        elif gated or caught:
             status = "Pending"
         elif held and node is not None:
             status = "Running"
@@ -387,7 +425,10 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         elif queue in parents:
             waiting[job] = f"queue {queue} is a parent queue; only leaf queues take pods"
         if status == "Pending":
-            if missing:
+            if asks_extended_gpus(pod):
+                waiting[job] = (f"{m.get('name')} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
+                                f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})")
+            elif missing:
                 waiting.setdefault(job, f"waiting for the ResourceClaims of {m.get('name')} "
                                         f"({', '.join(missing)}) to be created from their templates")
             elif any(c is None for c in found):
@@ -407,13 +448,20 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
 
     # nodes
     devices = _pool_devices(slices, driver)
-    held_elsewhere: dict[str, int] = {}
+    owners: dict[tuple[str, str], list[str]] = {}  # every allocated device of ours -> the claims holding it
     for key, c in claims_by_key.items():
-        if key in attributed or not is_allocated(c):
+        if is_allocated(c):
+            for device in allocated_devices(c, driver):
+                owners.setdefault(device, []).append(key)
+    # a device counts as used once, whoever holds it: held by a snapshot pod, it is in that pod's GPUs (twice
+    # if two snapshot pods' claims hold it, so the node gets one back); otherwise it is taken from the node
+    held_elsewhere: dict[str, int] = {}
+    for (pool, _device), keys in owners.items():
+        if pool not in devices:
             continue
-        for pool, _device in allocated_devices(c, driver):
-            if pool in devices:
-                held_elsewhere[pool] = held_elsewhere.get(pool, 0) + 1
+        ours = sum(1 for k in keys if k in attributed)
+        held_elsewhere[pool] = held_elsewhere.get(pool, 0) + (1 if ours == 0 else 1 - ours)
+    doubles = {device: sorted(keys) for device, keys in owners.items() if len(keys) > 1}
     other_cpu: dict[str, float] = {}
     other_mem: dict[str, float] = {}
     for pod in other_pods:
@@ -494,4 +542,4 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
     snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
-    return World(snapshot, gangs, members, waiting, addresses, queue_names)
+    return World(snapshot, gangs, members, waiting, addresses, queue_names, release, doubles)

@@ -58,6 +58,7 @@ RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", True)
 RESOURCE_CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True)
 RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", False)
 DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
+DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1", "devicetaintrules", False)
 POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups", True)
 QUEUES = Resource("scheduling.gpu-dra-agent.io", "v1alpha1", "queues", False)
 
