@@ -127,10 +127,12 @@ class Rest:
         return out
 
     def delete(self, resource: Resource, namespace: str | None, name: str, *,
-               preconditions: Mapping[str, str] | None = None) -> Json:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+               preconditions: Mapping[str, str] | None = None, grace_period_s: int | None = None) -> Json:
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if preconditions:
-            body["preconditions"] = dict(preconditions)  # type: ignore[assignment]
+            body["preconditions"] = dict(preconditions)
+        if grace_period_s is not None:  # 0: gone at once, as `kubectl delete --force` (or a kubelet confirming)
+            body["gracePeriodSeconds"] = grace_period_s
         out: Json = self._request("DELETE", resource.path(namespace, name), body=body)
         return out
 

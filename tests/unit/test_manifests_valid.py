@@ -10,8 +10,8 @@ import subprocess
 from typing import Any
 
 import cel
-import kubernetes_validate
 import jsonschema  # type: ignore[import-untyped]
+import kubernetes_validate
 import pytest
 import yaml
 

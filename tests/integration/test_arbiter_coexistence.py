@@ -1,0 +1,140 @@
+"""The arbiter beside kube-scheduler (issue 18): no device is ever in two claims, whatever the interleaving.
+
+On the API fake (its kube-scheduler stand-in allocates and binds, honouring DeviceTaintRules as kube-scheduler
+does) and on the real control plane (marker controlplane): arbiter gangs and ordinary DRA pods interleaved,
+some ordinary pods created before the arbiter starts. `COEXISTENCE_RUNS=10` repeats the real-control-plane run
+(opt-in; each run starts its own control plane, with kube-controller-manager and kube-scheduler at
+`--kube-api-qps=500`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.arbiter.controller import ArbiterConfig
+from agent.arbiter.metrics import DOUBLE_ALLOCATED, ArbiterMetrics
+from agent.arbiter.names import FENCE_RULE, FENCE_TAINT
+from agent.kube.rest import DEVICE_TAINT_RULES, RESOURCE_CLAIMS
+from fakes.cluster import DRIVER, FakeCluster, wait_for
+from tests.integration import coexistence
+
+EVENTS_PATH = "/api/v1/namespaces/{ns}/events"
+
+
+def test_no_device_is_in_two_claims_beside_kube_scheduler_on_the_fake() -> None:
+    with FakeCluster(nodes=4) as cluster:
+        out = coexistence.run(cluster, gang_pods=80, plain_pods=80, before=16, timeout_s=240)
+    print("\n" + out.summary())
+    assert out.collisions == {}
+    assert out.left == []
+    assert out.done_plain == 80  # the ordinary pods were caught (the fence keeps the binder off the devices)
+
+
+def test_the_arbiter_puts_its_fence_back() -> None:
+    with FakeCluster(nodes=1) as cluster:
+        cluster.arbiter(ArbiterConfig(period_s=0.05))
+        rule = wait_for(lambda: _get(cluster, DEVICE_TAINT_RULES, FENCE_RULE), what="the fence rule")
+        assert rule["spec"] == {"deviceSelector": {"driver": DRIVER},
+                                "taint": {"key": FENCE_TAINT, "effect": "NoSchedule",
+                                          "timeAdded": rule["spec"]["taint"]["timeAdded"]}}
+        cluster.rest.delete(DEVICE_TAINT_RULES, None, FENCE_RULE)
+        wait_for(lambda: _get(cluster, DEVICE_TAINT_RULES, FENCE_RULE), timeout=30, what="the rule put back")
+
+
+def _get(cluster: FakeCluster, resource: Any, name: str, ns: str | None = None) -> dict[str, Any] | None:
+    try:
+        return cluster.rest.get(resource, ns, name)
+    except Exception:
+        return None
+
+
+def _allocated_claim(cluster: FakeCluster, ns: str, name: str, node: str, device: str) -> dict[str, Any]:
+    cluster.namespace(ns)
+    claim = cluster.rest.create(RESOURCE_CLAIMS, ns, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+    claim["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    return cluster.rest.replace(RESOURCE_CLAIMS, claim, "status")
+
+
+def test_a_device_in_two_claims_is_reported_and_the_rest_is_still_admitted() -> None:
+    """Two claims written by hand hold gpu-0 of gpu-node-0: the cycle goes on, an 8-GPU gang goes to the
+    other node, each claim gets a Warning Event naming the other, the metric says 1."""
+    with FakeCluster(nodes=2) as cluster:
+        cluster.queue("team", gpu_quota=16)
+        _allocated_claim(cluster, "hand", "first", "gpu-node-0", "gpu-0")
+        _allocated_claim(cluster, "hand", "second", "gpu-node-0", "gpu-0")
+        registry = CollectorRegistry()
+        arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05))
+        arbiter.metrics = ArbiterMetrics(registry)
+        cluster.gang("team", "big", "team", pods=1, gpus=8)
+        pod = wait_for(lambda: next((p for p in cluster.pods("team") if not p["spec"].get("schedulingGates")), None),
+                       timeout=60, what="the gang admitted")
+        assert "gpu-node-1" in str(pod["spec"]["affinity"])
+        arbiter.flush_events()
+        events = cluster.rest._request("GET", EVENTS_PATH.format(ns="hand"))["items"]
+        told = {(e["involvedObject"]["name"], e["type"]) for e in events if e["reason"] == "DeviceInTwoClaims"}
+        assert told == {("first", "Warning"), ("second", "Warning")}
+        assert registry.get_sample_value(DOUBLE_ALLOCATED) == 1
+
+
+# -- the real control plane ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def real_site(control_plane: Any) -> Iterator[tuple[Any, FakeCluster]]:
+    from tests.controlplane.cluster import reset
+
+    reset(control_plane)
+    path = control_plane.write_kubeconfig(control_plane.workdir / "coexistence.kubeconfig")
+    cluster = FakeCluster(nodes=16, kubeconfig=path, make_node=control_plane.add_node)
+    try:
+        yield control_plane, cluster
+    finally:
+        cluster.close()
+        coexistence.force_delete_pods(cluster.rest, ["plain", *(f"ns-q{q}" for q in range(4))])
+        for q in ("root", "default", *(f"q{q}" for q in range(4))):
+            control_plane.request("DELETE", f"/apis/scheduling.gpu-dra-agent.io/v1alpha1/queues/{q}")
+        reset(control_plane, timeout=120)
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(900)
+def test_no_device_is_in_two_claims_beside_kube_scheduler(real_site: tuple[Any, FakeCluster]) -> None:
+    _, cluster = real_site
+    out = coexistence.run(cluster, gang_pods=200, plain_pods=200, before=40, timeout_s=600)
+    print("\n" + out.summary())
+    assert out.collisions == {}
+    assert out.left == []
+
+
+@pytest.mark.controlplane
+@pytest.mark.bench
+@pytest.mark.timeout(7200)
+def test_no_device_is_in_two_claims_in_ten_full_runs(control_plane_binaries: Any) -> None:
+    """600 arbiter gang pods and 600 ordinary DRA pods on 32 nodes, COEXISTENCE_RUNS times (default 10), each
+    on a fresh control plane; every run must end with no device ever in two claims."""
+    from tests.controlplane.cluster import ControlPlane
+
+    runs = int(os.environ.get("COEXISTENCE_RUNS", "10"))
+    results = []
+    for i in range(runs):
+        with ControlPlane(control_plane_binaries, client_qps=500).start() as cp:
+            path = cp.write_kubeconfig(cp.workdir / "coexistence.kubeconfig")
+            with FakeCluster(nodes=32, kubeconfig=path, make_node=cp.add_node) as cluster:
+                started = time.monotonic()
+                out = coexistence.run(cluster, gang_pods=600, plain_pods=600, before=100, seed=i, timeout_s=1200)
+                print(f"run {i + 1}/{runs} ({time.monotonic() - started:.0f} s): {out.summary()}", flush=True)
+                results.append(out)
+    clean = sum(1 for r in results if not r.collisions and not r.left)
+    print(f"{clean}/{runs} runs with no device in two claims and every pod through")
+    assert clean == runs
