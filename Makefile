@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo proto bench clean control-plane
+.PHONY: venv test lint demo proto bench coexistence clean control-plane
 
 venv: $(STAMP)
 
@@ -35,6 +35,10 @@ control-plane:
 
 bench: $(STAMP)
 	$(PY) -m pytest tests/bench -m bench -s -p no:cacheprovider -o addopts=""
+
+# The arbiter beside kube-scheduler on the real control plane, ten full runs (issue 18; ~3 min a run).
+coexistence: $(STAMP)
+	COEXISTENCE_RUNS=$${COEXISTENCE_RUNS:-10} $(PY) -m pytest tests/bench/test_bench_coexistence.py -m bench -s -p no:cacheprovider -o addopts=""
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

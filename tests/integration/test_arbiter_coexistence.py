@@ -2,15 +2,12 @@
 
 On the API fake (its kube-scheduler stand-in allocates and binds, honouring DeviceTaintRules as kube-scheduler
 does) and on the real control plane (marker controlplane): arbiter gangs and ordinary DRA pods interleaved,
-some ordinary pods created before the arbiter starts. `COEXISTENCE_RUNS=10` repeats the real-control-plane run
-(opt-in; each run starts its own control plane, with kube-controller-manager and kube-scheduler at
-`--kube-api-qps=500`).
+some ordinary pods created before the arbiter starts. `make coexistence` repeats the full-size run on the real
+control plane ten times (tests/bench/test_bench_coexistence.py).
 """
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,26 +112,3 @@ def test_no_device_is_in_two_claims_beside_kube_scheduler(real_site: tuple[Any, 
     print("\n" + out.summary())
     assert out.collisions == {}
     assert out.left == []
-
-
-@pytest.mark.controlplane
-@pytest.mark.bench
-@pytest.mark.timeout(7200)
-def test_no_device_is_in_two_claims_in_ten_full_runs(control_plane_binaries: Any) -> None:
-    """600 arbiter gang pods and 600 ordinary DRA pods on 32 nodes, COEXISTENCE_RUNS times (default 10), each
-    on a fresh control plane; every run must end with no device ever in two claims."""
-    from tests.controlplane.cluster import ControlPlane
-
-    runs = int(os.environ.get("COEXISTENCE_RUNS", "10"))
-    results = []
-    for i in range(runs):
-        with ControlPlane(control_plane_binaries, client_qps=500).start() as cp:
-            path = cp.write_kubeconfig(cp.workdir / "coexistence.kubeconfig")
-            with FakeCluster(nodes=32, kubeconfig=path, make_node=cp.add_node) as cluster:
-                started = time.monotonic()
-                out = coexistence.run(cluster, gang_pods=600, plain_pods=600, before=100, seed=i, timeout_s=1200)
-                print(f"run {i + 1}/{runs} ({time.monotonic() - started:.0f} s): {out.summary()}", flush=True)
-                results.append(out)
-    clean = sum(1 for r in results if not r.collisions and not r.left)
-    print(f"{clean}/{runs} runs with no device in two claims and every pod through")
-    assert clean == runs
