@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -223,7 +223,7 @@ class FakeCluster:
         return name
 
     def pod(self, namespace: str, name: str, queue: str | None, gpus: int, *, group: str | None = None,
-            priority: int | None = None, gated: bool = True) -> dict[str, Any]:
+            priority: int | None = None, gated: bool = True, gates: Sequence[str] = ()) -> dict[str, Any]:
         """A pod with a claim of `gpus` GPUs from a template; with no queue and ungated, an ordinary DRA pod
         as kube-scheduler would get it before the arbiter's admission policy existed."""
         template = self.template(namespace, gpus)
@@ -233,8 +233,8 @@ class FakeCluster:
             "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
             "terminationGracePeriodSeconds": 30,
         }
-        if gated:
-            spec["schedulingGates"] = [{"name": GATE}]
+        if gated or gates:
+            spec["schedulingGates"] = [{"name": g} for g in ([GATE] if gated else []) + list(gates)]
         if group:
             spec["schedulingGroup"] = {"podGroupName": group}
         if priority is not None:

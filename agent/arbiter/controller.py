@@ -374,9 +374,11 @@ class Arbiter:
             if outcome.committed:
                 report.admitted.append(job)
                 placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
-                self._tell(gang.pod_group, gang.namespace, job, "Admitted", f"admitted: {placed}")
-                for m, node in members:
-                    self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
+                # one Event per gang: on its PodGroup, or on the pod of a gang of one (kube-scheduler writes one
+                # per pod; an Event per member as well would cost more writes than the admission itself)
+                if not self._tell(gang.pod_group, gang.namespace, job, "Admitted", f"admitted: {placed}"):
+                    for m, node in members:
+                        self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
             else:
                 report.refused[job] = outcome.reason
                 log.info("gang %s not committed: %s", job, outcome.reason)
@@ -394,18 +396,22 @@ class Arbiter:
             if self._told.get(("gang", job)) == kind:
                 continue
             self._told[("gang", job)] = kind
-            self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason)
+            if self._tell(gang.pod_group, gang.namespace, job, "Waiting", reason):
+                continue  # said on the PodGroup, which `kubectl describe` of a member's group shows
             for m in gang.members.values():
                 if m.node is None:
                     self._event(m.pod, "Pod", "v1", "Waiting", reason)
 
     def _tell(self, pod_group: str | None, namespace: str, job: str, reason: str, message: str, *,
-              type_: str = "Normal") -> None:
+              type_: str = "Normal") -> bool:
+        """An Event on the gang's PodGroup; False when it has none (the caller tells the pods)."""
         if pod_group is None:
-            return
+            return False
         group = self.pod_groups.get(namespace, pod_group)
-        if group is not None:
-            self._event(group, "PodGroup", POD_GROUPS.api_version, reason, message, type_=type_)
+        if group is None:
+            return False
+        self._event(group, "PodGroup", POD_GROUPS.api_version, reason, message, type_=type_)
+        return True
 
     def _event(self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *,
                type_: str = "Normal") -> None:

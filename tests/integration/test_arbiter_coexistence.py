@@ -112,3 +112,18 @@ def test_no_device_is_in_two_claims_beside_kube_scheduler(real_site: tuple[Any, 
     print("\n" + out.summary())
     assert out.collisions == {}
     assert out.left == []
+
+
+def test_a_gang_is_told_on_its_podgroup_once_not_on_every_pod() -> None:
+    """Writes per admitted pod (issue 18): the admission of a 4-pod gang is one Event on its PodGroup."""
+    with FakeCluster(nodes=1) as cluster:
+        cluster.queue("team", gpu_quota=8)
+        cluster.gang("team", "four", "team", pods=4, gpus=1)
+        arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05))
+        wait_for(lambda: all(not p["spec"].get("schedulingGates") for p in cluster.pods("team")), timeout=60,
+                 what="the gang admitted")
+        arbiter.flush_events()
+        events = cluster.rest._request("GET", EVENTS_PATH.format(ns="team"))["items"]
+        admitted = [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events
+                    if e["reason"] == "Admitted"]
+        assert admitted == [("PodGroup", "four")]
