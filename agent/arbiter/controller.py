@@ -12,9 +12,10 @@ in place (kube-scheduler allocates no tainted device) and commits only once that
 device found in two claims anyway (written by hand, or before the fence) is counted once and reported.
 
 Nothing lives only in memory: every decision is re-derived from the API each cycle, so a restarted or newly
-elected arbiter continues where the last one stopped. Claims are only ever written for gated pods, which
-kube-scheduler does not look at; once a pod is ungated it is the scheduler's, with its claims allocated,
-reserved for it and valid on exactly the node its affinity now names.
+elected arbiter continues where the last one stopped. Claims are written for gated pods, which kube-scheduler
+does not look at, and for ungated pods whose claims no one could allocate (behind the fence, kube-scheduler
+cannot); once a pod is ungated it is the scheduler's, with its claims allocated, reserved for it and valid on
+exactly the node its affinity (or the claims' nodeSelector) names.
 """
 
 from __future__ import annotations
@@ -227,11 +228,9 @@ class Arbiter:
         self.cycles += 1
         with self._timed("evict"):
             self._evict(world, result, report)
-        if self._fence_settled(now):
+        if self._fence_settled(now):  # else the next cycle (at most `period_s` away) decides again
             with self._timed("commit"):
                 self._commit(world, result, report)
-        else:
-            self._changed.set()  # decide again once it has
         with self._timed("events and status"):
             report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
             self._tell_waiting(world, report.waiting)

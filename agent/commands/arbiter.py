@@ -22,7 +22,7 @@ from agent import logs
 from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
-from agent.arbiter.names import COMPONENT
+from agent.arbiter.names import COMPONENT, DEFAULT_QUEUE
 from agent.arbiter.node_service import TokenFileError, read_token, split_address
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError
@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "division (kept in each Queue's status); off when absent")
     p.add_argument("--usage-k-value", type=float, default=1.0,
                    help="how strongly past usage shifts the over-quota division (KAI's kValue, default 1)")
+    p.add_argument("--default-queue", default=_env("DEFAULT_QUEUE", DEFAULT_QUEUE),
+                   help="the Queue a pod that uses the driver's devices but names no queue waits in (the overlay "
+                        "creates `default`); empty: such pods are left alone")
     p.add_argument("--gpu-placement", choices=GPU_POLICIES, default=_env("GPU_PLACEMENT", "fgd"),
                    help="how GPU pods choose a node: fgd (default; least fragmentation growth for the workload "
                         "the cluster runs, then a node in use), binpack (fewest free GPUs, KAI's default) "
@@ -121,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
                 return 0
     config = ArbiterConfig(driver=args.driver_name, ttl_seconds=args.reservation_ttl, period_s=args.period,
                            usage_half_life_s=args.usage_half_life, k_value=args.usage_k_value,
-                           placement=Placement(gpu=cast(GpuPolicy, args.gpu_placement)))
+                           placement=Placement(gpu=cast(GpuPolicy, args.gpu_placement)),
+                           default_queue=args.default_queue or None)
     arbiter = Arbiter(rest, token, config, metrics=metrics, recorder=EventRecorder(rest, COMPONENT, identity))
     try:
         arbiter.start()
