@@ -156,7 +156,7 @@ class Arbiter:
         self._fence_tried = -math.inf
         self.doubles: dict[tuple[str, str], list[str]] = {}  # devices in two claims, as last seen
         self.cycles = 0
-        self.evictions = 0  # pods evicted through the Eviction API since start (the benchmark reports it)
+        self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
 
     # -- running ------------------------------------------------------------------------------------------
@@ -349,7 +349,7 @@ class Arbiter:
                 log.warning("evicting %s failed: %s", name, e)
                 continue
             report.evicted.append(name)
-            self.evictions += 1
+            self.evictions[decision.cause] = self.evictions.get(decision.cause, 0) + 1
             self._terminating[name] = str(m.get("uid"))
             self._event(member.pod, "Pod", "v1", "Evicted",
                         f"evicted by the arbiter ({decision.cause}) for a gang waiting in its queue",

@@ -119,11 +119,13 @@ def _arbiter_run(cluster: FakeCluster, label: str, config: ArbiterConfig) -> dic
     # every gang was waiting from the start, so an eviction within THRASH_S of admission is thrash
     rate = len(admitted_at) / wall
     print(f"\n{label}: 32 nodes x 8 GPUs, {PODS_TOTAL} pods in {len(gangs)} gangs of 1-8 across {QUEUES} queues:")
+    evictions = sum(arbiter.evictions.values())
+    causes = ", ".join(f"{k} {v}" for k, v in sorted(arbiter.evictions.items())) or "none"
     print(f"  admitted {len(admitted_at)} pods in {wall:.2f} s: {rate:.1f} pods/s gate to committed; "
-          f"evictions {arbiter.evictions} (thrash {thrash})")
+          f"evictions {evictions} ({causes}; thrash {thrash})")
     _where(arbiter)
     cluster.stop_arbiters()
-    return {"pods_s": rate, "evictions": arbiter.evictions, "thrash": thrash}
+    return {"pods_s": rate, "evictions": evictions, "thrash": thrash}
 
 
 def _where(arbiter: Arbiter) -> None:

@@ -176,7 +176,7 @@ def run(cluster: FakeCluster, *, gang_pods: int, plain_pods: int, before: int, s
         outcome.done_gang = sum(1 for k in placed if kinds.get(k) == "gang" and k in finished)
         outcome.done_plain = sum(1 for k in placed if kinds.get(k) == "plain" and k in finished)
         outcome.left = sorted(set(kinds) - finished)
-    outcome.evicted = arbiter.evictions if arbiter is not None else 0
+    outcome.evicted = sum(arbiter.evictions.values()) if arbiter is not None else 0
     return outcome
 
 

@@ -271,7 +271,7 @@ def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue:
 def _queue_units(jobs: Sequence[Job], now: float | None, min_runtime: float,
                  waiting_since: float | None = None) -> Iterator[Unit]:
     for victim in jobs:
-        if _usable(victim) and not _same_burst(victim, now, waiting_since):
+        if _usable(victim) and not same_burst(victim, now, waiting_since):
             yield from _units(victim, _protected(victim, now, min_runtime))
 
 
@@ -283,7 +283,7 @@ def _queue_units(jobs: Sequence[Job], now: float | None, min_runtime: float,
 SAME_BURST_S = 30.0
 
 
-def _same_burst(victim: Job, now: float | None, waiting_since: float | None) -> bool:
+def same_burst(victim: Job, now: float | None, waiting_since: float | None) -> bool:
     """Started after the reclaimer began waiting, less than SAME_BURST_S ago."""
     started = victim.spec.started_at
     if now is None or started is None or waiting_since is None:
