@@ -71,7 +71,7 @@ class ArbiterConfig:
     actions: tuple[str, ...] = DEFAULT_ACTIONS
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
-    commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
+    commit_workers: int = 32  # gangs committed at once (each is all-or-nothing on its own; writes wait on the API)
     status_period_s: float = 1.0  # Queue status is written at most this often
     # time-aware fair share: past usage decays with this half-life (seconds); None: plain fair share
     usage_half_life_s: float | None = None
