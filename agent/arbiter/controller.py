@@ -182,6 +182,7 @@ class Arbiter:
         for inf in self._informers:
             inf.stop()
         self._pool.shutdown(wait=True)
+        self._committer.close()
         self.directory.close()
 
     def run(self, stop: threading.Event) -> None:
