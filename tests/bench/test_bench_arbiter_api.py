@@ -102,7 +102,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, config: ArbiterConfig) -> dic
     for q, name, size in gangs:
         cluster.gang(f"ns-{q}", name, q, pods=size, gpus=1)
     _claims_made(cluster, pods, PODS_TOTAL)
-    admitted_at: dict[str, float] = {}
+    ungated_at, evicted_at = _watch_writes(cluster)
 
     def placed(p: dict[str, Any]) -> bool:
         return not is_gated(p)
@@ -115,8 +115,8 @@ def _arbiter_run(cluster: FakeCluster, label: str, config: ArbiterConfig) -> dic
         admitted_at = dict(kubelet.completed)
         wall = max(admitted_at.values()) - start
     pods.stop()
-    thrash = sum(1 for k, t in kubelet.evicted.items() if k in admitted_at and t - admitted_at[k] < THRASH_S)
-    # every gang was waiting from the start, so an eviction within THRASH_S of admission is thrash
+    # every gang was waiting from the start, so an eviction within THRASH_S of the pod's admission is thrash
+    thrash = sum(1 for k, t in evicted_at.items() if k in ungated_at and t - ungated_at[k] < THRASH_S)
     rate = len(admitted_at) / wall
     print(f"\n{label}: 32 nodes x 8 GPUs, {PODS_TOTAL} pods in {len(gangs)} gangs of 1-8 across {QUEUES} queues:")
     evictions = sum(arbiter.evictions.values())
@@ -126,6 +126,27 @@ def _arbiter_run(cluster: FakeCluster, label: str, config: ArbiterConfig) -> dic
     _where(arbiter)
     cluster.stop_arbiters()
     return {"pods_s": rate, "evictions": evictions, "thrash": thrash}
+
+
+def _watch_writes(cluster: FakeCluster) -> tuple[dict[str, float], dict[str, float]]:
+    """When the arbiter ungated each pod and when it evicted each: its writes, seen on the client they share."""
+    rest = cluster.rest
+    ungated: dict[str, float] = {}
+    evicted: dict[str, float] = {}
+    replace, evict = rest.replace, rest.evict
+
+    def replacing(resource: Any, body: Any, subresource: str = "") -> Any:
+        out = replace(resource, body, subresource)
+        if resource == PODS and not is_gated(body) and ADMITTED_ANNOTATION in body["metadata"].get("annotations", {}):
+            ungated.setdefault(f"{body['metadata']['namespace']}/{body['metadata']['name']}", time.perf_counter())
+        return out
+
+    def evicting(namespace: str, name: str, uid: str | None = None) -> None:
+        evict(namespace, name, uid)
+        evicted.setdefault(f"{namespace}/{name}", time.perf_counter())
+
+    rest.replace, rest.evict = replacing, evicting  # type: ignore[method-assign]
+    return ungated, evicted
 
 
 def _where(arbiter: Arbiter) -> None:
