@@ -6,7 +6,7 @@ below taints every device of the driver; no claim users write tolerates it, so o
 allocations itself after its node agents reserved the devices, allocates them. NoSchedule leaves allocated
 claims alone: kube-scheduler binds pods whose claims are allocated already, and nothing is evicted.
 
-Pure: the rule's body and how long a rule has been in force. The controller creates it when missing.
+Pure: the rule's body, and whether a rule as read still fences. The controller creates or restores it.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ def fence_rule(driver: str) -> dict[str, Any]:
 
 def fences(rule: Mapping[str, Any] | None, driver: str) -> bool:
     """Whether `rule` (the object named FENCE_RULE, as read) still keeps others off every device of `driver`:
-    selects the whole driver (no pool or device narrowing) with our NoSchedule (or NoExecute) taint."""
+    selects the whole driver (no pool or device narrowing) with our NoSchedule taint (NoExecute would evict every
+    pod using the devices: restored like any other change)."""
     if rule is None:
         return False
     spec = rule.get("spec") or {}
     selector = spec.get("deviceSelector") or {}
     taint = spec.get("taint") or {}
     whole_driver = selector.get("driver") == driver and not selector.get("pool") and not selector.get("device")
-    return whole_driver and taint.get("key") == FENCE_TAINT and taint.get("effect") in (EFFECT, "NoExecute")
-
+    return whole_driver and taint.get("key") == FENCE_TAINT and taint.get("effect") == EFFECT
