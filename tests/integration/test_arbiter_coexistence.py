@@ -99,8 +99,9 @@ def real_site(control_plane: Any) -> Iterator[tuple[Any, FakeCluster]]:
     finally:
         cluster.close()
         coexistence.force_delete_pods(cluster.rest, ["plain", *(f"ns-q{q}" for q in range(4))])
-        for q in ("root", "default", *(f"q{q}" for q in range(4))):
-            control_plane.request("DELETE", f"/apis/scheduling.gpu-dra-agent.io/v1alpha1/queues/{q}")
+        # the Queue CRD (and with it every Queue) goes too: the next test on this control plane starts clean
+        control_plane.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                                        "queues.scheduling.gpu-dra-agent.io")
         reset(control_plane, timeout=120)
 
 
