@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo proto bench trials clean control-plane container-tools node-stack node-deps
+.PHONY: venv test lint demo proto bench trials coexistence clean control-plane container-tools node-stack node-deps
 
 venv: $(STAMP)
 
@@ -62,6 +62,10 @@ bench: $(STAMP)
 
 trials: $(STAMP)  # TRIALS=200 for the issue's count; slow (minutes)
 	$(PY) -m pytest tests/bench -m trials -s -p no:cacheprovider -o addopts="" --timeout=0
+
+# The arbiter beside kube-scheduler on the real control plane, ten full runs (issue 18; ~3 min a run).
+coexistence: $(STAMP)
+	COEXISTENCE_RUNS=$${COEXISTENCE_RUNS:-10} $(PY) -m pytest tests/bench/test_bench_coexistence.py -m bench -s -p no:cacheprovider -o addopts=""
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

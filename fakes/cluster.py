@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -31,7 +31,7 @@ from agent.arbiter.names import GATE, QUEUE_LABEL
 from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
 from agent.devices.model import Inventory
 from agent.kube.client import api_client
-from agent.kube.errors import Conflict
+from agent.kube.errors import ApiError, Conflict
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer
 from agent.kube.rest import (
@@ -77,17 +77,23 @@ def _manifest(*names: str) -> list[dict[str, Any]]:
 
 class FakeCluster:
     def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti",
-                 apiserver_process: bool = False) -> None:
+                 apiserver_process: bool = False, kubeconfig: pathlib.Path | None = None,
+                 make_node: Callable[[str], dict[str, Any]] | None = None) -> None:
         """`apiserver_process`: run the API server fake as its own process (`python -m fakes.apiserver`), as a
-        real one would be, instead of in this one (where tests can reach into it as `server`)."""
+        real one would be, instead of in this one (where tests can reach into it as `server`).
+        `kubeconfig`: use that API server instead (the real control plane, whose kube-controller-manager and
+        kube-scheduler do what the stand-ins do here: none is started); `make_node` creates a Ready Node there."""
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="arbiter-cluster-"))
         self.token = secrets.token_urlsafe(24)
         self.token_file = self.root / "token"
         self.token_file.write_text(self.token)
-        self.kubeconfig = self.root / "kubeconfig"
+        self.kubeconfig = kubeconfig or self.root / "kubeconfig"
         self._process: subprocess.Popen[str] | None = None
         self.server: apiserver.ApiServer | None = None
-        if apiserver_process:
+        self._make_node = make_node
+        if kubeconfig is not None:
+            self.rest = Rest(api_client(str(kubeconfig)))
+        elif apiserver_process:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "fakes.apiserver", "--port", "0", "--kubeconfig-out", str(self.kubeconfig)],
                 stdout=subprocess.PIPE, text=True)
@@ -99,10 +105,13 @@ class FakeCluster:
             self.server.write_kubeconfig(self.kubeconfig)
             self.rest = Rest(self.server.api_client())
         for crd in _manifest("queue-crd.yaml"):
-            self.rest.create(CRDS, None, crd)
+            with contextlib.suppress(Conflict):  # a real server keeps it between tests
+                self.rest.create(CRDS, None, crd)
+        wait_for(lambda: _served(self.rest, QUEUES), timeout=30, what="the Queue CRD to be served")
         self.rest.list(POD_GROUPS)  # served: fail here, not in the first gang
         for klass in _manifest("deviceclasses.yaml"):
-            self.rest.create(DEVICE_CLASSES, None, klass)
+            with contextlib.suppress(Conflict):
+                self.rest.create(DEVICE_CLASSES, None, klass)
         self.inventory = machine_inventory(machine)
         self.agents: dict[str, NodeReservations] = {}
         # one claim informer for every node of this process: a real node watches claims on its own machine's
@@ -113,7 +122,7 @@ class FakeCluster:
         self.node_claims.start()
         for i in range(nodes):
             self.add_node(f"gpu-node-{i}", cpu=cpu, memory=memory)
-        self.controllers = Controllers(self.rest, period_s=0.2).start()
+        self.controllers = Controllers(self.rest, period_s=0.2).start() if kubeconfig is None else None
         self._arbiters: list[tuple[Arbiter, threading.Event, threading.Thread]] = []
 
     # -- the cluster --------------------------------------------------------------------------------------
@@ -125,10 +134,13 @@ class FakeCluster:
                 agent.claim_seen(claim)
 
     def add_node(self, name: str, *, cpu: str = "224", memory: str = "2Ti") -> NodeReservations:
-        node = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-        node["status"] = {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
-                          "conditions": [{"type": "Ready", "status": "True"}]}
-        self.rest.replace(NODES, node, "status")
+        if self._make_node is not None:
+            node = self._make_node(name)
+        else:
+            node = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+            node["status"] = {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                              "conditions": [{"type": "Ready", "status": "True"}]}
+            self.rest.replace(NODES, node, "status")
         for s in build_resource_slices(self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"]):
             self.rest.create(RESOURCE_SLICES, None, s)
         agent = NodeReservations(node_name=name, driver=DRIVER, inventory=lambda: self.inventory,
@@ -161,7 +173,8 @@ class FakeCluster:
 
     def close(self) -> None:
         self.stop_arbiters()
-        self.controllers.stop()
+        if self.controllers is not None:
+            self.controllers.stop()
         for agent in self.agents.values():
             agent.stop()
         self.node_claims.stop()
@@ -209,22 +222,25 @@ class FakeCluster:
             })
         return name
 
-    def pod(self, namespace: str, name: str, queue: str, gpus: int, *, group: str | None = None,
-            priority: int | None = None) -> dict[str, Any]:
+    def pod(self, namespace: str, name: str, queue: str | None, gpus: int, *, group: str | None = None,
+            priority: int | None = None, gated: bool = True, gates: Sequence[str] = ()) -> dict[str, Any]:
+        """A pod with a claim of `gpus` GPUs from a template; with no queue and ungated, an ordinary DRA pod
+        as kube-scheduler would get it before the arbiter's admission policy existed."""
         template = self.template(namespace, gpus)
         spec: dict[str, Any] = {
             "containers": [{"name": "main", "image": "trainer:1",
                             "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "claims": [{"name": "gpus"}]}}],
             "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
-            "schedulingGates": [{"name": GATE}],
             "terminationGracePeriodSeconds": 30,
         }
+        if gated or gates:
+            spec["schedulingGates"] = [{"name": g} for g in ([GATE] if gated else []) + list(gates)]
         if group:
             spec["schedulingGroup"] = {"podGroupName": group}
         if priority is not None:
             spec["priority"] = priority
         return self.rest.create(PODS, namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}}, "spec": spec})
+            "name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue} if queue else {}}, "spec": spec})
 
     def gang(self, namespace: str, name: str, queue: str, *, pods: int, gpus: int, min_count: int | None = None,
              priority: int | None = None) -> list[dict[str, Any]]:
@@ -240,6 +256,14 @@ class FakeCluster:
     def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.rest.list(PODS, namespace)["items"]
         return items
+
+
+def _served(rest: Rest, resource: Resource) -> bool:
+    try:
+        rest.list(resource)
+    except ApiError:
+        return False
+    return True
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "") -> Any:

@@ -154,3 +154,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         total, parts = config.stash[STARTUP_KEY]
         line += f"; started in {total:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in parts.items()) + ")"
     terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def control_plane_binaries(request: pytest.FixtureRequest) -> pathlib.Path:
+    """Where the real control plane's binaries are (build or skip decided in tests/conftest.py), for tests
+    that start control planes of their own (other flags, one per run)."""
+    binaries = request.config.stash.get(CONTROL_PLANE_KEY, None)
+    if isinstance(binaries, str):
+        pytest.skip(binaries)
+    if isinstance(binaries, build.BuildError):
+        pytest.fail(f"the real control-plane tier cannot run: {binaries}")
+    if binaries is None:
+        pytest.fail("the real control-plane tier was selected but no build was attempted")
+    return binaries

@@ -6,10 +6,16 @@ Each cycle: wait until the informers show the previous cycle's writes; build the
 grace period applies; the core spares victims inside their queue's min-runtime); commit each gang the core
 bound (agent.arbiter.committing); say with Events why gangs wait; write Queue status; record metrics.
 
+The arbiter is the only allocator of its driver's devices: it keeps the DeviceTaintRule of agent.arbiter.fence
+in place (kube-scheduler allocates no tainted device) and commits only once that rule has been in force for
+`fence_settle_s`, so an allocation kube-scheduler decided before it saw the rule is in the API first. A
+device found in two claims anyway (written by hand, or before the fence) is counted once and reported.
+
 Nothing lives only in memory: every decision is re-derived from the API each cycle, so a restarted or newly
-elected arbiter continues where the last one stopped. Claims are only ever written for gated pods, which
-kube-scheduler does not look at; once a pod is ungated it is the scheduler's, with its claims allocated,
-reserved for it and valid on exactly the node its affinity now names.
+elected arbiter continues where the last one stopped. Claims are written for gated pods, which kube-scheduler
+does not look at, and for ungated pods whose claims no one could allocate (behind the fence, kube-scheduler
+cannot); once a pod is ungated it is the scheduler's, with its claims allocated, reserved for it and valid on
+exactly the node its affinity (or the claims' nodeSelector) names.
 """
 
 from __future__ import annotations
@@ -33,19 +39,21 @@ from agent.arbiter.committing import Committer, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
+from agent.arbiter.fence import fence_rule, fences
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
-from agent.arbiter.names import FINGERPRINT_ANNOTATION
+from agent.arbiter.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
 from agent.arbiter.queue_status import queue_statuses
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
 from agent.arbiter.reservation import NodeClient, Reservation
 from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import Gang, World, build_world, meta
+from agent.arbiter.world import Gang, World, build_world, meta, parse_time
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer, start_all
 from agent.kube.rest import (
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
     NODES,
     POD_GROUPS,
     PODS,
@@ -67,12 +75,16 @@ class ArbiterConfig:
     actions: tuple[str, ...] = DEFAULT_ACTIONS
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
-    commit_workers: int = 8  # gangs committed at once (each is all-or-nothing on its own)
+    commit_workers: int = 32  # gangs committed at once (each is all-or-nothing on its own; writes wait on the API)
     status_period_s: float = 1.0  # Queue status is written at most this often
     # time-aware fair share: past usage decays with this half-life (seconds); None: plain fair share
     usage_half_life_s: float | None = None
     k_value: float = 1.0  # how strongly past usage shifts the over-quota division (KAI's kValue)
     placement: Placement = field(default_factory=Placement)  # node choice: GPUs by fgd unless told otherwise
+    default_queue: str | None = DEFAULT_QUEUE  # where gated pods naming no queue wait; None: they are not ours
+    # commit only once the fence has been in force this long: kube-scheduler's allocations decided before it
+    # saw the rule are written by then (its binding cycle writes the claim right after deciding)
+    fence_settle_s: float = 2.0
 
 
 @dataclass
@@ -166,8 +178,9 @@ class Arbiter:
         self.nodes = Informer(rest, NODES, wake)
         self.slices = Informer(rest, RESOURCE_SLICES, wake)
         self.classes = Informer(rest, DEVICE_CLASSES, wake)
+        self.taint_rules = Informer(rest, DEVICE_TAINT_RULES, wake, optional=True)  # served from 1.37
         self._informers = [self.pods, self.claims, self.pod_groups, self.queues, self.nodes, self.slices,
-                           self.classes]
+                           self.classes, self.taint_rules]
         self.directory = NodeDirectory(token, fingerprint=self._fingerprint)
         self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
                                     clock=clock)
@@ -180,13 +193,28 @@ class Arbiter:
         self._status_written = -math.inf
         self._usage: dict[str, Accumulator] = {}  # per queue, advanced every cycle
         self._usage_state: dict[str, dict[str, Any]] = {}  # per queue, as last persisted in its status
+        self._fence_served = True  # the API serves DeviceTaintRules (1.37+); checked at start
+        self._fenced_since: float | None = None  # when the fence rule came into force (epoch seconds)
+        self._fence_tried = -math.inf
+        self.doubles: dict[tuple[str, str], list[str]] = {}  # devices in two claims, as last seen
         self.cycles = 0
+        self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
 
     # -- running ------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         start_all(self._informers, self.config.sync_timeout_s)
+        try:
+            self._rest.list(DEVICE_TAINT_RULES)
+        except NotFound:
+            self._fence_served = False
+            log.warning("this API server serves no DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37): "
+                        "nothing keeps kube-scheduler off %s devices; gate every pod that uses them",
+                        self.config.driver)
+        except ApiError as e:
+            log.warning("cannot list DeviceTaintRules: %s", e)
+        self._keep_fence(self._clock())
 
     def flush_events(self, timeout: float = 10.0) -> bool:
         """Wait until the Events recorded so far are written (they are written in the background)."""
@@ -196,6 +224,7 @@ class Arbiter:
         for inf in self._informers:
             inf.stop()
         self._pool.shutdown(wait=True)
+        self._committer.close()
         self.directory.close()
 
     def run(self, stop: threading.Event) -> None:
@@ -225,6 +254,11 @@ class Arbiter:
             world = self._world(now)
         self.directory.addresses = world.addresses
         self._tell_invalid(world)
+        self._report_doubles(world)
+        with self._timed("release"):
+            for pod in world.release:
+                with contextlib.suppress(ApiError):
+                    self._expected.append(self._committer.release_gate(pod))
         with self._timed("recover"):
             writes, completed = self._committer.recover(world.gangs.values())
         if writes:
@@ -243,8 +277,9 @@ class Arbiter:
         self.cycles += 1
         with self._timed("evict"):
             self._evict(world, result, report)
-        with self._timed("commit"):
-            self._commit(world, result, report)
+        if self._fence_settled(now):  # else the next cycle (at most `period_s` away) decides again
+            with self._timed("commit"):
+                self._commit(world, result, report)
         with self._timed("events and status"):
             report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
             self._tell_waiting(world, report.waiting, now)
@@ -264,7 +299,63 @@ class Arbiter:
     def _world(self, now: float) -> World:
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
                            queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
-                           driver=self.config.driver, now=now)
+                           driver=self.config.driver, now=now, default_queue=self.config.default_queue)
+
+    # -- the fence ----------------------------------------------------------------------------------------
+
+    def _keep_fence(self, now: float) -> None:
+        """Create (or restore) the DeviceTaintRule that keeps other allocators off the driver's devices, and
+        note since when it is in force: its creation when it was never changed, else when we first saw it."""
+        rule = self.taint_rules.get("", FENCE_RULE)
+        if fences(rule, self.config.driver):
+            if self._fenced_since is None:
+                m = meta(rule or {})
+                born = parse_time(m.get("creationTimestamp")) if int(m.get("generation") or 1) == 1 else None
+                self._fenced_since = born if born is not None else now
+            return
+        self._fenced_since = None
+        if not self._fence_served or now - self._fence_tried < 5.0:
+            return
+        self._fence_tried = now
+        body = fence_rule(self.config.driver)
+        try:
+            if rule is None:
+                written = self._rest.create(DEVICE_TAINT_RULES, None, body)
+            else:  # ours by name, changed by someone: put our selector and taint back
+                written = self._rest.replace(DEVICE_TAINT_RULES, {**rule, "spec": body["spec"]})
+            log.info("device taint rule %s in place: only the arbiter allocates %s devices", FENCE_RULE,
+                     self.config.driver)
+            self._expected.append((DEVICE_TAINT_RULES, "", FENCE_RULE, str(meta(written).get("resourceVersion"))))
+        except ApiError as e:
+            log.warning("cannot put the device taint rule %s in place (kube-scheduler may allocate %s devices "
+                        "beside the arbiter): %s", FENCE_RULE, self.config.driver, e)
+
+    def _fence_settled(self, now: float) -> bool:
+        """Whether commits may go ahead: the fence has been in force for fence_settle_s. Where the API serves
+        no DeviceTaintRules (before 1.37) there is no fence to wait for: a warning was logged at start."""
+        self._keep_fence(now)
+        if not self._fence_served:
+            return True
+        return self._fenced_since is not None and now - self._fenced_since >= self.config.fence_settle_s
+
+    def _report_doubles(self, world: World) -> None:
+        """A device in two claims never stops a cycle (it counts as used once); say so, once per device and
+        set of claims: a Warning Event on each claim, the metric, the log."""
+        for device, keys in world.doubles.items():
+            if self.doubles.get(device) == keys:
+                continue
+            log.warning("device %s/%s is allocated to %d claims at once: %s", *device, len(keys), ", ".join(keys))
+            for key in keys:
+                ns, _, name = key.partition("/")
+                claim = self.claims.get(ns, name)
+                if claim is not None:
+                    others = ", ".join(k for k in keys if k != key)
+                    self._event(claim, "ResourceClaim", RESOURCE_CLAIMS.api_version, "DeviceInTwoClaims",
+                                f"device {device[1]} of pool {device[0]} is also allocated to {others}; the arbiter "
+                                "counts it as used and places nothing else on it", type_="Warning")
+        self.doubles = dict(world.doubles)
+        if self.metrics is not None:
+            self.metrics.double_allocated.set(len(world.doubles))
 
     def _await_expectations(self) -> None:
         """Until the informers show what we wrote (or deleted): a decision on an older copy could commit a
@@ -307,6 +398,7 @@ class Arbiter:
                 log.warning("evicting %s failed: %s", name, e)
                 continue
             report.evicted.append(name)
+            self.evictions[decision.cause] = self.evictions.get(decision.cause, 0) + 1
             self._terminating[name] = str(m.get("uid"))
             victim = world.gangs.get(_job_of(world, name) or "")
             gang, queue = decision.evicted_for or ("a waiting gang", "its queue")
@@ -338,9 +430,11 @@ class Arbiter:
                 placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
                 log.info("admitted gang %s of queue %s on nodes %s", job, gang.queue,
                          ",".join(sorted({node for _, node in members})))
-                self._tell(gang.pod_group, gang.namespace, job, "Admitted", f"admitted: {placed}")
-                for m, node in members:
-                    self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
+                # one Event per gang: on its PodGroup, or on the pod of a gang of one (kube-scheduler writes one
+                # per pod; an Event per member as well would cost more writes than the admission itself)
+                if not self._tell(gang.pod_group, gang.namespace, job, "Admitted", f"admitted: {placed}"):
+                    for m, node in members:
+                        self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
             else:
                 report.refused[job] = outcome.reason
                 log.info("gang %s not committed: %s", job, outcome.reason)
@@ -373,12 +467,15 @@ class Arbiter:
                 self._event(m.pod, "Pod", "v1", reason, message, type_=type_)
 
     def _tell(self, pod_group: str | None, namespace: str, job: str, reason: str, message: str, *,
-              type_: str = "Normal") -> None:
+              type_: str = "Normal") -> bool:
+        """An Event on the gang's PodGroup; False when it has none (the caller tells the pods)."""
         if pod_group is None:
-            return
+            return False
         group = self.pod_groups.get(namespace, pod_group)
-        if group is not None:
-            self._event(group, "PodGroup", POD_GROUPS.api_version, reason, message, type_=type_)
+        if group is None:
+            return False
+        self._event(group, "PodGroup", POD_GROUPS.api_version, reason, message, type_=type_)
+        return True
 
     def _event(self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *,
                type_: str = "Normal") -> None:

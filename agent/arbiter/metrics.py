@@ -26,6 +26,7 @@ CONSOLIDATIONS = "gpu_arbiter_consolidation_moves_total"
 CYCLE_DURATION = "gpu_arbiter_cycle_duration_seconds"
 USAGE = "gpu_arbiter_queue_usage"
 PROTECTED = "gpu_arbiter_protected_jobs"
+DOUBLE_ALLOCATED = "gpu_arbiter_double_allocated_devices"
 
 # waits from seconds to days: gangs can queue for a long time
 ADMISSION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 24 * 3600)
@@ -95,6 +96,8 @@ class ArbiterMetrics:
         self.protected = Gauge(PROTECTED, "Jobs a protection shields this cycle (preemptMinRuntime, "
                                "reclaimMinRuntime: too young to be victims; preemptionDelay: may not evict yet).",
                                ["queue", "protection"], registry=registry)
+        self.double_allocated = Gauge(DOUBLE_ALLOCATED, "Devices of the driver allocated to two or more "
+                                      "ResourceClaims at once (each claim gets a Warning Event).", registry=registry)
         self.cycle_duration = Histogram(CYCLE_DURATION, "Seconds one arbiter cycle took, snapshot to decisions.",
                                         buckets=CYCLE_BUCKETS, registry=registry)
 

@@ -14,3 +14,8 @@ ADMITTED_ANNOTATION = "scheduling.gpu-dra-agent.io/admitted-at"
 DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 QUEUE_GROUP = "scheduling.gpu-dra-agent.io"
 COMPONENT = "gpu-dra-arbiter"  # Events' reportingComponent and the Lease's name
+# the NoSchedule device taint the arbiter puts on every device of its driver (a DeviceTaintRule of this name):
+# kube-scheduler then never allocates them, so the arbiter is their only allocator (DESIGN.md, issue 18)
+FENCE_TAINT = "scheduling.gpu-dra-agent.io/arbiter"
+FENCE_RULE = "gpu-dra-agent-arbiter"
+DEFAULT_QUEUE = "default"  # where a gated pod that names no queue waits (the overlay creates it)

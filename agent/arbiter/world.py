@@ -7,6 +7,11 @@
   claims are allocated; it is Releasing while it terminates with claims still allocated.
 - Nodes: those whose agent advertises a reservation address; GPUs are the `type=gpu` devices of our driver's
   newest pool generation, less devices held by claims no arbiter pod accounts for (other schedulers' pods).
+- The arbiter is the only allocator of the driver's devices (agent.arbiter.fence): a gated pod that names no
+  queue waits in the default queue, and so does an ungated, unbound pod whose claim of our classes is not
+  allocated (created before the fence, or ungated by hand; kube-scheduler cannot allocate it). A gated pod
+  with neither a queue nor a claim of ours is released: its gate removed, nothing allocated.
+  A device in two claims (however it came about) counts as used once and is reported in `World.doubles`.
 
 A gang whose pods cannot be weighed yet (claims not created, a queue missing, a request the arbiter does not
 handle) is left out of the snapshot, with the reason in `World.waiting`. An object the arbiter cannot read (an
@@ -33,13 +38,14 @@ from agent.arbiter.core.model import (
     PodStatus,
     Snapshot,
 )
-from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
+from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, DEFAULT_QUEUE, GATE, QUEUE_LABEL
 from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
 from agent.quantity import QuantityError, parse
 
 Json = dict[str, Any]
 _UNBOUNDED_CPU = 1e12  # a node that reports no allocatable CPU/memory is not limited by them
 _UNBOUNDED_MEM = 1e18
+EXTENDED_RESOURCE = "nvidia.com/gpu"  # DRAExtendedResource: kube-scheduler would allocate it through our class
 
 
 # --- small readers ------------------------------------------------------------------------------------
@@ -110,6 +116,25 @@ def reserved_for(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
 
 def is_allocated(claim: Mapping[str, Any]) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
+
+
+def claim_is_ours(claim: Mapping[str, Any]) -> bool:
+    """Whether any request of the claim (a firstAvailable one: any of its subrequests) names one of our classes."""
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        for sub in (r.get("exactly") or {}, *(r.get("firstAvailable") or ())):
+            if sub.get("deviceClassName") in (GPU_CLASS, MIG_CLASS):
+                return True
+    return False
+
+
+def asks_extended_gpus(pod: Mapping[str, Any]) -> bool:
+    """Whether a container asks for `nvidia.com/gpu`, which kube-scheduler turns into a claim of our class."""
+    spec = pod.get("spec") or {}
+    for c in (*(spec.get("containers") or ()), *(spec.get("initContainers") or ())):
+        res = c.get("resources") or {}
+        if EXTENDED_RESOURCE in (res.get("requests") or {}) or EXTENDED_RESOURCE in (res.get("limits") or {}):
+            return True
+    return False
 
 
 def allocated_devices(claim: Mapping[str, Any], driver: str, *, shares: bool = True) -> list[tuple[str, str]]:
@@ -315,6 +340,8 @@ class World:
     addresses: dict[str, str]  # node -> reservation address
     queue_names: list[str]
     invalid: dict[str, Invalid] = field(default_factory=dict)  # left out of the snapshot ("Kind ns/name")
+    release: list[Json] = field(default_factory=list)  # gated pods that are not the arbiter's: ungate as they are
+    doubles: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (pool, device) in 2+ claims -> keys
 
 
 def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
@@ -386,30 +413,45 @@ class _Pod:
     node: str | None
 
 
-def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json]) -> _Pod | None:
+RELEASE = "release"  # _read_pod: a gated pod that is not the arbiter's, to be ungated as it is
+
+
+def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
+              default_queue: str | None) -> _Pod | str | None:
     """An arbiter pod as the snapshot sees it; None for a pod that is not the arbiter's (no queue, or ungated and
-    holding nothing: kube-scheduler's)."""
+    holding nothing: kube-scheduler's); RELEASE for a gated one that is not (its claims are other drivers')."""
     m = meta(pod)
     spec = pod.get("spec") or {}
     ns = str(m.get("namespace"))
     group_name = (spec.get("schedulingGroup") or {}).get("podGroupName")
     group = groups.get(f"{ns}/{group_name}") if group_name else None
     queue = (m.get("labels") or {}).get(QUEUE_LABEL) or meta(group or {}).get("labels", {}).get(QUEUE_LABEL)
+    names, missing = claim_names(pod)
+    found = [claims.get(f"{ns}/{n}") for n in names]
+    gated = is_gated(pod)
+    deleting = bool(m.get("deletionTimestamp"))
+    phase = (pod.get("status") or {}).get("phase")
+    # ungated, unbound, with a claim of ours no one allocated: kube-scheduler cannot (the fence); we do
+    caught = (not gated and not deleting and not spec.get("nodeName") and phase in (None, "Pending")
+              and any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in found))
+    if not queue and default_queue:
+        if gated and not missing and None not in found and not any(claim_is_ours(c) for c in found if c) \
+                and not asks_extended_gpus(pod) and not deleting:
+            return RELEASE  # gated by the admission policy for claims that are not ours
+        if gated or caught or ADMITTED_ANNOTATION in (m.get("annotations") or {}):
+            queue = default_queue
     if not queue:
         return None
     priority = spec.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ValueError(f"spec.priority must be an integer, not {priority!r}")
     job = f"{ns}/{group_name}" if group_name else f"{ns}/pod/{m.get('name')}"
-    names, missing = claim_names(pod)
-    found = [claims.get(f"{ns}/{n}") for n in names]
-    phase = (pod.get("status") or {}).get("phase")
     held = [c for c in found if c is not None and is_allocated(c)]
     node = spec.get("nodeName") or next((allocated_node(c) for c in held if allocated_node(c)), None)
     status: PodStatus | None
-    if m.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+    if deleting or phase in ("Succeeded", "Failed"):
         status = "Releasing" if held and node is not None else None
-    elif is_gated(pod):
+    elif gated or caught:
         status = "Pending"
     elif held and node is not None:
         status = "Running"
@@ -420,7 +462,7 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json])
 
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
-                now: float) -> World:
+                now: float, default_queue: str | None = DEFAULT_QUEUE) -> World:
     slices = list(slices)  # read twice: devices per node, and what each device is worth
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
@@ -443,14 +485,18 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     attributed: set[str] = set()  # claims some snapshot pod accounts for
     other_pods: list[Json] = []
     statuses: dict[str, PodStatus] = {}
+    release: list[Json] = []
     for pod in pods:
         try:
-            read = _read_pod(pod, groups, claims_by_key)
+            read = _read_pod(pod, groups, claims_by_key, default_queue)
         except (AttributeError, TypeError, ValueError) as e:  # a malformed object: reported, never fatal
             bad = Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}")
             invalid[bad.key] = bad
             continue
-        if read is None:
+        if read == RELEASE:
+            release.append(pod)
+            continue
+        if not isinstance(read, _Pod):
             other_pods.append(pod)
             continue
         if read.status is None:
@@ -472,7 +518,10 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             waiting[job] = f"queue {queue} is a parent queue; only leaf queues take pods"
             unweighed.add(job)
         if read.status == "Pending":
-            if read.missing:
+            if asks_extended_gpus(pod):
+                waiting[job] = (f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
+                                f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})")
+            elif read.missing:
                 waiting.setdefault(job, f"waiting for the ResourceClaims of {name} "
                                         f"({', '.join(read.missing)}) to be created from their templates")
             elif any(c is None for c in read.found):
@@ -495,14 +544,27 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
 
     # nodes
     devices = _pool_devices(slices, driver)
-    held_devices: dict[str, set[str]] = {}  # a GPU whose shares other claims hold is held once
+    owners: dict[tuple[str, str], list[str]] = {}  # every device of ours allocated whole -> the claims holding it
+    for key, c in claims_by_key.items():
+        if is_allocated(c):
+            for whole in allocated_devices(c, driver, shares=False):
+                owners.setdefault(whole, []).append(key)
+    # A device counts as used once, whoever holds it: held by a snapshot pod, it is in that pod's GPUs (twice if
+    # two snapshot pods' claims hold it, so the node gets one back); otherwise it is taken from the node. A GPU
+    # whose shares other claims hold is held once too.
+    held_devices: dict[str, set[str]] = {}
     for key, c in claims_by_key.items():
         if key in attributed or not is_allocated(c):
             continue
-        for pool, device in allocated_devices(c, driver):
-            if pool in devices:
-                held_devices.setdefault(pool, set()).add(device)
+        for pool, name in allocated_devices(c, driver):
+            if pool in devices and not any(k in attributed for k in owners.get((pool, name), ())):
+                held_devices.setdefault(pool, set()).add(name)
     held_elsewhere = {pool: len(held) for pool, held in held_devices.items()}
+    for (pool, _device), keys in owners.items():
+        ours = sum(1 for k in keys if k in attributed)
+        if pool in devices and ours > 1:
+            held_elsewhere[pool] = held_elsewhere.get(pool, 0) - (ours - 1)
+    doubles = {device: sorted(keys) for device, keys in owners.items() if len(keys) > 1}
     # The core's GPU indices of each node: its GPUs nobody else holds, in name order. A running share is seated
     # on the GPU it really uses, so the arbiter's picture of a node is the node's (unseated, pods of different
     # sizes could be packed where they do not fit, and a whole-GPU pod would be planned onto a shared GPU).
@@ -608,4 +670,4 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
     snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
-    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid)
+    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles)

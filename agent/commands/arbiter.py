@@ -20,7 +20,7 @@ from agent import logs
 from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
-from agent.arbiter.names import COMPONENT
+from agent.arbiter.names import COMPONENT, DEFAULT_QUEUE
 from agent.arbiter.node_service import TokenFileError, read_token, split_address
 from agent.commands.options import option, switch
 from agent.commands.signals import stop_on_signals
@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "division (kept in each Queue's status); off when absent")
     option(p, "--usage-k-value", env="USAGE_K_VALUE", type=float, default=1.0,
            help="how strongly past usage shifts the over-quota division (KAI's kValue)")
+    option(p, "--default-queue", env="DEFAULT_QUEUE", default=DEFAULT_QUEUE,
+           help="the Queue a pod that uses the driver's devices but names no queue waits in (the overlay creates "
+                "`default`); empty: such pods are left alone")
     option(p, "--gpu-placement", env="GPU_PLACEMENT", choices=GPU_POLICIES, default="fgd",
            help="how GPU pods choose a node: fgd (least fragmentation growth for the workload the cluster runs, "
                 "then a node in use), binpack (fewest free GPUs, KAI's default) or spread")
@@ -132,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
                 return 0
     config = ArbiterConfig(driver=args.driver_name, ttl_seconds=args.reservation_ttl, period_s=args.period,
                            usage_half_life_s=args.usage_half_life, k_value=args.usage_k_value,
-                           placement=Placement(gpu=cast(GpuPolicy, args.gpu_placement)))
+                           placement=Placement(gpu=cast(GpuPolicy, args.gpu_placement)),
+                           default_queue=args.default_queue or None)
     arbiter = Arbiter(rest, token, config, metrics=metrics, recorder=EventRecorder(rest, COMPONENT, identity))
     try:
         arbiter.start()

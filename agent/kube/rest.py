@@ -58,6 +58,7 @@ RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", True)
 RESOURCE_CLAIM_TEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True)
 RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", False)
 DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
+DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1", "devicetaintrules", False)
 POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups", True)
 QUEUES = Resource("scheduling.gpu-dra-agent.io", "v1alpha1", "queues", False)
 
@@ -135,10 +136,12 @@ class Rest:
         return out
 
     def delete(self, resource: Resource, namespace: str | None, name: str, *,
-               preconditions: Mapping[str, str] | None = None) -> Json:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+               preconditions: Mapping[str, str] | None = None, grace_period_s: int | None = None) -> Json:
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if preconditions:
-            body["preconditions"] = dict(preconditions)  # type: ignore[assignment]
+            body["preconditions"] = dict(preconditions)
+        if grace_period_s is not None:  # 0: gone at once, as `kubectl delete --force` (or a kubelet confirming)
+            body["gracePeriodSeconds"] = grace_period_s
         out: Json = self._request("DELETE", resource.path(namespace, name), body=body)
         return out
 

@@ -137,6 +137,9 @@ _CATALOG: tuple[tuple[ResourceType, int, str | None], ...] = (
     (ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
                   returns_deleted=True), 34, None),
     (ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False, returns_deleted=True), 34, None),
+    # DeviceTaintRule went GA (resource.k8s.io/v1) in 1.37; the fake serves no earlier shape
+    (ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, STATUS,
+                  returns_deleted=True), 37, None),
     (ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                   STATUS, short_names=("crd", "crds"), categories=("api-extensions",), returns_deleted=True), 34, None),
     # The gang API of KEP-4671: v1beta1 from 1.37 (earlier alpha shapes are not served by the fake).

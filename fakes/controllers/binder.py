@@ -4,7 +4,9 @@ For a pod with no scheduling gates and no node (and the default scheduler): the 
 `nodeSelector` and required node affinity allow (NodeAffinity's Filter) and that every allocated claim's
 `allocation.nodeSelector` allows (the DRA plugin's Filter); claims not yet allocated are allocated on the
 first candidate where all fit (fakes.scheduler's structured allocator, as the plugin does), with the finalizer
-`resource.kubernetes.io/delete-protection`. In PreBind each claim gets the pod in `reservedFor`; then the pod
+`resource.kubernetes.io/delete-protection`. DeviceTaintRules add their taint to the devices they select before
+allocating, as kube-scheduler's slice lister does, so a device under a NoSchedule rule goes only to a request
+tolerating it. In PreBind each claim gets the pod in `reservedFor`; then the pod
 is bound (pods/binding). Nodes are tried in name order; there is no scoring and no preemption.
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.informer import Informer
 from agent.kube.rest import RESOURCE_CLAIMS, Rest
-from fakes.scheduler.allocator import Unsatisfiable, allocate
+from fakes.scheduler.allocator import Unsatisfiable, allocate, with_rule_taints
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +77,14 @@ def pod_allows(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
 
 class Binder:
     def __init__(self, rest: Rest, pods: Informer, claims: Informer, nodes: Informer, slices: Informer,
-                 classes: Informer) -> None:
+                 classes: Informer, taint_rules: Informer | None = None) -> None:
         self._rest = rest
         self._pods = pods
         self._claims = claims
         self._nodes = nodes
         self._slices = slices
         self._classes = classes
+        self._taint_rules = taint_rules
 
     def sync(self) -> int:
         bound = 0
@@ -137,10 +140,11 @@ class Binder:
         if not pending:
             return {}
         everything = list(self._claims.items())
+        slices = with_rule_taints(self._slices.items(), self._taint_rules.items() if self._taint_rules else ())
         out: dict[str, Json] = {}
         for c in pending:
             try:
-                allocation = allocate(c, self._slices.items(), self._classes.items(), everything, node=node)
+                allocation = allocate(c, slices, self._classes.items(), everything, node=node)
             except Unsatisfiable:
                 return None
             out[c["metadata"]["name"]] = allocation

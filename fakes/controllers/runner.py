@@ -8,6 +8,7 @@ import threading
 from agent.kube.informer import Informer, start_all
 from agent.kube.rest import (
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
     NODES,
     PODS,
     RESOURCE_CLAIM_TEMPLATES,
@@ -31,9 +32,12 @@ class Controllers:
         self.nodes = Informer(rest, NODES, wake)
         self.slices = Informer(rest, RESOURCE_SLICES, wake)
         self.classes = Informer(rest, DEVICE_CLASSES, wake)
-        self.informers = [self.pods, self.claims, self.templates, self.nodes, self.slices, self.classes]
+        self.taint_rules = Informer(rest, DEVICE_TAINT_RULES, wake, optional=True)  # served from 1.37
+        self.informers = [self.pods, self.claims, self.templates, self.nodes, self.slices, self.classes,
+                          self.taint_rules]
         self.claim_controller = ResourceClaimController(rest, self.pods, self.claims, self.templates)
-        self.binder = Binder(rest, self.pods, self.claims, self.nodes, self.slices, self.classes) if bind else None
+        self.binder = Binder(rest, self.pods, self.claims, self.nodes, self.slices, self.classes,
+                             self.taint_rules) if bind else None
         self._period = period_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -212,6 +212,32 @@ def _node_location(node: str) -> str:
     return json.dumps({"nodeSelectorTerms": [term]}, sort_keys=True)
 
 
+def with_rule_taints(slices: Iterable[Mapping[str, Any]], rules: Iterable[Mapping[str, Any]]) -> list[Json]:
+    """The slices with each DeviceTaintRule's taint added to the devices its selector picks (driver, pool,
+    device; each set field must match), as kube-scheduler sees them (ListWithDeviceTaintRules)."""
+    rules = [r for r in rules if (r.get("spec") or {}).get("taint")]
+    if not rules:
+        return [dict(s) for s in slices]
+    out: list[Json] = []
+    for s in slices:
+        spec = s.get("spec") or {}
+        devices = []
+        for d in spec.get("devices") or ():
+            taints = [rule["spec"]["taint"] for rule in rules
+                      if _rule_selects(rule["spec"].get("deviceSelector"), spec, d)]
+            devices.append({**d, "taints": [*(d.get("taints") or ()), *taints]} if taints else d)
+        out.append({**s, "spec": {**spec, "devices": devices}})
+    return out
+
+
+def _rule_selects(selector: Mapping[str, Any] | None, spec: Mapping[str, Any], device: Mapping[str, Any]) -> bool:
+    if selector is None:
+        return False  # without a selector a rule matches no device
+    wanted = (("driver", spec.get("driver")), ("pool", (spec.get("pool") or {}).get("name")),
+              ("device", device.get("name")))
+    return all(selector.get(k) in (None, v) for k, v in wanted)
+
+
 def _current_devices(slices: Iterable[Mapping[str, Any]]) -> list[Candidate]:
     """Devices of the newest generation of every pool, in slice order."""
     slices = list(slices)

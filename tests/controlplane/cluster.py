@@ -93,8 +93,12 @@ class Component:
 
 
 class ControlPlane:
-    def __init__(self, binaries: Path, workdir: Path | None = None, *, start_timeout: float = 120.0) -> None:
+    def __init__(self, binaries: Path, workdir: Path | None = None, *, start_timeout: float = 120.0,
+                 client_qps: int | None = None) -> None:
+        """`client_qps`: kube-controller-manager's and kube-scheduler's `--kube-api-qps` (burst twice that);
+        upstream's defaults (20 and 50 requests/s) when None."""
         self.binaries = binaries
+        self.client_qps = client_qps
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="controlplane-"))
         self.start_timeout = start_timeout
@@ -240,6 +244,8 @@ class ControlPlane:
             f"--authorization-kubeconfig={self.kubeconfig_path}",
             "--bind-address=127.0.0.1", "--leader-elect=false", f"--feature-gates={gates}",
         ]  # fmt: skip
+        if self.client_qps is not None:
+            common += [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
         kcm_port, scheduler_port = free_port(), free_port()
         kcm = self._spawn("kube-controller-manager", [
             *common, f"--secure-port={kcm_port}", f"--controllers={','.join(CONTROLLERS)}",

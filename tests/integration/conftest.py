@@ -17,8 +17,7 @@ import pytest
 from kubernetes import client
 
 import fakes.apiserver
-from tests.conftest import CONTROL_PLANE_KEY, STARTUP_KEY
-from tests.controlplane import build
+from tests.conftest import STARTUP_KEY
 from tests.controlplane import cluster as real
 
 REAL_TIER = "controlplane"
@@ -100,15 +99,9 @@ Cluster = FakeCluster | RealCluster
 
 
 @pytest.fixture(scope="session")
-def control_plane(request: pytest.FixtureRequest) -> Iterator[real.ControlPlane]:
+def control_plane(request: pytest.FixtureRequest, control_plane_binaries: Path) -> Iterator[real.ControlPlane]:
     """The real control plane, started once per session (build or skip decided in tests/conftest.py)."""
-    binaries = request.config.stash.get(CONTROL_PLANE_KEY, None)
-    if isinstance(binaries, str):
-        pytest.skip(binaries)
-    if isinstance(binaries, build.BuildError):
-        pytest.fail(f"the real control-plane tier cannot run: {binaries}")
-    if binaries is None:
-        pytest.fail("the real control-plane tier was selected but no build was attempted")
+    binaries = control_plane_binaries
     started = time.monotonic()
     cp = real.ControlPlane(binaries).start()
     request.config.stash[STARTUP_KEY] = (time.monotonic() - started, dict(cp.startup_seconds))

@@ -103,11 +103,14 @@ def test_the_arbiter_rbac_is_what_it_calls() -> None:
         ("resource.k8s.io", "resourceclaims/status", "update"),  # allocation and reservedFor
         ("scheduling.gpu-dra-agent.io", "queues/status", "patch"),
         ("", "events", "create"), ("", "events", "patch"),
+        # the fence: put back the DeviceTaintRule that keeps kube-scheduler off the driver's devices
+        ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "update"),
     }
     reads = {(g, r) for g, r, v in rules if v == "watch"}
     assert reads == {("", "pods"), ("", "nodes"), ("resource.k8s.io", "resourceclaims"),
                      ("resource.k8s.io", "resourceslices"), ("resource.k8s.io", "deviceclasses"),
-                     ("scheduling.k8s.io", "podgroups"), ("scheduling.gpu-dra-agent.io", "queues")}
+                     ("scheduling.k8s.io", "podgroups"), ("scheduling.gpu-dra-agent.io", "queues"),
+                     ("resource.k8s.io", "devicetaintrules")}
     assert rules_of("gpu-dra-agent-arbiter-leader") == {
         ("coordination.k8s.io", "leases", "create"), ("coordination.k8s.io", "leases", "get"),
         ("coordination.k8s.io", "leases", "update")}

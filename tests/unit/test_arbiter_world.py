@@ -278,3 +278,68 @@ def test_a_mig_device_counts_as_its_share_of_a_gpu() -> None:
                     queues=[queue("root"), queue("team-a", "root", 8)], nodes=[n], slices=[s], driver=DRIVER, now=NOW)
     (job,) = w.snapshot.jobs
     assert [p.gpu_milli for p in job.pods] == [125]
+
+
+# -- one allocator of the driver's devices (issue 18) ----------------------------------------------------------
+
+
+def test_a_device_in_two_claims_counts_once_and_never_stops_the_cycle() -> None:
+    """gpu-0 of n0 is in the running gang's claim and in a claim kube-scheduler (or a hand) wrote: the node is
+    full, not over-full, so the cycle runs and places the waiting pod on n1; both claims are reported."""
+    from agent.arbiter.core.cycle import run_cycle
+
+    running = pod("r", "held", gated=False, node_name="n0")
+    held = claim("held", 8, "n0", tuple(f"gpu-{i}" for i in range(8)), "r")
+    foreign = claim("foreign", 1, "n0", ("gpu-0",), "someone-else")
+    w = world([running, pod("w", "wanted")], [held, foreign, claim("wanted", 4)])
+    assert {n.name: n.gpus for n in w.snapshot.nodes} == {"n0": 8, "n1": 8}
+    assert w.doubles == {("n0", "gpu-0"): ["team-a/foreign", "team-a/held"]}
+    result = run_cycle(w.snapshot)
+    assert (result.pods["team-a/w"].action, result.pods["team-a/w"].node) == ("bind", "n1")
+
+
+def test_two_arbiter_claims_on_one_device_leave_the_node_its_true_free_count() -> None:
+    a = pod("a", "ca", gated=False, node_name="n0")
+    b = pod("b", "cb", gated=False, node_name="n0")
+    w = world([a, b], [claim("ca", 2, "n0", ("gpu-0", "gpu-1"), "a"), claim("cb", 1, "n0", ("gpu-1",), "b")])
+    # the pods count 3 GPUs, the node holds 2 of 8: 9 "GPUs" with 3 counted leaves the 6 really free
+    assert {n.name: n.gpus for n in w.snapshot.nodes}["n0"] == 9
+    assert list(w.doubles) == [("n0", "gpu-1")]
+
+
+def test_a_gated_pod_naming_no_queue_waits_in_the_default_queue() -> None:
+    queues = [queue("root"), queue("team-a", "root", 8), queue("default")]
+    w = world([pod("p", "c", queue_name=None)], [claim("c")], queues=queues)
+    assert [(j.name, j.queue, [p.status for p in j.pods]) for j in w.snapshot.jobs] == [
+        ("team-a/pod/p", "default", ["Pending"])]
+
+
+def test_an_ungated_pod_no_one_allocated_for_is_caught_by_the_arbiter() -> None:
+    """Created before the fence (or ungated by hand): kube-scheduler cannot allocate our devices, so the pod
+    waits in the default queue as a pending gang of one; once allocated and bound it is not the arbiter's."""
+    queues = [queue("root"), queue("team-a", "root", 8), queue("default")]
+    w = world([pod("p", "c", queue_name=None, gated=False)], [claim("c")], queues=queues)
+    assert [(j.queue, [p.status for p in j.pods]) for j in w.snapshot.jobs] == [("default", ["Pending"])]
+    bound = pod("p", "c", queue_name=None, gated=False, node_name="n0")
+    w = world([bound], [claim("c", 1, "n0", ("gpu-0",), "p")], queues=queues)
+    assert w.snapshot.jobs == ()
+    assert {n.name: n.gpus for n in w.snapshot.nodes}["n0"] == 7
+
+
+def test_a_gated_pod_whose_claims_are_not_ours_is_released() -> None:
+    nic = claim("nic")
+    nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "nic.example.com"
+    gated = pod("p", "nic", queue_name=None)
+    w = world([gated], [nic])
+    assert w.release == [gated] and w.snapshot.jobs == () and w.waiting == {}
+    w = world([pod("q", "absent", queue_name=None)], [])  # its claim is not there yet: not decided
+    assert w.release == []
+
+
+def test_a_pod_asking_for_the_extended_resource_waits_with_the_reason() -> None:
+    queues = [queue("root"), queue("team-a", "root", 8), queue("default")]
+    p = pod("p", "c", queue_name=None)
+    p["spec"]["resourceClaims"] = []
+    p["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    w = world([p], [], queues=queues)
+    assert "nvidia.com/gpu" in w.waiting["team-a/pod/p"]

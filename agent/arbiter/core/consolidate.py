@@ -1,6 +1,7 @@
 """Consolidate: move preemptible running pods to defragment, so a pending preemptible gang fits.
 
 Only for chunks that do not fit as things are while the cluster as a whole has enough free GPUs for them.
+A job admitted while the gang was already waiting is not moved for it within one burst (evict.same_burst).
 Victims are tried in reverse job order, as KAI's consolidation does: lowest priority first, then the newest
 job, its pods by lowest task priority; at most `MAX_MOVES` per job. A scenario counts only if the chunk fits
 and every moved pod gets a new seat (pipelined: it moves when its eviction completes), on another node or
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agent.arbiter.core.evict import same_burst
 from agent.arbiter.core.placing import chunk_shape, place_chunk
 from agent.arbiter.core.session import Job, JobOrder, Pod, Session, gpu_request
 
@@ -79,7 +81,8 @@ def _reseat(session: Session, moved: Sequence[Pod]) -> bool:
 def _movable(session: Session, job: Job) -> list[Pod]:
     """Victims in reverse job order: lowest priority, then newest job; inside a job, lowest task first."""
     jobs = sorted(
-        (j for j in session.jobs if j is not job and j.preemptible and j.running and j.gained == 0),
+        (j for j in session.jobs if j is not job and j.preemptible and j.running and j.gained == 0
+         and not same_burst(j, session.now, job.spec.created_at)),
         key=lambda j: (j.spec.priority, -j.spec.created_at, -j.index),
     )
     pods: list[Pod] = []

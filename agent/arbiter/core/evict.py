@@ -279,7 +279,7 @@ def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue:
     for q, jobs in by_queue.items():
         if q is not mine:
             minimum = session.reclaim_min_runtime(mine, q)
-            pending[q] = _queue_units(jobs, now, minimum)
+            pending[q] = _queue_units(jobs, now, minimum, waiting_since=job.spec.created_at)
     heads: dict[Queue, Unit] = {}
     while True:
         for q in list(pending):
@@ -296,10 +296,27 @@ def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue:
         yield heads.pop(picked)
 
 
-def _queue_units(jobs: Sequence[Job], now: float | None, min_runtime: float) -> Iterator[Unit]:
+def _queue_units(jobs: Sequence[Job], now: float | None, min_runtime: float,
+                 waiting_since: float | None = None) -> Iterator[Unit]:
     for victim in jobs:
-        if _usable(victim):
+        if _usable(victim) and not same_burst(victim, now, waiting_since):
             yield from _units(victim, _protected(victim, now, min_runtime))
+
+
+# A job admitted while the reclaimer was already waiting was admitted by an allocate pass that weighed the
+# reclaimer first (queue order) and found it did not fit: reclaiming it right after reverses a decision made
+# on the same information. KAI never takes a victim from jobs allocated in its own session (`_usable`); the
+# arbiter's admissions of one burst land over several cycles (each waits for its commits), so the rule
+# extends to them for this long. Later the victim is fair game again, so the reclaimer cannot starve.
+SAME_BURST_S = 30.0
+
+
+def same_burst(victim: Job, now: float | None, waiting_since: float | None) -> bool:
+    """Started after the reclaimer began waiting, less than SAME_BURST_S ago."""
+    started = victim.spec.started_at
+    if now is None or started is None or waiting_since is None:
+        return False
+    return waiting_since <= started and now < started + SAME_BURST_S
 
 
 def _protected(victim: Job, now: float | None, min_runtime: float) -> bool:
