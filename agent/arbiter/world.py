@@ -5,7 +5,8 @@
   `spec.schedulingPolicy.gang.minCount`), or a pod alone. The queue label sits on the pod or its PodGroup.
 - A pod waits (Pending) while it carries our scheduling gate; it holds devices (Running on its node) once its
   claims are allocated; it is Releasing while it terminates with claims still allocated.
-- Nodes: those whose agent advertises a reservation address; GPUs are the `type=gpu` devices of our driver's
+- Nodes: those whose agent advertises a reservation address and its certificate's fingerprint (without it no
+  channel can be pinned, so a reserve there could only fail); GPUs are the `type=gpu` devices of our driver's
   newest pool generation, less devices held by claims no arbiter pod accounts for (other schedulers' pods).
 - The arbiter is the only allocator of the driver's devices (agent.arbiter.fence): a gated pod that names no
   queue waits in the default queue, and so does an ungated, unbound pod whose claim of our classes is not
@@ -38,7 +39,14 @@ from agent.arbiter.core.model import (
     PodStatus,
     Snapshot,
 )
-from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, DEFAULT_QUEUE, GATE, QUEUE_LABEL
+from agent.arbiter.names import (
+    ADDRESS_ANNOTATION,
+    ADMITTED_ANNOTATION,
+    DEFAULT_QUEUE,
+    FINGERPRINT_ANNOTATION,
+    GATE,
+    QUEUE_LABEL,
+)
 from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
 from agent.quantity import QuantityError, parse
 
@@ -583,8 +591,9 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     addresses: dict[str, str] = {}
     for n in nodes:
         name = str(meta(n).get("name"))
-        address = (meta(n).get("annotations") or {}).get(ADDRESS_ANNOTATION)
-        if not address or name not in devices or not _node_ready(n):
+        annotations = meta(n).get("annotations") or {}
+        address = annotations.get(ADDRESS_ANNOTATION)
+        if not address or not annotations.get(FINGERPRINT_ANNOTATION) or name not in devices or not _node_ready(n):
             continue
         addresses[name] = str(address)
         alloc = (n.get("status") or {}).get("allocatable") or {}

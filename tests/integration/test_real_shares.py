@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from agent.arbiter.names import ADDRESS_ANNOTATION, QUEUE_LABEL
+from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION, QUEUE_LABEL
 from agent.arbiter.world import build_world
 from agent.claims import cdi
 from agent.claims.types import ClaimRef
@@ -109,7 +109,8 @@ def test_nine_8gi_shares_on_one_h100_the_tenth_on_another_prepared_and_counted(s
 
     # the arbiter counts the nine on gpu-0 as 72/79.6 of a GPU in their queue
     node_obj = site.cp.request("GET", f"/api/v1/nodes/{NODE}")
-    node_obj.setdefault("metadata", {}).setdefault("annotations", {})[ADDRESS_ANNOTATION] = "127.0.0.1:1"
+    node_obj.setdefault("metadata", {}).setdefault("annotations", {}).update(
+        {ADDRESS_ANNOTATION: "127.0.0.1:1", FINGERPRINT_ANNOTATION: "ab" * 32})
     pods = site.cp.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
     queues = [{"metadata": {"name": "inference"}, "spec": {"resources": {"gpu": {"quota": 1, "limit": -1}}}}]
     world = build_world(pods=[p for p in pods if p["metadata"]["name"] in names[:9]], claims=list(claims.values()),

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import go_duration as parse_duration
-from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, GATE, QUEUE_LABEL
+from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, FINGERPRINT_ANNOTATION, GATE, QUEUE_LABEL
 from agent.arbiter.world import (
     Unsupported,
     allocation_status,
@@ -29,7 +30,8 @@ def queue(name: str, parent: str | None = None, gpu_quota: float = 0, **spec: An
 
 
 def node(name: str, gpus: int = 8) -> tuple[dict[str, Any], dict[str, Any]]:
-    n = {"metadata": {"name": name, "annotations": {ADDRESS_ANNOTATION: f"{name}:7000"}},
+    n = {"metadata": {"name": name, "annotations": {ADDRESS_ANNOTATION: f"{name}:7000",
+                                                         FINGERPRINT_ANNOTATION: "ab" * 32}},
          "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}}
     s = {"metadata": {"name": f"{name}-gpu"}, "spec": {
         "driver": DRIVER, "nodeName": name, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
@@ -144,6 +146,16 @@ def test_nodes_without_an_agent_address_or_not_ready_are_left_out() -> None:
     w = build_world(pods=[], claims=[], pod_groups=[], queues=[], nodes=[n for n, _ in built],
                     slices=[s for _, s in built], driver=DRIVER, now=NOW)
     assert [n.name for n in w.snapshot.nodes] == ["n0"] and w.addresses == {"n0": "n0:7000"}
+
+
+def test_a_node_whose_agent_publishes_no_certificate_fingerprint_is_never_planned_onto() -> None:
+    # its reservation channel cannot be pinned, so a reserve there could only fail: the gang goes elsewhere
+    built = [node("bare", gpus=8), node("n1", gpus=1)]
+    del built[0][0]["metadata"]["annotations"][FINGERPRINT_ANNOTATION]
+    w = build_world(pods=[pod("p", "c")], claims=[claim("c")], pod_groups=[], queues=[queue("team-a", gpu_quota=8)],
+                    nodes=[n for n, _ in built], slices=[s for _, s in built], driver=DRIVER, now=NOW)
+    assert [n.name for n in w.snapshot.nodes] == ["n1"] and w.addresses == {"n1": "n1:7000"}
+    assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n1"
 
 
 def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
