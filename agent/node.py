@@ -286,10 +286,10 @@ class NodeAgent:
 
     # --- internals -------------------------------------------------------------------------------------
 
-    def _reserved_for_other(self, device_name: str, claim: str) -> str:
+    def _reserved_for_other(self, device_name: str, claim: str, share: bool) -> str:
         """The arbiter's reservation for another claim holding this device ("" for none): prepare refuses it."""
         reservations = self.reservations
-        return reservations.book.reserved_for_other(device_name, claim) if reservations is not None else ""
+        return reservations.book.reserved_for_other(device_name, claim, share) if reservations is not None else ""
 
     def _prepared_holders(self) -> list[tuple[str, str]]:
         """(device, "namespace/name" of its claim) for every device in the claim checkpoint."""

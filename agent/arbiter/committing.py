@@ -21,6 +21,7 @@ import copy
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from agent.arbiter.world import (
     Gang,
     Json,
     Member,
+    ShareDevices,
     Unsupported,
     allocated_node,
     allocation_status,
@@ -115,7 +117,11 @@ class Committer:
     # -- commit ---------------------------------------------------------------------------------------
 
     def commit(self, gang_id: str, members: Sequence[tuple[Member, str]],
-               classes: Mapping[str, Mapping[str, Any]]) -> Outcome:
+               classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices | None = None) -> Outcome:
+        """Reserve every member's claims on its node, write the allocations, confirm, ungate. `shareable`: the
+        devices published for sharing (World.shareable), where a request for consumable capacity takes a
+        share of a GPU: the node books its fraction, the claim records the share as kube-scheduler does."""
+        shareable = shareable or {}
         placements: list[MemberPlacement] = []
         to_write: dict[str, tuple[Member, Json, str]] = {}  # reservation member -> (pod, claim, node)
         shared: list[tuple[Member, Json]] = []  # allocated already (by someone else): only reservedFor added
@@ -127,7 +133,8 @@ class Committer:
                             shared.append((member, claim))
                         continue
                     name = f"{member.key}/{meta(claim).get('name')}"
-                    req: Claim = reservation_claim(claim)
+                    on_node = [caps for (pool, _), caps in shareable.items() if pool == node]
+                    req: Claim = reservation_claim(claim, on_node)
                     placements.append(MemberPlacement(name, node, req))
                     to_write[name] = (member, claim, node)
         except Unsupported as e:
@@ -152,11 +159,19 @@ class Committer:
             return Outcome(False, reason)
         outcome = Outcome(True)
 
+        statuses: dict[str, Json] = {}
+        try:
+            for name, (_, claim, node) in to_write.items():
+                devices = held[name][1].fit.devices
+                statuses[name] = {"allocation": allocation_status(claim, node, self._driver, devices, classes,
+                                                                  shareable=shareable, share_id=_share_id)}
+        except Unsupported as e:  # the slice changed under the reservation: nothing was written yet
+            coordinator.release_all(held)
+            return Outcome(False, f"unsupported claim: {e}")
+
         def write(name: str) -> Json:
-            member, claim, node = to_write[name]
-            devices = held[name][1].fit.devices
-            status = {"allocation": allocation_status(claim, node, self._driver, devices, classes)}
-            return self._write_claim(claim, member.pod, status, outcome)
+            member, claim, _ = to_write[name]
+            return self._write_claim(claim, member.pod, statuses[name], outcome)
 
         # the members' claims at once (each claim's two writes stay in order): a gang's commit then takes the
         # time of one claim's writes, not of all of them in a row
@@ -326,6 +341,11 @@ def _call(fn: Callable[[Any], Any], item: Any) -> tuple[Any, ApiError | None]:
         return fn(item), None
     except ApiError as e:
         return None, e
+
+
+def _share_id() -> str:
+    """A share's `shareID`: a fresh RFC 4122 uuid in lowercase, as kube-scheduler makes it."""
+    return str(uuid.uuid4())
 
 
 def _claim_key(claim: Json) -> str:

@@ -420,7 +420,8 @@ class Arbiter:
         classes = {str(meta(c).get("name")): c for c in self.classes.items()}
         gangs = {job: [(world.members[name], node) for name, node in pods] for job, pods in bound.items()}
         # the gang id is the job's name: stable across arbiters, so a successor can release what it left
-        outcomes = self._pool.map(lambda job: self._committer.commit(job, gangs[job], classes), list(gangs))
+        outcomes = self._pool.map(lambda job: self._committer.commit(job, gangs[job], classes, world.shareable),
+                                  list(gangs))
         for job, outcome in zip(list(gangs), outcomes, strict=True):
             members = gangs[job]
             self._expected.extend(outcome.writes)

@@ -139,7 +139,7 @@ class NodeReservations:
         self._selectors = WorkerSelectors()
         self.book = ReservationBook(inventory, self.usage, Allocator(CelSelectors()), clock,
                                     lambda: uuid.uuid4().hex, hold_confirmed_s=HOLD_CONFIRMED_S,
-                                    holders=self.holders, evaluator=self._selectors)
+                                    holders=self.holders, sharers=self.sharers, evaluator=self._selectors)
         self.service = NodeAllocatorService(self.book, token)
         self._server: grpc.Server | None = None
         self.port = 0
@@ -178,6 +178,16 @@ class NodeReservations:
                     out.setdefault(device, set()).add(f"{m.get('namespace')}/{m.get('name')}")
         for device, claim_key in self._prepared():
             out.setdefault(device, set()).add(claim_key)
+        return out
+
+    def sharers(self) -> Mapping[str, Collection[str]]:
+        """device -> the claims ("namespace/name") allocated a consumable-capacity share of it on this node."""
+        out: dict[str, set[str]] = {}
+        for claim in self._claims.by_index(POOL_INDEX, self.node_name):
+            m = claim.get("metadata") or {}
+            for pool, device, _ in allocated_shares(claim, self._driver):
+                if pool == self.node_name:
+                    out.setdefault(device, set()).add(f"{m.get('namespace')}/{m.get('name')}")
         return out
 
     def start(self, address: str, node_ip: str | None = None, sync_timeout: float = 30.0) -> str:

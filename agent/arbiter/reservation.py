@@ -103,11 +103,14 @@ class ReservationBook:
     def __init__(self, inventory: Callable[[], Inventory], usage: Callable[[], NodeUsage],
                  allocator: Allocator, clock: Clock, new_id: Callable[[], str], *,
                  hold_confirmed_s: float | None = None, holders: Holders | None = None,
-                 evaluator: SelectorEvaluator | None = None) -> None:
-        """`holders`: the claims holding each device, for Confirm's re-check (None: no claims to check).
+                 sharers: Holders | None = None, evaluator: SelectorEvaluator | None = None) -> None:
+        """`holders`: the claims holding each device, for Confirm's re-check (None: no claims to check);
+        `sharers`: those of them that hold only a consumable-capacity share of it (a share reservation may
+        sit beside them: the usage counts their fractions).
         `evaluator`: runs selectors before the fit, outside the lock (None: the allocator runs them itself)."""
         self._hold_confirmed = hold_confirmed_s
         self._holders = holders or (lambda: {})
+        self._sharers = sharers or (lambda: {})
         self._evaluator = evaluator
         self._inventory = inventory
         self._usage = usage
@@ -137,22 +140,27 @@ class ReservationBook:
 
     def _others(self, device: str, claim: str | None, reservation: Reservation | None,
                 reservations: Mapping[str, tuple[Reservation, ...]],
-                holders: Mapping[str, Collection[str]]) -> list[str]:
+                holders: Mapping[str, Collection[str]], *, sharers: Mapping[str, Collection[str]]) -> list[str]:
         """Who holds `device` besides the claim `claim` and `reservation`: live reservations for other claims
-        (other shares of a GPU `reservation` shares are not: the allocator made them fit) and claims allocated
-        or prepared here. The one check of one holder per device."""
+        and claims allocated or prepared here (other shares of a GPU `reservation` shares are not: the allocator
+        made them fit). The one check of one holder per device."""
         now = self._clock()
         shares = reservation is not None and device in reservation.fit.shared_milli
         others = [f"reservation {r.id} (gang {r.gang_id}, member {r.member})" for r in reservations.get(device, ())
                   if (reservation is None or r.id != reservation.id) and r.expires_at > now
                   and (claim is None or r.claim != claim) and not (shares and device in r.fit.shared_milli)]
-        others += [f"ResourceClaim {c}" for c in sorted(holders.get(device, ())) if c != claim]
+        others += [f"ResourceClaim {c}" for c in sorted(holders.get(device, ()))
+                   if c != claim and not (shares and c in sharers.get(device, ()))]
         return others
 
-    def reserved_for_other(self, device: str, claim: str) -> str:
+    def reserved_for_other(self, device: str, claim: str, share: bool = False) -> str:
         """Why `claim` may not take `device` now ("" when it may): a live reservation for another claim holds
-        it. Lock-free (see _by_device): prepare calls it under the node lock."""
-        return ", ".join(self._others(device, claim, None, self._by_device, {}))
+        it (whole, when `claim` takes a consumable-capacity share of it: shares sit beside shares).
+        Lock-free (see _by_device): prepare calls it under the node lock."""
+        reservations = self._by_device
+        if share:
+            reservations = {device: tuple(r for r in reservations.get(device, ()) if device not in r.fit.shared_milli)}
+        return ", ".join(self._others(device, claim, None, reservations, {}, sharers={}))
 
     def settle(self) -> int:
         """Drop confirmed reservations whose devices the node now counts as allocated or prepared: the claim
@@ -168,6 +176,11 @@ class ReservationBook:
         held = base.allocated | base.prepared
         done = [r.id for r in self._live.values()
                 if r.confirmed and not r.fit.shared_milli and set(r.fit.all_devices) <= held]
+        # a share's device stays shared by others: it ends once its own claim holds its share (allocated here)
+        if any(r.confirmed and r.fit.shared_milli for r in self._live.values()):
+            sharers = self._sharers()
+            done += [r.id for r in self._live.values() if r.confirmed and r.fit.shared_milli and r.claim
+                     and all(r.claim in sharers.get(d, ()) for d in r.fit.shared_milli)]
         for rid in done:
             del self._live[rid]
         if done:
@@ -215,9 +228,9 @@ class ReservationBook:
             r = self._live.get(reservation_id)
             if r is None:
                 raise UnknownReservation(reservation_id)
-            holders = self._holders()
+            holders, sharers = self._holders(), (self._sharers() if r.fit.shared_milli else {})
             lost = {d: others for d in sorted(r.fit.all_devices)
-                    if (others := self._others(d, r.claim, r, self._by_device, holders))}
+                    if (others := self._others(d, r.claim, r, self._by_device, holders, sharers=sharers))}
             if lost:
                 del self._live[reservation_id]
                 self._changed()

@@ -22,10 +22,12 @@ invalid Queue or PodGroup, a malformed pod or claim: agent.arbiter.validity) is 
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from agent.allocation.allocator import Claim, DeviceRequest
@@ -48,6 +50,7 @@ from agent.arbiter.names import (
     QUEUE_LABEL,
 )
 from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
+from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
 from agent.quantity import QuantityError, parse
 
 Json = dict[str, Any]
@@ -160,9 +163,53 @@ class Unsupported(ValueError):
     """A claim the arbiter cannot reserve for; the message says which request and why."""
 
 
-def reservation_claim(claim: Mapping[str, Any]) -> Claim:
+ShareDevices = Mapping[tuple[str, str], Mapping[str, Capacity]]  # (pool, device) -> capacities, shareable ones
+
+
+def share_part(requests: Mapping[str, Fraction], devices: Iterable[Mapping[str, Capacity]]) -> float | None:
+    """The largest part of a GPU one share for `requests` (a request's `capacity.requests`) takes of any of
+    `devices` (their capacities), consumed as upstream rounds it; None when none of them can serve it."""
+    best: float | None = None
+    for capacities in devices:
+        taken = share_of(requests, capacities)
+        if taken is None:
+            continue
+        part = max((float(v / capacities[k].value) for k, v in taken.items() if capacities[k].value), default=0.0)
+        best = max(best or 0.0, min(1.0, part))
+    return best
+
+
+def share_milli(part: float) -> int:
+    """A share's part of a GPU as the local allocator books it: rounded up (the node counts allocated shares
+    the same way), at least one milli, and never the whole GPU (a fraction is 1..999)."""
+    return min(MILLI - 1, max(1, math.ceil(part * MILLI)))
+
+
+def share_requests(claim: Mapping[str, Any]) -> dict[str, dict[str, Fraction]]:
+    """Request name (as reservation_claim names it) -> its `capacity.requests`, for the requests that ask for a
+    share of a device (consumable capacity)."""
+    out = {}
+    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        name, exact = str(r.get("name")), r.get("exactly")
+        if exact is None and r.get("firstAvailable"):
+            exact = r["firstAvailable"][0]
+            name = f"{name}/{exact.get('name')}"
+        try:
+            wanted = requests_of((exact or {}).get("capacity"))
+        except ShareError as e:
+            raise Unsupported(f"request {name!r}: {e}") from None
+        if wanted:
+            out[name] = wanted
+    return out
+
+
+def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str, Capacity]] = ()) -> Claim:
     """The allocator's view of a ResourceClaim's spec: `exactly` requests of our classes, ExactCount, with
-    their CEL selectors; constraints that span the whole claim. firstAvailable takes its first entry."""
+    their CEL selectors; constraints that span the whole claim. firstAvailable takes its first entry.
+    A request for consumable capacity becomes a GPU fraction: the part of a GPU its share takes of the
+    `shareable` devices (their capacities) it may land on (the largest, so it fits wherever the node puts it)."""
+    shareable = list(shareable)
+    wanted = share_requests(claim)
     devices = (claim.get("spec") or {}).get("devices") or {}
     requests = []
     for r in devices.get("requests") or ():
@@ -180,11 +227,17 @@ def reservation_claim(claim: Mapping[str, Any]) -> Claim:
             raise Unsupported(f"request {name!r} uses allocationMode {exact.get('allocationMode')}")
         if exact.get("adminAccess"):
             raise Unsupported(f"request {name!r} asks for admin access")
-        if (exact.get("capacity") or {}).get("requests"):
-            raise Unsupported(f"request {name!r} asks for consumable capacity (a share of a GPU): kube-scheduler "
-                              "places shares; leave the pod without the arbiter's gate")  # fmt: skip
         selectors = tuple(str(s["cel"]["expression"]) for s in exact.get("selectors") or () if s.get("cel"))
-        requests.append(DeviceRequest(name, klass, selectors, int(exact.get("count") or 1)))
+        milli = None
+        if name in wanted:
+            if klass != GPU_CLASS or int(exact.get("count") or 1) != 1:
+                raise Unsupported(f"request {name!r}: a share (capacity.requests) is of one {GPU_CLASS} device")
+            part = share_part(wanted[name], shareable)
+            if part is None:
+                raise Unsupported(f"request {name!r}: no GPU published for sharing takes a share of "
+                                  f"{describe(wanted[name])}")  # fmt: skip
+            milli = share_milli(part)
+        requests.append(DeviceRequest(name, klass, selectors, int(exact.get("count") or 1), milli))
     if not requests:
         raise Unsupported("the claim has no device requests")
     match: list[str] = []
@@ -201,6 +254,11 @@ def reservation_claim(claim: Mapping[str, Any]) -> Claim:
 
 def device_count(claim: Claim) -> int:
     return sum(r.count for r in claim.requests)
+
+
+def requested_gpus(claim: Claim) -> float:
+    """GPUs a claim asks for: a share its fraction, else its devices."""
+    return sum(r.count if r.gpu_milli is None else r.gpu_milli / MILLI for r in claim.requests)
 
 
 def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[str, str], float]:
@@ -232,6 +290,25 @@ def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[
     return out
 
 
+def share_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[str, str], dict[str, Capacity]]:
+    """(pool, device) -> the capacities, with their request policies, of each device of our driver published
+    with allowMultipleAllocations (unreadable capacities leave the device out)."""
+    out: dict[tuple[str, str], dict[str, Capacity]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != driver:
+            continue
+        pool = str((spec.get("pool") or {}).get("name"))
+        for d in spec.get("devices") or ():
+            if d.get("allowMultipleAllocations") is True:
+                try:
+                    out[(pool, str(d.get("name")))] = {
+                        str(k): Capacity.from_json(v or {}) for k, v in (d.get("capacity") or {}).items()}
+                except (QuantityError, AttributeError):
+                    continue
+    return out
+
+
 def shareable_capacities(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[str, str], dict[str, float]]:
     """(pool, device) -> capacity values of each device published with allowMultipleAllocations."""
     out: dict[tuple[str, str], dict[str, float]] = {}
@@ -257,11 +334,13 @@ def share_gpus(consumed: Mapping[str, Any], capacity: Mapping[str, float] | None
 
 
 def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, str], float],
-               capacities: Mapping[tuple[str, str], Mapping[str, float]] | None = None) -> float:
+               capacities: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+               share_devices: ShareDevices | None = None) -> float:
     """GPUs a claim counts toward its queue: once allocated, what was allocated (a firstAvailable claim its
     chosen subrequest, a MIG device its share of a GPU, a consumable-capacity share the part of the GPU it
     consumed: nine 8Gi shares of a 79.6 GiB H100 are 72/79.6 of a GPU); before, what it asks for
-    (firstAvailable: its first choice; unknown devices as whole GPUs)."""
+    (firstAvailable: its first choice; unknown devices as whole GPUs; a share the part it would take of the
+    shareable GPU it takes most of)."""
     if is_allocated(claim):
         total = 0.0
         for r in _results(claim):
@@ -273,7 +352,7 @@ def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, 
             else:
                 total += worth.get(key, 1.0)
         return total
-    return float(device_count(reservation_claim(claim)))
+    return requested_gpus(reservation_claim(claim, (share_devices or {}).values()))
 
 
 def _results(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
@@ -287,13 +366,29 @@ def allocated_shares(claim: Mapping[str, Any], driver: str) -> list[tuple[str, s
 
 
 def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices: Mapping[str, Sequence[str]],
-                      classes: Mapping[str, Mapping[str, Any]]) -> Json:
+                      classes: Mapping[str, Mapping[str, Any]], *, shareable: ShareDevices | None = None,
+                      share_id: Callable[[], str] | None = None) -> Json:
     """`status.allocation` for devices a node reserved, as kube-scheduler writes it: results naming driver,
     pool (the node's pool is named after the node) and device; the class's then the claim's opaque configs;
-    a nodeSelector for exactly that node."""
+    a nodeSelector for exactly that node. A request for consumable capacity gets a share: a fresh `shareID`
+    (`share_id()`) and the `consumedCapacity` upstream's request policy rounds it to on that device
+    (Unsupported when the device is not published for sharing, or cannot serve the share)."""
     spec_devices = (claim.get("spec") or {}).get("devices") or {}
-    results = [{"request": request, "driver": driver, "pool": node, "device": d}
-               for request, names in devices.items() for d in names]
+    wanted = share_requests(claim)
+    results: list[Json] = []
+    for request, names in devices.items():
+        for d in names:
+            result: Json = {"request": request, "driver": driver, "pool": node, "device": d}
+            if request in wanted:
+                capacities = (shareable or {}).get((node, d))
+                taken = share_of(wanted[request], capacities) if capacities is not None else None
+                if taken is None or share_id is None:
+                    raise Unsupported(f"request {request!r}: device {d} of node {node} cannot take a share of "
+                                      f"{describe(wanted[request])}")  # fmt: skip
+                result["shareID"] = share_id()
+                if taken:
+                    result["consumedCapacity"] = to_quantities(taken)
+            results.append(result)
     requested = {r.split("/")[0] for r in devices}
     config: list[Json] = []
     for r in spec_devices.get("requests") or ():
@@ -350,6 +445,7 @@ class World:
     invalid: dict[str, Invalid] = field(default_factory=dict)  # left out of the snapshot ("Kind ns/name")
     release: list[Json] = field(default_factory=list)  # gated pods that are not the arbiter's: ungate as they are
     doubles: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (pool, device) in 2+ claims -> keys
+    shareable: dict[tuple[str, str], dict[str, Capacity]] = field(default_factory=dict)  # share_devices
 
 
 def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
@@ -610,6 +706,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     jobs = []
     worth = device_gpus(slices, driver)
     capacities = shareable_capacities(slices, driver)
+    shareable = share_devices(slices, driver)
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
     # A pod holds whole milli-GPUs; each queue's fractions are rounded as a running sum, so nine 8Gi shares of a
     # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
@@ -633,7 +730,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                     ref = f"{meta(c).get('namespace')}/{meta(c).get('name')}"
                     if ref not in counted:
                         counted.add(ref)
-                        gpus += claim_gpus(c, driver, worth, capacities)
+                        gpus += claim_gpus(c, driver, worth, capacities, shareable)
             except Unsupported as e:
                 unsupported = f"{key}: {e}"
                 gpus = 0
@@ -679,4 +776,4 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
     snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
-    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles)
+    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles, shareable)

@@ -61,14 +61,15 @@ class ClaimPreparer:
         on_inventory_changed: Callable[[], None] = lambda: None,
         lock_timeout: float = 10.0,
         sharing: ClaimSharing | None = None,
-        reserved: Callable[[str, str], str] = lambda device_name, claim: "",
+        reserved: Callable[[str, str, bool], str] = lambda device_name, claim, share: "",
         share_mode: ShareMode | None = None,
         dev_root: Path | None = None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
         TimeSlicing and MPS configs on the node (None: they are checked, not applied). `reserved(device,
-        "namespace/name")` names the arbiter's reservation for another claim holding the device, "" for none
+        "namespace/name", share)` names the arbiter's reservation for another claim holding the device (whole,
+        for a share), "" for none
         (agent.arbiter.reservation.ReservationBook.reserved_for_other): prepare refuses such a device."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -114,7 +114,7 @@ class ClaimStates:
         migs: MigDevices | None = None,
         on_inventory_changed: Callable[[], None] = lambda: None,
         sharing: ClaimSharing | None = None,
-        reserved: Callable[[str, str], str] = lambda device_name, claim: "",
+        reserved: Callable[[str, str, bool], str] = lambda device_name, claim, share: "",
         share_mode: shares.ShareMode | None = None,
         dev_root: Path | None = None,
     ) -> None:
@@ -346,8 +346,10 @@ class ClaimStates:
             if share_id:
                 self._check_share(cp, ref, device, [p.checkpointed for p in planned], inventory)
             self._check_free(cp, ref.uid, device)
-            if not device.admin_access and (holder := self.reserved(name, f"{ref.namespace}/{ref.name}")):
-                # the queue arbiter holds it for a gang it is committing: one holder per device
+            holder = "" if device.admin_access else self.reserved(name, f"{ref.namespace}/{ref.name}", bool(share_id))
+            if holder:
+                # the queue arbiter holds it for a gang it is committing: one holder per device (shares beside
+                # shares)
                 raise ClaimError(f"device {name} is reserved for another claim: {holder}")
             planned.append(_Planned(device, replace(found.cdi, share_id=share_id), config))
         return _with_share_limits(planned, inventory)

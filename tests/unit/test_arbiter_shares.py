@@ -7,13 +7,17 @@ import uuid
 from typing import Any
 
 import pytest
+import yaml
 
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
-from agent.arbiter.world import Unsupported, build_world, reservation_claim
+from agent.allocation.allocator import DeviceRequest
+from agent.arbiter.world import Unsupported, allocation_status, build_world, reservation_claim, share_devices
 from agent.devices.shares import ShareMode
 from agent.nvml.source import open_nvml
 from agent.slices.build import build_resource_slices
+from fakes.scheduler.allocator import allocate
+from tests.unit.test_scheduler_shares import DAEMONSET
 from tests.unit.test_arbiter_support import cycle, doc, job, node, pod, queue
 from tests.unit.test_arbiter_world import DRIVER, NOW
 from tests.unit.test_arbiter_world import claim as api_claim
@@ -70,11 +74,57 @@ def test_a_share_under_a_share_count_is_one_of_n() -> None:
     assert [p.gpu_milli for p in job_.pods] == [250]
 
 
-def test_a_pending_share_is_left_to_kube_scheduler_with_a_reason() -> None:
+def test_a_pending_share_asks_the_node_for_the_fraction_of_a_gpu_it_will_consume() -> None:
     claim = shared_claim("s", "gpu-0", {"memory": "8Gi"})
     del claim["status"]
-    with pytest.raises(Unsupported, match="consumable capacity .* kube-scheduler places shares"):
-        reservation_claim(claim)
+    with open_nvml("fake:dgx-h100") as nvml:
+        slices = build_resource_slices(nvml.discover(), "n0", share_mode=MEMORY)
+    devices = share_devices(slices, DRIVER)
+    # 8Gi of an H100's 81559Mi, rounded up as the node counts allocated shares: 101 milli-GPUs
+    assert reservation_claim(claim, devices.values()).requests == (DeviceRequest("gpu", gpu_milli=101),)
+    with pytest.raises(Unsupported, match="no GPU published for sharing takes a share of memory=8Gi"):
+        reservation_claim(claim)  # no device published for sharing
+    claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "81Gi"
+    with pytest.raises(Unsupported, match="memory=81Gi"):  # more than the GPU has: upstream's max
+        reservation_claim(claim, devices.values())
+
+
+def test_the_commit_writes_a_share_as_kube_scheduler_does() -> None:
+    claim = shared_claim("s", "gpu-0", {"memory": "8Gi"})
+    del claim["status"]
+    claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "7000Mi"
+    with open_nvml("fake:dgx-h100") as nvml:
+        slices = build_resource_slices(nvml.discover(), "n0", share_mode=MEMORY)
+    classes = [d for d in yaml.safe_load_all((DAEMONSET / "base" / "deviceclasses.yaml").read_text()) if d]
+    ids = iter(["0b6f5c1e-2d4a-4c8e-9f10-3a5b7c9d1e2f"])
+    ours = allocation_status(claim, "n0", DRIVER, {"gpu": ["gpu-3"]}, {str(c["metadata"]["name"]): c for c in classes},
+                             shareable=share_devices(slices, DRIVER), share_id=lambda: next(ids))
+    # kube-scheduler's choice, given only gpu-3
+    only = [{"spec": {**s["spec"], "devices": [d for d in s["spec"]["devices"] if d["name"] == "gpu-3"]}}
+            for s in slices]
+    theirs = allocate(claim, only, classes)
+    [mine], [real] = ours["devices"]["results"], theirs["devices"]["results"]
+    assert mine["shareID"] == "0b6f5c1e-2d4a-4c8e-9f10-3a5b7c9d1e2f"
+    assert {k: v for k, v in mine.items() if k != "shareID"} == {k: v for k, v in real.items() if k != "shareID"}
+    assert mine["consumedCapacity"] == {"memory": "7000Mi", "shares": "1"}
+    assert ours["nodeSelector"] == theirs["nodeSelector"]
+    with pytest.raises(Unsupported, match="gpu-3 of node n0 cannot take a share"):  # not published for sharing
+        allocation_status(claim, "n0", DRIVER, {"gpu": ["gpu-3"]}, {}, shareable={}, share_id=lambda: "x")
+
+
+def test_pending_shares_are_planned_as_fractions_onto_one_gpu() -> None:
+    pending = []
+    claims = []
+    for i in range(9):
+        c = shared_claim(f"p{i}", "gpu-0", {"memory": "8Gi"})
+        del c["status"]
+        claims.append(c)
+        pending.append(api_pod(f"p{i}", f"p{i}"))
+    world_ = shared_world(claims, pending=pending)
+    milli = [p.gpu_milli for j in world_.snapshot.jobs for p in j.pods]
+    assert len(milli) == 9 and set(milli) == {101} and not world_.waiting
+    result = run_cycle(world_.snapshot, ["allocate"])
+    assert {result.pods[f"team-a/p{i}"].action for i in range(9)} == {"bind"}
 
 
 def share(name: str, node_name: str | None = None, memory: float = 8 * GI) -> dict[str, Any]:

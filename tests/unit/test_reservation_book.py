@@ -169,3 +169,42 @@ def test_gang_whose_reservation_expired_before_commit_is_released() -> None:
                                                 MemberPlacement("b", "n2", gpus(1))], ttl_seconds=10)
     assert not out.committed and "UnknownReservation" in out.reason
     assert all(b.live() == [] for b in books.values())
+
+
+def share(milli: int) -> Claim:
+    return Claim((DeviceRequest("gpu", gpu_milli=milli),))
+
+
+def test_shares_are_reserved_beside_each_other_on_a_gpu_with_room_and_end_once_their_claims_hold_them() -> None:
+    # gpu-0 holds six 8Gi shares allocated already (101 milli each, as the node counts them); the arbiter
+    # reserves three more, then a fourth that only another GPU has room for
+    allocated = {"gpu-0": {f"team-a/s{i}" for i in range(6)}}
+    sharers: dict[str, set[str]] = {d: set(c) for d, c in allocated.items()}
+    usage = NodeUsage(shared_milli={"gpu-0": 6 * 101})
+    inv = inventory(*(gpu(i, "A") for i in range(2)))
+    ids = (f"r{i}" for i in itertools.count())
+    b = ReservationBook(lambda: inv, lambda: usage, Allocator(CelSelectors()), Clock(), lambda: next(ids),
+                        hold_confirmed_s=60.0, holders=lambda: sharers, sharers=lambda: sharers)
+    held = [b.reserve("g", f"team-a/p{i}/s{6 + i}", share(101), ttl_seconds=30) for i in range(3)]
+    assert [(r.fit.devices, r.fit.shared_milli) for r in held] == [({"gpu": ("gpu-0",)}, {"gpu-0": 101})] * 3
+    tenth = b.reserve("g", "team-a/p3/s9", share(101), ttl_seconds=30)
+    assert tenth.fit.devices == {"gpu": ("gpu-1",)}  # 9 x 101 on gpu-0: no room for 101 more
+    with pytest.raises(NoFit):  # the whole GPUs are not offered whole: both carry shares
+        b.reserve("h", "team-b/w/c", gpus(1), ttl_seconds=30)
+    # the arbiter writes the claim, then confirms: the other shares on gpu-0 are no holders to lose it to
+    sharers["gpu-0"].add("team-a/s6")
+    b.confirm(held[0].id)
+    assert held[0].id not in {r.id for r in b.live()}  # its claim holds the share now: the reservation ended
+    # prepare of a share is not refused for the other shares reserved on its GPU, a whole device's would be
+    assert b.reserved_for_other("gpu-0", "team-a/s6", share=True) == ""
+    assert b.reserved_for_other("gpu-0", "team-b/whole").startswith("reservation r1")
+
+
+def test_a_share_reservation_is_lost_to_a_claim_that_holds_its_gpu_whole() -> None:
+    holders = {"gpu-0": {"team-b/whole"}}
+    inv = inventory(gpu(0, "A"))
+    b = ReservationBook(lambda: inv, NodeUsage, Allocator(CelSelectors()), Clock(), lambda: "r0",
+                        holders=lambda: holders, sharers=dict)
+    r = b.reserve("g", "team-a/p/s", share(101), ttl_seconds=30)
+    with pytest.raises(UnknownReservation, match="held by ResourceClaim team-b/whole"):
+        b.confirm(r.id)
