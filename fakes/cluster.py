@@ -30,6 +30,7 @@ from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.names import GATE, QUEUE_LABEL
 from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
 from agent.devices.model import Inventory
+from agent.devices.shares import ShareMode
 from agent.kube.client import api_client
 from agent.kube.errors import ApiError, Conflict
 from agent.kube.events import EventRecorder
@@ -78,8 +79,10 @@ def _manifest(*names: str) -> list[dict[str, Any]]:
 class FakeCluster:
     def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti",
                  apiserver_process: bool = False, kubeconfig: pathlib.Path | None = None,
-                 make_node: Callable[[str], dict[str, Any]] | None = None) -> None:
-        """`apiserver_process`: run the API server fake as its own process (`python -m fakes.apiserver`), as a
+                 make_node: Callable[[str], dict[str, Any]] | None = None,
+                 share_mode: ShareMode | None = None) -> None:
+        """`share_mode`: the nodes publish their GPUs for consumable capacity (`--consumable-shares`).
+        `apiserver_process`: run the API server fake as its own process (`python -m fakes.apiserver`), as a
         real one would be, instead of in this one (where tests can reach into it as `server`).
         `kubeconfig`: use that API server instead (the real control plane, whose kube-controller-manager and
         kube-scheduler do what the stand-ins do here: none is started); `make_node` creates a Ready Node there."""
@@ -91,6 +94,7 @@ class FakeCluster:
         self._process: subprocess.Popen[str] | None = None
         self.server: apiserver.ApiServer | None = None
         self._make_node = make_node
+        self.share_mode = share_mode
         if kubeconfig is not None:
             self.rest = Rest(api_client(str(kubeconfig)))
         elif apiserver_process:
@@ -141,7 +145,8 @@ class FakeCluster:
             node["status"] = {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
                               "conditions": [{"type": "Ready", "status": "True"}]}
             self.rest.replace(NODES, node, "status")
-        for s in build_resource_slices(self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"]):
+        for s in build_resource_slices(self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"],
+                                       share_mode=self.share_mode):
             self.rest.create(RESOURCE_SLICES, None, s)
         agent = NodeReservations(node_name=name, driver=DRIVER, inventory=lambda: self.inventory,
                                  prepared=lambda: (), unhealthy=lambda: (), token=self.token, rest=self.rest,

@@ -191,9 +191,12 @@ class ReservationBook:
         base = self._usage()
         reserved = set(base.reserved)
         shared = dict(base.shared_milli)
+        # a share whose claim the node already counts as allocated is not counted twice (until it settles)
+        sharers = self._sharers() if any(r.fit.shared_milli for r in self._live.values()) else {}
         for r in self._live.values():
             for device, milli in r.fit.shared_milli.items():
-                shared[device] = shared.get(device, 0) + milli
+                if r.claim is None or r.claim not in sharers.get(device, ()):
+                    shared[device] = shared.get(device, 0) + milli
             reserved.update(d for d in r.fit.all_devices if d not in r.fit.shared_milli)
         return dataclasses.replace(base, reserved=frozenset(reserved), shared_milli=shared)
 
