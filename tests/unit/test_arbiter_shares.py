@@ -9,21 +9,21 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.allocation.allocator import DeviceRequest
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
-from agent.allocation.allocator import DeviceRequest
 from agent.arbiter.world import Unsupported, allocation_status, build_world, reservation_claim, share_devices
 from agent.devices.shares import ShareMode
 from agent.nvml.source import open_nvml
 from agent.slices.build import build_resource_slices
 from fakes.scheduler.allocator import allocate
-from tests.unit.test_scheduler_shares import DAEMONSET
 from tests.unit.test_arbiter_support import cycle, doc, job, node, pod, queue
 from tests.unit.test_arbiter_world import DRIVER, NOW
 from tests.unit.test_arbiter_world import claim as api_claim
 from tests.unit.test_arbiter_world import node as api_node
 from tests.unit.test_arbiter_world import pod as api_pod
 from tests.unit.test_arbiter_world import queue as api_queue
+from tests.unit.test_scheduler_shares import DAEMONSET
 
 GI = 1 << 30
 H100 = 81559 << 20  # what NVML reports for an H100 80GB HBM3: 79.6 GiB
