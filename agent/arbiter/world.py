@@ -309,21 +309,6 @@ def share_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tupl
     return out
 
 
-def shareable_capacities(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[str, str], dict[str, float]]:
-    """(pool, device) -> capacity values of each device published with allowMultipleAllocations."""
-    out: dict[tuple[str, str], dict[str, float]] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != driver:
-            continue
-        pool = str((spec.get("pool") or {}).get("name"))
-        for d in spec.get("devices") or ():
-            if d.get("allowMultipleAllocations") is True:
-                out[(pool, str(d.get("name")))] = {
-                    str(k): _quantity((v or {}).get("value", "0")) for k, v in (d.get("capacity") or {}).items()}
-    return out
-
-
 def share_gpus(consumed: Mapping[str, Any], capacity: Mapping[str, float] | None) -> float:
     """What a share is worth in GPUs: the largest part it takes of any of the device's capacities (memory for
     `memory: 8Gi`, one of N for `--consumable-shares=N`); 1 when the device is not published (any more)."""
@@ -705,8 +690,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # jobs
     jobs = []
     worth = device_gpus(slices, driver)
-    capacities = shareable_capacities(slices, driver)
     shareable = share_devices(slices, driver)
+    capacities = {key: {name: float(c.value) for name, c in caps.items()} for key, caps in shareable.items()}
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
     # A pod holds whole milli-GPUs; each queue's fractions are rounded as a running sum, so nine 8Gi shares of a
     # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
