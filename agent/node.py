@@ -236,6 +236,7 @@ class NodeAgent:
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
                 prepared=self._prepared_holders,
                 unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
+                share_mode=self.config.share_mode,
             )
             self.reservations.start(self.config.reservation_address, self.config.node_ip)
         self._spawn("slice-resync", self._resync_loop)

@@ -150,7 +150,7 @@ class FakeCluster:
             self.rest.create(RESOURCE_SLICES, None, s)
         agent = NodeReservations(node_name=name, driver=DRIVER, inventory=lambda: self.inventory,
                                  prepared=lambda: (), unhealthy=lambda: (), token=self.token, rest=self.rest,
-                                 claims=self.node_claims)
+                                 claims=self.node_claims, share_mode=self.share_mode)
         agent.start("127.0.0.1:0")
         self.agents[name] = agent
         return agent

@@ -41,6 +41,7 @@ from agent.arbiter.selector_worker import WorkerSelectors
 from agent.arbiter.world import Json, allocated_devices, allocated_shares, share_gpus
 from agent.devices.model import Inventory
 from agent.devices.names import gpu_device_name
+from agent.devices.shares import ShareMode, capacities
 from agent.kube.errors import ApiError
 from agent.kube.informer import Informer
 from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
@@ -123,11 +124,13 @@ class NodeReservations:
     def __init__(self, *, node_name: str, driver: str, inventory: Callable[[], Inventory],
                  prepared: Callable[[], Iterable[tuple[str, str]]], unhealthy: Callable[[], Iterable[str]],
                  token: str, rest: Rest, clock: Callable[[], float] = time.time,
-                 claims: Informer | None = None) -> None:
+                 claims: Informer | None = None, share_mode: ShareMode | None = None) -> None:
         """`prepared`: (device, "namespace/name" of its claim) of every device prepared here. `claims`: an
         informer shared by several nodes in one process (fakes), indexed with `claim_pools` and calling
-        `claim_seen` of the nodes its claims name; by default the node watches claims itself."""
+        `claim_seen` of the nodes its claims name; by default the node watches claims itself. `share_mode`:
+        the capacities the node publishes its GPUs with (`--consumable-shares`), what a share is counted of."""
         self.node_name = node_name
+        self._share_mode = share_mode
         self._driver = driver
         self._inventory = inventory
         self._prepared = prepared
@@ -158,15 +161,22 @@ class NodeReservations:
             device for claim in claims
             for pool, device in allocated_devices(claim, self._driver, shares=False) if pool == self.node_name
         )
-        memory = {gpu_device_name(g.minor): float(g.memory_bytes) for g in self._inventory().gpus}
+        published = {gpu_device_name(g.minor): self._capacities(g.memory_bytes) for g in self._inventory().gpus}
         shared: dict[str, int] = {}
         for claim in claims:
             for pool, device, consumed in allocated_shares(claim, self._driver):
                 if pool == self.node_name:
-                    milli = math.ceil(share_gpus(consumed, {"memory": memory.get(device, 0.0)}) * MILLI)
+                    milli = math.ceil(share_gpus(consumed, published.get(device)) * MILLI)
                     shared[device] = min(MILLI, shared.get(device, 0) + max(1, milli))
         return NodeUsage(allocated=allocated, prepared=frozenset(d for d, _ in self._prepared()),
                          unhealthy=frozenset(self._unhealthy()), shared_milli=shared)
+
+    def _capacities(self, memory_bytes: int) -> dict[str, float]:
+        """A GPU's published capacities: a share counts as the largest part it consumed of any (its memory,
+        or one of N shares), as the arbiter counts it."""
+        if self._share_mode is None:
+            return {"memory": float(memory_bytes)}
+        return {name: float(c.value) for name, c in capacities(memory_bytes, self._share_mode).items()}
 
     def holders(self) -> Mapping[str, Collection[str]]:
         """device -> the claims ("namespace/name") allocated it on this node or prepared with it here."""

@@ -103,3 +103,21 @@ def test_gated_share_claims_of_a_queue_are_admitted_onto_one_gpu_and_prepared(
         [r] = results(cluster, name)
         [device] = prepared.devices
         assert device.cdi_device_ids == (cdi.device_id(ref.uid, r["device"], r["shareID"]),)
+
+
+def test_under_a_share_count_a_gpu_takes_no_more_shares_than_it_publishes(tmp_path: pathlib.Path) -> None:
+    # `--consumable-shares=4`: each share takes one of four, whatever little memory it asks for
+    with FakeCluster(nodes=1, share_mode=ShareMode("count", 4)) as cluster:
+        cluster.queue("root")
+        cluster.queue("serving", parent="root", gpu_quota=2)
+        names = [f"small-{i}" for i in range(5)]
+        for name in names[:4]:
+            share_pod(cluster, name, memory="1Gi")
+        cluster.arbiter()
+        wait_for(lambda: bound(cluster, names[:4]), timeout=60, what="four share pods bound")
+        first = {r["device"] for name in names[:4] for r in results(cluster, name)}
+        assert len(first) == 1
+        assert [r["consumedCapacity"] for r in results(cluster, "small-0")] == [{"memory": "1Gi", "shares": "1"}]
+        share_pod(cluster, names[4], memory="1Gi")  # the node counts the four allocated as a full GPU
+        wait_for(lambda: bound(cluster, names[4:]), timeout=60, what="the fifth share pod bound")
+        assert {r["device"] for r in results(cluster, names[4])}.isdisjoint(first)
