@@ -148,12 +148,13 @@ class Cluster:
     def mark_release(self, node_index: int, sign: int) -> None:
         node = self.nodes[node_index]
         node.releases += sign
+        bit = 1 << node_index
         if node.releases > 0:
-            self.releasing.add(node_index)
-            self.releasing_buckets[node.after_free].add(node_index)
+            self.releasing.bits |= bit
+            self.releasing_buckets[node.after_free].bits |= bit
         else:
-            self.releasing.discard(node_index)
-            self.releasing_buckets[node.after_free].discard(node_index)
+            self.releasing.bits &= ~bit
+            self.releasing_buckets[node.after_free].bits &= ~bit
 
     def _reindex(self, node: Node, whole: int, after_free: int, partial: int) -> None:
         # the node sets' bits are flipped in place: this runs for every pod that comes or goes
