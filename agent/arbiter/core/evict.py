@@ -199,6 +199,10 @@ def _restore_next(session: Session, left: dict[Job, list[Unit]], job: Job) -> No
         del left[job]
     if job.active + len(unit) < job.spec.min_member:
         return  # an elastic pod alone would leave its gang below minMember: it stays evicted
+    first = unit[0]
+    assert first.seat is not None
+    if not session.cluster.seat_free(first.spec, first.seat, bind=False):
+        return  # the usual case: the chunk took its seat (checked first, it is the cheaper test)
     if not session.within_limits(job, request_of(unit)):
         return  # never back in breach of its queue's limit
     mark = session.checkpoint()
