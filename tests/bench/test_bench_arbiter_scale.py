@@ -6,7 +6,8 @@ slower): 24,000 running (75% of the 32,000 GPUs) and 116,000 pending. Wall-clock
 it two or three times.
 
 Each figure is printed beside a baseline's, measured back to back on the same snapshot: the arbiter core of the git
-ref `ARBITER_BASELINE` (default `main`; `none` skips it), extracted with `git archive` and run in a subprocess.
+ref `ARBITER_BASELINE` (default `main`; `none` skips it), extracted with `git archive`. With a baseline, both sides
+run in fresh subprocesses, one after the other: a process that has already run cycles is measurably slower.
 The `decisions` row is a digest of every pod's decision, so the two columns show whether the decisions agree.
 """
 
@@ -151,7 +152,7 @@ def _baseline_tree(tmp: Path) -> tuple[str, Path] | None:
     return ref, tmp
 
 
-def _baseline_cycle(tree: Path, nodes: int, running: int, pending: int, gpu: str) -> dict[str, float]:
+def _cycle_in_subprocess(tree: Path, nodes: int, running: int, pending: int, gpu: str) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", _BASELINE_RUN, str(tree), __file__, str(nodes), str(running),
                           str(pending), gpu], capture_output=True, check=True, text=True)
     times: dict[str, float] = json.loads(out.stdout)
@@ -166,11 +167,15 @@ def _baseline_cycle(tree: Path, nodes: int, running: int, pending: int, gpu: str
     ids=["1k-nodes-14k-pods", "4k-nodes-140k-pods"],
 )
 def test_one_full_cycle(nodes: int, running: int, pending: int, tmp_path: Path) -> None:
-    snapshot = synthetic(nodes, running, pending)
     baseline = _baseline_tree(tmp_path)
+    snapshot = synthetic(nodes, running, pending) if baseline is None else None
     for gpu in ("fgd", "binpack"):  # the default, then KAI's
-        before = _baseline_cycle(baseline[1], nodes, running, pending, gpu) if baseline else None
-        times = _cycle(dataclasses.replace(snapshot, placement=Placement(gpu=gpu)))
+        if baseline:
+            before = _cycle_in_subprocess(baseline[1], nodes, running, pending, gpu)
+            times = _cycle_in_subprocess(ROOT, nodes, running, pending, gpu)
+        else:
+            assert snapshot is not None
+            before, times = None, _cycle(dataclasses.replace(snapshot, placement=Placement(gpu=gpu)))
         print(f"\n{nodes} nodes x 8 GPUs, {running} running + {pending} pending pods, 50 queues, GPUs by {gpu}:")
         print(f"  {'':38s} {'this tree':>10s}" + (f" {baseline[0][:10]:>10s}" if baseline else ""))
         for name, value in times.items():
