@@ -4,14 +4,27 @@
 (target: under 1 s), then 4,000 nodes and 140,000 pods (KAI reports 2.35-2.5 s per cycle in Go; target: no
 slower): 24,000 running (75% of the 32,000 GPUs) and 116,000 pending. Wall-clock times: on a shared machine run
 it two or three times.
+
+Each figure is printed beside a baseline's, measured back to back on the same snapshot: the arbiter core of the git
+ref `ARBITER_BASELINE` (default `main`; `none` skips it), extracted with `git archive`. With a baseline, both sides
+run in fresh subprocesses, one after the other: a process that has already run cycles is measurably slower.
+The `decisions` row is a digest of every pod's decision, so the two columns show whether the decisions agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
+import io
+import json
+import os
 import random
+import subprocess
+import sys
+import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -100,10 +113,49 @@ def _cycle(snapshot: Snapshot) -> dict[str, float]:
     gc.collect()
     times["collection after the cycle"] = time.perf_counter() - t
     t = time.perf_counter()
-    run_cycle(snapshot)  # as `simulate` times it: with the decisions and the next round's snapshot
+    result = run_cycle(snapshot)  # as `simulate` times it: with the decisions and the next round's snapshot
     times["run_cycle (simulate's cycleSeconds)"] = time.perf_counter() - t
     times["pods placed"] = bound
     times["pods evicted"] = evicted
+    times["decisions"] = int(hashlib.sha256(repr(sorted(result.pods.items())).encode()).hexdigest()[:8], 16)
+    return times
+
+
+ROOT = Path(__file__).resolve().parents[2]
+_BASELINE_RUN = """
+import dataclasses, importlib.util, json, sys
+sys.path.insert(0, sys.argv[1])
+spec = importlib.util.spec_from_file_location("scale_bench", sys.argv[2])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+from agent.arbiter.core import cycle
+from agent.arbiter.core.model import Placement
+assert cycle.__file__.startswith(sys.argv[1]), cycle.__file__
+nodes, running, pending = (int(a) for a in sys.argv[3:6])
+snapshot = dataclasses.replace(bench.synthetic(nodes, running, pending), placement=Placement(gpu=sys.argv[6]))
+print(json.dumps(bench._cycle(snapshot)))
+"""
+
+
+def _baseline_tree(tmp: Path) -> tuple[str, Path] | None:
+    """The baseline ref's `agent` package extracted under `tmp`, or None (no such ref, or `none`)."""
+    ref = os.environ.get("ARBITER_BASELINE", "main")
+    if ref == "none":
+        return None
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref, "agent"],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:
+        print(f"\nno baseline: git archive {ref}: {archive.stderr.decode().strip()}")
+        return None
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tmp, filter="data")
+    return ref, tmp
+
+
+def _cycle_in_subprocess(tree: Path, nodes: int, running: int, pending: int, gpu: str) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", _BASELINE_RUN, str(tree), __file__, str(nodes), str(running),
+                          str(pending), gpu], capture_output=True, check=True, text=True)
+    times: dict[str, float] = json.loads(out.stdout)
     return times
 
 
@@ -114,12 +166,24 @@ def _cycle(snapshot: Snapshot) -> dict[str, float]:
     [(1_000, 4_000, 10_000), (4_000, 24_000, 116_000)],
     ids=["1k-nodes-14k-pods", "4k-nodes-140k-pods"],
 )
-def test_one_full_cycle(nodes: int, running: int, pending: int) -> None:
-    snapshot = synthetic(nodes, running, pending)
+def test_one_full_cycle(nodes: int, running: int, pending: int, tmp_path: Path) -> None:
+    baseline = _baseline_tree(tmp_path)
+    snapshot = synthetic(nodes, running, pending) if baseline is None else None
     for gpu in ("fgd", "binpack"):  # the default, then KAI's
-        times = _cycle(dataclasses.replace(snapshot, placement=Placement(gpu=gpu)))
+        if baseline:
+            before = _cycle_in_subprocess(baseline[1], nodes, running, pending, gpu)
+            times = _cycle_in_subprocess(ROOT, nodes, running, pending, gpu)
+        else:
+            assert snapshot is not None
+            before, times = None, _cycle(dataclasses.replace(snapshot, placement=Placement(gpu=gpu)))
         print(f"\n{nodes} nodes x 8 GPUs, {running} running + {pending} pending pods, 50 queues, GPUs by {gpu}:")
+        print(f"  {'':38s} {'this tree':>10s}" + (f" {baseline[0][:10]:>10s}" if baseline else ""))
         for name, value in times.items():
-            print(f"  {name:38s} {value:10.3f}" + ("" if name.startswith("pods") else " s"))
+            other = before.get(name) if before else None
+            if name == "decisions" or name.startswith("pods"):
+                spec = "10x" if name == "decisions" else "10d"
+                print(f"  {name:38s} {int(value):{spec}}" + (f" {int(other):{spec}}" if other is not None else ""))
+                continue
+            print(f"  {name:38s} {value:10.3f}" + (f" {other:10.3f}" if other is not None else "") + " s")
         if nodes == 1_000:
             assert times["total"] < 1.0

@@ -148,37 +148,46 @@ class Cluster:
     def mark_release(self, node_index: int, sign: int) -> None:
         node = self.nodes[node_index]
         node.releases += sign
+        bit = 1 << node_index
         if node.releases > 0:
-            self.releasing.add(node_index)
-            self.releasing_buckets[node.after_free].add(node_index)
+            self.releasing.bits |= bit
+            self.releasing_buckets[node.after_free].bits |= bit
         else:
-            self.releasing.discard(node_index)
-            self.releasing_buckets[node.after_free].discard(node_index)
+            self.releasing.bits &= ~bit
+            self.releasing_buckets[node.after_free].bits &= ~bit
 
     def _reindex(self, node: Node, whole: int, after_free: int, partial: int) -> None:
+        # the node sets' bits are flipped in place: this runs for every pod that comes or goes
+        bit = 1 << node.index
         if whole != node.whole_free:
-            self.buckets[node.whole_free].discard(node.index)
-            self.buckets[whole].add(node.index)
+            self.buckets[node.whole_free].bits &= ~bit
+            self.buckets[whole].bits |= bit
             node.whole_free = whole
         if after_free != node.after_free:
             if node.releases > 0:
-                self.releasing_buckets[node.after_free].discard(node.index)
-                self.releasing_buckets[after_free].add(node.index)
+                self.releasing_buckets[node.after_free].bits &= ~bit
+                self.releasing_buckets[after_free].bits |= bit
             node.after_free = after_free
         if (partial > 0) != (node.partial > 0):
             if partial:
-                self.shared.add(node.index)
+                self.shared.bits |= bit
             else:
-                self.shared.discard(node.index)
+                self.shared.bits &= ~bit
         node.partial = partial
 
     def _reshape(self, node: Node, shape: Shape) -> None:
         if shape != node.shape:
-            old = self.by_shape[node.shape]
-            old.discard(node.index)
-            if not old:
-                del self.by_shape[node.shape]
-            self.by_shape.setdefault(shape, NodeSet()).add(node.index)
+            by_shape = self.by_shape
+            bit = 1 << node.index
+            old = by_shape[node.shape]
+            old.bits &= ~bit
+            if not old.bits:
+                del by_shape[node.shape]
+            members = by_shape.get(shape)
+            if members is None:
+                by_shape[shape] = NodeSet(bit)
+            else:
+                members.bits |= bit
             node.shape = shape
 
     # -- finding room -----------------------------------------------------------------------------------
@@ -218,18 +227,24 @@ class Cluster:
         scores = self.scores
         assert scores is not None
         nodes = self.nodes
-        for i in self._by_score(lambda shape: scores.whole(shape, count), bind):
+        # only nodes with `count` GPUs empty in the needed layers: any other would fail `_seat_whole`, and on a
+        # busy cluster binding tries would otherwise walk every node that is free only once releases finish
+        pool = 0
+        for members in (self.buckets if bind else self.releasing_buckets)[count:]:
+            pool |= members.bits
+        if not pool:
+            return None
+        for i in self._by_score(lambda shape: scores.whole(shape, count), pool):
             if i != exclude:
                 seat = self._seat_whole(nodes[i], pod, count, bind, held.get(i, ()), gang_gpus=gang_gpus)
                 if seat is not None:
                     return seat
         return None
 
-    def _by_score(self, score_of: Callable[[Shape], int], bind: bool) -> Iterator[int]:
-        """Node indices, best-scoring shape first and equal scores in node-name order: each shape present is
-        scored once and the nodes of equally scored shapes are merged as bit masks."""
+    def _by_score(self, score_of: Callable[[Shape], int], pool: int) -> Iterator[int]:
+        """Node indices among `pool` (bits), best-scoring shape first and equal scores in node-name order: each
+        shape present is scored once and the nodes of equally scored shapes are merged as bit masks."""
         ranked: dict[int, int] = {}  # score -> the nodes (bits) of every shape scoring so
-        pool = -1 if bind else self.releasing.bits  # pipelining: only onto nodes with releases pending
         for shape, members in self.by_shape.items():
             bits = members.bits & pool
             if bits:
@@ -308,7 +323,8 @@ class Cluster:
         assert scores is not None
         milli = pod.gpu_milli
         nodes = self.nodes
-        for i in self._by_score(lambda shape: scores.shared(shape, milli)[0], bind):
+        pool = -1 if bind else self.releasing.bits  # pipelining: only onto nodes with releases pending
+        for i in self._by_score(lambda shape: scores.shared(shape, milli)[0], pool):
             node = nodes[i]
             if i == exclude or not self.fits_cpu_mem(node, pod, bind):
                 continue

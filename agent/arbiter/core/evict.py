@@ -165,13 +165,14 @@ def _reallocate(session: Session, job: Job, chunk: Sequence[Pod], taken: list[Un
         left.setdefault(unit[0].job, []).append(unit)
     placed = False
     chunk_request = request_of(chunk)
+    requests = {id(unit): request_of(unit) for unit in taken}  # asked for again at every pick
 
     def order(job: Job) -> tuple[QueueKey, tuple[int, int, float, int]]:
-        return queue_key(job.queue, request_of(left[job][0])), job.key()
+        return queue_key(job.queue, requests[id(left[job][0])]), job.key()
 
     while left:
         victim = min(left, key=order)
-        if not placed and _before(job, chunk_request, victim, request_of(left[victim][0])):
+        if not placed and _before(job, chunk_request, victim, requests[id(left[victim][0])]):
             if not place_chunk(session, job, chunk):
                 return False
             placed = True
@@ -198,6 +199,10 @@ def _restore_next(session: Session, left: dict[Job, list[Unit]], job: Job) -> No
         del left[job]
     if job.active + len(unit) < job.spec.min_member:
         return  # an elastic pod alone would leave its gang below minMember: it stays evicted
+    first = unit[0]
+    assert first.seat is not None
+    if not session.cluster.seat_free(first.spec, first.seat, bind=False):
+        return  # the usual case: the chunk took its seat (checked first, it is the cheaper test)
     if not session.within_limits(job, request_of(unit)):
         return  # never back in breach of its queue's limit
     mark = session.checkpoint()
