@@ -39,7 +39,7 @@ from agent.arbiter.committing import Committer, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
-from agent.arbiter.fence import fence_rule, fences
+from agent.arbiter.fence import default_queue, fence_rule, fences
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
 from agent.arbiter.queue_status import queue_statuses
@@ -196,6 +196,7 @@ class Arbiter:
         self._fence_served = True  # the API serves DeviceTaintRules (1.37+); checked at start
         self._fenced_since: float | None = None  # when the fence rule came into force (epoch seconds)
         self._fence_tried = -math.inf
+        self._queue_tried = -math.inf
         self.doubles: dict[tuple[str, str], list[str]] = {}  # devices in two claims, as last seen
         self.cycles = 0
         self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
@@ -253,6 +254,7 @@ class Arbiter:
         with self._timed("snapshot"):
             world = self._world(now)
         self.directory.addresses = world.addresses
+        self._keep_default_queue(now)
         self._tell_invalid(world)
         self._report_doubles(world)
         with self._timed("release"):
@@ -302,6 +304,19 @@ class Arbiter:
                            driver=self.config.driver, now=now, default_queue=self.config.default_queue)
 
     # -- the fence ----------------------------------------------------------------------------------------
+
+    def _keep_default_queue(self, now: float) -> None:
+        """Create the default Queue when it is missing (pods that name no queue wait in it)."""
+        name = self.config.default_queue
+        if not name or self.queues.get("", name) is not None or now - self._queue_tried < 5.0:
+            return
+        self._queue_tried = now
+        try:
+            self._rest.create(QUEUES, None, default_queue(name))
+            log.info("created the default Queue %s (pods that name no queue wait in it)", name)
+        except ApiError as e:
+            if e.status != 409:  # created meanwhile: fine
+                log.warning("cannot create the default Queue %s: %s", name, e)
 
     def _keep_fence(self, now: float) -> None:
         """Create (or restore) the DeviceTaintRule that keeps other allocators off the driver's devices, and

@@ -40,3 +40,18 @@ def fences(rule: Mapping[str, Any] | None, driver: str) -> bool:
     taint = spec.get("taint") or {}
     whole_driver = selector.get("driver") == driver and not selector.get("pool") and not selector.get("device")
     return whole_driver and taint.get("key") == FENCE_TAINT and taint.get("effect") == EFFECT
+
+
+def default_queue(name: str) -> dict[str, Any]:
+    """The Queue a pod that names none waits in, as the arbiter creates it when missing: top level, no GPU quota,
+    so it gets what the other queues leave over. Created by the arbiter, not shipped in the overlay: one
+    `kubectl apply` cannot create a CRD and an object of it (the kind is not served yet when kubectl maps it)."""
+    unlimited = {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+    return {
+        "apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1",
+        "kind": "Queue",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpu-dra-agent"}},
+        "spec": {"resources": {"gpu": {"quota": 0, "limit": -1, "overQuotaWeight": 1},
+                               "cpu": dict(unlimited), "memory": dict(unlimited)}},
+    }
+

@@ -316,6 +316,8 @@ _NAMESPACED = ("pods", "resourceclaims", "resourceclaimtemplates", "configmaps",
 _CLUSTER_SCOPED = (
     "/apis/resource.k8s.io/v1/resourceslices",
     "/apis/resource.k8s.io/v1/devicetaintrules",
+    "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings",  # the arbiter overlay's gate
+    "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies",
     "/apis/resource.k8s.io/v1/deviceclasses",
     "/api/v1/nodes",
 )

@@ -8,6 +8,7 @@ control plane ten times (tests/bench/test_bench_coexistence.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +43,22 @@ def test_the_arbiter_puts_its_fence_back() -> None:
                                           "timeAdded": rule["spec"]["taint"]["timeAdded"]}}
         cluster.rest.delete(DEVICE_TAINT_RULES, None, FENCE_RULE)
         wait_for(lambda: _get(cluster, DEVICE_TAINT_RULES, FENCE_RULE), timeout=30, what="the rule put back")
+
+
+def test_the_arbiter_creates_its_default_queue_when_missing() -> None:
+    """Tried: the overlay shipped the Queue beside the CRD, and a first `kubectl apply -R` failed on it (the kind
+    is not served when kubectl maps it). The arbiter creates it instead; one an operator changed is kept."""
+    from agent.kube.rest import QUEUES
+
+    with FakeCluster(nodes=1) as cluster:
+        assert _get(cluster, QUEUES, "default") is None
+        cluster.arbiter(ArbiterConfig(period_s=0.05))
+        queue = wait_for(lambda: _get(cluster, QUEUES, "default"), what="the default Queue")
+        assert queue["spec"]["resources"]["gpu"] == {"quota": 0, "limit": -1, "overQuotaWeight": 1}
+        queue["spec"]["priority"] = 7  # an operator's change
+        cluster.rest.replace(QUEUES, queue)
+        time.sleep(0.5)
+        assert (_get(cluster, QUEUES, "default") or {})["spec"].get("priority") == 7
 
 
 def _get(cluster: FakeCluster, resource: Any, name: str, ns: str | None = None) -> dict[str, Any] | None:

@@ -102,6 +102,7 @@ def test_the_arbiter_rbac_is_what_it_calls() -> None:
         ("resource.k8s.io", "resourceclaims", "update"),  # the delete-protection finalizer
         ("resource.k8s.io", "resourceclaims/status", "update"),  # allocation and reservedFor
         ("scheduling.gpu-dra-agent.io", "queues/status", "patch"),
+        ("scheduling.gpu-dra-agent.io", "queues", "create"),  # the default Queue, when missing
         ("", "events", "create"), ("", "events", "patch"),
         # the fence: put back the DeviceTaintRule that keeps kube-scheduler off the driver's devices
         ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "update"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,13 @@ def test_apply_recursive_of_the_daemonset_directory_passes_on_a_fresh_server(clu
     if not any(r.get("name") == "mutatingadmissionpolicies" for r in listed.get("resources") or []):
         pytest.skip("the arbiter overlay's MutatingAdmissionPolicy v1 is served from Kubernetes 1.36")
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-    done = kubectl(config, "apply", "-R", "-f", str(DAEMONSET))
-    assert done.returncode == 0, done.stderr
-    assert "namespace/gpu-dra-agent created" in done.stdout
-    assert "daemonset.apps/gpu-dra-agent-node created" in done.stdout
+    try:
+        done = kubectl(config, "apply", "-R", "-f", str(DAEMONSET))
+        assert done.returncode == 0, done.stderr
+        assert "namespace/gpu-dra-agent created" in done.stdout
+        assert "daemonset.apps/gpu-dra-agent-node created" in done.stdout
+    finally:  # the real control plane is shared: its fence, gate, policies and roles must not reach the next test
+        kubectl(config, "delete", "-R", "-f", str(DAEMONSET), "--ignore-not-found")
 
 
 def _event(name: str, node: str, reason: str, kind: str, message: str) -> dict[str, Any]:
@@ -71,7 +75,9 @@ def test_explain_queues_describes_every_field(cluster: Cluster, tmp_path: Path) 
     done = kubectl(config, "apply", "-f", str(DAEMONSET / "overlays" / "arbiter" / "queue-crd.yaml"))
     assert done.returncode == 0, done.stderr
     kubectl(config, "wait", "--for=condition=Established", "crd/queues.scheduling.gpu-dra-agent.io")
-    explained = kubectl(config, "explain", "queues")
+    deadline = time.monotonic() + 30  # kube-apiserver publishes a new CRD's discovery and OpenAPI a moment later
+    while (explained := kubectl(config, "explain", "queues")).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert explained.returncode == 0, explained.stderr
     assert "A queue of the gpu-dra-agent arbiter" in explained.stdout
     document = cluster.raw("GET", "/openapi/v3/apis/scheduling.gpu-dra-agent.io/v1alpha1").body

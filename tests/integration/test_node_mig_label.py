@@ -278,5 +278,6 @@ def test_an_invalid_mig_config_file_stops_the_agent_with_one_sentence(
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr  # one sentence, no traceback
-    assert f"CRITICAL agent.node: --mig-config-file {path}" in lines[0]  # the fatal line is a log record
+    # the fatal line is a log record
+    assert f"CRITICAL agent.node: gpu-dra-agent node: --mig-config-file {path}" in lines[0]
     assert says in lines[0]

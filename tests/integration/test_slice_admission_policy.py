@@ -70,7 +70,7 @@ def installed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     them; two nodes and a slice of each. Every write the tests make is a dry run."""
     cp = control_plane
     created: list[str] = []
-    for doc in documents("namespace.yaml") + documents("rbac.yaml") + documents("admission-policy.yaml"):
+    for doc in documents("00-namespace.yaml") + documents("rbac.yaml") + documents("admission-policy.yaml"):
         path = _collection(doc)
         cp.request("POST", path, doc)
         created.append(f"{path}/{doc['metadata']['name']}")
