@@ -85,6 +85,23 @@ class Binder:
         self._slices = slices
         self._classes = classes
         self._taint_rules = taint_rules
+        # kube-scheduler's assume cache: allocations this binder wrote that its claim informer may not show yet
+        # (key -> the resourceVersion written, the claim as written); without it, the next pod's allocation can
+        # pick a device the last one just took
+        self._assumed: dict[str, tuple[int, Json]] = {}
+
+    def _known_claims(self) -> list[Json]:
+        """Every claim as the informer shows it, or as this binder last wrote it where the informer lags."""
+        out = []
+        for c in self._claims.items():
+            key = f"{c['metadata'].get('namespace')}/{c['metadata']['name']}"
+            assumed = self._assumed.get(key)
+            if assumed is not None and int(c["metadata"].get("resourceVersion") or 0) < assumed[0]:
+                out.append(assumed[1])
+                continue
+            self._assumed.pop(key, None)  # the informer caught up
+            out.append(c)
+        return out
 
     def sync(self) -> int:
         bound = 0
@@ -139,7 +156,7 @@ class Binder:
         pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
         if not pending:
             return {}
-        everything = list(self._claims.items())
+        everything = self._known_claims()
         slices = with_rule_taints(self._slices.items(), self._taint_rules.items() if self._taint_rules else ())
         out: dict[str, Json] = {}
         for c in pending:
@@ -167,7 +184,10 @@ class Binder:
             if name in allocations:
                 status["allocation"] = allocations[name]
             status["reservedFor"] = [*reserved, ref]
-            self._rest.replace(RESOURCE_CLAIMS, body, "status")
+            written = self._rest.replace(RESOURCE_CLAIMS, body, "status")
+            if name in allocations:
+                key = f"{written['metadata'].get('namespace')}/{name}"
+                self._assumed[key] = (int(written["metadata"].get("resourceVersion") or 0), written)
 
     def _bind(self, pod: Json, node: str) -> None:
         meta = pod["metadata"]
