@@ -25,7 +25,7 @@ from agent.claims import cdi
 from fakes.nvml.control import FakeNvml
 from fakes.nvml.driver_files import VERSION as DRIVER_VERSION
 from fakes.nvml.machines import get_machine
-from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY
+from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY, built_binaries
 from tests.controlplane import build
 from tests.controlplane.cluster import ControlPlane, wait_for
 from tests.node import images
@@ -83,14 +83,8 @@ class RunningPod:
 
 @pytest.fixture(scope="module")
 def site(request: pytest.FixtureRequest) -> Iterator[Site]:
-    binaries = request.config.stash.get(CONTROL_PLANE_KEY, None)
-    stack = request.config.stash.get(NODE_STACK_KEY, None)
-    for outcome in (binaries, stack):
-        if isinstance(outcome, str):
-            pytest.skip(outcome)
-        if isinstance(outcome, build.BuildError):
-            pytest.fail(f"the node tier cannot run: {outcome}")
-    assert isinstance(binaries, Path) and isinstance(stack, Path), "the node tier was selected but not built"
+    binaries = built_binaries(request, CONTROL_PLANE_KEY, "node tier")
+    stack = built_binaries(request, NODE_STACK_KEY, "node tier")
     with ControlPlane(binaries).start() as cp:
         for doc in yaml.safe_load_all((REPO / "daemonset" / "base" / "deviceclasses.yaml").read_text()):
             cp.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", doc)
