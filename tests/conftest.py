@@ -15,7 +15,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 
 # The real control-plane tier (marker `controlplane`): the binary directory, or why the tier is skipped.
-CONTROL_PLANE_KEY = pytest.StashKey[pathlib.Path | str | build.BuildError]()
+# A tier's build outcome: its binary directory, why it is skipped here (str), or how its build broke.
+BuildOutcome = pathlib.Path | str | build.BuildError
+CONTROL_PLANE_KEY = pytest.StashKey[BuildOutcome]()
 STARTUP_KEY = pytest.StashKey[tuple[float, dict[str, float]]]()
 BUILD_KEY = pytest.StashKey[str]()
 # Whether a session builds missing binaries itself (GPU_DRA_AGENT_BUILD_CONTROL_PLANE=0/1 overrides), and for
@@ -27,7 +29,7 @@ BUILD_BUDGET_S = 40 * 60
 # The node tier (marker `node`) also needs kubelet, containerd, runc, the CNI plugins and crictl
 # (tests/node/build.py; README has the measured times). GPU_DRA_AGENT_NODE_STACK_BUILD_BUDGET (seconds)
 # bounds its build the same way.
-NODE_STACK_KEY = pytest.StashKey[pathlib.Path | str | build.BuildError]()
+NODE_STACK_KEY = pytest.StashKey[BuildOutcome]()
 NODE_BUILD_BUDGET_S = 20 * 60
 
 
@@ -101,7 +103,7 @@ def _control_plane(config: pytest.Config) -> None:
     config.stash[BUILD_KEY] = f"built in {time.monotonic() - started:.0f}s"
 
 
-def _node_stack(config: pytest.Config) -> pathlib.Path | str | build.BuildError:
+def _node_stack(config: pytest.Config) -> BuildOutcome:
     """The node tier's binary directory, or why the tier is skipped (str) or broken (BuildError)."""
     from tests.node import build as node_build
     from tests.node import images
@@ -156,15 +158,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     terminalreporter.write_line(line)
 
 
+def built_binaries(request: pytest.FixtureRequest, key: pytest.StashKey[BuildOutcome], tier: str) -> pathlib.Path:
+    """The binary directory collection stashed under `key`; skips (not built here, and why) or fails (the build
+    broke) the test otherwise."""
+    binaries = request.config.stash.get(key, None)
+    if isinstance(binaries, str):
+        pytest.skip(binaries)
+    if isinstance(binaries, build.BuildError):
+        pytest.fail(f"the {tier} cannot run: {binaries}")
+    if binaries is None:
+        pytest.fail(f"the {tier} was selected but no build was attempted")
+    return binaries
+
+
 @pytest.fixture(scope="session")
 def control_plane_binaries(request: pytest.FixtureRequest) -> pathlib.Path:
     """Where the real control plane's binaries are (build or skip decided in tests/conftest.py), for tests
     that start control planes of their own (other flags, one per run)."""
-    binaries = request.config.stash.get(CONTROL_PLANE_KEY, None)
-    if isinstance(binaries, str):
-        pytest.skip(binaries)
-    if isinstance(binaries, build.BuildError):
-        pytest.fail(f"the real control-plane tier cannot run: {binaries}")
-    if binaries is None:
-        pytest.fail("the real control-plane tier was selected but no build was attempted")
-    return binaries
+    return built_binaries(request, CONTROL_PLANE_KEY, "real control-plane tier")

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.arbiter.names import GATE
+from agent.arbiter.world import is_gated
 from agent.kube.errors import NotFound
 from agent.kube.leader import LeaderElector
 from agent.kube.rest import LEASES, POD_GROUPS, PODS, RESOURCE_CLAIMS
@@ -43,10 +43,6 @@ PODS_PER_BURST = GANGS * 2 + SINGLES
 # reservations a killed arbiter made and never confirmed hold their devices until they expire: recovery takes
 # about this long when the kill lands between reserve and confirm (30 s by default; shorter keeps trials short)
 TTL_S = float(os.environ.get("TRIAL_RESERVATION_TTL", "5"))
-
-
-def _gated(pod: dict[str, Any]) -> bool:
-    return any(g.get("name") == GATE for g in pod["spec"].get("schedulingGates") or ())
 
 
 def _burst(cluster: FakeCluster, ns: str) -> None:
@@ -74,13 +70,13 @@ def _phase_reached(cluster: FakeCluster, ns: str, phase: str) -> bool:
         return _live(cluster) > 0
     if phase == "claims":
         return any(_results(c) for c in _claims(cluster, ns))
-    return any(not _gated(p) for p in cluster.pods(ns))
+    return any(not is_gated(p) for p in cluster.pods(ns))
 
 
 def _state(cluster: FakeCluster, ns: str) -> dict[str, int]:
     pods = cluster.pods(ns)
     return {"reservations": _live(cluster), "claims allocated": sum(1 for c in _claims(cluster, ns) if _results(c)),
-            "pods ungated": sum(1 for p in pods if not _gated(p))}
+            "pods ungated": sum(1 for p in pods if not is_gated(p))}
 
 
 def _damage(cluster: FakeCluster, ns: str) -> dict[str, int]:
@@ -89,7 +85,7 @@ def _damage(cluster: FakeCluster, ns: str) -> dict[str, int]:
     by_gang: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for p in pods.values():
         by_gang[(p["spec"].get("schedulingGroup") or {}).get("podGroupName") or p["metadata"]["name"]].append(p)
-    partial = sum(1 for members in by_gang.values() if 0 < sum(not _gated(p) for p in members) < len(members))
+    partial = sum(1 for members in by_gang.values() if 0 < sum(not is_gated(p) for p in members) < len(members))
     twice = 0
     holders: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
     for c in cluster.rest.list(RESOURCE_CLAIMS)["items"]:
@@ -163,7 +159,7 @@ def _kill_at(cluster: FakeCluster, ns: str, proc: subprocess.Popen[bytes], phase
 
 def _recovered(cluster: FakeCluster, ns: str) -> bool:
     pods = cluster.pods(ns)
-    return (len(pods) == PODS_PER_BURST and all(not _gated(p) and p["spec"].get("nodeName") for p in pods)
+    return (len(pods) == PODS_PER_BURST and all(not is_gated(p) and p["spec"].get("nodeName") for p in pods)
             and _live(cluster) == 0)
 
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -109,23 +110,36 @@ def build(log: Path | None = None, budget_s: float | None = None) -> Path:
     go = go_command()
     if go is None:
         raise BuildError("`go` is not on PATH: building kube-apiserver 1.37 and etcd needs Go 1.26")
+
+    def steps(staging: Path, out: IO[str], deadline: float | None) -> None:
+        commands = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS]
+        _go_build(go, MODULE_DIR, commands, staging, out, deadline, budget_s)
+        _go_build(go, ETCD_MODULE_DIR, [ETCD_MAIN], staging / "etcd", out, deadline, budget_s)
+
+    return build_once(binary_dir(), built, steps, log, budget_s)
+
+
+def build_once(target: Path, ready: Callable[[], Path | None], steps: Callable[[Path, IO[str], float | None], None],
+               log: Path | None = None, budget_s: float | None = None) -> Path:  # fmt: skip
+    """`target`, made by `steps(staging, log, deadline)` under the cache's file lock unless `ready()` finds it there.
+
+    Shared by every Go build the tests cache (control plane, node stack, nvidia-cdi-hook): another session may
+    be building the same thing, so the lock is waited for (within `budget_s`) and `ready()` asked again; the
+    steps write into a staging directory renamed to `target` whole, so a killed build leaves no half directory.
+    """
     deadline = None if budget_s is None else time.monotonic() + budget_s
-    target = binary_dir()
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
         _lock(lock, deadline, budget_s)  # another session may be building the same thing: wait for it
-        ready = built()
-        if ready:
-            return ready
+        if ready() is not None:
+            return target
         log = log or target.parent / f"{target.name}.build.log"
         staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
         try:
             with open(log, "w") as out:
-                commands = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS]
-                _go_build(go, MODULE_DIR, commands, staging, out, deadline, budget_s)
-                _go_build(go, ETCD_MODULE_DIR, [ETCD_MAIN], staging / "etcd", out, deadline, budget_s)
+                steps(staging, out, deadline)
             shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)  # whole or not at all: a killed build leaves no half directory behind
+            staging.rename(target)  # whole or not at all
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -151,9 +165,18 @@ def _go_build(go: str, module: Path, packages: list[str], output: Path, out: IO[
                *(["-tags", tags] if tags else []),
                "-o", f"{output}{os.sep}" if len(packages) > 1 else str(output), *packages]  # fmt: skip
     print(f"$ (cd {module} && {' '.join(command)})", file=out, flush=True)
+    returncode = run_within(command, module, out, deadline, budget_s, env)
+    if returncode != 0:
+        raise BuildError(f"`go build` in {module} failed with exit {returncode}; see {out.name}")
+
+
+def run_within(command: list[str], cwd: Path, out: IO[str], deadline: float | None, budget_s: float | None,
+               env: dict[str, str] | None = None) -> int:  # fmt: skip
+    """`command`'s exit status, its output in `out`; stopped (with every process it started) and BuildTimeout
+    raised past `deadline`."""
     started = time.monotonic()
     # A session of its own, so a stop takes the compilers and linkers go started with it.
-    process = subprocess.Popen(command, cwd=module, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                env={**os.environ, **(env or {})})  # fmt: skip
     try:
         returncode = process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -167,8 +190,7 @@ def _go_build(go: str, module: Path, packages: list[str], output: Path, out: IO[
         process.wait()
         raise
     print(f"# exit {returncode} after {time.monotonic() - started:.0f}s", file=out, flush=True)
-    if returncode != 0:
-        raise BuildError(f"`go build` in {module} failed with exit {returncode}; see {out.name}")
+    return returncode
 
 
 def main() -> int:

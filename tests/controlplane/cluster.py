@@ -26,9 +26,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -55,6 +56,25 @@ SERVICE_CIDR = "10.0.0.0/24"
 
 class ControlPlaneError(RuntimeError):
     """A component did not start or exited; the message carries the tail of its log."""
+
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, alive: Callable[[], None] = lambda: None,
+             error: Callable[[str], Exception] = AssertionError) -> T:  # fmt: skip
+    """`probe()`'s first value other than None, asked every 0.2s; `alive()` first each time (it raises when what
+    is waited on has died). Past `timeout`, `error` ("timed out after ...s waiting for <what>") is raised: a
+    test's failure by default, the harness's own error where the harness waits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive()
+        found = probe()
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise error(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
 
 
 def free_port() -> int:

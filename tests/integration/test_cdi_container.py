@@ -29,6 +29,7 @@ from agent.nvml.source import open_nvml
 from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.driver_files import VERSION
 from tests.integration.test_node_support import DRIVER, MACHINE, NODE, allocate_claim, create_node
+from tests.node import images
 
 CDI_DIR = pathlib.Path("/var/run/cdi")
 LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")  # runc here needs them explicit
@@ -54,11 +55,11 @@ def server() -> Iterator[fakes.apiserver.ApiServer]:
 @pytest.fixture
 def rootfs(tmp_path: pathlib.Path) -> pathlib.Path:
     """A bare container root: static busybox and the machine's static ldconfig, nothing of NVIDIA's."""
-    busybox = shutil.which("busybox")
+    try:
+        busybox = images.busybox()
+    except images.ImageError as error:
+        pytest.skip(str(error))
     ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
-    # a dynamic one names its loader (PT_INTERP) just after the ELF headers
-    if busybox is None or b"/ld-" in pathlib.Path(busybox).read_bytes()[:4096]:
-        pytest.skip("no static busybox (apt-get install busybox-static)")
     root = tmp_path / "rootfs"
     for folder in ("bin", "sbin", "etc", "tmp", "proc", "sys", "dev"):
         (root / folder).mkdir(parents=True)

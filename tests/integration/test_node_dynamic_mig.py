@@ -4,8 +4,7 @@ agent, API fake, kubelet fake over the real sockets."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,15 @@ from agent.claims import cdi
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.source import NvmlSource, open_nvml
 from fakes.kubelet import FakeKubelet
-from tests.integration.test_node_support import DRIVER, NODE, allocate_claim, cdi_file, create_node, short_tmpdir
+from tests.integration.test_node_support import (
+    DRIVER,
+    NODE,
+    allocate_claim,
+    cdi_file,
+    create_node,
+    eventually,
+    short_tmpdir,
+)
 
 PLACEMENT = "gpu-1-mig-1g10gb-19-3"
 
@@ -38,14 +45,6 @@ class Node:
 
     def published(self) -> dict[str, dict[str, Any]]:
         return {d["name"]: d for s in self.server.store.objects("ResourceSlice") for d in s["spec"].get("devices", [])}
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

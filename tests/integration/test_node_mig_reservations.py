@@ -4,7 +4,7 @@ being offered for reservations at once, and a reservation already holding one of
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,17 +15,9 @@ from agent.allocation.allocator import Claim, DeviceRequest
 from agent.migconfig.files import load_mig_configs
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.source import open_nvml
-from tests.integration.test_node_support import DRIVER, NODE, create_node, short_tmpdir
+from tests.integration.test_node_support import DRIVER, NODE, create_node, eventually, short_tmpdir
 
 STATE = "nvidia.com/mig.config.state"
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -60,12 +52,12 @@ def test_a_relabel_withdraws_its_gpus_from_reservations_and_waits_for_one_held(
     def events(reason: str) -> list[dict[str, Any]]:
         return [e for e in server.store.objects("Event") if e["reason"] == reason]
 
-    eventually(lambda: bool(events("MigConfigWaiting")), "a MigConfigWaiting Event")
+    eventually(lambda: bool(events("MigConfigWaiting")), "a MigConfigWaiting Event", 15.0)
     assert "reservation of gang gang-a" in events("MigConfigWaiting")[-1]["message"]
     assert book.capacity().free_gpus_by_model == {}  # nothing more may be reserved on the changing GPUs
     time.sleep(1.5)
     assert server.store.get("Node", NODE)["metadata"]["labels"][STATE] == "pending"
     assert not any(m for m in agent.inventory.mig_devices)
     assert book.release(held.id) == 1
-    eventually(lambda: server.store.get("Node", NODE)["metadata"]["labels"].get(STATE) == "success", "success")
+    eventually(lambda: server.store.get("Node", NODE)["metadata"]["labels"].get(STATE) == "success", "success", 15.0)
     assert book.capacity().free_mig_placements == {"1g.10gb": 56}

@@ -13,10 +13,10 @@ import contextlib
 import json
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -25,9 +25,9 @@ from agent.claims import cdi
 from fakes.nvml.control import FakeNvml
 from fakes.nvml.driver_files import VERSION as DRIVER_VERSION
 from fakes.nvml.machines import get_machine
-from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY
+from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY, built_binaries
 from tests.controlplane import build
-from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.cluster import ControlPlane, wait_for
 from tests.node import images
 from tests.node.node import RealNode
 
@@ -42,18 +42,6 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 WORKLOAD = 'trap "exit 0" TERM; while :; do sleep 3600 & wait $!; done'
 XID_DOUBLE_BIT_ECC = 48
 PREPARE_CALL = 'Calling NodePrepareResources rpc" logger="dra-plugin" driverName="gpu.nvidia.com"'  # kubelet -v=4
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 @dataclass
@@ -95,14 +83,8 @@ class RunningPod:
 
 @pytest.fixture(scope="module")
 def site(request: pytest.FixtureRequest) -> Iterator[Site]:
-    binaries = request.config.stash.get(CONTROL_PLANE_KEY, None)
-    stack = request.config.stash.get(NODE_STACK_KEY, None)
-    for outcome in (binaries, stack):
-        if isinstance(outcome, str):
-            pytest.skip(outcome)
-        if isinstance(outcome, build.BuildError):
-            pytest.fail(f"the node tier cannot run: {outcome}")
-    assert isinstance(binaries, Path) and isinstance(stack, Path), "the node tier was selected but not built"
+    binaries = built_binaries(request, CONTROL_PLANE_KEY, "node tier")
+    stack = built_binaries(request, NODE_STACK_KEY, "node tier")
     with ControlPlane(binaries).start() as cp:
         for doc in yaml.safe_load_all((REPO / "daemonset" / "base" / "deviceclasses.yaml").read_text()):
             cp.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", doc)
@@ -246,7 +228,8 @@ def test_deleting_the_pod_unprepares_and_frees_the_gpu_for_the_next_pod(site: Si
     assert not spec_path(site, uid).exists()
     assert not checkpoint_path(site, uid).exists()
     # The resourceclaim controller removed the pod's claim, and with it the allocation.
-    wait_for("the first claim to go", lambda: None if site.get(f"{CLAIMS}/{first.claim['metadata']['name']}") else 1)
+    first_claim = f"{CLAIMS}/{first.claim['metadata']['name']}"
+    wait_for("the first claim to go", lambda: None if site.get(first_claim) else 1, 90)
     with running(site, "one-h100-80gb", "second") as second:
         assert second.devices == first.devices
 
@@ -274,6 +257,7 @@ def test_a_kubelet_restart_keeps_the_pod_and_prepares_nothing_twice(site: Site) 
             lambda: (
                 len([r for r in agent.logs() if r.get("msg") == "registered with the kubelet"]) > registrations or None
             ),
+            90,
         )
         time.sleep(5)  # a sync of the pod after the restart: the kubelet would prepare here if it were to
         after = wait_running(site, pod.name)
@@ -313,7 +297,7 @@ def test_an_xid_taints_the_device_and_marks_the_pod_s_resource_unhealthy(site: S
     with running(site, "one-h100-80gb", "xid") as pod:
         [device] = pod.devices
         FakeNvml(get_machine(site.node.machine), site.node.gpu_state).inject_xid(gpu_index(device), XID_DOUBLE_BIT_ECC)
-        taints = wait_for(f"{device} to be tainted", lambda: site.devices()[device].get("taints") or None)
+        taints = wait_for(f"{device} to be tainted", lambda: site.devices()[device].get("taints") or None, 90)
         assert {t["effect"] for t in taints} <= {"NoSchedule", "NoExecute"}
 
         def unhealthy() -> list[dict[str, Any]] | None:

@@ -10,11 +10,10 @@ on shared counters.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -26,7 +25,7 @@ from agent.slices.build import build_resource_slices
 from fakes.kubelet import FakeKubelet
 from fakes.nvml import persist
 from fakes.nvml.binaries import install_driver_root
-from tests.controlplane.cluster import ControlPlane, reset
+from tests.controlplane.cluster import ControlPlane, reset, wait_for
 from tests.integration.test_node_support import DRIVER, REPO, Daemon, short_tmpdir
 from tests.integration.test_slices_accepted import counters_beside_devices
 from tests.unit.test_slices_factory import dgx_h100
@@ -37,7 +36,6 @@ EXAMPLES = REPO / "daemonset" / "examples"
 NAMESPACE = "default"
 CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
 PLAIN, MIG, PARTITIONABLE = "node-a", "node-m", "node-b"
-T = TypeVar("T")
 # node -> (fake machine, extra agent flags). Kubernetes 1.35+ rejects a slice holding both sharedCounters
 # and devices; until the agent splits them, a partitionable node cannot publish on 1.37.
 PARTITIONABLE_SHAPE_REJECTED = counters_beside_devices(build_resource_slices(dgx_h100(), "n", partitionable=True))
@@ -47,17 +45,6 @@ NODES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 if not PARTITIONABLE_SHAPE_REJECTED:
     NODES[PARTITIONABLE] = ("fake:dgx-h100", ("--partitionable-devices",))  # every MIG placement, on counters
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass

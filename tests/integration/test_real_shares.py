@@ -17,9 +17,9 @@ from agent.claims import cdi
 from agent.claims.types import ClaimRef
 from fakes.kubelet import FakeKubelet
 from fakes.scheduler import allocate
-from tests.controlplane.cluster import ControlPlane, reset
+from tests.controlplane.cluster import ControlPlane, reset, wait_for
 from tests.integration.test_node_support import DRIVER, REPO, Daemon, short_tmpdir
-from tests.integration.test_real_scheduling import NAMESPACE, Site, scheduled, wait_for
+from tests.integration.test_real_scheduling import NAMESPACE, Site, scheduled
 
 pytestmark = pytest.mark.controlplane
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from tests.controlplane import build as cp
 
@@ -121,27 +120,14 @@ def build(log: Path | None = None, budget_s: float | None = None) -> Path:
     why = missing_prerequisite()
     if go is None or why:
         raise cp.BuildError(why or "go is missing")
-    deadline = None if budget_s is None else time.monotonic() + budget_s
-    target = binary_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "w") as lock:
-        cp._lock(lock, deadline, budget_s)
-        ready = built()
-        if ready:
-            return ready
-        log = log or target.parent / f"{target.name}.build.log"
-        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-        try:
-            with open(log, "w") as out:
-                for part in PARTS:
-                    output = staging / part.binaries[0] if len(part.packages) == 1 else staging
-                    cp._go_build(go, part.path, list(part.packages), output, out, deadline, budget_s,
-                                 ldflags=part.ldflags(), tags=part.tags, env=part.env)  # fmt: skip
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    def steps(staging: Path, out: IO[str], deadline: float | None) -> None:
+        for part in PARTS:
+            output = staging / part.binaries[0] if len(part.packages) == 1 else staging
+            cp._go_build(go, part.path, list(part.packages), output, out, deadline, budget_s,
+                         ldflags=part.ldflags(), tags=part.tags, env=part.env)  # fmt: skip
+
+    return cp.build_once(binary_dir(), built, steps, log, budget_s)
 
 
 def main() -> int:

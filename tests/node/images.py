@@ -39,7 +39,8 @@ def busybox() -> Path:
     for candidate in BUSYBOX_CANDIDATES:
         if candidate.is_file() and _is_static(candidate):
             return candidate
-    raise ImageError("a static busybox is needed for the node tier's images: apt-get install busybox-static")
+    raise ImageError("a static busybox is needed (the node tier's images, the CDI container tests' root): "
+                     "apt-get install busybox-static")
 
 
 def _is_static(path: Path) -> bool:

@@ -39,9 +39,8 @@ import subprocess
 import tempfile
 import time
 import urllib.error
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from cryptography import x509
@@ -54,12 +53,11 @@ from fakes.nvml import persist
 from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.machines import get_machine
 from tests.controlplane import cluster
-from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError, free_port
+from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError, free_port, wait_for
 from tests.integration.test_node_support import Daemon
 
 from . import images
 
-T = TypeVar("T")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Fixed in kubelet and containerd whatever their flags; see the module docstring.
 DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
@@ -103,19 +101,6 @@ def _first_missing(path: Path) -> Path | None:
             break
         missing = candidate
     return missing
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0,
-             alive: Callable[[], None] = lambda: None) -> T:  # fmt: skip
-    deadline = time.monotonic() + timeout
-    while True:
-        alive()
-        found = probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _kubelet_credentials(cp: ControlPlane, directory: Path, node: str) -> tuple[Path, Path]:
@@ -433,7 +418,8 @@ temp = "{base / "tmp"}"
         config.write_text(self._containerd_config())
         env = {**os.environ, "PATH": f"{self.binaries}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         component = self._spawn("containerd", [str(self.binaries / "containerd"), "--config", str(config)], env)
-        wait_for("containerd's socket", lambda: self.containerd_sock.exists() or None, 60, component.check_running)
+        wait_for("containerd's socket", lambda: self.containerd_sock.exists() or None, 60, component.check_running,
+                 NodeError)
         archives = images.make_images(self.root / "images")
         for archive in archives.values():
             self.ctr("images", "import", "--snapshotter", "native", "--local", str(archive))
@@ -530,7 +516,7 @@ temp = "{base / "tmp"}"
             return node if conditions.get("Ready", {}).get("status") == "True" else None
 
         try:
-            node = wait_for(f"Node {self.name} to be Ready", ready, 120, kubelet.check_running)
+            node = wait_for(f"Node {self.name} to be Ready", ready, 120, kubelet.check_running, NodeError)
         except NodeError as error:
             raise NodeError(f"{error}\nkubelet log:\n{kubelet.tail(40)}") from None
         # Admission gave the new Node the not-ready taint; the node-lifecycle controller that lifts it once
