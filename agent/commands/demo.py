@@ -178,8 +178,8 @@ class Demo:
         node.start()
         node.wait_registered()
         node.wait_for(lambda: self._slices(kubectl, name) or None, f"slices of {name}", 30.0)
-        _say("", f"== 6b. Shared GPUs (consumable capacity, --consumable-shares=memory) on {name}: ten inference "
-                 "claims of memory: 8Gi")  # fmt: skip
+        _say("", self._heading(f"Shared GPUs (consumable capacity, --consumable-shares=memory) on {name}: ten "
+                               "inference claims of memory: 8Gi"))
         run_share_scene(kubectl, self.scheduler, node, _say)
         if node.terminate() != 0:
             raise DemoError(f"agent on {name} did not exit cleanly")

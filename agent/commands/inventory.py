@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from agent.commands.options import option
 from agent.devices.model import Gpu, Inventory, MigDevice
 from agent.devices.names import gpu_device_name, mig_device_name
 from agent.driver import report
@@ -29,22 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="NVML to read: the host's library, or a fake machine such as fake:dgx-h100 (default: real)",
     )
     parser.add_argument("--output", choices=("json", "table"), default="table", help="output format")
-    parser.add_argument(
-        "--driver-root",
-        default=os.environ.get("NVIDIA_DRIVER_ROOT") or "/",
-        help="the NVIDIA driver's root, to show the files containers get from it (env NVIDIA_DRIVER_ROOT)",
-    )
-    parser.add_argument(
-        "--host-driver-root",
-        default=os.environ.get("NVIDIA_HOST_DRIVER_ROOT") or "/",
-        help="the same root as the host sees it (env NVIDIA_HOST_DRIVER_ROOT)",
-    )
-    parser.add_argument(
-        "--nvidia-cdi-hook-path",
-        default=os.environ.get("NVIDIA_CDI_HOOK_PATH"),
-        help="host path of nvidia-cdi-hook (env NVIDIA_CDI_HOOK_PATH)",
-    )
-
+    option(parser, "--driver-root", env="NVIDIA_DRIVER_ROOT", default="/",
+           help="the NVIDIA driver's root, to show the files containers get from it")
+    option(parser, "--host-driver-root", env="NVIDIA_HOST_DRIVER_ROOT", default="/",
+           help="the same root as the host sees it")
+    option(parser, "--nvidia-cdi-hook-path", env="NVIDIA_CDI_HOOK_PATH", help="host path of nvidia-cdi-hook")
 
 def _spec(text: str) -> NvmlSpec:
     try:

@@ -36,10 +36,6 @@ log = logging.getLogger("agent.node")
 DRIVER_BINARIES = (NVIDIA_SMI, MPS_CONTROL)
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(name) or default
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--node-name", env="NODE_NAME", help="this node's name")
     option(p, "--driver-name", env="DRIVER_NAME", default=DEFAULT_DRIVER, help="DRA driver name")
@@ -154,7 +150,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         ),
         reservation_address=args.reservation_addr or None,
         reservation_token=token,
-        node_ip=_env("NODE_IP"),
+        node_ip=os.environ.get("NODE_IP") or None,  # advertised for a 0.0.0.0 --reservation-addr; no flag
         mig_configs=mig_configs,
     )
 

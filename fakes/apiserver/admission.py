@@ -23,7 +23,7 @@ import cel
 from .errors import ApiError
 from .patch import json_patch
 from .resources import MERGE_KEYS, ResourceType
-from .selectors import label_selector
+from .selectors import selector_matcher
 
 Obj = dict[str, Any]
 MAP = ("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies")
@@ -114,21 +114,12 @@ def _matches(constraints: Obj | None, rt: ResourceType, operation: str, subresou
     if any(_matches_rule(r, rt, operation, subresource) for r in constraints.get("excludeResourceRules") or []):
         return False
     selector = constraints.get("objectSelector")
-    if selector and not label_selector(_selector_text(selector))(obj):
+    if selector and not selector_matcher(selector)(obj):
         return False
     selector = constraints.get("namespaceSelector")
     namespace_object = {"metadata": {"labels": namespace_labels}}
     return not (selector and rt.namespaced and namespace_labels is not None
-                and not label_selector(_selector_text(selector))(namespace_object))
-
-
-def _selector_text(selector: Obj) -> str:
-    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        parts.append({"In": f"{key} in ({','.join(values)})", "NotIn": f"{key} notin ({','.join(values)})",
-                      "Exists": key, "DoesNotExist": f"!{key}"}[op])
-    return ",".join(parts)
+                and not selector_matcher(selector)(namespace_object))
 
 
 class Admission:

@@ -71,6 +71,23 @@ def label_selector(text: str | None) -> Matcher:
         else:
             checks.append(_exists(key, bool(negate)))
 
+    return _on_labels(checks)
+
+
+def selector_matcher(selector: dict[str, Any]) -> Matcher:
+    """A metav1.LabelSelector object (`matchLabels`, `matchExpressions` with In, NotIn, Exists, DoesNotExist),
+    ANDed, as the query parameter's terms are."""
+    checks = [_equals(k, v, False) for k, v in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or []:
+        key, op = expr["key"], expr["operator"]
+        if op in ("In", "NotIn"):
+            checks.append(_member(key, set(expr.get("values") or []), op == "NotIn"))
+        else:
+            checks.append(_exists(key, {"Exists": False, "DoesNotExist": True}[op]))
+    return _on_labels(checks)
+
+
+def _on_labels(checks: list[LabelCheck]) -> Matcher:
     def match(obj: dict[str, Any]) -> bool:
         labels = (obj.get("metadata") or {}).get("labels") or {}
         return all(check(labels) for check in checks)

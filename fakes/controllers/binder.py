@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.kube.informer import Informer
+from agent.kube.informer import Informer, Key, key_of
 from agent.kube.rest import RESOURCE_CLAIMS, Rest
 from fakes.scheduler.allocator import Unsatisfiable, allocate, with_rule_taints
 
@@ -88,19 +88,21 @@ class Binder:
         # kube-scheduler's assume cache: allocations this binder wrote that its claim informer may not show yet
         # (key -> the resourceVersion written, the claim as written); without it, the next pod's allocation can
         # pick a device the last one just took
-        self._assumed: dict[str, tuple[int, Json]] = {}
+        self._assumed: dict[Key, tuple[int, Json]] = {}
 
     def _known_claims(self) -> list[Json]:
-        """Every claim as the informer shows it, or as this binder last wrote it where the informer lags."""
-        out = []
+        """Every claim as the informer shows it, or as this binder last wrote it where the informer lags. An
+        assumption ends once the informer catches up, or no longer has the claim."""
+        out, lagging = [], {}
         for c in self._claims.items():
-            key = f"{c['metadata'].get('namespace')}/{c['metadata']['name']}"
+            key = key_of(c)
             assumed = self._assumed.get(key)
             if assumed is not None and int(c["metadata"].get("resourceVersion") or 0) < assumed[0]:
+                lagging[key] = assumed
                 out.append(assumed[1])
-                continue
-            self._assumed.pop(key, None)  # the informer caught up
-            out.append(c)
+            else:
+                out.append(c)
+        self._assumed = lagging
         return out
 
     def sync(self) -> int:
@@ -186,8 +188,7 @@ class Binder:
             status["reservedFor"] = [*reserved, ref]
             written = self._rest.replace(RESOURCE_CLAIMS, body, "status")
             if name in allocations:
-                key = f"{written['metadata'].get('namespace')}/{name}"
-                self._assumed[key] = (int(written["metadata"].get("resourceVersion") or 0), written)
+                self._assumed[key_of(written)] = (int(written["metadata"].get("resourceVersion") or 0), written)
 
     def _bind(self, pod: Json, node: str) -> None:
         meta = pod["metadata"]
