@@ -652,11 +652,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         for pool, name in allocated_devices(c, driver):
             if pool in devices and not any(k in attributed for k in owners.get((pool, name), ())):
                 held_devices.setdefault(pool, set()).add(name)
-    held_elsewhere = {pool: len(held) for pool, held in held_devices.items()}
+    counted_twice: dict[str, int] = {}  # node -> devices counted again in a second snapshot pod's GPUs
     for (pool, _device), keys in owners.items():
         ours = sum(1 for k in keys if k in attributed)
-        if pool in devices and ours > 1:
-            held_elsewhere[pool] = held_elsewhere.get(pool, 0) - (ours - 1)
+        if ours > 1:
+            counted_twice[pool] = counted_twice.get(pool, 0) + ours - 1
     doubles = {device: sorted(keys) for device, keys in owners.items() if len(keys) > 1}
     # The core's GPU indices of each node: its GPUs nobody else holds, in name order. A running share is seated
     # on the GPU it really uses, so the arbiter's picture of a node is the node's (unseated, pods of different
@@ -685,7 +685,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         cpu = _quantity(alloc["cpu"], 1000.0) if "cpu" in alloc else _UNBOUNDED_CPU
         mem = _quantity(alloc["memory"]) if "memory" in alloc else _UNBOUNDED_MEM
         node_specs.append(NodeSpec(
-            name=name, gpus=max(0, len(devices[name]) - held_elsewhere.get(name, 0)),
+            name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
             cpu_milli=max(0.0, cpu - other_cpu.get(name, 0.0)), mem_bytes=max(0.0, mem - other_mem.get(name, 0.0)),
             labels=dict(meta(n).get("labels") or {}),
         ))
