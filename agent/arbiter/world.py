@@ -151,8 +151,7 @@ def asks_extended_gpus(pod: Mapping[str, Any]) -> bool:
 def allocated_devices(claim: Mapping[str, Any], driver: str, *, shares: bool = True) -> list[tuple[str, str]]:
     """(pool, device) of each of our driver's devices in the claim's allocation (without `shares`: only those
     the claim holds whole, not its consumable-capacity shares)."""
-    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ())
-    return [(str(r.get("pool")), str(r.get("device"))) for r in results
+    return [(str(r.get("pool")), str(r.get("device"))) for r in _results(claim)
             if r.get("driver") == driver and (shares or not r.get("shareID"))]
 
 
