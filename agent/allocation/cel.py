@@ -181,13 +181,18 @@ def device_variable(driver: str, device: Mapping[str, Any]) -> Json:
     }
 
 
+def check_length(expression: str) -> None:
+    """SelectorError for a selector longer than kube-apiserver allows: refused before anything compiles it."""
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise SelectorError(f"selector of {len(expression)} characters: at most {MAX_EXPRESSION_LENGTH} allowed")
+
+
 class DeviceSelector:
     """One compiled CEL selector expression."""
 
     def __init__(self, expression: str) -> None:
         self.expression = expression
-        if len(expression) > MAX_EXPRESSION_LENGTH:
-            raise SelectorError(f"selector of {len(expression)} characters: at most {MAX_EXPRESSION_LENGTH} allowed")
+        check_length(expression)
         try:
             self._program = cel.compile(expression)
         except Exception as e:  # the parser's errors are the caller's input, whatever their type

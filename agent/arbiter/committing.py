@@ -51,6 +51,7 @@ from agent.arbiter.world import (
     reservation_claim,
     reserved_for,
 )
+from agent.devices.shares import Capacity
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import PODS, RESOURCE_CLAIMS, Resource, Rest
 
@@ -125,6 +126,12 @@ class Committer:
         placements: list[MemberPlacement] = []
         to_write: dict[str, tuple[Member, Json, str]] = {}  # reservation member -> (pod, claim, node)
         shared: list[tuple[Member, Json]] = []  # allocated already (by someone else): only reservedFor added
+        on_node: dict[str, list[Mapping[str, Capacity]]] = {}  # node -> its shareable devices' capacities
+        for _, node in members:
+            on_node.setdefault(node, [])
+        for (pool, _), caps in shareable.items():
+            if pool in on_node:
+                on_node[pool].append(caps)
         try:
             for member, node in members:
                 for claim in member.claims:
@@ -133,8 +140,7 @@ class Committer:
                             shared.append((member, claim))
                         continue
                     name = f"{member.key}/{meta(claim).get('name')}"
-                    on_node = [caps for (pool, _), caps in shareable.items() if pool == node]
-                    req: Claim = reservation_claim(claim, on_node)
+                    req: Claim = reservation_claim(claim, on_node[node])
                     placements.append(MemberPlacement(name, node, req))
                     to_write[name] = (member, claim, node)
         except Unsupported as e:

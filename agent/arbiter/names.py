@@ -18,4 +18,4 @@ COMPONENT = "gpu-dra-arbiter"  # Events' reportingComponent and the Lease's name
 # kube-scheduler then never allocates them, so the arbiter is their only allocator (DESIGN.md, issue 18)
 FENCE_TAINT = "scheduling.gpu-dra-agent.io/arbiter"
 FENCE_RULE = "gpu-dra-agent-arbiter"
-DEFAULT_QUEUE = "default"  # where a gated pod that names no queue waits (the overlay creates it)
+DEFAULT_QUEUE = "default"  # where a gated pod that names no queue waits (the arbiter creates it when missing)

@@ -156,19 +156,20 @@ class NodeReservations:
     def usage(self) -> NodeUsage:
         """What claims hold here: whole devices, and the GPU fraction consumable-capacity shares took (at least a
         milli-GPU each, so a GPU with any share is never offered whole)."""
-        claims = self._claims.by_index(POOL_INDEX, self.node_name)
-        allocated = frozenset(
-            device for claim in claims
-            for pool, device in allocated_devices(claim, self._driver, shares=False) if pool == self.node_name
-        )
-        published = {gpu_device_name(g.minor): self._capacities(g.memory_bytes) for g in self._inventory().gpus}
+        allocated: set[str] = set()
         shared: dict[str, int] = {}
-        for claim in claims:
+        published: dict[str, dict[str, float]] | None = None  # read once, and only when a share is allocated
+        for claim in self._claims.by_index(POOL_INDEX, self.node_name):
+            allocated.update(device for pool, device in allocated_devices(claim, self._driver, shares=False)
+                             if pool == self.node_name)
             for pool, device, consumed in allocated_shares(claim, self._driver):
                 if pool == self.node_name:
+                    if published is None:
+                        published = {gpu_device_name(g.minor): self._capacities(g.memory_bytes)
+                                     for g in self._inventory().gpus}
                     milli = math.ceil(share_gpus(consumed, published.get(device)) * MILLI)
                     shared[device] = min(MILLI, shared.get(device, 0) + max(1, milli))
-        return NodeUsage(allocated=allocated, prepared=frozenset(d for d, _ in self._prepared()),
+        return NodeUsage(allocated=frozenset(allocated), prepared=frozenset(d for d, _ in self._prepared()),
                          unhealthy=frozenset(self._unhealthy()), shared_milli=shared)
 
     def _capacities(self, memory_bytes: int) -> dict[str, float]:
@@ -180,22 +181,21 @@ class NodeReservations:
 
     def holders(self) -> Mapping[str, Collection[str]]:
         """device -> the claims ("namespace/name") allocated it on this node or prepared with it here."""
-        out: dict[str, set[str]] = {}
-        for claim in self._claims.by_index(POOL_INDEX, self.node_name):
-            m = claim.get("metadata") or {}
-            for pool, device in allocated_devices(claim, self._driver):
-                if pool == self.node_name:
-                    out.setdefault(device, set()).add(f"{m.get('namespace')}/{m.get('name')}")
+        out = self._allocated_to(lambda claim: allocated_devices(claim, self._driver))
         for device, claim_key in self._prepared():
             out.setdefault(device, set()).add(claim_key)
         return out
 
     def sharers(self) -> Mapping[str, Collection[str]]:
         """device -> the claims ("namespace/name") allocated a consumable-capacity share of it on this node."""
+        return self._allocated_to(lambda claim: [(p, d) for p, d, _ in allocated_shares(claim, self._driver)])
+
+    def _allocated_to(self, devices: Callable[[Json], Iterable[tuple[str, str]]]) -> dict[str, set[str]]:
+        """device -> the claims ("namespace/name") whose allocation `devices` (pool, device) names it on this node."""
         out: dict[str, set[str]] = {}
         for claim in self._claims.by_index(POOL_INDEX, self.node_name):
             m = claim.get("metadata") or {}
-            for pool, device, _ in allocated_shares(claim, self._driver):
+            for pool, device in devices(claim):
                 if pool == self.node_name:
                     out.setdefault(device, set()).add(f"{m.get('namespace')}/{m.get('name')}")
         return out

@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from agent.allocation.cel import MAX_COST, MAX_EXPRESSION_LENGTH, DeviceSelector, MissingAttribute, SelectorError
+from agent.allocation.cel import MAX_COST, DeviceSelector, MissingAttribute, SelectorError, check_length
 from agent.allocation.selectors import EvaluatedSelectors, device_key
 
 PER_EVALUATION_S = 0.25  # one selector on one device; see the module docstring
@@ -121,8 +121,7 @@ class WorkerSelectors:
     def evaluate(self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
                  timeout_s: float | None) -> EvaluatedSelectors:
         for e in expressions:  # cheap, and the same refusal the API server gives, before any process work
-            if len(e) > MAX_EXPRESSION_LENGTH:
-                raise SelectorError(f"selector of {len(e)} characters: at most {MAX_EXPRESSION_LENGTH} allowed")
+            check_length(e)
         deadline = time.monotonic() + min(MAX_CALL_S, timeout_s if timeout_s is not None else MAX_CALL_S)
         if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise SelectorTimeout("the deadline passed while waiting for a selector worker")

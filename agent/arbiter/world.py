@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
@@ -151,8 +151,7 @@ def asks_extended_gpus(pod: Mapping[str, Any]) -> bool:
 def allocated_devices(claim: Mapping[str, Any], driver: str, *, shares: bool = True) -> list[tuple[str, str]]:
     """(pool, device) of each of our driver's devices in the claim's allocation (without `shares`: only those
     the claim holds whole, not its consumable-capacity shares)."""
-    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ())
-    return [(str(r.get("pool")), str(r.get("device"))) for r in results
+    return [(str(r.get("pool")), str(r.get("device"))) for r in _results(claim)
             if r.get("driver") == driver and (shares or not r.get("shareID"))]
 
 
@@ -185,15 +184,22 @@ def share_milli(part: float) -> int:
     return min(MILLI - 1, max(1, math.ceil(part * MILLI)))
 
 
-def share_requests(claim: Mapping[str, Any]) -> dict[str, dict[str, Fraction]]:
-    """Request name (as reservation_claim names it) -> its `capacity.requests`, for the requests that ask for a
-    share of a device (consumable capacity)."""
-    out = {}
+def _chosen_requests(claim: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any] | None]]:
+    """(name, the request's `exactly` or else its first firstAvailable choice) of each request of the claim; a
+    subrequest is named `request/subrequest`, as allocation results name it. None: the request has neither."""
     for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
         name, exact = str(r.get("name")), r.get("exactly")
         if exact is None and r.get("firstAvailable"):
             exact = r["firstAvailable"][0]
             name = f"{name}/{exact.get('name')}"
+        yield name, exact
+
+
+def share_requests(claim: Mapping[str, Any]) -> dict[str, dict[str, Fraction]]:
+    """Request name (as reservation_claim names it) -> its `capacity.requests`, for the requests that ask for a
+    share of a device (consumable capacity)."""
+    out = {}
+    for name, exact in _chosen_requests(claim):
         try:
             wanted = requests_of((exact or {}).get("capacity"))
         except ShareError as e:
@@ -212,12 +218,7 @@ def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str,
     wanted = share_requests(claim)
     devices = (claim.get("spec") or {}).get("devices") or {}
     requests = []
-    for r in devices.get("requests") or ():
-        name = str(r.get("name"))
-        exact = r.get("exactly")
-        if exact is None and r.get("firstAvailable"):
-            exact = r["firstAvailable"][0]
-            name = f"{name}/{exact.get('name')}"
+    for name, exact in _chosen_requests(claim):
         if exact is None:
             raise Unsupported(f"request {name!r} has neither exactly nor firstAvailable")
         klass = exact.get("deviceClassName")
@@ -252,10 +253,6 @@ def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str,
     return Claim(tuple(requests), tuple(match))
 
 
-def device_count(claim: Claim) -> int:
-    return sum(r.count for r in claim.requests)
-
-
 def requested_gpus(claim: Claim) -> float:
     """GPUs a claim asks for: a share its fraction, else its devices."""
     return sum(r.count if r.gpu_milli is None else r.gpu_milli / MILLI for r in claim.requests)
@@ -267,23 +264,17 @@ def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[
     gpu_memory: dict[str, float] = {}
     migs: list[tuple[tuple[str, str], str, float]] = []
     out: dict[tuple[str, str], float] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != driver:
-            continue
-        pool = str((spec.get("pool") or {}).get("name"))
-        for d in spec.get("devices") or ():
-            attrs = d.get("attributes") or {}
-            kind = (attrs.get("type") or {}).get("string")
-            memory = _quantity(((d.get("capacity") or {}).get("memory") or {}).get("value", "0"))
-            key = (pool, str(d.get("name")))
-            if kind == "gpu":
-                out[key] = 1.0
-                uuid = (attrs.get("uuid") or {}).get("string")
-                if uuid and memory:
-                    gpu_memory[str(uuid)] = memory
-            elif kind == "mig":
-                migs.append((key, str((attrs.get("parentUUID") or {}).get("string")), memory))
+    for _spec, key, d in _published(slices, driver):
+        attrs = d.get("attributes") or {}
+        kind = _kind(d)
+        memory = _quantity(((d.get("capacity") or {}).get("memory") or {}).get("value", "0"))
+        if kind == "gpu":
+            out[key] = 1.0
+            uuid = (attrs.get("uuid") or {}).get("string")
+            if uuid and memory:
+                gpu_memory[str(uuid)] = memory
+        elif kind == "mig":
+            migs.append((key, str((attrs.get("parentUUID") or {}).get("string")), memory))
     for key, parent, memory in migs:
         whole = gpu_memory.get(parent)
         out[key] = min(1.0, memory / whole) if whole and memory else 1.0
@@ -294,18 +285,12 @@ def share_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tupl
     """(pool, device) -> the capacities, with their request policies, of each device of our driver published
     with allowMultipleAllocations (unreadable capacities leave the device out)."""
     out: dict[tuple[str, str], dict[str, Capacity]] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != driver:
-            continue
-        pool = str((spec.get("pool") or {}).get("name"))
-        for d in spec.get("devices") or ():
-            if d.get("allowMultipleAllocations") is True:
-                try:
-                    out[(pool, str(d.get("name")))] = {
-                        str(k): Capacity.from_json(v or {}) for k, v in (d.get("capacity") or {}).items()}
-                except (QuantityError, AttributeError):
-                    continue
+    for _spec, key, d in _published(slices, driver):
+        if d.get("allowMultipleAllocations") is True:
+            try:
+                out[key] = {str(k): Capacity.from_json(v or {}) for k, v in (d.get("capacity") or {}).items()}
+            except (QuantityError, AttributeError):
+                continue
     return out
 
 
@@ -447,21 +432,39 @@ def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
 def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, set[str]]:
     """node -> names of its whole-GPU devices in the newest generation of its pool."""
     newest: dict[str, int] = {}
-    mine = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
-    for s in mine:
-        pool = s["spec"].get("pool") or {}
-        newest[str(pool.get("name"))] = max(newest.get(str(pool.get("name")), 0), int(pool.get("generation") or 0))
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") == driver:
+            name, generation = _pool_of(spec)
+            newest[name] = max(newest.get(name, 0), generation)
     out: dict[str, set[str]] = {}
-    for s in mine:
-        spec = s["spec"]
-        pool = spec.get("pool") or {}
-        if int(pool.get("generation") or 0) != newest[str(pool.get("name"))] or not spec.get("nodeName"):
-            continue
-        for d in spec.get("devices") or ():
-            kind = ((d.get("attributes") or {}).get("type") or {}).get("string")
-            if kind == "gpu":
-                out.setdefault(str(spec["nodeName"]), set()).add(str(d.get("name")))
+    for spec, (pool, device), d in _published(slices, driver):
+        if _pool_of(spec)[1] == newest[pool] and spec.get("nodeName") and _kind(d) == "gpu":
+            out.setdefault(str(spec["nodeName"]), set()).add(device)
     return out
+
+
+def _pool_of(spec: Mapping[str, Any]) -> tuple[str, int]:
+    """A slice's pool: its name and generation."""
+    pool = spec.get("pool") or {}
+    return str(pool.get("name")), int(pool.get("generation") or 0)
+
+
+def _published(slices: Iterable[Mapping[str, Any]],
+               driver: str) -> Iterator[tuple[Mapping[str, Any], tuple[str, str], Mapping[str, Any]]]:
+    """(slice spec, (pool, device name), device) of each device `driver`'s slices publish."""
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != driver:
+            continue
+        pool = _pool_of(spec)[0]
+        for d in spec.get("devices") or ():
+            yield spec, (pool, str(d.get("name"))), d
+
+
+def _kind(device: Mapping[str, Any]) -> object:
+    """A published device's `type` attribute: gpu or mig."""
+    return ((device.get("attributes") or {}).get("type") or {}).get("string")
 
 
 def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -552,7 +555,7 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
                 now: float, default_queue: str | None = DEFAULT_QUEUE) -> World:
-    slices = list(slices)  # read twice: devices per node, and what each device is worth
+    slices = list(slices)  # read thrice: devices per node, what each device is worth, the shareable ones
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
     queue_specs, bad_queues = valid_queues(queues)
@@ -648,11 +651,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         for pool, name in allocated_devices(c, driver):
             if pool in devices and not any(k in attributed for k in owners.get((pool, name), ())):
                 held_devices.setdefault(pool, set()).add(name)
-    held_elsewhere = {pool: len(held) for pool, held in held_devices.items()}
+    counted_twice: dict[str, int] = {}  # node -> devices counted again in a second snapshot pod's GPUs
     for (pool, _device), keys in owners.items():
         ours = sum(1 for k in keys if k in attributed)
-        if pool in devices and ours > 1:
-            held_elsewhere[pool] = held_elsewhere.get(pool, 0) - (ours - 1)
+        if ours > 1:
+            counted_twice[pool] = counted_twice.get(pool, 0) + ours - 1
     doubles = {device: sorted(keys) for device, keys in owners.items() if len(keys) > 1}
     # The core's GPU indices of each node: its GPUs nobody else holds, in name order. A running share is seated
     # on the GPU it really uses, so the arbiter's picture of a node is the node's (unseated, pods of different
@@ -681,7 +684,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         cpu = _quantity(alloc["cpu"], 1000.0) if "cpu" in alloc else _UNBOUNDED_CPU
         mem = _quantity(alloc["memory"]) if "memory" in alloc else _UNBOUNDED_MEM
         node_specs.append(NodeSpec(
-            name=name, gpus=max(0, len(devices[name]) - held_elsewhere.get(name, 0)),
+            name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
             cpu_milli=max(0.0, cpu - other_cpu.get(name, 0.0)), mem_bytes=max(0.0, mem - other_mem.get(name, 0.0)),
             labels=dict(meta(n).get("labels") or {}),
         ))
