@@ -295,7 +295,11 @@ class NodeAgent:
     def _prepared_holders(self) -> list[tuple[str, str]]:
         """(device, "namespace/name" of its claim) for every device in the claim checkpoint."""
         with self._preparer.lock.hold():
-            claims = self._preparer.states.load().claims.values()
+            return self._checkpoint_holders()
+
+    def _checkpoint_holders(self) -> list[tuple[str, str]]:
+        """`_prepared_holders` for a caller that holds the node lock already, or needs no exact view."""
+        claims = self._preparer.states.load().claims.values()
         return [(d.device_name, f"{e.namespace}/{e.name}") for e in claims for d in e.devices]
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
@@ -481,11 +485,7 @@ class NodeAgent:
     def _claims_on(self, minors: Collection[int]) -> dict[int, set[str]]:
         """What holds a device of these GPUs here: claims in the checkpoint (prepared, or being prepared) and
         the arbiter's reservations."""
-        held: list[tuple[str, str]] = [
-            (device.device_name, f"{entry.namespace}/{entry.name}")
-            for entry in self._preparer.states.load().claims.values()
-            for device in entry.devices
-        ]
+        held = self._checkpoint_holders()
         if self.reservations is not None:
             live = self.reservations.book.live()
             held += [(d, f"reservation of gang {r.gang_id}") for r in live for d in r.fit.all_devices]
