@@ -757,6 +757,7 @@ def _occupied(cp: Checkpoint, gpu: Gpu, inventory: Inventory, pending: Sequence[
     return placed
 
 
-def prepared_devices(cp: Checkpoint) -> Sequence[CheckpointedDevice]:
-    """Every device held by a claim in the checkpoint (for the local allocator's view of used devices)."""
-    return [d for e in cp.claims.values() for d in e.devices]
+def holders(cp: Checkpoint) -> list[tuple[str, str]]:
+    """(device, "namespace/name" of its claim) for every device a claim in the checkpoint holds (prepared, or
+    being prepared)."""
+    return [(d.device_name, f"{e.namespace}/{e.name}") for e in cp.claims.values() for d in e.devices]
