@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from agent.driver.discovery import BIN_DIRS, DriverRootFs, find_binary
+from agent.driver.discovery import BIN_DIRS, LIBRARY_DIRS, DriverRootFs, find_binary
 
-LIB_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib")
+# The folders driver discovery looks in (a driver folder's lib64 too, beside its bin that `find` searches),
+# and usr/lib, where some distributions put 64-bit libraries.
+LIB_DIRS = (*LIBRARY_DIRS, "usr/lib")
 TIMEOUT_S = 30.0
 
 
