@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.sharing import ClaimSharing
+from agent.claims.state import holders
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
@@ -234,7 +235,7 @@ class NodeAgent:
 
             self.reservations = NodeReservations(
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
-                prepared=self._prepared_holders,
+                prepared=self._preparer.holders,
                 unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
                 share_mode=self.config.share_mode,
             )
@@ -291,12 +292,6 @@ class NodeAgent:
         """The arbiter's reservation for another claim holding this device ("" for none): prepare refuses it."""
         reservations = self.reservations
         return reservations.book.reserved_for_other(device_name, claim, share) if reservations is not None else ""
-
-    def _prepared_holders(self) -> list[tuple[str, str]]:
-        """(device, "namespace/name" of its claim) for every device in the claim checkpoint."""
-        with self._preparer.lock.hold():
-            claims = self._preparer.states.load().claims.values()
-        return [(d.device_name, f"{e.namespace}/{e.name}") for e in claims for d in e.devices]
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -481,11 +476,7 @@ class NodeAgent:
     def _claims_on(self, minors: Collection[int]) -> dict[int, set[str]]:
         """What holds a device of these GPUs here: claims in the checkpoint (prepared, or being prepared) and
         the arbiter's reservations."""
-        held: list[tuple[str, str]] = [
-            (device.device_name, f"{entry.namespace}/{entry.name}")
-            for entry in self._preparer.states.load().claims.values()
-            for device in entry.devices
-        ]
+        held = holders(self._preparer.states.load())  # without the lock: the caller may hold it already
         if self.reservations is not None:
             live = self.reservations.book.live()
             held += [(d, f"reservation of gang {r.gang_id}") for r in live for d in r.fit.all_devices]

@@ -9,6 +9,7 @@ root other than `/` (`--dev-root`) adds `hostPath`, beneath it.
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -174,18 +175,28 @@ def claim_spec(
     return spec
 
 
-def with_driver_edits(spec: Mapping[str, Any], driver: Mapping[str, Any]) -> dict[str, Any]:
+def with_driver_edits(
+    spec: Mapping[str, Any], driver: Mapping[str, Any], written: Mapping[str, Sequence[Any]] | None = None
+) -> dict[str, Any]:
     """`spec` with the driver's edits (agent.driver.edits) first in its claim-wide containerEdits, and the
-    cdiVersion those need (a new dict; `spec` is left alone)."""
+    cdiVersion those need (a new dict; `spec` is left alone). `written`: the same edits in the form to write
+    them in (CdiStore's, represented once), put in their place; the cdiVersion still comes from `driver`."""
     if not driver:
         return dict(spec)
+    out = _with_first(spec, driver)
+    version = minimum_version(out)
+    if written is not None:
+        out = _with_first(spec, written)
+    out["cdiVersion"] = version
+    return out
+
+
+def _with_first(spec: Mapping[str, Any], edits: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
     own = spec.get("containerEdits") or {}
     merged = dict(own)
-    for key, values in driver.items():
+    for key, values in edits.items():
         merged[key] = [*values, *own.get(key, ())]
-    out = {**spec, "containerEdits": merged}
-    out["cdiVersion"] = minimum_version(out)
-    return out
+    return {**spec, "containerEdits": merged}
 
 
 def _edits(spec: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
@@ -223,12 +234,36 @@ except AttributeError:  # pragma: no cover - PyYAML built without libyaml
     _Dumper = yaml.SafeDumper
 
 
+class _Represented:
+    """A value already represented as a YAML node, written as it is."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: yaml.Node) -> None:
+        self.node = node
+
+
+class _SpecDumper(_Dumper):  # type: ignore[misc]
+    """The claim specs' dumper: writes a `_Represented` value as its node."""
+
+
+_SpecDumper.add_representer(_Represented, lambda _dumper, data: data.node)
+
+
+def _represented(edits: Mapping[str, Sequence[Any]]) -> dict[str, list[_Represented]]:
+    """Each list item of `edits` represented once, as `yaml.dump` in CdiStore.write represents it: the driver's
+    edits are the same in every spec, and representing their hundreds of strings was most of a write's time."""
+    dumper = _SpecDumper(io.StringIO(), default_flow_style=False, sort_keys=False)
+    return {key: [_Represented(n) for n in dumper.represent_data(list(values)).value] for key, values in edits.items()}
+
+
 class CdiStore:
     """This driver's claim specs under the CDI root (other files there are never touched)."""
 
     def __init__(self, root: Path, driver_edits: Mapping[str, Any] | None = None) -> None:
         self.root = Path(root)
         self.driver_edits = driver_edits or {}  # agent.driver.edits, built once at start-up, added to every spec
+        self._driver_written = _represented(self.driver_edits)
 
     def path(self, claim_uid: str) -> Path:
         if problem := uid_problem(claim_uid):  # callers check first; this keeps a bad UID out of any path
@@ -240,7 +275,8 @@ class CdiStore:
         path = self.path(claim_uid)
         # Not durable: the checkpoint keeps every spec and recovery rewrites a missing one, a power loss voids
         # the claim anyway (new boot id), and on nodes the CDI root (/var/run/cdi) is tmpfs.
-        text = yaml.dump(with_driver_edits(spec, self.driver_edits), Dumper=_Dumper, sort_keys=False)
+        doc = with_driver_edits(spec, self.driver_edits, self._driver_written)
+        text = yaml.dump(doc, Dumper=_SpecDumper, sort_keys=False)
         files.write_atomic(path, text.encode(), durable=False)
         return path
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.claims.cdi import CdiStore, MigCaps
-from agent.claims.checkpoint import CheckpointCorrupt, CheckpointedDevice, CheckpointStore, ClaimState, read_boot_id
+from agent.claims.checkpoint import CheckpointCorrupt, CheckpointStore, ClaimState, read_boot_id
 from agent.claims.claim import ClaimError
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
 from agent.claims.mig import MigDevices
 from agent.claims.sharing import ClaimSharing
 from agent.claims.source import ClaimSource, read_claims
-from agent.claims.state import ClaimStates, Recovery, prepared_devices
+from agent.claims.state import ClaimStates, Recovery, holders
 from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
 from agent.devices.model import Inventory
 from agent.devices.shares import ShareMode
@@ -155,10 +155,11 @@ class ClaimPreparer:
                     out.append(Revival(entry.namespace, entry.name, uid, pid, None, str(exc)))
         return out
 
-    def prepared(self) -> Sequence[CheckpointedDevice]:
-        """Devices of every claim prepared on this node (the local allocator counts them as used)."""
+    def holders(self) -> list[tuple[str, str]]:
+        """(device, "namespace/name" of its claim) for every device of a claim prepared here (the arbiter's
+        reservations count them as used)."""
         with self.lock.hold():
-            return prepared_devices(self.states.load())
+            return holders(self.states.load())
 
 
 def _screen(claims: Sequence[ClaimRef]) -> tuple[dict[str, str], list[ClaimRef]]:

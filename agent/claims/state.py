@@ -343,9 +343,10 @@ class ClaimStates:
                 dynamic_mig=found.dynamic,
                 mig_mode_switched=found.switches_mig_mode,
             )
+            held = list(_held_by_others(cp, ref.uid, name))  # the other claims' entries for it, scanned once
             if share_id:
-                self._check_share(cp, ref, device, [p.checkpointed for p in planned], inventory)
-            self._check_free(cp, ref.uid, device)
+                self._check_share(ref, device, held, [p.checkpointed for p in planned], inventory)
+            self._check_free(device, held)
             holder = "" if device.admin_access else self.reserved(name, f"{ref.namespace}/{ref.name}", bool(share_id))
             if holder:
                 # the queue arbiter holds it for a gang it is committing: one holder per device (shares beside
@@ -458,8 +459,8 @@ class ClaimStates:
         return DynamicMig(gpu.uuid, profile.gi_profile_id, placement.start), switch
 
     def _check_share(
-        self, cp: Checkpoint, ref: ClaimRef, device: CheckpointedDevice, mine: Sequence[CheckpointedDevice],
-        inventory: Inventory,
+        self, ref: ClaimRef, device: CheckpointedDevice, held: Sequence[tuple[ClaimEntry, CheckpointedDevice]],
+        mine: Sequence[CheckpointedDevice], inventory: Inventory,
     ) -> None:  # fmt: skip
         """A share of a consumable-capacity GPU: refused when it comes with a TimeSlicing or MPS config (both
         change the whole GPU, which other claims' shares use), and when it and the GPU's other shares would
@@ -478,7 +479,7 @@ class ClaimStates:
             capacities = shares.capacities(gpu.memory_bytes, self.share_mode)
         else:  # published without shares now (e.g. the server dropped them): the GPU's memory still bounds them
             capacities = {shares.MEMORY: shares.Capacity(Fraction(gpu.memory_bytes))}
-        others = [held for _, held in _held_by_others(cp, ref.uid, device.device_name) if held.share_id]
+        others = [d for _, d in held if d.share_id]
         others += [d for d in mine if d.device_name == device.device_name and d.share_id]
         this = _consumed(device)
         if not shares.fits(this, capacities, [_consumed(d) for d in others]):
@@ -491,13 +492,16 @@ class ClaimStates:
                 "wrong; it is refused so no share loses memory it was promised"
             )
 
-    def _check_free(self, cp: Checkpoint, uid: str, device: CheckpointedDevice) -> None:
-        """Refuse a device another claim holds, unless the two may share it: admin access (monitoring, never
-        exclusive), consumable-capacity shares (each checked by `_check_share`), or TimeSlicing/MPS configs
-        of the same strategy. A share and a whole-device claim never meet on one device."""
+    def _check_free(
+        self, device: CheckpointedDevice, holders: Sequence[tuple[ClaimEntry, CheckpointedDevice]]
+    ) -> None:
+        """Refuse a device another claim holds (`holders`: their entries for it), unless the two may share it:
+        admin access (monitoring, never exclusive), consumable-capacity shares (each checked by `_check_share`),
+        or TimeSlicing/MPS configs of the same strategy. A share and a whole-device claim never meet on one
+        device."""
         if device.admin_access:
             return
-        for other, held in _held_by_others(cp, uid, device.device_name):
+        for other, held in holders:
             if held.admin_access or (held.share_id and device.share_id):
                 continue
             if held.share_id or device.share_id:
@@ -753,6 +757,7 @@ def _occupied(cp: Checkpoint, gpu: Gpu, inventory: Inventory, pending: Sequence[
     return placed
 
 
-def prepared_devices(cp: Checkpoint) -> Sequence[CheckpointedDevice]:
-    """Every device held by a claim in the checkpoint (for the local allocator's view of used devices)."""
-    return [d for e in cp.claims.values() for d in e.devices]
+def holders(cp: Checkpoint) -> list[tuple[str, str]]:
+    """(device, "namespace/name" of its claim) for every device a claim in the checkpoint holds (prepared, or
+    being prepared)."""
+    return [(d.device_name, f"{e.namespace}/{e.name}") for e in cp.claims.values() for d in e.devices]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.kubelet.plugin import dra_socket_path, registration_socket_path
 from agent.kubelet.sockets import MAX_SOCKET_PATH
-from agent.sharing.commands import BIN_DIRS, DriverRoot, NotRun
+from agent.sharing.commands import DriverRoot, NotRun
 
 STATE_DIR_MODE = 0o700  # the checkpoint and the node lock: the agent's alone
 CDI_ROOT_MODE = 0o755  # the container runtime reads the specs
@@ -144,9 +144,8 @@ def driver_binaries(flag: str, root: Path, binaries: Sequence[str]) -> Path:
         except NotRun:
             missing.append(binary)
     if missing:
-        where = ("PATH, " if found.is_host_root else "") + ", ".join(str(root / d) for d in BIN_DIRS)
         raise StartupError(
-            f"{flag} {root}: {' and '.join(missing)} not found (looked in {where}); point {flag} (or "
+            f"{flag} {root}: {' and '.join(missing)} not found (looked in {found.searched()}); point {flag} (or "
             "NVIDIA_DRIVER_ROOT) at where the NVIDIA driver is installed, e.g. /run/nvidia/driver with the GPU "
             "Operator's driver container"
         )

@@ -41,7 +41,9 @@ LIBRARY_DIRS = (
     "lib/aarch64-linux-gnu/nvidia/current",
     "usr/local/nvidia/lib64",
 )
-BIN_DIRS = ("usr/local/nvidia/bin", "usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
+# Where a binary is looked for (`find_binary`), in this order: the agent runs the driver's binaries
+# (agent.sharing.commands) from the same place it mounts them into containers from.
+BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin", "usr/local/sbin", "usr/local/nvidia/bin")
 SOCKET_DIRS = ("run", "var/run")
 FIRMWARE_CLASS_PATH = Path("/sys/module/firmware_class/parameters/path")
 LEGACY_NVVM = re.compile(r"^libnvidia-nvvm70\.so\.\d+$")
@@ -221,14 +223,20 @@ def _library(fs: DriverRootFs, path: str) -> Library | None:
     )
 
 
+def find_binary(fs: DriverRootFs, name: str) -> File | None:
+    """The first executable `name` in the root's BIN_DIRS, its path resolved within the root; None if none."""
+    for folder in BIN_DIRS:
+        path = f"{folder}/{name}"
+        real = fs.resolve(path)
+        if real is not None and os.path.isfile(fs.host(real)) and os.access(fs.host(real), os.X_OK):
+            return File(path, real)
+    return None
+
+
 def _binaries(fs: DriverRootFs) -> Iterator[File]:
     for name in BINARIES:
-        for folder in BIN_DIRS:
-            path = f"{folder}/{name}"
-            real = fs.resolve(path)
-            if real is not None and os.path.isfile(fs.host(real)) and os.access(fs.host(real), os.X_OK):
-                yield File(path, real)
-                break
+        if (found := find_binary(fs, name)) is not None:
+            yield found
 
 
 def _firmware_class_path() -> str:

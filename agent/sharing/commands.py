@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin")
-LIB_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib")
+from agent.driver.discovery import BIN_DIRS, LIBRARY_DIRS, DriverRootFs, find_binary
+
+# The folders driver discovery looks in (a driver folder's lib64 too, beside its bin that `find` searches),
+# and usr/lib, where some distributions put 64-bit libraries.
+LIB_DIRS = (*LIBRARY_DIRS, "usr/lib")
 TIMEOUT_S = 30.0
 
 
@@ -64,16 +67,17 @@ class DriverRoot:
         return self.root == Path("/")
 
     def find(self, binary: str) -> str:
-        dirs = [self.root / d for d in BIN_DIRS]
+        """The binary's path as the agent runs it: on PATH with the root `/`, else as driver discovery finds
+        it (agent.driver.discovery.find_binary: the same folders, symlinks resolved within the root)."""
         if self.is_host_root and (found := shutil.which(binary)):
             return found
-        for d in dirs:
-            path = d / binary
-            if os.access(path, os.X_OK) and path.is_file():
-                return str(path)
-        where = "PATH, " if self.is_host_root else ""
-        raise NotRun(f"{binary} not found under driver root {self.root} "
-                           f"(looked in {where}{', '.join(str(d) for d in dirs)})")  # fmt: skip
+        if (file := find_binary(DriverRootFs(self.root), binary)) is not None:
+            return str(self.root / file.source)
+        raise NotRun(f"{binary} not found under driver root {self.root} (looked in {self.searched()})")
+
+    def searched(self) -> str:
+        """Where `find` looks, for a message."""
+        return ("PATH, " if self.is_host_root else "") + ", ".join(str(self.root / d) for d in BIN_DIRS)
 
     def library_path(self) -> str | None:
         """LD_LIBRARY_PATH for binaries of a driver root that is not `/` (their libnvidia-ml is there)."""

@@ -189,9 +189,6 @@ class SharingControl:
                 out[uid] = self.mps.pid(uid)
         return out
 
-    def mps_running(self, claim_uid: str) -> bool:
-        return self.mps.running(claim_uid)
-
     # --- records ----------------------------------------------------------------------------------------
 
     def _path(self, claim_uid: str) -> Path:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from agent import quantity
 from agent.devices.model import Inventory
-from agent.devices.shares import ShareMode
+from agent.devices.shares import Policy, ShareMode
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, Taints, pool_content, resource_slices
 from agent.slices.versions import LATEST, SliceRules, rules_for
@@ -385,12 +385,8 @@ def _canonical(spec: Json) -> Json:
     for device in spec.get("devices", []):
         numbers(device.get("capacity", {}))
         for capacity in device.get("capacity", {}).values():
-            policy = capacity.get("requestPolicy") or {}
-            for key in ("default",):
-                if key in policy:
-                    policy[key] = quantity.parse(str(policy[key]))
-            for key, value in list((policy.get("validRange") or {}).items()):
-                policy["validRange"][key] = quantity.parse(str(value))
+            if "requestPolicy" in capacity:  # exact values, validValues too
+                capacity["requestPolicy"] = Policy.from_json(capacity["requestPolicy"])
         for taint in device.get("taints", []):  # RFC 3339 either way: "...Z" or "...+00:00" (the client's)
             if "timeAdded" in taint:
                 taint["timeAdded"] = datetime.fromisoformat(str(taint["timeAdded"]).replace("Z", "+00:00"))

@@ -432,7 +432,7 @@ def test_empty_batches(node: Node) -> None:
 def test_prepared_lists_devices_in_use(node: Node) -> None:
     preparer = node.preparer()
     ok(preparer.prepare([node.add(claim("uid-1", ["gpu-0", MIG0]))])["uid-1"])
-    assert sorted(d.device_name for d in preparer.prepared()) == ["gpu-0", MIG0]
+    assert sorted(device for device, _ in preparer.holders()) == ["gpu-0", MIG0]
 
 
 def test_each_claim_has_a_json_record_with_the_boot_id(node: Node) -> None:
