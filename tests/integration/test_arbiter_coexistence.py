@@ -138,10 +138,17 @@ def test_a_gang_is_told_on_its_podgroup_once_not_on_every_pod() -> None:
         cluster.queue("team", gpu_quota=8)
         cluster.gang("team", "four", "team", pods=4, gpus=1)
         arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05))
+
+        def admitted() -> list[tuple[str, str]]:
+            arbiter.flush_events()
+            events = cluster.rest._request("GET", EVENTS_PATH.format(ns="team"))["items"]
+            return [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events
+                    if e["reason"] == "Admitted"]
+
         wait_for(lambda: all(not p["spec"].get("schedulingGates") for p in cluster.pods("team")), timeout=60,
                  what="the gang admitted")
-        arbiter.flush_events()
-        events = cluster.rest._request("GET", EVENTS_PATH.format(ns="team"))["items"]
-        admitted = [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events
-                    if e["reason"] == "Admitted"]
-        assert admitted == [("PodGroup", "four")]
+        # the pods are ungated inside the commit and the Event is recorded right after it: wait for the Event,
+        # then make sure it is the only one
+        wait_for(admitted, timeout=30, what="an Admitted Event")
+        time.sleep(0.5)
+        assert admitted() == [("PodGroup", "four")]
