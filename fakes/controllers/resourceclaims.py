@@ -44,6 +44,10 @@ class ResourceClaimController:
         self._claims = claims
         self._templates = templates
         self._seen_pods: dict[str, str] = {}  # pod uid -> "ns/name": pods once known (to tell deleted from unseen)
+        # claims this controller created, until the pod's status lists them: the informers may not show the new
+        # claim nor the pod's new status on the next pass, and a second claim for the same pod would be made
+        # (upstream keeps a mutation cache of its claims for the same reason)
+        self._created: dict[tuple[str, str], Json] = {}  # (pod uid, pod-level claim name) -> claim
 
     def sync(self) -> int:
         """One pass over pods and claims; returns how many writes it made."""
@@ -53,6 +57,8 @@ class ResourceClaimController:
             meta = pod.get("metadata") or {}
             self._seen_pods[str(meta.get("uid"))] = f"{meta.get('namespace')}/{meta.get('name')}"
             writes += self._handle_pod(pod)
+        live = {str((pod.get("metadata") or {}).get("uid")) for pod in pods}
+        self._created = {k: c for k, c in self._created.items() if k[0] in live}
         for claim in self._claims.items():
             try:
                 writes += self._sync_claim(claim)
@@ -70,6 +76,8 @@ class ResourceClaimController:
         meta = pod["metadata"]
         ns = meta["namespace"]
         listed = {s.get("name") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+        for name in listed:
+            self._created.pop((meta["uid"], name), None)
         new_statuses = []
         for rc in (pod.get("spec") or {}).get("resourceClaims") or ():
             template_name = rc.get("resourceClaimTemplateName")
@@ -99,6 +107,7 @@ class ResourceClaimController:
                 except ApiError as e:
                     log.warning("creating a claim for %s/%s: %s", ns, meta["name"], e)
                     continue
+                self._created[(meta["uid"], rc["name"])] = existing
             new_statuses.append({"name": rc["name"], "resourceClaimName": existing["metadata"]["name"]})
         if not new_statuses:
             return 0
@@ -118,6 +127,8 @@ class ResourceClaimController:
 
     def _owned_claim(self, pod: Json, claim_name: str) -> Json | None:
         uid = pod["metadata"]["uid"]
+        if (uid, claim_name) in self._created:
+            return self._created[(uid, claim_name)]
         for c in self._claims.items():
             meta = c.get("metadata") or {}
             if meta.get("namespace") == pod["metadata"]["namespace"] and \
