@@ -221,6 +221,10 @@ class Arbiter:
         """Wait until the Events recorded so far are written (they are written in the background)."""
         return self._recorder.flush(timeout) if self._recorder is not None else True
 
+    def commit_timings(self) -> dict[str, float]:
+        """Seconds per commit step (reserve, write claims, confirm, ungate), summed over parallel commits."""
+        return dict(self._committer.timings)
+
     def stop(self) -> None:
         for inf in self._informers:
             inf.stop()

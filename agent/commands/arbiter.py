@@ -149,6 +149,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         arbiter.stop()
+        # what an operator (or the benchmark) asks after a run: how much it decided and where the time went
+        log.info("arbiter stopped", extra={
+            "cycles": arbiter.cycles, "evictions": dict(arbiter.evictions),
+            "seconds": {k: round(v, 3) for k, v in arbiter.timings.items()},
+            "commit_seconds": {k: round(v, 3) for k, v in arbiter.commit_timings().items()}})
         if elector is not None and not elector.lost.is_set():
             elector.release()
     if elector is not None and elector.lost.is_set():

@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import json
+import os
 import random
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.arbiter.controller import Arbiter, ArbiterConfig
+from agent.arbiter.controller import ArbiterConfig
 from agent.arbiter.names import ADMITTED_ANNOTATION, FENCE_RULE
 from agent.arbiter.world import claim_names, is_gated
 from agent.kube.errors import ApiError
@@ -36,11 +45,12 @@ QUEUES = 4
 
 HOLD_GATE = "bench.gpu-dra-agent.io/hold"  # keeps the kube-scheduler case's pods back until their claims exist
 CLIENT_QPS = 500
+PERIOD_S = 0.05  # the arbiter's --period: its longest wait for a cycle (a change seen starts one sooner)
 THRASH_S = 5.0  # an eviction this soon after the pod's admission, for a gang already waiting then: thrash
 
 
 def _gangs(rng: random.Random) -> list[tuple[str, str, int]]:
-    gangs = []
+    gangs: list[tuple[str, str, int]] = []
     left = PODS_TOTAL
     while left:
         size = min(left, rng.randint(1, 8))
@@ -91,69 +101,90 @@ class Kubelet:
             self._stop.wait(0.005)
 
 
-def _arbiter_run(cluster: FakeCluster, label: str, config: ArbiterConfig) -> dict[str, float]:
+def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str, float]:
+    """The arbiter as deployed: its own process (`gpu-dra-agent arbiter`), so that this harness (the node
+    agents, the kubelet stand-in, the informers) does not share its interpreter, as kube-scheduler does not."""
     rng = random.Random(7)
     cluster.queue("root")
-    for q in range(QUEUES):
-        cluster.queue(f"q{q}", parent="root", gpu_quota=64)
+    for i in range(QUEUES):
+        cluster.queue(f"q{i}", parent="root", gpu_quota=64)
     gangs = _gangs(rng)
     pods = Informer(cluster.rest, PODS)
     start_all([pods], 60)
     for q, name, size in gangs:
         cluster.gang(f"ns-{q}", name, q, pods=size, gpus=1)
     _claims_made(cluster, pods, PODS_TOTAL)
-    ungated_at, evicted_at = _watch_writes(cluster)
-
-    def placed(p: dict[str, Any]) -> bool:
-        return not is_gated(p)
-
-    with Kubelet(cluster, pods, placed) as kubelet:
+    log_path = cluster.root / "arbiter.log"
+    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
+               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", str(period_s),
+               "--log-format", "json"]
+    with Kubelet(cluster, pods, lambda p: not is_gated(p)) as kubelet, open(log_path, "w") as log:
         start = time.perf_counter()
-        arbiter = cluster.arbiter(config)
-        wait_for(lambda: len(kubelet.completed) + len(kubelet.evicted) >= PODS_TOTAL and
-                 not pods.items(), timeout=900, interval=0.05, what="all admitted")
+        proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.getcwd()}, stderr=log)
+        try:
+            wait_for(lambda: len(kubelet.completed) + len(kubelet.evicted) >= PODS_TOTAL and
+                     not pods.items(), timeout=900, interval=0.05, what="all admitted")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
         admitted_at = dict(kubelet.completed)
         wall = max(admitted_at.values()) - start
     pods.stop()
-    # every gang was waiting from the start, so an eviction within THRASH_S of the pod's admission is thrash
-    thrash = sum(1 for k, t in evicted_at.items() if k in ungated_at and t - ungated_at[k] < THRASH_S)
+    run = _read_log(log_path)
     rate = len(admitted_at) / wall
     print(f"\n{label}: 32 nodes x 8 GPUs, {PODS_TOTAL} pods in {len(gangs)} gangs of 1-8 across {QUEUES} queues:")
-    evictions = sum(arbiter.evictions.values())
-    causes = ", ".join(f"{k} {v}" for k, v in sorted(arbiter.evictions.items())) or "none"
+    evictions = sum(run.evictions.values())
+    causes = ", ".join(f"{k} {v}" for k, v in sorted(run.evictions.items())) or "none"
     print(f"  admitted {len(admitted_at)} pods in {wall:.2f} s: {rate:.1f} pods/s gate to committed; "
-          f"evictions {evictions} ({causes}; thrash {thrash})")
-    _where(arbiter)
-    cluster.stop_arbiters()
-    return {"pods_s": rate, "evictions": evictions, "thrash": thrash}
-
-
-def _watch_writes(cluster: FakeCluster) -> tuple[dict[str, float], dict[str, float]]:
-    """When the arbiter ungated each pod and when it evicted each: its writes, seen on the client they share."""
-    rest = cluster.rest
-    ungated: dict[str, float] = {}
-    evicted: dict[str, float] = {}
-    replace, evict = rest.replace, rest.evict
-
-    def replacing(resource: Any, body: Any, subresource: str = "") -> Any:
-        out = replace(resource, body, subresource)
-        if resource == PODS and not is_gated(body) and ADMITTED_ANNOTATION in body["metadata"].get("annotations", {}):
-            ungated.setdefault(f"{body['metadata']['namespace']}/{body['metadata']['name']}", time.perf_counter())
-        return out
-
-    def evicting(namespace: str, name: str, uid: str | None = None) -> None:
-        evict(namespace, name, uid)
-        evicted.setdefault(f"{namespace}/{name}", time.perf_counter())
-
-    rest.replace, rest.evict = replacing, evicting  # type: ignore[method-assign]
-    return ungated, evicted
-
-
-def _where(arbiter: Arbiter) -> None:
-    print(f"  arbiter cycles {arbiter.cycles}; time in: " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in sorted(arbiter.timings.items(), key=lambda kv: -kv[1])))
+          f"evictions {evictions} ({causes}; thrash {run.thrash})")
+    print(f"  arbiter cycles {run.cycles}; time in: " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in sorted(run.seconds.items(), key=lambda kv: -kv[1])))
     print("  commit steps (summed over parallel commits): " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in arbiter._committer.timings.items()))
+        f"{k} {v:.2f} s" for k, v in run.commit_seconds.items()))
+    print(f"  commits refused {sum(run.refused.values())}" + "".join(
+        f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1])))
+    return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash}
+
+
+@dataclasses.dataclass
+class _Run:
+    cycles: int
+    evictions: dict[str, int]
+    seconds: dict[str, float]
+    commit_seconds: dict[str, float]
+    thrash: int
+    refused: dict[str, int]  # commits a node or the API refused, by reason (the gang waits for the next cycle)
+
+
+_ADMITTED = re.compile(r"admitted gang (\S+) of queue")
+_EVICTED = re.compile(r"evicted \S+ \(gang (\S+), queue")
+_REFUSED = re.compile(r"gang \S+ not committed: (.*)")
+
+
+def _read_log(path: Path) -> _Run:
+    """The arbiter's JSON log: its closing summary, and thrash (every gang waited from the start, so an eviction
+    within THRASH_S of its gang's admission is thrash)."""
+    admitted: dict[str, float] = {}
+    thrash = 0
+    summary: dict[str, Any] = {}
+    refused: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        at = datetime.fromisoformat(entry["ts"]).timestamp()
+        if m := _ADMITTED.match(entry["msg"]):
+            admitted.setdefault(m[1], at)
+        elif (m := _EVICTED.match(entry["msg"])) and m[1] in admitted and at - admitted[m[1]] < THRASH_S:
+            thrash += 1
+        elif m := _REFUSED.match(entry["msg"]):
+            reason = re.sub(r"\S*\d\S*", "#", m[1])[:60]  # names and numbers out: one line per kind
+            refused[reason] = refused.get(reason, 0) + 1
+        elif entry["msg"] == "arbiter stopped":
+            summary = entry
+    assert summary, f"the arbiter wrote no summary: see {path}"
+    return _Run(summary["cycles"], summary["evictions"], summary["seconds"], summary["commit_seconds"], thrash,
+                refused)
 
 
 def _kube_scheduler_run(cluster: FakeCluster) -> float:
@@ -242,14 +273,14 @@ def _ceiling_run(cluster: FakeCluster, workers: int) -> float:
 def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> None:
     from tests.controlplane.cluster import ControlPlane
 
-    config = ArbiterConfig(period_s=0.05)
+    config = ArbiterConfig()
     with ControlPlane(control_plane_binaries, client_qps=CLIENT_QPS).start() as cp:
         path = cp.write_kubeconfig(cp.workdir / "bench.kubeconfig")
         with FakeCluster(nodes=32, kubeconfig=path, make_node=cp.add_node) as cluster:
             print(f"\nreal control plane 1.37, kube-controller-manager and kube-scheduler --kube-api-qps="
-                  f"{CLIENT_QPS} --kube-api-burst={2 * CLIENT_QPS}; arbiter client unlimited, "
+                  f"{CLIENT_QPS} --kube-api-burst={2 * CLIENT_QPS}; arbiter (its own process) client unlimited, "
                   f"{config.commit_workers} gangs committed at once")
-            arbiter = _arbiter_run(cluster, "arbiter", config)
+            arbiter = _arbiter_run(cluster, "arbiter", PERIOD_S)
             scheduler = _kube_scheduler_run(cluster)
             ceiling = _ceiling_run(cluster, config.commit_workers)
     print(f"side by side (same run, same nodes): arbiter {arbiter['pods_s']:.1f} pods/s "
@@ -263,5 +294,5 @@ def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> Non
 @pytest.mark.timeout(900)
 def test_admission_through_the_api() -> None:
     with FakeCluster(nodes=32, apiserver_process=True) as cluster:
-        out = _arbiter_run(cluster, "arbiter, API fake", ArbiterConfig(period_s=0.05))
+        out = _arbiter_run(cluster, "arbiter, API fake", PERIOD_S)
     assert out["thrash"] == 0

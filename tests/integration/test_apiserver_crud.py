@@ -314,3 +314,19 @@ def test_kubeconfig_file_and_command_line(tmp_path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_thirty_two_requests_at_once_keep_their_connections(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    # tried: the arbiter's 32 commit workers on one client; with the library's default pool (five connections
+    # per CPU) each request beyond it dropped its connection and the next paid a new handshake
+    from concurrent import futures
+
+    from agent.kube.client import api_client
+    from agent.kube.rest import NODES, Rest
+
+    with fakes.apiserver.start(port=0) as server:
+        rest = Rest(api_client(str(server.write_kubeconfig(tmp_path / "kubeconfig"))))
+        with caplog.at_level("WARNING", logger="urllib3.connectionpool"), futures.ThreadPoolExecutor(32) as pool:
+            for _ in range(3):
+                list(pool.map(lambda _: rest.list(NODES), range(32)))
+    assert not [r for r in caplog.records if "Connection pool is full" in r.getMessage()]
