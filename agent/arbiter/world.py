@@ -330,7 +330,30 @@ def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, 
             else:
                 total += worth.get(key, 1.0)
         return total
-    return requested_gpus(reservation_claim(claim, (share_devices or {}).values()))
+    if share_devices:  # what a share would take depends on the devices published now
+        return requested_gpus(reservation_claim(claim, share_devices.values()))
+    return _asked_gpus(claim)
+
+
+# What each unallocated claim asks for, by (uid, resourceVersion): a version of an object never changes, and
+# reading every pending claim's requests again in every snapshot was a fifth of the arbiter's time.
+_ASKED: dict[tuple[str, str], float] = {}
+_ASKED_MAX = 100_000  # forgotten all at once beyond this: the next snapshots fill it again
+
+
+def _asked_gpus(claim: Mapping[str, Any]) -> float:
+    m = meta(claim)
+    uid, version = m.get("uid"), m.get("resourceVersion")
+    if not uid or not version:
+        return requested_gpus(reservation_claim(claim, ()))
+    key = (str(uid), str(version))
+    gpus = _ASKED.get(key)
+    if gpus is None:
+        gpus = requested_gpus(reservation_claim(claim, ()))  # Unsupported: raised, not remembered
+        if len(_ASKED) >= _ASKED_MAX:
+            _ASKED.clear()
+        _ASKED[key] = gpus
+    return gpus
 
 
 def _results(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:

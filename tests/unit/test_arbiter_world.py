@@ -355,3 +355,16 @@ def test_a_pod_asking_for_the_extended_resource_waits_with_the_reason() -> None:
     p["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
     w = world([p], [], queues=queues)
     assert "nvidia.com/gpu" in w.waiting["team-a/pod/p"]
+
+
+def test_what_a_pending_claim_asks_follows_its_new_versions() -> None:
+    # the GPUs a pending claim asks for are remembered per (uid, resourceVersion): tried, the same claim at a
+    # new version asking for more, and one with no version at all (both read afresh)
+    from agent.arbiter.world import claim_gpus
+
+    one = claim("c", count=1)
+    one["metadata"].update(uid="uid-c", resourceVersion="7")
+    four = claim("c", count=4)
+    four["metadata"].update(uid="uid-c", resourceVersion="8")
+    assert [claim_gpus(c, DRIVER, {}) for c in (one, four, one)] == [1.0, 4.0, 1.0]
+    assert claim_gpus(claim("unversioned", count=2), DRIVER, {}) == 2.0
