@@ -336,7 +336,7 @@ def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, 
 
 
 # What each unallocated claim asks for, by (uid, resourceVersion): a version of an object never changes, and
-# reading every pending claim's requests again in every snapshot was a fifth of the arbiter's time.
+# reading every pending claim's requests again in every snapshot was a fifth of the snapshot's time.
 _ASKED: dict[tuple[str, str], float] = {}
 _ASKED_MAX = 100_000  # forgotten all at once beyond this: the next snapshots fill it again
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent import futures
 from datetime import datetime
 from pathlib import Path
@@ -218,6 +219,29 @@ def _kube_scheduler_run(cluster: FakeCluster) -> float:
     return rate
 
 
+_SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _api_writes(cp: Any) -> dict[str, float]:
+    """The API server's own count of the writes it served (apiserver_request_total), by resource and verb."""
+    request = urllib.request.Request(cp.url + "/metrics")
+    with urllib.request.urlopen(request, context=cp.ssl_context(), timeout=30) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        labels = dict(_LABEL.findall(m["labels"]))
+        if labels.get("verb") not in ("POST", "PUT", "PATCH", "DELETE", "APPLY"):
+            continue
+        key = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        key += f" {labels['verb']}"
+        out[key] = out.get(key, 0.0) + float(m["value"])
+    return out
+
+
 def _ceiling_run(cluster: FakeCluster, workers: int) -> float:
     """The arbiter's three writes per pod (claim finalizer, claim status with allocation and reservedFor, pod
     ungated) by a minimal client at the arbiter's commit concurrency, nothing else: what the API allows."""
@@ -280,9 +304,17 @@ def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> Non
             print(f"\nreal control plane 1.37, kube-controller-manager and kube-scheduler --kube-api-qps="
                   f"{CLIENT_QPS} --kube-api-burst={2 * CLIENT_QPS}; arbiter (its own process) client unlimited, "
                   f"{config.commit_workers} gangs committed at once")
+            before = _api_writes(cp)
             arbiter = _arbiter_run(cluster, "arbiter", PERIOD_S)
+            between = _api_writes(cp)
             scheduler = _kube_scheduler_run(cluster)
+            after = _api_writes(cp)
             ceiling = _ceiling_run(cluster, config.commit_workers)
+    # the API server's writes are what both paths share on one control plane: per pod, by whom they are for
+    for label, start, end in (("arbiter path", before, between), ("kube-scheduler path", between, after)):
+        delta = {k: (end[k] - start.get(k, 0.0)) / PODS_TOTAL for k in end if end[k] > start.get(k, 0.0)}
+        print(f"API writes per pod, {label}: {sum(delta.values()):.2f} (" + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
     print(f"side by side (same run, same nodes): arbiter {arbiter['pods_s']:.1f} pods/s "
           f"({arbiter['evictions']:.0f} evictions, thrash {arbiter['thrash']:.0f}), kube-scheduler "
           f"{scheduler:.1f} pods/s, ceiling {ceiling:.1f} pods/s; arbiter / kube-scheduler "
