@@ -476,7 +476,7 @@ class NodeAgent:
     def _claims_on(self, minors: Collection[int]) -> dict[int, set[str]]:
         """What holds a device of these GPUs here: claims in the checkpoint (prepared, or being prepared) and
         the arbiter's reservations."""
-        held = holders(self._preparer.states.load())  # without the lock: the caller may hold it already
+        held = holders(self._preparer.states.checkpoints.peek())  # the caller may or may not hold the lock
         if self.reservations is not None:
             live = self.reservations.book.live()
             held += [(d, f"reservation of gang {r.gang_id}") for r in live for d in r.fit.all_devices]

@@ -306,6 +306,28 @@ class CheckpointStore:
             self._saved = self._read_all()
         return Checkpoint(self._saved.boot_id, dict(self._saved.claims))
 
+    def peek(self) -> Checkpoint:
+        """The claims of this boot recorded, read for a thread that may not hold the lock: nothing `load` keeps
+        is touched and nothing is written (no migration, no voiding); a record written or removed meanwhile
+        may be missed. Claims of an earlier boot are left out: a reboot released their devices."""
+        boot = self.boot_id()
+        claims: dict[str, ClaimEntry] = {}
+        if self.legacy_path.is_file():
+            with contextlib.suppress(FileNotFoundError):  # migrated meanwhile: its records are read below
+                legacy = decode_legacy(self.legacy_path.read_bytes(), str(self.legacy_path))
+                if legacy.boot_id == boot:
+                    claims = dict(legacy.claims)
+        for path in sorted(self.records.iterdir()) if self.records.is_dir() else ():
+            if not path.name.endswith(_SUFFIX):
+                continue
+            try:
+                record_boot, entry = decode_record(path.read_bytes(), str(path))
+            except FileNotFoundError:
+                continue  # unprepared meanwhile
+            if record_boot == boot:
+                claims[entry.uid] = entry
+        return Checkpoint(boot, claims)
+
     def save(self, cp: Checkpoint) -> None:
         """Write the records of claims that changed since the last load or save and remove those of claims
         gone: one record per claim touched, whatever the node holds."""

@@ -259,3 +259,25 @@ def test_a_claim_uid_unfit_for_a_path_gets_no_record(tmp_path: pathlib.Path) -> 
     with pytest.raises(ValueError, match="not a UID"):
         store(tmp_path).save(cp)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_peek_without_the_lock_reads_this_boots_claims_and_changes_nothing(tmp_path: pathlib.Path) -> None:
+    # the MIG reconciler asks what holds a GPU while prepares may be writing (it takes the lock only for its
+    # last check): tried, a peek beside a kept copy, a record gone meanwhile, a record of an earlier boot and a
+    # version 1 file, none of which a peek may migrate, void or cache
+    mine = store(tmp_path)
+    mine.save(sample())
+    assert mine.peek() == sample()
+    other = store(tmp_path)
+    cp = other.load()
+    del cp.claims["u1"]
+    other.save(cp)  # another writer removed u1's record
+    assert set(mine.peek().claims) == {"u2"}
+    assert store(tmp_path, "boot-2").peek() == Checkpoint("boot-2")  # after a reboot nothing holds a device
+    assert records(tmp_path) == ["u2.json"]  # and nothing was voided by looking
+    assert set(mine.load().claims) == {"u2"}  # what `load` keeps still follows the other writer
+    legacy_root = tmp_path / "v1"
+    legacy_root.mkdir()
+    (legacy_root / "checkpoint.json").write_text(V1_DOCUMENT)
+    assert set(store(legacy_root).peek().claims) == {"u1"}
+    assert (legacy_root / "checkpoint.json").exists() and not (legacy_root / "claims").exists()  # not migrated
