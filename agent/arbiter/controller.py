@@ -186,6 +186,8 @@ class Arbiter:
                                     clock=clock)
         self._expected: list[Write] = []
         self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
+        # Queue status is written by one thread of its own, in order: the cycle does not wait for those writes
+        self._status_writer = futures.ThreadPoolExecutor(1, thread_name_prefix="queue-status")
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
         self._waits: dict[str, tuple[str, float]] = {}  # gang -> the wait reason last told, and when
         self._told: dict[str, str] = {}  # object left out of the snapshot -> the reason last told
@@ -229,6 +231,7 @@ class Arbiter:
         for inf in self._informers:
             inf.stop()
         self._pool.shutdown(wait=True)
+        self._status_writer.shutdown(wait=True)
         self._committer.close()
         self.directory.close()
 
@@ -550,9 +553,12 @@ class Arbiter:
             if kept is None or now - _updated_at(kept) >= PERSIST_EVERY_S:
                 kept = self._usage_state[name] = to_status(acc)
             statuses[name] = {**statuses[name], "usage": shown(acc), "usageState": kept}
+        changed = {name: status for name, status in statuses.items() if self._queue_status.get(name) != status}
+        if changed:
+            self._status_writer.submit(self._patch_queue_status, changed)
+
+    def _patch_queue_status(self, statuses: Mapping[str, dict[str, Any]]) -> None:
         for name, status in statuses.items():
-            if self._queue_status.get(name) == status:
-                continue
             try:
                 self._rest.patch(QUEUES, None, name, {"status": status}, subresource="status")
                 self._queue_status[name] = status

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from agent.allocation.allocator import Claim, DeviceRequest
 from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
@@ -335,25 +335,55 @@ def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, 
     return _asked_gpus(claim)
 
 
-# What each unallocated claim asks for, by (uid, resourceVersion): a version of an object never changes, and
-# reading every pending claim's requests again in every snapshot was a fifth of the snapshot's time.
-_ASKED: dict[tuple[str, str], float] = {}
-_ASKED_MAX = 100_000  # forgotten all at once beyond this: the next snapshots fill it again
+# Values read from one version of an object, by (uid, resourceVersion): a version never changes, and reading
+# every pod and pending claim again in every snapshot was most of the snapshot's time. Forgotten all at once
+# beyond _MEMO_MAX entries (the next snapshots fill it again); objects without both are read every time.
+_MEMO: dict[tuple[str, str, str], Any] = {}
+_MEMO_MAX = 200_000
+T = TypeVar("T")
+
+
+def _memo(kind: str, obj: Mapping[str, Any], read: Callable[[Mapping[str, Any]], T]) -> T:
+    m = meta(obj)
+    uid, version = m.get("uid"), m.get("resourceVersion")
+    if not uid or not version:
+        return read(obj)
+    key = (kind, str(uid), str(version))
+    if key in _MEMO:
+        return cast(T, _MEMO[key])
+    value = read(obj)  # an exception is raised, not remembered
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[key] = value
+    return value
 
 
 def _asked_gpus(claim: Mapping[str, Any]) -> float:
-    m = meta(claim)
-    uid, version = m.get("uid"), m.get("resourceVersion")
-    if not uid or not version:
-        return requested_gpus(reservation_claim(claim, ()))
-    key = (str(uid), str(version))
-    gpus = _ASKED.get(key)
-    if gpus is None:
-        gpus = requested_gpus(reservation_claim(claim, ()))  # Unsupported: raised, not remembered
-        if len(_ASKED) >= _ASKED_MAX:
-            _ASKED.clear()
-        _ASKED[key] = gpus
-    return gpus
+    return _memo("asked", claim, lambda c: requested_gpus(reservation_claim(c, ())))
+
+
+@dataclass(frozen=True, slots=True)
+class _PodFacts:
+    """What the snapshot reads from a pod alone."""
+
+    names: tuple[str, ...]  # its ResourceClaims
+    missing: tuple[str, ...]  # template claims not generated yet
+    gated: bool  # by the arbiter
+    extended: bool  # asks for nvidia.com/gpu as an extended resource
+    cpu: float  # milli-CPUs its containers request
+    mem: float  # bytes
+    born: float | None  # creationTimestamp
+
+
+def _read_facts(pod: Mapping[str, Any]) -> _PodFacts:
+    names, missing = claim_names(pod)
+    cpu, mem = _requests(pod)
+    return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), cpu, mem,
+                     parse_time(meta(pod).get("creationTimestamp")))
+
+
+def _facts(pod: Mapping[str, Any]) -> _PodFacts:
+    return _memo("pod", pod, _read_facts)
 
 
 def _results(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
@@ -549,9 +579,10 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
     group_name = (spec.get("schedulingGroup") or {}).get("podGroupName")
     group = groups.get(f"{ns}/{group_name}") if group_name else None
     queue = (m.get("labels") or {}).get(QUEUE_LABEL) or meta(group or {}).get("labels", {}).get(QUEUE_LABEL)
-    names, missing = claim_names(pod)
+    facts = _facts(pod)
+    names, missing = list(facts.names), list(facts.missing)
     found = [claims.get(f"{ns}/{n}") for n in names]
-    gated = is_gated(pod)
+    gated = facts.gated
     deleting = bool(m.get("deletionTimestamp"))
     phase = (pod.get("status") or {}).get("phase")
     # ungated, unbound, with a claim of ours no one allocated: kube-scheduler cannot (the fence); we do
@@ -559,7 +590,7 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
               and any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in found))
     if not queue and default_queue:
         if gated and not missing and None not in found and not any(claim_is_ours(c) for c in found if c) \
-                and not asks_extended_gpus(pod) and not deleting:
+                and not facts.extended and not deleting:
             return RELEASE  # gated by the admission policy for claims that are not ours
         if gated or caught or ADMITTED_ANNOTATION in (m.get("annotations") or {}):
             queue = default_queue
@@ -641,7 +672,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             waiting[job] = f"queue {queue} is a parent queue; only leaf queues take pods"
             unweighed.add(job)
         if read.status == "Pending":
-            if asks_extended_gpus(pod):
+            if _facts(pod).extended:
                 waiting[job] = (f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
                                 f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})")
             elif read.missing:
@@ -699,7 +730,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     for pod in other_pods:
         node_name = (pod.get("spec") or {}).get("nodeName")
         if node_name and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            cpu, mem = _requests(pod)
+            facts = _facts(pod)
+            cpu, mem = facts.cpu, facts.mem
             other_cpu[node_name] = other_cpu.get(node_name, 0.0) + cpu
             other_mem[node_name] = other_mem.get(node_name, 0.0) + mem
     node_specs = []
@@ -758,10 +790,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                 invalid[bad.key] = bad
                 unsupported = f"{key}: ResourceClaim {meta(c).get('name')} is malformed"
                 gpus = 0
-            cpu, mem = _requests(member.pod)
+            facts = _facts(member.pod)
+            cpu, mem = facts.cpu, facts.mem
             pod_priority = (member.pod.get("spec") or {}).get("priority")
             priority = max(priority, int(pod_priority or 0))
-            born = parse_time(meta(member.pod).get("creationTimestamp"))
+            born = facts.born
             if born is not None and (created is None or born < created) and group is None:
                 created = born
             before = exact.get(gang.queue, 0.0)
