@@ -65,6 +65,9 @@ from agent.kube.rest import (
 
 log = logging.getLogger(__name__)
 WAIT_REFRESH_S = 30.0  # a wait reason whose numbers changed is told again at most this often
+# the apiVersion of each kind the snapshot may leave out (a Pod's is v1)
+_API_VERSIONS = {"Queue": QUEUES.api_version, "PodGroup": POD_GROUPS.api_version,
+                 "ResourceClaim": RESOURCE_CLAIMS.api_version}
 
 
 @dataclass(frozen=True)
@@ -405,6 +408,7 @@ class Arbiter:
     # -- decisions out ----------------------------------------------------------------------------------------
 
     def _evict(self, world: World, result: CycleResult, report: CycleReport) -> None:
+        gang_of: dict[str, Gang] = {}  # pod key -> its gang, built at the first eviction
         for name, decision in result.pods.items():
             if decision.action != "evict" or decision.cause is None:
                 continue
@@ -422,7 +426,9 @@ class Arbiter:
             report.evicted.append(name)
             self.evictions[decision.cause] = self.evictions.get(decision.cause, 0) + 1
             self._terminating[name] = str(m.get("uid"))
-            victim = world.gangs.get(_job_of(world, name) or "")
+            if not gang_of:
+                gang_of = {key: g for g in world.gangs.values() for key in g.members}
+            victim = gang_of.get(name)
             gang, queue = decision.evicted_for or ("a waiting gang", "its queue")
             what = "moved to node " + decision.moved_to if decision.moved_to else "evicted"
             self._event(member.pod, "Pod", "v1", "Evicted",
@@ -527,10 +533,7 @@ class Arbiter:
                 continue
             told[key] = bad.reason
             log.warning("%s left out of the arbiter's snapshot: %s", key, bad.reason)
-            api_version = QUEUES.api_version if bad.kind == "Queue" else (
-                POD_GROUPS.api_version if bad.kind == "PodGroup" else RESOURCE_CLAIMS.api_version
-                if bad.kind == "ResourceClaim" else "v1")
-            self._event(bad.obj, bad.kind, api_version, "Invalid", bad.reason, type_="Warning")
+            self._event(bad.obj, bad.kind, _API_VERSIONS.get(bad.kind, "v1"), "Invalid", bad.reason, type_="Warning")
         self._told = told
 
     def _write_queue_status(self, snapshot: Snapshot, result: CycleResult, now: float, world: World) -> None:
@@ -575,10 +578,6 @@ class Arbiter:
                 since = str(c.get("lastTransitionTime") or since)
         return {"type": "Valid", "status": status, "reason": "InvalidSpec" if problem else "Accepted",
                 "message": problem or "the arbiter weighs this queue", "lastTransitionTime": since}
-
-
-def _job_of(world: World, pod: str) -> str | None:
-    return next((g.name for g in world.gangs.values() if pod in g.members), None)
 
 
 def _updated_at(state: Mapping[str, Any]) -> float:

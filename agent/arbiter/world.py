@@ -559,11 +559,10 @@ class _Pod:
     group_name: str | None
     group: Json | None
     queue: str
-    names: list[str]  # its ResourceClaims
-    missing: list[str]  # template claims not generated yet
-    found: list[Json | None]
+    found: list[Json | None]  # its ResourceClaims (facts.names), None where not found
     status: PodStatus | None  # None: gone for the arbiter (terminated, holding nothing)
     node: str | None
+    facts: _PodFacts
 
 
 RELEASE = "release"  # _read_pod: a gated pod that is not the arbiter's, to be ungated as it is
@@ -580,8 +579,7 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
     group = groups.get(f"{ns}/{group_name}") if group_name else None
     queue = (m.get("labels") or {}).get(QUEUE_LABEL) or meta(group or {}).get("labels", {}).get(QUEUE_LABEL)
     facts = _facts(pod)
-    names, missing = list(facts.names), list(facts.missing)
-    found = [claims.get(f"{ns}/{n}") for n in names]
+    found = [claims.get(f"{ns}/{n}") for n in facts.names]
     gated = facts.gated
     deleting = bool(m.get("deletionTimestamp"))
     phase = (pod.get("status") or {}).get("phase")
@@ -589,7 +587,7 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
     caught = (not gated and not deleting and not spec.get("nodeName") and phase in (None, "Pending")
               and any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in found))
     if not queue and default_queue:
-        if gated and not missing and None not in found and not any(claim_is_ours(c) for c in found if c) \
+        if gated and not facts.missing and None not in found and not any(claim_is_ours(c) for c in found if c) \
                 and not facts.extended and not deleting:
             return RELEASE  # gated by the admission policy for claims that are not ours
         if gated or caught or ADMITTED_ANNOTATION in (m.get("annotations") or {}):
@@ -611,7 +609,7 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
         status = "Running"
     else:
         return None
-    return _Pod(job, ns, group_name, group, str(queue), names, missing, found, status, node)
+    return _Pod(job, ns, group_name, group, str(queue), found, status, node, facts)
 
 
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
@@ -672,12 +670,12 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             waiting[job] = f"queue {queue} is a parent queue; only leaf queues take pods"
             unweighed.add(job)
         if read.status == "Pending":
-            if _facts(pod).extended:
+            if read.facts.extended:
                 waiting[job] = (f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
                                 f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})")
-            elif read.missing:
+            elif read.facts.missing:
                 waiting.setdefault(job, f"waiting for the ResourceClaims of {name} "
-                                        f"({', '.join(read.missing)}) to be created from their templates")
+                                        f"({', '.join(read.facts.missing)}) to be created from their templates")
             elif any(c is None for c in read.found):
                 waiting.setdefault(job, f"ResourceClaim of {name} not found")
         gang = gangs.get(job)
@@ -694,7 +692,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         statuses[member.key] = read.status
         if read.status != "Pending" and job not in unweighed:
             # a gang left out holds its devices all the same: its claims count as held by others
-            attributed.update(f"{ns}/{n}" for n in read.names)
+            attributed.update(f"{ns}/{n}" for n in read.facts.names)
 
     # nodes
     devices = _pool_devices(slices, driver)

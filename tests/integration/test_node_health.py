@@ -20,7 +20,14 @@ from agent.node import NodeAgent, NodeConfig
 from agent.nvml.source import NvmlSource, open_nvml
 from fakes.kubelet import FakeKubelet
 from fakes.kubelet.kubelet import HealthWatch
-from tests.integration.test_node_support import DRIVER, NODE, allocate_claim, create_node, short_tmpdir
+from tests.integration.test_node_support import (
+    DRIVER,
+    NODE,
+    allocate_claim,
+    create_node,
+    eventually,
+    short_tmpdir,
+)
 
 
 @dataclass
@@ -34,14 +41,6 @@ class Node:
 
     def published(self) -> set[str]:
         return {d["name"] for s in self.server.store.objects("ResourceSlice") for d in s["spec"].get("devices", [])}
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.02)
 
 
 def start_node(machine: str, version: str) -> Callable[[], Iterator[Node]]:
