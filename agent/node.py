@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.sharing import ClaimSharing
@@ -23,9 +23,9 @@ from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, par
 from agent.devices.shares import ShareMode
 from agent.driver.startup import log_setup, set_up
 from agent.kube.claims import KubeClaimSource, allocated_in_pool
-from agent.kube.client import api_client
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
+from agent.kube.kubeconfig import connect
 from agent.kube.node_status import COMPONENT, NodeStatus, node_labels
 from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
 from agent.kube.rest import Rest
@@ -117,12 +117,12 @@ class NodeAgent:
     """One node's agent over an open NVML source; `run()` blocks until `stop()` (e.g. from SIGTERM)."""
 
     def __init__(
-        self, config: NodeConfig, nvml: NvmlSource, metrics: NodeMetrics | None = None, api: Any = None
+        self, config: NodeConfig, nvml: NvmlSource, metrics: NodeMetrics | None = None, api: Rest | None = None
     ) -> None:
         self.config = config
         self.metrics = metrics or NodeMetrics()
         self._nvml = nvml
-        self._api = api if api is not None else api_client(config.kubeconfig)
+        self._api = api if api is not None else connect(config.kubeconfig)
         self._stop = threading.Event()
         self._discovery_lock = threading.Lock()  # discover and swap together (_refresh)
         self._inventory = nvml.discover()
@@ -236,7 +236,7 @@ class NodeAgent:
             self.reservations = NodeReservations(
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
                 prepared=self._preparer.holders,
-                unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=Rest(self._api),
+                unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=self._api,
                 share_mode=self.config.share_mode,
             )
             self.reservations.start(self.config.reservation_address, self.config.node_ip)
@@ -247,7 +247,7 @@ class NodeAgent:
             )
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
-        self._events = EventRecorder(Rest(self._api), COMPONENT, self.config.node_name)
+        self._events = EventRecorder(self._api, COMPONENT, self.config.node_name)
         self._spawn("mps-watch", self._mps_watch_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)

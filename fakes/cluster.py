@@ -31,10 +31,10 @@ from agent.arbiter.names import GATE, QUEUE_LABEL
 from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
 from agent.devices.model import Inventory
 from agent.devices.shares import ShareMode
-from agent.kube.client import api_client
 from agent.kube.errors import ApiError, Conflict
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer
+from agent.kube.kubeconfig import connect
 from agent.kube.rest import (
     NODES,
     POD_GROUPS,
@@ -96,18 +96,18 @@ class FakeCluster:
         self._make_node = make_node
         self.share_mode = share_mode
         if kubeconfig is not None:
-            self.rest = Rest(api_client(str(kubeconfig)))
+            self.rest = connect(str(kubeconfig))
         elif apiserver_process:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "fakes.apiserver", "--port", "0", "--kubeconfig-out", str(self.kubeconfig)],
                 stdout=subprocess.PIPE, text=True)
             assert self._process.stdout is not None
             self._process.stdout.readline()  # the URL, once it serves
-            self.rest = Rest(api_client(str(self.kubeconfig)))
+            self.rest = connect(str(self.kubeconfig))
         else:
             self.server = apiserver.start(port=0)  # Kubernetes 1.37: PodGroups and a pod's schedulingGroup served
             self.server.write_kubeconfig(self.kubeconfig)
-            self.rest = Rest(self.server.api_client())
+            self.rest = self.server.rest()
         for crd in _manifest("queue-crd.yaml"):
             with contextlib.suppress(Conflict):  # a real server keeps it between tests
                 self.rest.create(CRDS, None, crd)

@@ -24,9 +24,9 @@ from agent.arbiter.names import COMPONENT, DEFAULT_QUEUE
 from agent.arbiter.node_service import TokenFileError, read_token, split_address
 from agent.commands.options import option, switch
 from agent.commands.signals import stop_on_signals
-from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
 from agent.kube.events import EventRecorder
+from agent.kube.kubeconfig import KubeconfigError, connect
 from agent.kube.leader import LeaderElector
 from agent.kube.rest import Rest
 
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     stop_on_signals(stop.set, log)
     try:
-        rest = Rest(api_client(args.kubeconfig))
+        rest = connect(args.kubeconfig)
     except KubeconfigError as exc:
         return _fail(str(exc))
     warn_without_gate_policy(rest)

@@ -101,7 +101,7 @@ class Demo:
         self.stack.callback(server.stop)
         kubeconfig = server.write_kubeconfig(self.workdir / "kubeconfig")
         kubectl = Kubectl(server.url)
-        self.scheduler = FakeScheduler(server.api_client())
+        self.scheduler = FakeScheduler(server.rest())
         classes = self._apply_device_classes(kubectl)
         _say(
             f"gpu-dra-agent demo (work directory {self.workdir})",

@@ -16,8 +16,8 @@ from agent.commands.preflight import StartupError
 from agent.commands.signals import stop_on_signals
 from agent.devices import shares
 from agent.driver.discovery import DriverVersionMismatch
-from agent.kube.client import KubeconfigError, api_client
 from agent.kube.errors import ApiError
+from agent.kube.kubeconfig import KubeconfigError, connect
 from agent.kubelet.sockets import SocketError
 from agent.migconfig.files import load_mig_configs
 from agent.migconfig.spec import InvalidMigConfig
@@ -169,7 +169,7 @@ def _serve(config: NodeConfig, metrics_addr: str, nvml_spec: str) -> None:
     """Open NVML and the API client and probe the addresses (none of which leaves a trace), then make the
     directories and run the agent until a signal stops it."""
     with open_nvml(nvml_spec) as nvml:
-        api = api_client(config.kubeconfig)
+        api = connect(config.kubeconfig)
         for flag, value in (("--metrics-addr", metrics_addr), ("--healthcheck-addr", config.liveness_address)):
             if value:
                 preflight.can_listen(flag, value)

@@ -1,1 +1,1 @@
-"""The only package that imports the `kubernetes` client: API access for the rest of the agent."""
+"""API access for the rest of the agent: plain JSON over an HTTP client of its own (no `kubernetes` package)."""

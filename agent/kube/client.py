@@ -1,49 +1,124 @@
-"""Building an API client: a kubeconfig file when given, in-cluster config otherwise."""
+"""HTTP(S) to one API server: its address, its TLS trust, our credentials and a pool of connections.
+
+Our own, not the `kubernetes` package's: the agent speaks plain JSON (agent.kube.rest), and that package's
+client loads every typed model on import (~24 MB resident and a third of a second of start-up on a node).
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlencode
 
-from kubernetes import client, config
+import urllib3
 
 # (connect, read) seconds for every call: a stalled API server must fail a prepare, not hang it while the
 # node lock is held.
 REQUEST_TIMEOUT = (5.0, 30.0)
-# Keyword arguments for calls that want the server's JSON as sent (no model decoding) within the timeout.
-RAW: dict[str, Any] = {"_preload_content": False, "_request_timeout": REQUEST_TIMEOUT}
 
-
-# HTTP connections kept per client. The library's default is five per CPU, ten on a 2-core node: the arbiter's
-# commit workers, informers and event writer outnumber that, and every connection beyond the pool was dropped
-# after its request and the next one paid a new TLS handshake (CPU on both ends).
+# HTTP connections kept per client. The arbiter's commit workers, informers and event writer share one client;
+# a connection beyond the pool is dropped after its request and the next one pays a new TLS handshake.
 POOL_CONNECTIONS = 64
 
 
-class KubeconfigError(Exception):
-    """No usable API client configuration; str() says which file or setting and why."""
+class CredentialsError(Exception):
+    """Our credentials cannot be read or made (a token file gone, an exec plugin failing)."""
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """A client from `kubeconfig`, or the in-cluster service account; no request is made."""
-    cfg = client.Configuration()
-    if kubeconfig:
-        path = Path(kubeconfig)
-        if not path.exists():
-            raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
-        if not path.is_file():
-            raise KubeconfigError(f"kubeconfig {kubeconfig} is not a file")
-        try:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        except Exception as exc:  # the loader fails in many ways (YAML, missing keys, wrong types, I/O)
-            raise KubeconfigError(f"kubeconfig {kubeconfig} is not usable: {exc}") from None
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException as exc:
-            raise KubeconfigError(
-                f"no kubeconfig given and the in-cluster configuration is not usable ({exc}); "
-                "pass --kubeconfig or set KUBECONFIG when running outside a cluster"
-            ) from None
-    cfg.connection_pool_maxsize = POOL_CONNECTIONS
-    return client.ApiClient(cfg)
+class Auth(Protocol):
+    """Who we are to the server, as request headers; refreshed by the implementation as it needs."""
+
+    def headers(self) -> Mapping[str, str]: ...
+
+    def rejected(self) -> None:
+        """The server answered 401: forget any cached credential so the next request fetches a new one."""
+
+
+class NoAuth:
+    """Client certificates alone, or a server that asks for nothing (the API fake)."""
+
+    def headers(self) -> Mapping[str, str]:
+        return {}
+
+    def rejected(self) -> None:
+        pass
+
+
+class BearerToken:
+    """A token from `read()`, read again once it is `max_age_s` old or after a 401: projected service-account
+    tokens and exec plugins' tokens expire, and the file or plugin has the new one first."""
+
+    def __init__(self, read: Callable[[], tuple[str, float | None]], max_age_s: float = 60.0) -> None:
+        """`read()` returns the token and, when it says so, its expiry as a time.time() instant; it raises
+        CredentialsError when it cannot."""
+        self._read = read
+        self._max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._token = ""
+        self._stale_at = 0.0
+
+    def headers(self) -> Mapping[str, str]:
+        with self._lock:
+            if time.time() >= self._stale_at:
+                token, expires = self._read()
+                self._token = token
+                self._stale_at = time.time() + self._max_age_s
+                if expires is not None:  # a minute's margin: a token must not expire in flight
+                    self._stale_at = min(self._stale_at, expires - 60.0)
+            return {"Authorization": f"Bearer {self._token}"}
+
+    def rejected(self) -> None:
+        with self._lock:
+            self._stale_at = 0.0
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where the API server is and how to trust it. `ssl_context` None: plain HTTP (the API fake on loopback)."""
+
+    url: str  # scheme://host:port, no trailing slash
+    ssl_context: ssl.SSLContext | None = None
+    tls_server_name: str | None = None
+    proxy_url: str | None = None
+
+
+class Client:
+    """Requests to one server through a pool of `pool_size` connections (thread-safe: the pool is)."""
+
+    def __init__(self, server: Server, auth: Auth | None = None, *, pool_size: int = POOL_CONNECTIONS,
+                 timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
+        self.server = server
+        self.timeout = timeout
+        self._auth = auth or NoAuth()
+        tls: dict[str, Any] = {}
+        if server.ssl_context is not None:
+            tls["ssl_context"] = server.ssl_context
+            if server.tls_server_name:
+                tls["server_hostname"] = server.tls_server_name
+        self._pool: urllib3.PoolManager = (
+            urllib3.ProxyManager(server.proxy_url, maxsize=pool_size, **tls) if server.proxy_url
+            else urllib3.PoolManager(maxsize=pool_size, **tls)
+        )
+
+    def request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes | None = None,
+                headers: Mapping[str, str] | None = None, timeout: tuple[float, float] | float | None = None,
+                stream: bool = False, retries: bool = True) -> urllib3.BaseHTTPResponse:
+        """One request; the response whatever its status. `timeout`: (connect, read) seconds, or one number
+        for both together. `stream`: the body is left unread for the caller.
+        `retries` False: no silent retry of a failed connect or read (the caller's deadline is one attempt).
+        Raises urllib3's HTTPError or OSError when the server cannot be reached."""
+        url = self.server.url + path + (f"?{urlencode(query)}" if query else "")
+        limit = timeout or self.timeout
+        deadline = urllib3.Timeout(total=limit) if isinstance(limit, float | int) else urllib3.Timeout(*limit)
+        response = self._pool.request(
+            method, url, body=body, headers={**(headers or {}), **self._auth.headers()},
+            timeout=deadline, preload_content=not stream,
+            retries=None if retries else False, redirect=False,
+        )
+        if response.status == 401:
+            self._auth.rejected()
+        return response

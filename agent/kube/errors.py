@@ -1,4 +1,4 @@
-"""The agent's own API error tree; the client's ApiException is kept as the cause."""
+"""The agent's own API error tree: what a failed call means, from the server's Status or from the network."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 from collections.abc import Callable
 from typing import TypeVar
 
-from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
+
+from agent.kube.client import CredentialsError
 
 T = TypeVar("T")
 
@@ -40,32 +41,32 @@ class Invalid(ApiError):
 _BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
 
 
-def translate(exc: ApiException) -> ApiError:
-    status = int(exc.status or 0)
-    return _BY_STATUS.get(status, ApiError)(status, _message(exc.body) or str(exc.reason or "no reason given"))
+def translate(status: int, body: bytes | str, reason: str = "") -> ApiError:
+    """The error for an HTTP answer of `status` with `body` (a Status object, or anything a proxy sends)."""
+    return _BY_STATUS.get(status, ApiError)(status, _message(body) or reason or "no reason given")
 
 
-def _message(body: object) -> str:
+def _message(body: bytes | str) -> str:
     """The `message` of a Status body, which is what a person needs; the raw body when it is not one."""
     if isinstance(body, bytes):
         body = body.decode(errors="replace")
     if not body:
         return ""
     try:
-        status = json.loads(str(body))
+        status = json.loads(body)
     except ValueError:
-        return str(body)
+        return body
     if isinstance(status, dict) and status.get("message"):
         return str(status["message"])
-    return str(body)
+    return body
 
 
 def call(fn: Callable[[], T]) -> T:
-    """Run one client call, raising this module's errors instead of the client's: an unreachable or
-    stalled server (urllib3 errors, timeouts, refused connections) is an ApiError with status 0."""
+    """Run one request, raising this module's errors for the network's: an unreachable or stalled server
+    (urllib3 errors, timeouts, refused connections) or credentials that cannot be had are status 0."""
     try:
         return fn()
-    except ApiException as exc:
-        raise translate(exc) from exc
+    except CredentialsError as exc:
+        raise ApiError(0, f"no credentials for the API server: {exc}") from exc
     except (HTTPError, OSError) as exc:
         raise ApiError(0, f"cannot reach the API server: {exc}") from exc

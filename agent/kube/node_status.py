@@ -11,10 +11,8 @@ import logging
 import time
 from typing import Any
 
-from kubernetes import client
-
-from agent.kube.client import REQUEST_TIMEOUT
-from agent.kube.errors import ApiError, call
+from agent.kube.errors import ApiError
+from agent.kube.rest import EVENTS, NODES, Rest
 
 log = logging.getLogger(__name__)
 
@@ -22,25 +20,24 @@ EVENT_NAMESPACE = "default"
 COMPONENT = "gpu-dra-agent"
 
 
-def node_labels(api_client: client.ApiClient, node_name: str) -> dict[str, str]:
+def node_labels(rest: Rest, node_name: str) -> dict[str, str]:
     """The Node's labels now (raises agent.kube.errors.ApiError, NotFound when there is no such Node)."""
-    api = client.CoreV1Api(api_client)
-    node = call(lambda: api.read_node(node_name, _request_timeout=REQUEST_TIMEOUT))
-    return dict(node.metadata.labels or {}) if node.metadata else {}
+    labels = (rest.get(NODES, None, node_name).get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
 
 
 class NodeStatus:
     """Labels and Events of one Node."""
 
-    def __init__(self, api_client: client.ApiClient, node_name: str, node_uid: str | None = None) -> None:
-        self._api = client.CoreV1Api(api_client)
+    def __init__(self, rest: Rest, node_name: str, node_uid: str | None = None) -> None:
+        self._rest = rest
         self.node_name = node_name
         self._node_uid = node_uid
 
     def set_labels(self, labels: dict[str, str | None]) -> None:
         """Set (or, for None, remove) these labels and no others. Raises ApiError."""
         body = {"metadata": {"labels": labels}}
-        call(lambda: self._api.patch_node(self.node_name, body, _request_timeout=REQUEST_TIMEOUT))
+        self._rest.patch(NODES, None, self.node_name, body)
 
     def event(self, event_type: str, reason: str, message: str) -> None:
         """Record an Event on the Node; a failure is logged, never raised (the Event is for people, the
@@ -65,6 +62,6 @@ class NodeStatus:
             "count": 1,
         }
         try:
-            call(lambda: self._api.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=REQUEST_TIMEOUT))
+            self._rest.create(EVENTS, EVENT_NAMESPACE, body)
         except ApiError as exc:
             log.warning("could not record Event %s on node %s: %s", reason, self.node_name, exc)

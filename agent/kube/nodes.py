@@ -11,25 +11,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kubernetes import client
-
-from agent.kube.client import REQUEST_TIMEOUT
-from agent.kube.errors import NotFound, call
+from agent.kube.errors import NotFound
 from agent.kube.reflector import Backoff, Reflector
 from agent.kube.rest import NODES, Json, Rest
 
 log = logging.getLogger(__name__)
 
 
-def node_uid(api_client: client.ApiClient, name: str) -> str | None:
+def node_uid(rest: Rest, name: str) -> str | None:
     """The Node's uid, or None when no such Node exists (e.g. a test cluster without Node objects)."""
-    api = client.CoreV1Api(api_client)
     try:
-        node = call(lambda: api.read_node(name, _request_timeout=REQUEST_TIMEOUT))
+        return NodeInfo.of(rest.get(NODES, None, name)).uid
     except NotFound:
         return None
-    uid = node.metadata.uid if node.metadata else None
-    return str(uid) if uid else None
 
 
 @dataclass(frozen=True)
@@ -64,7 +58,7 @@ class NodeWatcher:
     """
 
     def __init__(
-        self, api_client: client.ApiClient, name: str, *, timeout_s: int = 300, backoff: Backoff | None = None
+        self, rest: Rest, name: str, *, timeout_s: int = 300, backoff: Backoff | None = None
     ) -> None:
         self.name = name
         self._lock = threading.RLock()  # also held while delivering: subscribers see changes in order
@@ -72,7 +66,7 @@ class NodeWatcher:
         self._current: NodeInfo | None = None
         self._synced = threading.Event()
         self._watch = Reflector(
-            Rest(api_client),
+            rest,
             NODES,
             self._on_list,
             self._on_event,

@@ -2,7 +2,7 @@
 
 Objects stay dicts exactly as the server sends them, so custom resources (our Queue), types newer than this
 client (scheduling.k8s.io/v1beta1 PodGroup) and fields it does not model all read the same way. Every call
-goes through `errors.call`: callers see agent.kube.errors, never the client's exceptions.
+raises agent.kube.errors: callers never see the network layer's exceptions.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from agent.kube.client import REQUEST_TIMEOUT
-from agent.kube.errors import ApiError, Gone, NotFound, call
+from agent.kube.client import Client
+from agent.kube.errors import ApiError, Gone, NotFound, call, translate
 
 Json = dict[str, Any]
 
@@ -70,40 +68,45 @@ class WatchEvent:
 
 
 class Rest:
-    """JSON calls over one ApiClient (thread-safe: the client's pool is)."""
+    """JSON calls to one API server (thread-safe: the client's pool is)."""
 
-    def __init__(self, api: client.ApiClient, timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
-        self._api = api
-        self._timeout = timeout
+    def __init__(self, client: Client, *, retries: bool = True) -> None:
+        self.client = client
+        self._retries = retries
+
+    def without_retries(self) -> Rest:
+        """The same server and pool, with no silent retry: a caller's deadline is one attempt, not four."""
+        return Rest(self.client, retries=False)
 
     def _request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None,
                  content_type: str = "application/json", stream: bool = False,
-                 timeout: tuple[float, float] | None = None) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        params = [(k, v) for k, v in (query or {}).items() if v is not None]
-
-        def go() -> Any:
-            _, url, hdrs, payload, _ = self._api.param_serialize(
-                method=method, resource_path=path, query_params=params, header_params=headers, body=body,
-                auth_settings=["BearerToken"])
-            response = self._api.call_api(method, url, header_params=hdrs, body=payload,
-                                          _request_timeout=timeout or self._timeout)
-            if response.status >= 400:
-                raise ApiException(status=response.status, reason=response.reason,
-                                   body=response.read().decode("utf-8", "replace"))
-            return response
-
-        response = call(go)
+                 timeout: tuple[float, float] | float | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        payload = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            payload = json.dumps(body).encode()
+        params = {k: str(v) for k, v in (query or {}).items() if v is not None}
+        response = call(lambda: self.client.request(method, path, query=params, body=payload, headers=headers,
+                                                    timeout=timeout, stream=stream, retries=self._retries))
+        if response.status >= 400:
+            data = call(response.read) if stream else response.data
+            response.release_conn()
+            raise translate(response.status, data, response.reason or "")
         if stream:
-            return response.response  # the urllib3 response, not yet read
-        data = response.read()
-        return json.loads(data) if data else {}
+            return response  # not yet read
+        return json.loads(response.data) if response.data else {}
 
     def list(self, resource: Resource, namespace: str | None = None, *, label_selector: str | None = None,
              field_selector: str | None = None, resource_version: str | None = None) -> Json:
         query = {"labelSelector": label_selector, "fieldSelector": field_selector,
                  "resourceVersion": resource_version}
         out: Json = self._request("GET", resource.path(namespace), query=query)
+        return out
+
+    def version(self) -> Json:
+        """GET /version: the server's build, `gitVersion` e.g. "v1.36.2"."""
+        out: Json = self._request("GET", "/version")
         return out
 
     def serves(self, group_version: str, plural: str) -> bool:
@@ -115,8 +118,9 @@ class Rest:
             return False
         return any(r.get("name") == plural for r in listed.get("resources") or [])
 
-    def get(self, resource: Resource, namespace: str | None, name: str) -> Json:
-        out: Json = self._request("GET", resource.path(namespace, name))
+    def get(self, resource: Resource, namespace: str | None, name: str, *, timeout: float | None = None) -> Json:
+        """`timeout`: seconds for connecting and reading together, instead of the client's (connect, read)."""
+        out: Json = self._request("GET", resource.path(namespace, name), timeout=timeout)
         return out
 
     def create(self, resource: Resource, namespace: str | None, body: Json) -> Json:
@@ -168,7 +172,7 @@ class Rest:
         query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                  "timeoutSeconds": str(timeout_seconds), "fieldSelector": field_selector}
         response = self._request("GET", resource.path(namespace), query=query, stream=True,
-                                 timeout=(self._timeout[0], timeout_seconds + 30.0))
+                                 timeout=(self.client.timeout[0], timeout_seconds + 30.0))
         if opened is not None:
             opened(response)
         try:

@@ -19,6 +19,10 @@ from agent import quantity
 from agent.devices.model import Inventory
 from agent.devices.shares import Policy, ShareMode
 from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.nodes import node_uid
+from agent.kube.rest import Rest
+from agent.kube.slices import SliceApi
+from agent.kube.version import server_version
 from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, Taints, pool_content, resource_slices
 from agent.slices.versions import LATEST, SliceRules, rules_for
 
@@ -59,7 +63,7 @@ class SharesDropped(Exception):
 class Publisher:
     def __init__(
         self,
-        api_client: Any,
+        rest: Rest | None,
         node_name: str,
         driver_name: str = DEFAULT_DRIVER,
         *,
@@ -75,10 +79,10 @@ class Publisher:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if store is None:
-            from agent.kube.slices import SliceApi
-
-            store = SliceApi(api_client)
-        self._api_client = api_client
+            if rest is None:
+                raise ValueError("a Publisher needs an API client or a slice store")
+            store = SliceApi(rest)
+        self._rest = rest
         self._store = store
         self.node_name = node_name
         self.driver = driver_name
@@ -119,9 +123,7 @@ class Publisher:
     def rules(self) -> SliceRules:
         """The ResourceSlice rules of the server's Kubernetes version, which shape every slice published."""
         if self._rules is None:
-            from agent.kube.version import server_version
-
-            self._rules = rules_for(server_version(self._api_client) if self._api_client is not None else LATEST.label)
+            self._rules = rules_for(server_version(self._rest) if self._rest is not None else LATEST.label)
             log.info("API server is Kubernetes %s: publishing its ResourceSlice shape", self._rules.label)
         return self._rules
 
@@ -323,10 +325,8 @@ class Publisher:
         return PublishResult(devices, len(desired), generation, created, updated, deleted)
 
     def _slices(self, content: tuple[SliceContent, ...], generation: int) -> dict[str, Json]:
-        if not self._owner_known and self._api_client is not None:
-            from agent.kube.nodes import node_uid
-
-            self._node_uid = node_uid(self._api_client, self.node_name)
+        if not self._owner_known and self._rest is not None:
+            self._node_uid = node_uid(self._rest, self.node_name)
             self._owner_known = True
         objs = resource_slices(
             content, node_name=self.node_name, driver=self.driver, generation=generation, node_uid=self._node_uid

@@ -1,7 +1,9 @@
-"""An embedded Kubernetes API server for tests and the demo, spoken to by the official client unmodified.
+"""An embedded Kubernetes API server for tests and the demo, spoken to by kubectl and the official client
+unmodified.
 
     with fakes.apiserver.start() as server:
-        api = kubernetes.client.ResourceV1Api(server.api_client())
+        server.rest().list(RESOURCE_SLICES)                         # the agent's own client
+        kubernetes.client.ResourceV1Api(server.api_client())        # the official one (a dev dependency)
 """
 
 from .errors import ApiError

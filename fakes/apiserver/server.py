@@ -17,6 +17,9 @@ from typing import Any
 
 import yaml
 
+from agent.kube.client import Client, Server
+from agent.kube.rest import Rest
+
 from . import openapi, protobuf, tables
 from .api import APPLY, Api, WriteOptions, parse_json, parse_yaml
 from .errors import ApiError
@@ -135,8 +138,12 @@ class ApiServer:
         out.write_text(yaml.safe_dump(self.kubeconfig()))
         return out
 
+    def rest(self) -> Rest:
+        """The agent's own JSON client pointed at this server."""
+        return Rest(Client(Server(self.url)))
+
     def api_client(self) -> Any:
-        """A kubernetes.client.ApiClient pointed at this server."""
+        """A kubernetes.client.ApiClient pointed at this server (tests speak to it as third-party clients do)."""
         from kubernetes import client
 
         config = client.Configuration()

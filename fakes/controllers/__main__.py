@@ -9,8 +9,7 @@ import signal
 import sys
 import threading
 
-from agent.kube.client import api_client
-from agent.kube.rest import Rest
+from agent.kube.kubeconfig import connect
 from fakes.controllers.runner import Controllers
 
 
@@ -20,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-binding", action="store_true", help="only the resourceclaim controller")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    controllers = Controllers(Rest(api_client(args.kubeconfig)), bind=not args.no_binding).start()
+    controllers = Controllers(connect(args.kubeconfig), bind=not args.no_binding).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     with contextlib.suppress(KeyboardInterrupt):

@@ -18,7 +18,7 @@ from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from agent.arbiter.node_service import NodeReservations
 from agent.arbiter.reservation import ReservationBook
 from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
-from agent.kube.rest import NODES, Rest
+from agent.kube.rest import NODES
 from tests.unit.test_allocation_allocator import gpu, inventory
 
 ROUNDS = 300
@@ -46,7 +46,7 @@ def test_reserve_latency_over_tls_and_in_process() -> None:
     ids = (f"r{i}" for i in itertools.count())
     book = ReservationBook(lambda: inv, NodeUsage, Allocator(CelSelectors()), time.time, lambda: next(ids))
     with fakes.apiserver.start(port=0) as server:
-        rest = Rest(server.api_client())
+        rest = server.rest()
         rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}})
         node = NodeReservations(node_name="n", driver="gpu.nvidia.com", inventory=lambda: inv, prepared=lambda: (),
                                 unhealthy=lambda: (), token="bench", rest=rest)

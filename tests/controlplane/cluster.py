@@ -157,6 +157,12 @@ class ControlPlane:
         out.chmod(0o600)
         return out
 
+    def rest(self) -> Any:
+        """The agent's own client (agent.kube.kubeconfig: TLS and a client certificate) with admin rights."""
+        from agent.kube.kubeconfig import connect
+
+        return connect(str(self.kubeconfig_path))
+
     def api_client(self) -> Any:
         """A kubernetes.client.ApiClient with admin rights on this control plane."""
         from kubernetes import config

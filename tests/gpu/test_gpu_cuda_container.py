@@ -61,9 +61,9 @@ def test_a_claims_spec_alone_runs_cuda_on_exactly_its_gpu(
         hook = str(stand_in)
     config = NodeConfig(NODE, DRIVER, tmp_path / "kubelet", tmp_path / "cdi", tmp_path / "state",
                         nvidia_cdi_hook_path=hook)  # fmt: skip
-    api = server.api_client()
     with open_nvml("real") as nvml:
-        agent = NodeAgent(config, nvml, api=api)
+        agent = NodeAgent(config, nvml, api=server.rest())
+        api = server.api_client()
         whole = [g for g in agent.inventory.gpus if not g.mig_enabled]
         if not whole:
             pytest.skip("every GPU here is in MIG mode; this check claims a whole GPU and changes nothing")

@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 
 import fakes.apiserver
+from agent.kube.rest import Rest
 from tests.conftest import STARTUP_KEY
 from tests.controlplane import cluster as real
 
@@ -62,6 +63,9 @@ class FakeCluster:
     def api_client(self) -> Any:
         return self.server.api_client()
 
+    def rest(self) -> Rest:
+        return self.server.rest()
+
     def write_kubeconfig(self, path: str | Path) -> Path:
         return self.server.write_kubeconfig(path)
 
@@ -84,6 +88,9 @@ class RealCluster:
 
     def api_client(self) -> Any:
         return self.cp.api_client()
+
+    def rest(self) -> Rest:
+        return self.cp.rest()  # type: ignore[no-any-return]
 
     def write_kubeconfig(self, path: str | Path) -> Path:
         return self.cp.write_kubeconfig(path)

@@ -138,10 +138,9 @@ def test_the_arbiter_warns_when_the_gate_policy_cannot_apply(version: str, warns
                                                              caplog: pytest.LogCaptureFixture) -> None:
     import fakes.apiserver
     from agent.commands.arbiter import warn_without_gate_policy
-    from agent.kube.rest import Rest
 
     with fakes.apiserver.start(kubernetes_version=version) as server:
-        assert warn_without_gate_policy(Rest(server.api_client())) is warns
+        assert warn_without_gate_policy(server.rest()) is warns
     said = [r.getMessage() for r in caplog.records if "MutatingAdmissionPolicy" in r.getMessage()]
     assert len(said) == (1 if warns else 0)
     if warns:

@@ -321,11 +321,11 @@ def test_thirty_two_requests_at_once_keep_their_connections(tmp_path, caplog: py
     # per CPU) each request beyond it dropped its connection and the next paid a new handshake
     from concurrent import futures
 
-    from agent.kube.client import api_client
-    from agent.kube.rest import NODES, Rest
+    from agent.kube.kubeconfig import connect
+    from agent.kube.rest import NODES
 
     with fakes.apiserver.start(port=0) as server:
-        rest = Rest(api_client(str(server.write_kubeconfig(tmp_path / "kubeconfig"))))
+        rest = connect(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
         with caplog.at_level("WARNING", logger="urllib3.connectionpool"), futures.ThreadPoolExecutor(32) as pool:
             for _ in range(3):
                 list(pool.map(lambda _: rest.list(NODES), range(32)))

@@ -86,7 +86,7 @@ def test_the_publisher_falls_back_to_whole_gpus_with_one_warning(
     with open_nvml("fake:dgx-h100") as nvml:
         inventory = nvml.discover()
     with serve(version) as server, caplog.at_level(logging.WARNING):
-        publisher = Publisher(server.api_client(), "node-a", share_mode=ShareMode("memory"))
+        publisher = Publisher(server.rest(), "node-a", share_mode=ShareMode("memory"))
         publisher.publish(inventory)
         publisher.resync(inventory)
         devices = [d for s in server.store.objects("ResourceSlice") for d in s["spec"]["devices"]]
@@ -102,7 +102,7 @@ def test_a_server_with_the_gate_off_drops_shares_and_the_publisher_follows(caplo
     with open_nvml("fake:dgx-h100") as nvml:
         inventory = nvml.discover()
     with serve("1.36", feature_gates={"DRAConsumableCapacity": False}) as server, caplog.at_level(logging.WARNING):
-        publisher = Publisher(server.api_client(), "node-a", share_mode=ShareMode("memory"))
+        publisher = Publisher(server.rest(), "node-a", share_mode=ShareMode("memory"))
         publisher.publish(inventory)
         publisher.resync(inventory)
         devices = [d for s in server.store.objects("ResourceSlice") for d in s["spec"]["devices"]]
@@ -118,7 +118,7 @@ def test_published_shares_are_accepted_by_every_version_that_keeps_them() -> Non
         inventory = nvml.discover()
     for version in ("1.36", "1.37"):
         with serve(version) as server:
-            Publisher(server.api_client(), "node-a", share_mode=ShareMode("count", 4)).publish(inventory)
+            Publisher(server.rest(), "node-a", share_mode=ShareMode("count", 4)).publish(inventory)
             [s] = server.store.objects("ResourceSlice")
             assert s["spec"]["devices"][0]["capacity"]["shares"]["value"] == "4"
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from agent.arbiter.names import GATE, QUEUE_LABEL
-from agent.kube.rest import QUEUES, Resource, Rest
+from agent.kube.rest import QUEUES, Resource
 
 DAEMONSET = pathlib.Path(__file__).resolve().parents[2] / "daemonset"  # tests/integration/ -> repo
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
@@ -42,7 +42,7 @@ def test_the_queue_crd_has_kais_fields_and_printer_columns() -> None:
 def served() -> Any:
     apiserver = pytest.importorskip("fakes.apiserver")
     with apiserver.start(port=0) as server:
-        rest = Rest(server.api_client())
+        rest = server.rest()
         (crd,) = docs("queue-crd.yaml")
         rest.create(CRDS, None, crd)
         yield server, rest

@@ -91,7 +91,7 @@ def test_gated_share_claims_of_a_queue_are_admitted_onto_one_gpu_and_prepared(
     agent = cluster.agents[NODE]
     assert cluster.server is not None
     preparer = ClaimPreparer(node_name=NODE, driver_name="gpu.nvidia.com", state_dir=tmp_path / "state",
-                             cdi_root=tmp_path / "cdi", source=KubeClaimSource(cluster.server.api_client()),
+                             cdi_root=tmp_path / "cdi", source=KubeClaimSource(cluster.server.rest()),
                              inventory=lambda: cluster.inventory, boot_id=lambda: "boot-1",
                              mig_caps=cdi.MigCaps(lambda: None), reserved=agent.book.reserved_for_other,
                              share_mode=MEMORY)

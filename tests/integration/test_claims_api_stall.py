@@ -45,7 +45,7 @@ def root() -> Iterator[Path]:
 
 def test_one_read_ends_by_its_deadline_without_retries(server: Any) -> None:
     ref = create_allocated(server.api_client(), "claim-a", ["gpu-0"])
-    source = KubeClaimSource(server.api_client())
+    source = KubeClaimSource(server.rest())
     server.faults.latency(STALL)
     start = time.monotonic()
     with pytest.raises(errors.ApiError, match="cannot reach the API server"):
@@ -62,7 +62,7 @@ def test_an_unprepare_is_served_during_an_api_stall(server: Any, root: Path) -> 
         driver_name=DRIVER,
         state_dir=root / "state",
         cdi_root=root / "cdi",
-        source=KubeClaimSource(api),
+        source=KubeClaimSource(server.rest()),
         inventory=inventory,
         boot_id=lambda: "boot-1",
         mig_caps=cdi.MigCaps(lambda: None),

@@ -39,7 +39,7 @@ def names(inf: Informer) -> set[str]:
 
 
 def test_the_copy_follows_creates_updates_and_deletes(server: Any) -> None:
-    rest = Rest(server.api_client())
+    rest = server.rest()
     rest.create(NODES, None, node("a"))
     changed = threading.Event()
     inf = Informer(rest, NODES, changed.set).start()
@@ -55,7 +55,7 @@ def test_the_copy_follows_creates_updates_and_deletes(server: Any) -> None:
 
 
 def test_a_dropped_watch_resumes_and_an_expired_one_relists(server: Any) -> None:
-    rest = Rest(server.api_client())
+    rest = server.rest()
     inf = Informer(rest, NODES).start()
     try:
         assert inf.wait_synced(5)
@@ -89,7 +89,7 @@ class _Blind:
 
 
 def test_one_leader_and_a_standby_takes_over(server: Any) -> None:
-    rest = Rest(server.api_client())
+    rest = server.rest()
     now = [1000.0]
     a = LeaderElector(rest, "kube-system", "arbiter", "a", clock=lambda: now[0])
     b = LeaderElector(rest, "kube-system", "arbiter", "b", clock=lambda: now[0])

@@ -12,7 +12,7 @@ from typing import Any
 import fakes.apiserver
 from agent.kube import informer, nodes, slices
 from agent.kube.reflector import Backoff, Reflector
-from agent.kube.rest import NODES, Rest
+from agent.kube.rest import NODES
 
 
 def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -28,7 +28,7 @@ def node(name: str) -> dict[str, Any]:
 
 def test_bookmarks_advance_the_version_and_stop_cuts_a_silent_watch() -> None:
     with fakes.apiserver.start(port=0, bookmark_interval=0.1) as server:
-        rest = Rest(server.api_client())
+        rest = server.rest()
         rest.create(NODES, None, node("mine"))
         listed: list[list[str]] = []
         events: list[tuple[str, str]] = []
@@ -52,7 +52,7 @@ def test_bookmarks_advance_the_version_and_stop_cuts_a_silent_watch() -> None:
 
 def test_a_failing_callback_is_answered_with_a_fresh_list() -> None:
     with fakes.apiserver.start(port=0) as server:
-        rest = Rest(server.api_client())
+        rest = server.rest()
         lists = threading.Semaphore(0)
         failed = threading.Event()
 
@@ -72,9 +72,9 @@ def test_a_failing_callback_is_answered_with_a_fresh_list() -> None:
 
 def test_node_agent_and_arbiter_watch_through_the_same_reflector() -> None:
     with fakes.apiserver.start(port=0) as server:
-        watcher = nodes.NodeWatcher(server.api_client(), "n")
-        slice_watch = slices.watch_changes(server.api_client(), "n", "gpu.nvidia.com", lambda kind, name: None)
-        arbiter_side = informer.Informer(Rest(server.api_client()), NODES)
+        watcher = nodes.NodeWatcher(server.rest(), "n")
+        slice_watch = slices.watch_changes(server.rest(), "n", "gpu.nvidia.com", lambda kind, name: None)
+        arbiter_side = informer.Informer(server.rest(), NODES)
         assert isinstance(watcher._watch, Reflector)
         assert isinstance(slice_watch, Reflector)
         assert isinstance(arbiter_side._reflector, Reflector)

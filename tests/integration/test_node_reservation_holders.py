@@ -29,11 +29,12 @@ GPU0 = Claim((DeviceRequest("gpus", selectors=('device.attributes["gpu.nvidia.co
 @dataclass
 class Node:
     api: Any
+    rest: Rest
     agent: NodeAgent
     kubelet: FakeKubelet
 
     def client(self) -> tuple[Any, GrpcNodeClient]:
-        annotations = Rest(self.api).get(NODES, None, NODE)["metadata"]["annotations"]
+        annotations = self.rest.get(NODES, None, NODE)["metadata"]["annotations"]
         channel = pinned_channel(annotations[ADDRESS_ANNOTATION], annotations[FINGERPRINT_ANNOTATION], NODE)
         return channel, GrpcNodeClient(channel, TOKEN)
 
@@ -47,12 +48,12 @@ def node() -> Iterator[Node]:
         config = NodeConfig(node_name=NODE, driver_name=DRIVER, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                             state_dir=root / "state", resync_interval_s=3600, health_events=False,
                             reservation_address="127.0.0.1:0", reservation_token=TOKEN)
-        agent = NodeAgent(config, nvml, api=api)
+        agent = NodeAgent(config, nvml, api=server.rest())
         agent.start()
         try:
             with FakeKubelet(config.kubelet_root) as kubelet:
                 kubelet.wait_for_driver(DRIVER)
-                yield Node(api, agent, kubelet)
+                yield Node(api, server.rest(), agent, kubelet)
         finally:
             agent.shutdown()
 

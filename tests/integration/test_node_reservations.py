@@ -39,7 +39,7 @@ DRIVER = "gpu.nvidia.com"
 @pytest.fixture
 def rest() -> Iterator[Rest]:
     with apiserver.start(port=0) as server:
-        r = Rest(server.api_client())
+        r = server.rest()
         r.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         yield r
 

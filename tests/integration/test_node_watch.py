@@ -67,7 +67,7 @@ def core(server: fakes.apiserver.ApiServer) -> client.CoreV1Api:
 
 
 def watching(server: fakes.apiserver.ApiServer, **options: Any) -> tuple[NodeWatcher, Seen]:
-    watcher = NodeWatcher(server.api_client(), NODE, backoff=Backoff(0.05, 0.2), **options)
+    watcher = NodeWatcher(server.rest(), NODE, backoff=Backoff(0.05, 0.2), **options)
     seen = Seen()
     watcher.subscribe(seen)
     watcher.start()

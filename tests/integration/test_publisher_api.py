@@ -16,6 +16,7 @@ import fakes.apiserver
 import fakes.nvml
 from agent.devices.model import Inventory
 from agent.kube.errors import ApiError
+from agent.kube.rest import Rest
 from agent.kube.slices import SliceApi
 from agent.kube.version import server_version
 from agent.slices.build import build_resource_slices
@@ -35,8 +36,8 @@ COMBINED_COUNTERS_SERVER: dict = {"kubernetes_version": "1.34", "feature_gates":
 class CountingStore(SliceApi):
     """SliceApi that counts the calls the publisher makes."""
 
-    def __init__(self, api_client: Any) -> None:
-        super().__init__(api_client)
+    def __init__(self, rest: Rest) -> None:
+        super().__init__(rest)
         self.calls: list[str] = []
 
     def list(self, node_name: str, driver: str) -> list[dict[str, Any]]:
@@ -72,14 +73,14 @@ def node_uid(server: fakes.apiserver.ApiServer) -> str:
 
 
 def publisher(server: fakes.apiserver.ApiServer, **options: Any) -> tuple[Publisher, CountingStore]:
-    api = server.api_client()
-    store = CountingStore(api)
+    rest = server.rest()
+    store = CountingStore(rest)
     options.setdefault("sleep", lambda _s: None)
-    return Publisher(api, NODE, DRIVER, store=store, **options), store
+    return Publisher(rest, NODE, DRIVER, store=store, **options), store
 
 
 def slices_in_api(server: fakes.apiserver.ApiServer) -> list[dict[str, Any]]:
-    return sorted(SliceApi(server.api_client()).list(NODE, DRIVER), key=lambda s: s["metadata"]["name"])
+    return sorted(SliceApi(server.rest()).list(NODE, DRIVER), key=lambda s: s["metadata"]["name"])
 
 
 def device_names(slices: list[dict[str, Any]]) -> list[str]:
@@ -147,7 +148,7 @@ def test_pool_shrinking_from_two_slices_to_one_deletes_the_extra(server: Any, no
 def test_slice_deleted_behind_our_back_is_recreated(server: Any, node_uid: str) -> None:
     pub, _ = publisher(server)
     pub.publish(dgx_h100())
-    SliceApi(server.api_client()).delete(f"{NODE}-gpu-nvidia-com-0")
+    SliceApi(server.rest()).delete(f"{NODE}-gpu-nvidia-com-0")
     assert slices_in_api(server) == []
     result = pub.resync()
     assert result.created == 1 and result.generation == 2
@@ -157,7 +158,7 @@ def test_slice_deleted_behind_our_back_is_recreated(server: Any, node_uid: str) 
 def test_slice_edited_behind_our_back_is_restored(server: Any, node_uid: str) -> None:
     pub, _ = publisher(server)
     pub.publish(dgx_h100())
-    api = SliceApi(server.api_client())
+    api = SliceApi(server.rest())
     (s,) = api.list(NODE, DRIVER)
     s["spec"]["devices"] = s["spec"]["devices"][:3]
     api.replace(s)
@@ -235,7 +236,7 @@ def test_partitionable_devices_are_published_where_the_server_keeps_counters(ser
     devices on 1.34, in slices of their own from 1.35); the pool is consistent either way."""
     pub, _ = publisher(server, partitionable=True)
     result = pub.publish(dgx_h100())
-    version = server_version(server.api_client())
+    version = server_version(server.rest())
     assert pub.rules.label in version
     slices = slices_in_api(server)
     assert pub.partitionable and result.slices == len(slices) == (8 if pub.rules.label == "1.34" else 9)
@@ -273,7 +274,7 @@ def test_run_loop_keeps_the_pool_in_place(server: Any, node_uid: str) -> None:
     loop.start()
     try:
         wait_for(lambda: len(slices_in_api(server)) == 1)
-        SliceApi(server.api_client()).delete(f"{NODE}-gpu-nvidia-com-0")
+        SliceApi(server.rest()).delete(f"{NODE}-gpu-nvidia-com-0")
         wait_for(lambda: len(slices_in_api(server)) == 1)
         inventory[0] = nvswitch_inventory([h100(i) for i in range(4)])
         wait_for(lambda: device_names(slices_in_api(server)) == [f"gpu-{i}" for i in range(4)])
@@ -322,7 +323,7 @@ def test_each_version_accepts_the_shape_the_publisher_picks_for_it(version: str)
         refused = []
         for wrong in build_resource_slices(dgx_h100(), "node-b", partitionable=True, rules=other):
             try:
-                SliceApi(srv.api_client()).create(wrong)
+                SliceApi(srv.rest()).create(wrong)
             except ApiError as exc:
                 refused.append(exc.status)
         assert refused and set(refused) == {422}

@@ -27,7 +27,7 @@ def test_a_pod_asking_for_nvidia_com_gpu_gets_gpus_through_an_extended_resource_
         for device_class in yaml.safe_load_all((DAEMONSET / "base" / "deviceclasses.yaml").read_text()):
             resource.create_device_class(device_class)
         for s in build_resource_slices(dgx_h100(), "node-a"):
-            SliceApi(api).create(s)
+            SliceApi(server.rest()).create(s)
         pod: dict[str, Any] = {
             "metadata": {"name": "trainer", "namespace": "default"},
             "spec": {"containers": [{"name": "main", "image": "cuda",
@@ -35,7 +35,7 @@ def test_a_pod_asking_for_nvidia_com_gpu_gets_gpus_through_an_extended_resource_
         }
         uid = core.create_namespaced_pod("default", pod).metadata.uid
 
-        scheduler = FakeScheduler(api)
+        scheduler = FakeScheduler(server.rest())
         claim = scheduler.schedule_extended_resources("default", "trainer", "node-a")
         assert claim is not None
         meta = claim["metadata"]

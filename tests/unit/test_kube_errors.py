@@ -6,19 +6,18 @@ import threading
 import time
 
 import pytest
-from kubernetes import client
 
 from agent.kube import errors
 from agent.kube.claims import KubeClaimSource
+from agent.kube.client import BearerToken, Client, CredentialsError, Server
+from agent.kube.rest import NODES, Rest
 from agent.slices.publisher import Publisher
 from tests.unit.test_slices_factory import dgx_h100
 
 
-def unreachable_api() -> client.ApiClient:
+def unreachable_api() -> Rest:
     """A client pointed at a closed port: every call is refused at connect time."""
-    cfg = client.Configuration()
-    cfg.host = "http://127.0.0.1:1"
-    return client.ApiClient(cfg)
+    return Rest(Client(Server("http://127.0.0.1:1")))
 
 
 def test_an_unreachable_server_is_an_api_error_not_a_urllib3_one() -> None:
@@ -28,11 +27,24 @@ def test_an_unreachable_server_is_an_api_error_not_a_urllib3_one() -> None:
     assert "cannot reach the API server" in str(info.value)
 
 
+def test_credentials_that_cannot_be_had_are_an_api_error_not_a_crash() -> None:
+    """Tried: the token file of a running agent is gone when its token is due to be read again."""
+
+    def gone() -> tuple[str, float | None]:
+        raise CredentialsError("cannot read the token file /var/run/secrets/token: gone")
+
+    rest = Rest(Client(Server("http://127.0.0.1:1"), BearerToken(gone)))
+    with pytest.raises(errors.ApiError) as info:
+        rest.get(NODES, None, "node-a")
+    assert info.value.status == 0
+    assert "no credentials for the API server" in str(info.value) and "token file" in str(info.value)
+
+
 def test_http_statuses_map_to_their_error_types() -> None:
     for status, kind in ((404, errors.NotFound), (409, errors.Conflict), (410, errors.Gone), (422, errors.Invalid)):
-        exc = errors.translate(client.exceptions.ApiException(status=status, reason="x"))
+        exc = errors.translate(status, b"", "x")
         assert type(exc) is kind and exc.status == status
-    assert type(errors.translate(client.exceptions.ApiException(status=500, reason="x"))) is errors.ApiError
+    assert type(errors.translate(500, b"", "x")) is errors.ApiError
 
 
 def test_the_resync_loop_outlives_an_unreachable_server() -> None:
@@ -60,13 +72,10 @@ def test_an_api_error_reads_as_the_status_message_not_its_json() -> None:
         'forbidden: User \\"system:serviceaccount:x:y\\" cannot get resource \\"nodes\\"","reason":"Forbidden",'
         '"code":403}'
     )
-    exc = client.exceptions.ApiException(status=403, reason="Forbidden")
-    exc.body = body
-    error = errors.translate(exc)
-    assert str(error) == (
+    assert str(errors.translate(403, body.encode(), "Forbidden")) == (
         'API error 403: nodes "node-a" is forbidden: User "system:serviceaccount:x:y" cannot get resource "nodes"'
     )
-    exc.body = "<html>bad gateway</html>"  # not a Status: shown as sent
-    assert str(errors.translate(exc)) == "API error 403: <html>bad gateway</html>"
-    exc.body = None
-    assert str(errors.translate(exc)) == "API error 403: Forbidden"
+    # not a Status: shown as sent
+    html = errors.translate(403, b"<html>bad gateway</html>", "Forbidden")
+    assert str(html) == "API error 403: <html>bad gateway</html>"
+    assert str(errors.translate(403, b"", "Forbidden")) == "API error 403: Forbidden"

@@ -1,0 +1,236 @@
+"""Where the API server is and who we are to it: a kubeconfig file (its current context) when given, the pod's
+service account otherwise.
+
+A kubeconfig may name the server's CA and a client certificate by file (relative to the kubeconfig) or inline
+(base64), a bearer token inline or by file, a user name and password, or an exec plugin
+(client.authentication.k8s.io v1 or v1beta1: a token, refreshed when it expires or is refused, or a client
+certificate, read once at start). The legacy `auth-provider` plugins are refused with a clear error: kubectl
+itself dropped them for exec plugins.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+import ssl
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.kube.client import Auth, BearerToken, Client, CredentialsError, NoAuth, Server
+from agent.kube.rest import Rest
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+EXEC_TIMEOUT_S = 60.0
+
+
+class KubeconfigError(CredentialsError):
+    """No usable API client configuration; str() says which file or setting and why."""
+
+
+def connect(kubeconfig: str | None = None) -> Rest:
+    """JSON calls to the server of `kubeconfig`, or of the in-cluster service account; no request is made."""
+    if not kubeconfig:
+        try:
+            return Rest(in_cluster())
+        except KubeconfigError as exc:
+            raise KubeconfigError(
+                f"no kubeconfig given and the in-cluster configuration is not usable ({exc}); "
+                "pass --kubeconfig or set KUBECONFIG when running outside a cluster"
+            ) from None
+    path = Path(kubeconfig)
+    if not path.exists():
+        raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
+    if not path.is_file():
+        raise KubeconfigError(f"kubeconfig {kubeconfig} is not a file")
+    try:
+        return Rest(from_file(path))
+    except (KubeconfigError, OSError, ValueError, yaml.YAMLError, ssl.SSLError) as exc:
+        raise KubeconfigError(f"kubeconfig {kubeconfig} is not usable: {exc}") from None
+
+
+def in_cluster(root: Path = SERVICE_ACCOUNT, env: Mapping[str, str] = os.environ) -> Client:
+    """The API server as a pod sees it: the service's address from the environment, the service account's CA
+    and token (read again every minute: a projected token is rotated in place)."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise KubeconfigError("KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set")
+    token_file, ca_file = root / "token", root / "ca.crt"
+    for needed in (token_file, ca_file):
+        if not needed.is_file():
+            raise KubeconfigError(f"{needed} does not exist")
+    host = f"[{host}]" if ":" in host else host
+    context = ssl.create_default_context(cafile=str(ca_file))
+    return Client(Server(f"https://{host}:{port}", context), BearerToken(lambda: (_read_token(token_file), None)))
+
+
+def from_file(path: Path) -> Client:
+    """The current context of the kubeconfig at `path`."""
+    config = yaml.safe_load(path.read_text())
+    if not isinstance(config, dict):
+        raise KubeconfigError("it is not a YAML mapping")
+    name = config.get("current-context")
+    if not name:
+        raise KubeconfigError("it has no current-context")
+    context = _named(config, "contexts", "context", str(name))
+    cluster = _named(config, "clusters", "cluster", str(context.get("cluster") or ""))
+    user = _named(config, "users", "user", str(context["user"])) if context.get("user") else {}
+    return _client(cluster, user, path.parent)
+
+
+def _named(config: Mapping[str, Any], section: str, key: str, name: str) -> dict[str, Any]:
+    for entry in config.get(section) or ():
+        if isinstance(entry, dict) and entry.get("name") == name:
+            body = entry.get(key)
+            if not isinstance(body, dict):
+                raise KubeconfigError(f"{key} {name!r} has no {key} mapping")
+            return body
+    raise KubeconfigError(f"no {key} named {name!r} in {section}")
+
+
+def _client(cluster: Mapping[str, Any], user: Mapping[str, Any], base: Path) -> Client:
+    url = str(cluster.get("server") or "").rstrip("/")
+    if not url.startswith(("https://", "http://")):
+        raise KubeconfigError(f"the cluster's server {url!r} is not an http(s) URL")
+    if "auth-provider" in user:
+        raise KubeconfigError("its user has an auth-provider, which is not supported: use an exec plugin")
+    cert, key, auth = _credentials(user, base)
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(
+            cafile=str(_path(cluster["certificate-authority"], base)) if cluster.get("certificate-authority") else None,
+            cadata=_decoded(cluster, "certificate-authority-data").decode() if cluster.get("certificate-authority-data")
+            else None,
+        )
+        if cluster.get("insecure-skip-tls-verify"):
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if cert and key:
+            _load_client_certificate(context, cert, key)
+    elif cert or key:
+        raise KubeconfigError(f"a client certificate is given but the server {url} is not https")
+    server = Server(url, context, cluster.get("tls-server-name") or None, cluster.get("proxy-url") or None)
+    return Client(server, auth)
+
+
+def _credentials(user: Mapping[str, Any], base: Path) -> tuple[bytes | None, bytes | None, Auth]:
+    """(client certificate PEM, its key PEM, header auth) of a kubeconfig user."""
+    cert = _pem(user, "client-certificate", base)
+    key = _pem(user, "client-key", base)
+    if bool(cert) != bool(key):
+        raise KubeconfigError("its user has a client certificate without a key, or a key without a certificate")
+    if user.get("token"):
+        token = str(user["token"])
+        return cert, key, BearerToken(lambda: (token, None), max_age_s=float("inf"))
+    if user.get("tokenFile"):
+        token_file = _path(user["tokenFile"], base)
+        return cert, key, BearerToken(lambda: (_read_token(token_file), None))
+    if user.get("username") or user.get("password"):
+        basic = base64.b64encode(f"{user.get('username', '')}:{user.get('password', '')}".encode()).decode()
+        return cert, key, _Static({"Authorization": f"Basic {basic}"})
+    if user.get("exec"):
+        plugin = _ExecPlugin(user["exec"], base)
+        plugin.first = plugin.run()
+        status = plugin.first.get("status") or {}
+        if status.get("token"):
+            return cert, key, BearerToken(plugin.token)
+        if status.get("clientCertificateData") and status.get("clientKeyData"):
+            return str(status["clientCertificateData"]).encode(), str(status["clientKeyData"]).encode(), NoAuth()
+        raise KubeconfigError(f"exec plugin {plugin.command!r} returned neither a token nor a client certificate")
+    return cert, key, NoAuth()
+
+
+class _Static:
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers = dict(headers)
+
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+    def rejected(self) -> None:
+        pass
+
+
+class _ExecPlugin:
+    """A credential plugin: runs `command` and reads an ExecCredential from its standard output."""
+
+    def __init__(self, spec: Mapping[str, Any], base: Path) -> None:
+        self.command = str(spec.get("command") or "")
+        if not self.command:
+            raise KubeconfigError("its user's exec has no command")
+        # A relative command with a slash is relative to the kubeconfig, as kubectl resolves it.
+        if "/" in self.command and not os.path.isabs(self.command):
+            self.command = str(base / self.command)
+        self._args = [str(a) for a in spec.get("args") or ()]
+        self._env = {str(e["name"]): str(e["value"]) for e in spec.get("env") or () if isinstance(e, dict)}
+        self._api_version = str(spec.get("apiVersion") or "client.authentication.k8s.io/v1")
+        self.first: dict[str, Any] | None = None  # what the start-up run gave, used for the first request
+
+    def run(self) -> dict[str, Any]:
+        info = {"apiVersion": self._api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
+        env = os.environ | self._env | {"KUBERNETES_EXEC_INFO": json.dumps(info)}
+        try:
+            done = subprocess.run([self.command, *self._args], env=env, capture_output=True, text=True,
+                                  timeout=EXEC_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise KubeconfigError(f"exec plugin {self.command!r} could not run: {exc}") from None
+        if done.returncode != 0:
+            raise KubeconfigError(f"exec plugin {self.command!r} exited {done.returncode}: {done.stderr.strip()[:500]}")
+        try:
+            credential = json.loads(done.stdout)
+        except ValueError:
+            raise KubeconfigError(f"exec plugin {self.command!r} did not print an ExecCredential") from None
+        if not isinstance(credential, dict) or credential.get("kind") != "ExecCredential":
+            raise KubeconfigError(f"exec plugin {self.command!r} did not print an ExecCredential")
+        return credential
+
+    def token(self) -> tuple[str, float | None]:
+        """The token of the credential read at start (once), then of a fresh run each time it is asked for."""
+        credential, self.first = self.first or self.run(), None
+        status = credential.get("status") or {}
+        expiry = status.get("expirationTimestamp")
+        expires = datetime.datetime.fromisoformat(str(expiry).replace("Z", "+00:00")).timestamp() if expiry else None
+        return str(status.get("token") or ""), expires
+
+
+def _path(value: object, base: Path) -> Path:
+    path = Path(str(value))
+    return path if path.is_absolute() else base / path
+
+
+def _decoded(section: Mapping[str, Any], key: str) -> bytes:
+    try:
+        return base64.b64decode(str(section[key]), validate=True)
+    except ValueError:
+        raise KubeconfigError(f"{key} is not base64") from None
+
+
+def _pem(user: Mapping[str, Any], key: str, base: Path) -> bytes | None:
+    if user.get(f"{key}-data"):
+        return _decoded(user, f"{key}-data")
+    if user.get(key):
+        return _path(user[key], base).read_bytes()
+    return None
+
+
+def _load_client_certificate(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """ssl loads a certificate chain only from files: write both to a private directory, load, delete."""
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-agent-tls-") as where:
+        cert_file, key_file = Path(where) / "client.crt", Path(where) / "client.key"
+        for path, data in ((cert_file, cert), (key_file, key)):
+            path.touch(mode=0o600)
+            path.write_bytes(data)
+        context.load_cert_chain(str(cert_file), str(key_file))
+
+
+def _read_token(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise KubeconfigError(f"cannot read the token file {path}: {exc}") from None
