@@ -206,6 +206,8 @@ class Arbiter:
         self.cycles = 0
         self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
+        self.cpu_timings: dict[str, float] = {}  # CPU seconds of the cycle's own thread per phase (wall time
+        # above includes waiting for the interpreter while informer and commit threads hold it)
 
     # -- running ------------------------------------------------------------------------------------------
 
@@ -282,9 +284,11 @@ class Arbiter:
         if self.config.usage_half_life_s is not None:
             snapshot = self._with_usage(snapshot, now)
         started = time.perf_counter()
+        cpu = time.thread_time()
         result = run_cycle(snapshot, self.config.actions)
         seconds = time.perf_counter() - started
         self.timings["decide"] = self.timings.get("decide", 0.0) + seconds
+        self.cpu_timings["decide"] = self.cpu_timings.get("decide", 0.0) + time.thread_time() - cpu
         report.result = result
         self.cycles += 1
         with self._timed("evict"):
@@ -303,10 +307,12 @@ class Arbiter:
     @contextlib.contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
         start = time.perf_counter()
+        cpu = time.thread_time()
         try:
             yield
         finally:
             self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
+            self.cpu_timings[phase] = self.cpu_timings.get(phase, 0.0) + time.thread_time() - cpu
 
     def _world(self, now: float) -> World:
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),

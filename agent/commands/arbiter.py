@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("arbiter stopped", extra={
             "cycles": arbiter.cycles, "evictions": dict(arbiter.evictions),
             "seconds": {k: round(v, 3) for k, v in arbiter.timings.items()},
+            "cpu_seconds": {k: round(v, 3) for k, v in arbiter.cpu_timings.items()},
             "commit_seconds": {k: round(v, 3) for k, v in arbiter.commit_timings().items()}})
         if elector is not None and not elector.lost.is_set():
             elector.release()

@@ -5,6 +5,7 @@ gang, reclaim across queues, and nothing lost when the arbiter is killed."""
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import signal
@@ -234,12 +235,20 @@ def test_kill_minus_nine_of_the_arbiter_loses_nothing(cluster: FakeCluster) -> N
         wait_for(lambda: any(not gated(p) for p in cluster.pods(NS)), timeout=60, what="the first admission")
         os.kill(proc.pid, signal.SIGKILL)  # tried: killed while it admits the other gangs
         proc.wait(timeout=10)
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log_path = cluster.root / "restarted-arbiter.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([*command, "--log-format", "json"], env=env, stdout=subprocess.DEVNULL,
+                                    stderr=log)
         wait_for(lambda: len([p for p in cluster.pods(NS) if p["spec"].get("nodeName")]) == 10, timeout=60,
                  what="every pod admitted after the restart")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+    # what an operator reads after a run: cycles, and each phase's wall time beside its CPU on the cycle thread
+    summary = next(r for r in map(json.loads, log_path.read_text().splitlines()) if r["msg"] == "arbiter stopped")
+    assert summary["cycles"] >= 1
+    assert {"snapshot", "decide", "commit"} <= summary["cpu_seconds"].keys() <= summary["seconds"].keys()
+    assert all(0 <= summary["cpu_seconds"][k] <= summary["seconds"][k] + 0.05 for k in summary["cpu_seconds"])
     devices = allocated_devices(cluster)
     assert len(devices) == len(set(devices)) == 16  # 3 gangs x 2 pods x 2 GPUs + 4 x 1: every GPU, none twice
     for name, claims in claims_by_pod(cluster).items():
