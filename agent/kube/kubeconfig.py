@@ -44,13 +44,16 @@ def connect(kubeconfig: str | None = None) -> Rest:
                 f"no kubeconfig given and the in-cluster configuration is not usable ({exc}); "
                 "pass --kubeconfig or set KUBECONFIG when running outside a cluster"
             ) from None
-    path = Path(kubeconfig)
-    if not path.exists():
+    # KUBECONFIG may list several files, merged as kubectl does; a missing one in a list is skipped
+    paths = [Path(p) for p in kubeconfig.split(os.pathsep) if p]
+    present = [p for p in paths if p.exists()] if len(paths) > 1 else paths
+    if not present or not present[0].exists():
         raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
-    if not path.is_file():
-        raise KubeconfigError(f"kubeconfig {kubeconfig} is not a file")
+    for path in present:
+        if not path.is_file():
+            raise KubeconfigError(f"kubeconfig {path} is not a file")
     try:
-        return Rest(from_file(path))
+        return Rest(from_files(present))
     except (KubeconfigError, OSError, ValueError, yaml.YAMLError, ssl.SSLError) as exc:
         raise KubeconfigError(f"kubeconfig {kubeconfig} is not usable: {exc}") from None
 
@@ -70,41 +73,53 @@ def in_cluster(root: Path = SERVICE_ACCOUNT, env: Mapping[str, str] = os.environ
     return Client(Server(f"https://{host}:{port}", context), BearerToken(lambda: (_read_token(token_file), None)))
 
 
-def from_file(path: Path) -> Client:
-    """The current context of the kubeconfig at `path`."""
-    config = yaml.safe_load(path.read_text())
-    if not isinstance(config, dict):
-        raise KubeconfigError("it is not a YAML mapping")
-    name = config.get("current-context")
-    if not name:
+def from_files(paths: list[Path]) -> Client:
+    """The current context of the kubeconfig files merged as kubectl merges them: the first file to name a
+    cluster, context or user (or to set current-context) wins. Relative paths resolve against their own file."""
+    current = ""
+    named: dict[str, dict[str, tuple[dict[str, Any], Path]]] = {"clusters": {}, "contexts": {}, "users": {}}
+    for path in paths:
+        config = yaml.safe_load(path.read_text())
+        if config is None:  # an empty file sets nothing
+            continue
+        if not isinstance(config, dict):
+            raise KubeconfigError(f"{path} is not a YAML mapping")
+        current = current or str(config.get("current-context") or "")
+        for section, entries in named.items():
+            for entry in config.get(section) or ():
+                if isinstance(entry, dict) and "name" in entry:
+                    entries.setdefault(str(entry["name"]), (entry, path.parent))
+    if not current:
         raise KubeconfigError("it has no current-context")
-    context = _named(config, "contexts", "context", str(name))
-    cluster = _named(config, "clusters", "cluster", str(context.get("cluster") or ""))
-    user = _named(config, "users", "user", str(context["user"])) if context.get("user") else {}
-    return _client(cluster, user, path.parent)
+    context, _ = _named(named, "contexts", "context", current)
+    cluster, cluster_base = _named(named, "clusters", "cluster", str(context.get("cluster") or ""))
+    user, user_base = _named(named, "users", "user", str(context["user"])) if context.get("user") else ({}, Path())
+    return _client(cluster, cluster_base, user, user_base)
 
 
-def _named(config: Mapping[str, Any], section: str, key: str, name: str) -> dict[str, Any]:
-    for entry in config.get(section) or ():
-        if isinstance(entry, dict) and entry.get("name") == name:
-            body = entry.get(key)
-            if not isinstance(body, dict):
-                raise KubeconfigError(f"{key} {name!r} has no {key} mapping")
-            return body
-    raise KubeconfigError(f"no {key} named {name!r} in {section}")
+def _named(named: Mapping[str, Mapping[str, tuple[dict[str, Any], Path]]], section: str, key: str,
+           name: str) -> tuple[dict[str, Any], Path]:
+    if name not in named[section]:
+        raise KubeconfigError(f"no {key} named {name!r} in {section}")
+    entry, base = named[section][name]
+    body = entry.get(key)
+    if not isinstance(body, dict):
+        raise KubeconfigError(f"{key} {name!r} has no {key} mapping")
+    return body, base
 
 
-def _client(cluster: Mapping[str, Any], user: Mapping[str, Any], base: Path) -> Client:
+def _client(cluster: Mapping[str, Any], cluster_base: Path, user: Mapping[str, Any], user_base: Path) -> Client:
     url = str(cluster.get("server") or "").rstrip("/")
     if not url.startswith(("https://", "http://")):
         raise KubeconfigError(f"the cluster's server {url!r} is not an http(s) URL")
     if "auth-provider" in user:
         raise KubeconfigError("its user has an auth-provider, which is not supported: use an exec plugin")
-    cert, key, auth = _credentials(user, base)
+    cert, key, auth = _credentials(user, user_base)
     context = None
     if url.startswith("https://"):
         context = ssl.create_default_context(
-            cafile=str(_path(cluster["certificate-authority"], base)) if cluster.get("certificate-authority") else None,
+            cafile=str(_path(cluster["certificate-authority"], cluster_base)) if cluster.get("certificate-authority")
+            else None,
             cadata=_decoded(cluster, "certificate-authority-data").decode() if cluster.get("certificate-authority-data")
             else None,
         )

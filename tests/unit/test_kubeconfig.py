@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
 import sys
 import threading
@@ -149,6 +150,56 @@ def test_an_exec_plugin_token_is_fetched_again_when_refused(server: TlsServer, t
     # run 1 at connect gave the first requests' token; run 2 came after the 401
     assert server.seen.authorizations == ["Bearer token-1", "Bearer token-1", "Bearer token-2"]
     assert counter.read_text() == "2"
+
+
+def test_a_server_that_refuses_every_token_does_not_run_the_plugin_per_request(server: TlsServer,
+                                                                                 tmp_path: Path) -> None:
+    """Tried: credentials revoked for good. A 401 gets one fresh token; while that one is refused too the
+    plugin is not run again (for REFUSED_AGAIN_S), however many requests fail."""
+    counter = tmp_path / "runs"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(
+        "import json, pathlib\n"
+        f"runs = pathlib.Path({str(counter)!r})\n"
+        "n = int(runs.read_text()) + 1 if runs.exists() else 1\n"
+        "runs.write_text(str(n))\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1', 'kind': 'ExecCredential',\n"
+        "                  'status': {'token': f'token-{n}'}}))\n"
+    )
+    server.seen.refused.update(f"token-{n}" for n in range(1, 10))
+    rest = connect(kubeconfig(
+        tmp_path, {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
+        {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
+                  "args": [str(plugin)]}},
+    ))  # fmt: skip
+    for _ in range(5):
+        with pytest.raises(errors.ApiError) as refused:
+            version(rest)
+        assert refused.value.status == 401
+    assert counter.read_text() == "2"
+    assert server.seen.authorizations == ["Bearer token-1"] + ["Bearer token-2"] * 4
+
+
+def test_several_kubeconfig_files_merge_as_kubectl_merges_them(server: TlsServer, tmp_path: Path) -> None:
+    """KUBECONFIG=a:b: the first file to set current-context or to name an entry wins, a listed file that does
+    not exist is skipped, and relative paths resolve against their own file."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (second / "ca.crt").write_bytes(server.pki.ca_cert.read_bytes())
+    (first / "config").write_text(yaml.safe_dump({
+        "current-context": "work",
+        "contexts": [{"name": "work", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "from-first"}}],
+    }))  # fmt: skip
+    (second / "config").write_text(yaml.safe_dump({
+        "current-context": "elsewhere",
+        "clusters": [{"name": "c", "cluster": {"server": server.url, "certificate-authority": "ca.crt"}}],
+        "users": [{"name": "u", "user": {"token": "from-second"}}],
+    }))  # fmt: skip
+    listed = os.pathsep.join([str(first / "config"), str(tmp_path / "missing"), str(second / "config")])
+    assert version(connect(listed)) == "v1.37.2"
+    assert server.seen.authorizations == ["Bearer from-first"]
 
 
 def test_a_server_certificate_signed_by_another_ca_is_refused(server: TlsServer, tmp_path: Path) -> None:
