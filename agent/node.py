@@ -122,7 +122,7 @@ class NodeAgent:
         self.config = config
         self.metrics = metrics or NodeMetrics()
         self._nvml = nvml
-        self._api = api if api is not None else connect(config.kubeconfig)
+        self._rest = api if api is not None else connect(config.kubeconfig)
         self._stop = threading.Event()
         self._discovery_lock = threading.Lock()  # discover and swap together (_refresh)
         self._inventory = nvml.discover()
@@ -141,7 +141,7 @@ class NodeAgent:
         rules = self._read_slice_rules()  # None while the API is away: the publisher reads it before writing
         self._node_uid = self._read_node_uid()
         self._publisher = Publisher(
-            self._api,
+            self._rest,
             config.node_name,
             config.driver_name,
             partitionable=config.partitionable,
@@ -151,10 +151,10 @@ class NodeAgent:
             share_mode=config.share_mode,
         )
         # The Node's uid owns the slices; watched, because a Node deleted and created again has a new one.
-        self._node = NodeWatcher(self._api, config.node_name)
+        self._node = NodeWatcher(self._rest, config.node_name)
         self._node.subscribe(self._on_node_changed)
         # Slices deleted behind our back (an API server that lost its store) come back at once.
-        self._slice_watch = watch_changes(self._api, config.node_name, config.driver_name, self._on_slices_changed)
+        self._slice_watch = watch_changes(self._rest, config.node_name, config.driver_name, self._on_slices_changed)
         self._withheld: frozenset[int] = frozenset()  # GPU minors a MIG reconfiguration keeps out of the slices
         self._preparer = ClaimPreparer(
             node_name=config.node_name,
@@ -162,7 +162,7 @@ class NodeAgent:
             state_dir=config.state_dir,
             cdi_root=config.cdi_root,
             driver_edits=self.driver.edits,
-            source=KubeClaimSource(self._api),
+            source=KubeClaimSource(self._rest),
             inventory=lambda: self._inventory,
             is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),
             migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
@@ -188,7 +188,7 @@ class NodeAgent:
                     prepare_lock=self._preparer.lock.hold,
                     reset=self._reset_gpu,
                 ),
-                NodeStatus(self._api, config.node_name, self._node_uid),
+                NodeStatus(self._rest, config.node_name, self._node_uid),
                 partitionable=config.partitionable,
             )
 
@@ -236,7 +236,7 @@ class NodeAgent:
             self.reservations = NodeReservations(
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
                 prepared=self._preparer.holders,
-                unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=self._api,
+                unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=self._rest,
                 share_mode=self.config.share_mode,
             )
             self.reservations.start(self.config.reservation_address, self.config.node_ip)
@@ -247,7 +247,7 @@ class NodeAgent:
             )
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
-        self._events = EventRecorder(self._api, COMPONENT, self.config.node_name)
+        self._events = EventRecorder(self._rest, COMPONENT, self.config.node_name)
         self._spawn("mps-watch", self._mps_watch_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
@@ -336,7 +336,7 @@ class NodeAgent:
 
     def _read_slice_rules(self) -> SliceRules | None:
         try:
-            rules = rules_for(server_version(self._api))
+            rules = rules_for(server_version(self._rest))
         except ApiError as exc:
             log.warning("cannot read the API server's version yet, going on without it: %s", exc)
             return None
@@ -347,7 +347,7 @@ class NodeAgent:
         """The Node's uid at start, or None when the API is away: the Node watch (retrying with backoff)
         supplies it once the API answers, and the publisher reads it before its first write."""
         try:
-            return node_uid(self._api, self.config.node_name)  # None without a Node: the watch warns
+            return node_uid(self._rest, self.config.node_name)  # None without a Node: the watch warns
         except ApiError as exc:
             log.warning("cannot read Node %s yet, going on without it: %s", self.config.node_name, exc)
             return None
@@ -435,7 +435,7 @@ class NodeAgent:
     def _node_labels(self) -> dict[str, str] | None:
         """The Node's labels, or None when they cannot be read (no Node object, API trouble)."""
         try:
-            return node_labels(self._api, self.config.node_name)
+            return node_labels(self._rest, self.config.node_name)
         except NotFound:
             return None
         except ApiError as exc:
@@ -485,7 +485,7 @@ class NodeAgent:
     def _allocated_on(self, minors: Collection[int]) -> dict[int, set[str]]:
         """Claims allocated a device of these GPUs in the API, prepared or not (a pod bound to this node may be
         about to start). Raises ApiError when the claims cannot be read."""
-        allocated = allocated_in_pool(self._api, self.config.driver_name, self.config.node_name)
+        allocated = allocated_in_pool(self._rest, self.config.driver_name, self.config.node_name)
         return _by_gpu([(d, claim) for claim, devices in allocated.items() for d in devices], minors)
 
     def _reset_gpu(self, gpu: Gpu) -> None:

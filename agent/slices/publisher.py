@@ -18,8 +18,8 @@ from typing import Any, Protocol
 from agent import quantity
 from agent.devices.model import Inventory
 from agent.devices.shares import Policy, ShareMode
+from agent.kube import nodes
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.kube.nodes import node_uid
 from agent.kube.rest import Rest
 from agent.kube.slices import SliceApi
 from agent.kube.version import server_version
@@ -326,7 +326,7 @@ class Publisher:
 
     def _slices(self, content: tuple[SliceContent, ...], generation: int) -> dict[str, Json]:
         if not self._owner_known and self._rest is not None:
-            self._node_uid = node_uid(self._rest, self.node_name)
+            self._node_uid = nodes.node_uid(self._rest, self.node_name)
             self._owner_known = True
         objs = resource_slices(
             content, node_name=self.node_name, driver=self.driver, generation=generation, node_uid=self._node_uid
