@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -19,6 +20,17 @@ import urllib3
 # (connect, read) seconds for every call: a stalled API server must fail a prepare, not hang it while the
 # node lock is held.
 REQUEST_TIMEOUT = (5.0, 30.0)
+
+def _user_agent() -> str:
+    try:
+        version = metadata.version("gpu-dra-agent")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        version = "dev"
+    return f"gpu-dra-agent/{version}"
+
+
+# How the API server's audit log, metrics and `kubectl get events` name our writes.
+USER_AGENT = _user_agent()
 
 # HTTP connections kept per client. The arbiter's commit workers, informers and event writer share one client;
 # a connection beyond the pool is dropped after its request and the next one pays a new TLS handshake.
@@ -126,7 +138,7 @@ class Client:
         limit = timeout or self.timeout
         deadline = urllib3.Timeout(total=limit) if isinstance(limit, float | int) else urllib3.Timeout(*limit)
         response = self._pool.request(
-            method, url, body=body, headers={**(headers or {}), **self._auth.headers()},
+            method, url, body=body, headers={"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()},
             timeout=deadline, preload_content=not stream,
             retries=None if retries else False, redirect=False,
         )

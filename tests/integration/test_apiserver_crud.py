@@ -330,3 +330,13 @@ def test_thirty_two_requests_at_once_keep_their_connections(tmp_path, caplog: py
             for _ in range(3):
                 list(pool.map(lambda _: rest.list(NODES), range(32)))
     assert not [r for r in caplog.records if "Connection pool is full" in r.getMessage()]
+
+
+def test_the_agents_writes_are_named_for_it_in_managed_fields() -> None:
+    # what `kubectl get -o yaml --show-managed-fields` and the audit log show an operator: which component wrote
+    from agent.kube.rest import NODES
+
+    with fakes.apiserver.start(port=0) as server:
+        created = server.rest().create(NODES, None, {"apiVersion": "v1", "kind": "Node",
+                                                     "metadata": {"name": "n", "labels": {"a": "b"}}})
+    assert [e["manager"] for e in created["metadata"]["managedFields"]] == ["gpu-dra-agent"]

@@ -31,6 +31,7 @@ class Seen:
 
     authorizations: list[str] = field(default_factory=list)
     client_names: list[str] = field(default_factory=list)
+    user_agents: list[str] = field(default_factory=list)
     refused: set[str] = field(default_factory=set)
 
 
@@ -50,6 +51,7 @@ def server(tmp_path: Path) -> Iterator[TlsServer]:
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             authorization = self.headers.get("Authorization", "")
             seen.authorizations.append(authorization)
+            seen.user_agents.append(self.headers.get("User-Agent", ""))
             peer = self.connection.getpeercert()  # type: ignore[attr-defined]
             subject = dict(pair[0] for pair in peer["subject"]) if peer else {}
             seen.client_names.append(str(subject.get("commonName", "")))
@@ -107,6 +109,7 @@ def test_inline_ca_and_client_certificate(server: TlsServer, tmp_path: Path) -> 
     assert version(rest) == "v1.37.2"
     assert server.seen.client_names == ["admin"]
     assert server.seen.authorizations == [""]
+    assert server.seen.user_agents[0].startswith("gpu-dra-agent/")  # the audit log says who wrote
 
 
 def test_files_relative_to_the_kubeconfig_and_a_token_file_read_again(server: TlsServer, tmp_path: Path) -> None:
