@@ -30,7 +30,6 @@ from agent.kube.node_status import COMPONENT, NodeStatus, node_labels
 from agent.kube.nodes import NodeInfo, NodeWatcher, node_uid
 from agent.kube.rest import Rest
 from agent.kube.slices import watch_changes
-from agent.kube.version import server_version
 from agent.kubelet.health import DeviceHealth, Health, HealthSource
 from agent.kubelet.plugin import KubeletPlugin
 from agent.metrics import NodeMetrics
@@ -336,7 +335,7 @@ class NodeAgent:
 
     def _read_slice_rules(self) -> SliceRules | None:
         try:
-            rules = rules_for(server_version(self._rest))
+            rules = rules_for(self._rest.server_version())
         except ApiError as exc:
             log.warning("cannot read the API server's version yet, going on without it: %s", exc)
             return None

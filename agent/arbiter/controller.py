@@ -91,6 +91,13 @@ class ArbiterConfig:
 
 
 @dataclass
+class _Took:
+    """How long a timed block took (wall seconds), once it has ended."""
+
+    seconds: float = 0.0
+
+
+@dataclass
 class CycleReport:
     """What one cycle did (for tests, logs and the benchmark)."""
 
@@ -283,12 +290,8 @@ class Arbiter:
         snapshot = replace(world.snapshot, placement=self.config.placement)
         if self.config.usage_half_life_s is not None:
             snapshot = self._with_usage(snapshot, now)
-        started = time.perf_counter()
-        cpu = time.thread_time()
-        result = run_cycle(snapshot, self.config.actions)
-        seconds = time.perf_counter() - started
-        self.timings["decide"] = self.timings.get("decide", 0.0) + seconds
-        self.cpu_timings["decide"] = self.cpu_timings.get("decide", 0.0) + time.thread_time() - cpu
+        with self._timed("decide") as decided:
+            result = run_cycle(snapshot, self.config.actions)
         report.result = result
         self.cycles += 1
         with self._timed("evict"):
@@ -301,17 +304,19 @@ class Arbiter:
             self._tell_waiting(world, report.waiting, now)
             self._write_queue_status(snapshot, result, now, world)
         if self.metrics is not None:
-            self.metrics.record(cycle_values(result, now, seconds))
+            self.metrics.record(cycle_values(result, now, decided.seconds))
         return report
 
     @contextlib.contextmanager
-    def _timed(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
-        cpu = time.thread_time()
+    def _timed(self, phase: str) -> Iterator[_Took]:
+        """Adds the block's wall time and the cycle thread's CPU to the phase's totals; `.seconds` after it."""
+        took = _Took()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
-            yield
+            yield took
         finally:
-            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
+            took.seconds = time.perf_counter() - start
+            self.timings[phase] = self.timings.get(phase, 0.0) + took.seconds
             self.cpu_timings[phase] = self.cpu_timings.get(phase, 0.0) + time.thread_time() - cpu
 
     def _world(self, now: float) -> World:

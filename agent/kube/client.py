@@ -50,14 +50,18 @@ class Auth(Protocol):
         """The server answered 401: forget any cached credential so the next request fetches a new one."""
 
 
-class NoAuth:
-    """Client certificates alone, or a server that asks for nothing (the API fake)."""
+class StaticHeaders:
+    """Credentials that never change: an inline token, a user name and password, or none at all (client
+    certificates alone, or a server that asks for nothing, as the API fake)."""
+
+    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+        self._headers = dict(headers or {})
 
     def headers(self) -> Mapping[str, str]:
-        return {}
+        return self._headers
 
     def rejected(self) -> None:
-        pass
+        pass  # nothing to fetch again
 
 
 class BearerToken:
@@ -116,7 +120,7 @@ class Client:
                  timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
         self.server = server
         self.timeout = timeout
-        self._auth = auth or NoAuth()
+        self._auth = auth or StaticHeaders()
         tls: dict[str, Any] = {}
         if server.ssl_context is not None:
             tls["ssl_context"] = server.ssl_context

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from agent.kube.client import Auth, BearerToken, Client, CredentialsError, NoAuth, Server
+from agent.kube.client import Auth, BearerToken, Client, CredentialsError, Server, StaticHeaders
 from agent.kube.rest import Rest
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -117,12 +117,8 @@ def _client(cluster: Mapping[str, Any], cluster_base: Path, user: Mapping[str, A
     cert, key, auth = _credentials(user, user_base)
     context = None
     if url.startswith("https://"):
-        context = ssl.create_default_context(
-            cafile=str(_path(cluster["certificate-authority"], cluster_base)) if cluster.get("certificate-authority")
-            else None,
-            cadata=_decoded(cluster, "certificate-authority-data").decode() if cluster.get("certificate-authority-data")
-            else None,
-        )
+        ca = _pem(cluster, "certificate-authority", cluster_base)
+        context = ssl.create_default_context(cadata=ca.decode() if ca else None)  # none: the system's trust
         if cluster.get("insecure-skip-tls-verify"):
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
@@ -141,35 +137,22 @@ def _credentials(user: Mapping[str, Any], base: Path) -> tuple[bytes | None, byt
     if bool(cert) != bool(key):
         raise KubeconfigError("its user has a client certificate without a key, or a key without a certificate")
     if user.get("token"):
-        token = str(user["token"])
-        return cert, key, BearerToken(lambda: (token, None), max_age_s=float("inf"))
+        return cert, key, StaticHeaders({"Authorization": f"Bearer {user['token']}"})
     if user.get("tokenFile"):
         token_file = _path(user["tokenFile"], base)
         return cert, key, BearerToken(lambda: (_read_token(token_file), None))
     if user.get("username") or user.get("password"):
         basic = base64.b64encode(f"{user.get('username', '')}:{user.get('password', '')}".encode()).decode()
-        return cert, key, _Static({"Authorization": f"Basic {basic}"})
+        return cert, key, StaticHeaders({"Authorization": f"Basic {basic}"})
     if user.get("exec"):
         plugin = _ExecPlugin(user["exec"], base)
-        plugin.first = plugin.run()
-        status = plugin.first.get("status") or {}
+        status = plugin.start().get("status") or {}
         if status.get("token"):
             return cert, key, BearerToken(plugin.token)
         if status.get("clientCertificateData") and status.get("clientKeyData"):
-            return str(status["clientCertificateData"]).encode(), str(status["clientKeyData"]).encode(), NoAuth()
+            return str(status["clientCertificateData"]).encode(), str(status["clientKeyData"]).encode(), StaticHeaders()
         raise KubeconfigError(f"exec plugin {plugin.command!r} returned neither a token nor a client certificate")
-    return cert, key, NoAuth()
-
-
-class _Static:
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        self._headers = dict(headers)
-
-    def headers(self) -> Mapping[str, str]:
-        return self._headers
-
-    def rejected(self) -> None:
-        pass
+    return cert, key, StaticHeaders()
 
 
 class _ExecPlugin:
@@ -185,7 +168,12 @@ class _ExecPlugin:
         self._args = [str(a) for a in spec.get("args") or ()]
         self._env = {str(e["name"]): str(e["value"]) for e in spec.get("env") or () if isinstance(e, dict)}
         self._api_version = str(spec.get("apiVersion") or "client.authentication.k8s.io/v1")
-        self.first: dict[str, Any] | None = None  # what the start-up run gave, used for the first request
+        self._first: dict[str, Any] | None = None  # the start-up run's credential, for the first request
+
+    def start(self) -> dict[str, Any]:
+        """Run once at start (a plugin that cannot run is a setting error then, not a failed request later)."""
+        self._first = self.run()
+        return self._first
 
     def run(self) -> dict[str, Any]:
         info = {"apiVersion": self._api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
@@ -207,7 +195,7 @@ class _ExecPlugin:
 
     def token(self) -> tuple[str, float | None]:
         """The token of the credential read at start (once), then of a fresh run each time it is asked for."""
-        credential, self.first = self.first or self.run(), None
+        credential, self._first = self._first or self.run(), None
         status = credential.get("status") or {}
         expiry = status.get("expirationTimestamp")
         expires = datetime.datetime.fromisoformat(str(expiry).replace("Z", "+00:00")).timestamp() if expiry else None
@@ -226,11 +214,12 @@ def _decoded(section: Mapping[str, Any], key: str) -> bytes:
         raise KubeconfigError(f"{key} is not base64") from None
 
 
-def _pem(user: Mapping[str, Any], key: str, base: Path) -> bytes | None:
-    if user.get(f"{key}-data"):
-        return _decoded(user, f"{key}-data")
-    if user.get(key):
-        return _path(user[key], base).read_bytes()
+def _pem(section: Mapping[str, Any], key: str, base: Path) -> bytes | None:
+    """PEM given inline (`<key>-data`, base64) or by file (`<key>`, relative to `base`); None when neither."""
+    if section.get(f"{key}-data"):
+        return _decoded(section, f"{key}-data")
+    if section.get(key):
+        return _path(section[key], base).read_bytes()
     return None
 
 

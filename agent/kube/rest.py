@@ -104,10 +104,10 @@ class Rest:
         out: Json = self._request("GET", resource.path(namespace), query=query)
         return out
 
-    def version(self) -> Json:
-        """GET /version: the server's build, `gitVersion` e.g. "v1.36.2"."""
-        out: Json = self._request("GET", "/version")
-        return out
+    def server_version(self) -> str:
+        """The server's Kubernetes version (GET /version's `gitVersion`, e.g. "v1.36.2"), which decides the
+        ResourceSlice shape the node agent publishes."""
+        return str(self._request("GET", "/version").get("gitVersion") or "")
 
     def serves(self, group_version: str, plural: str) -> bool:
         """Whether the server's discovery lists `plural` under `group_version` ("admissionregistration.k8s.io/v1")."""

@@ -22,7 +22,6 @@ from agent.kube import nodes
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import Rest
 from agent.kube.slices import SliceApi
-from agent.kube.version import server_version
 from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, Taints, pool_content, resource_slices
 from agent.slices.versions import LATEST, SliceRules, rules_for
 
@@ -123,7 +122,7 @@ class Publisher:
     def rules(self) -> SliceRules:
         """The ResourceSlice rules of the server's Kubernetes version, which shape every slice published."""
         if self._rules is None:
-            self._rules = rules_for(server_version(self._rest) if self._rest is not None else LATEST.label)
+            self._rules = rules_for(self._rest.server_version() if self._rest is not None else LATEST.label)
             log.info("API server is Kubernetes %s: publishing its ResourceSlice shape", self._rules.label)
         return self._rules
 

@@ -3,7 +3,7 @@ DeviceClass and request CEL selectors in DRA's CEL environment (agent.allocation
 and writes the claim's status.allocation.
 
     allocation = allocate(claim, slices, device_classes, all_claims)          # pure, API JSON dicts
-    FakeScheduler(rest).allocate("default", "my-claim")                  # against an API server
+    FakeScheduler(rest).allocate("default", "my-claim")                       # against an API server
 """
 
 from agent.allocation.cel import DeviceSelector, SelectorError, device_variable

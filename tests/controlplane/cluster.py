@@ -29,9 +29,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
+
+if TYPE_CHECKING:  # imported when called: `make control-plane` runs without the agent's dependencies
+    from agent.kube.rest import Rest
 
 from .pki import Pki, make_pki
 
@@ -157,7 +160,7 @@ class ControlPlane:
         out.chmod(0o600)
         return out
 
-    def rest(self) -> Any:
+    def rest(self) -> Rest:
         """The agent's own client (agent.kube.kubeconfig: TLS and a client certificate) with admin rights."""
         from agent.kube.kubeconfig import connect
 

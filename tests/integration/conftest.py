@@ -90,7 +90,7 @@ class RealCluster:
         return self.cp.api_client()
 
     def rest(self) -> Rest:
-        return self.cp.rest()  # type: ignore[no-any-return]
+        return self.cp.rest()
 
     def write_kubeconfig(self, path: str | Path) -> Path:
         return self.cp.write_kubeconfig(path)

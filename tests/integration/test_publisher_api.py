@@ -18,7 +18,6 @@ from agent.devices.model import Inventory
 from agent.kube.errors import ApiError
 from agent.kube.rest import Rest
 from agent.kube.slices import SliceApi
-from agent.kube.version import server_version
 from agent.slices.build import build_resource_slices
 from agent.slices.publisher import Publisher
 from agent.slices.versions import rules_for
@@ -236,7 +235,7 @@ def test_partitionable_devices_are_published_where_the_server_keeps_counters(ser
     devices on 1.34, in slices of their own from 1.35); the pool is consistent either way."""
     pub, _ = publisher(server, partitionable=True)
     result = pub.publish(dgx_h100())
-    version = server_version(server.rest())
+    version = server.rest().server_version()
     assert pub.rules.label in version
     slices = slices_in_api(server)
     assert pub.partitionable and result.slices == len(slices) == (8 if pub.rules.label == "1.34" else 9)

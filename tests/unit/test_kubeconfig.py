@@ -97,7 +97,7 @@ def kubeconfig(tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any] | N
 
 
 def version(rest: Rest) -> str:
-    return str(rest.version()["gitVersion"])
+    return rest.server_version()
 
 
 def test_inline_ca_and_client_certificate(server: TlsServer, tmp_path: Path) -> None:
@@ -126,25 +126,35 @@ def test_files_relative_to_the_kubeconfig_and_a_token_file_read_again(server: Tl
     assert server.seen.authorizations == ["Bearer first", "Bearer first", "Bearer second"]
 
 
-def test_an_exec_plugin_token_is_fetched_again_when_refused(server: TlsServer, tmp_path: Path) -> None:
-    """Tried: an exec plugin (EKS, GKE and OIDC logins are ones) whose token the server stops taking."""
-    counter = tmp_path / "runs"
-    plugin = tmp_path / "plugin.py"
+def counting_plugin(tmp_path: Path, status: str) -> tuple[Path, Path]:
+    """An exec plugin (a Python script) that counts its runs in a file and prints an ExecCredential of the
+    apiVersion it is asked for, whose status is the Python expression `status` (`n`: this run's number)."""
+    counter, plugin = tmp_path / "runs", tmp_path / "plugin.py"
     plugin.write_text(
-        "import json, os, pathlib, sys\n"
+        "import json, os, pathlib\n"
         f"runs = pathlib.Path({str(counter)!r})\n"
         "n = int(runs.read_text()) + 1 if runs.exists() else 1\n"
         "runs.write_text(str(n))\n"
         "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
         "assert info['kind'] == 'ExecCredential' and os.environ['PLUGIN_SETTING'] == 'yes'\n"
-        "print(json.dumps({'apiVersion': info['apiVersion'], 'kind': 'ExecCredential',\n"
-        "                  'status': {'token': f'token-{n}', 'expirationTimestamp': '2999-01-01T00:00:00Z'}}))\n"
+        f"print(json.dumps({{'apiVersion': info['apiVersion'], 'kind': 'ExecCredential', 'status': {status}}}))\n"
     )
-    rest = connect(kubeconfig(
+    return plugin, counter
+
+
+def exec_kubeconfig(tmp_path: Path, server: TlsServer, plugin: Path, api_version: str) -> str:
+    return kubeconfig(
         tmp_path, {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
-        {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable,
-                  "args": [str(plugin)], "env": [{"name": "PLUGIN_SETTING", "value": "yes"}]}},
-    ))  # fmt: skip
+        {"exec": {"apiVersion": api_version, "command": sys.executable, "args": [str(plugin)],
+                  "env": [{"name": "PLUGIN_SETTING", "value": "yes"}]}},
+    )  # fmt: skip
+
+
+def test_an_exec_plugin_token_is_fetched_again_when_refused(server: TlsServer, tmp_path: Path) -> None:
+    """Tried: an exec plugin (EKS, GKE and OIDC logins are ones) whose token the server stops taking."""
+    expiring = "{'token': f'token-{n}', 'expirationTimestamp': '2999-01-01T00:00:00Z'}"
+    plugin, counter = counting_plugin(tmp_path, expiring)
+    rest = connect(exec_kubeconfig(tmp_path, server, plugin, "client.authentication.k8s.io/v1"))
     assert version(rest) == "v1.37.2"
     server.seen.refused.add("token-1")
     with pytest.raises(errors.ApiError):
@@ -159,22 +169,9 @@ def test_a_server_that_refuses_every_token_does_not_run_the_plugin_per_request(s
                                                                                  tmp_path: Path) -> None:
     """Tried: credentials revoked for good. A 401 gets one fresh token; while that one is refused too the
     plugin is not run again (for REFUSED_AGAIN_S), however many requests fail."""
-    counter = tmp_path / "runs"
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text(
-        "import json, pathlib\n"
-        f"runs = pathlib.Path({str(counter)!r})\n"
-        "n = int(runs.read_text()) + 1 if runs.exists() else 1\n"
-        "runs.write_text(str(n))\n"
-        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1', 'kind': 'ExecCredential',\n"
-        "                  'status': {'token': f'token-{n}'}}))\n"
-    )
+    plugin, counter = counting_plugin(tmp_path, "{'token': f'token-{n}'}")
     server.seen.refused.update(f"token-{n}" for n in range(1, 10))
-    rest = connect(kubeconfig(
-        tmp_path, {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
-        {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
-                  "args": [str(plugin)]}},
-    ))  # fmt: skip
+    rest = connect(exec_kubeconfig(tmp_path, server, plugin, "client.authentication.k8s.io/v1beta1"))
     for _ in range(5):
         with pytest.raises(errors.ApiError) as refused:
             version(rest)
