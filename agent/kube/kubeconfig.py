@@ -45,9 +45,8 @@ def connect(kubeconfig: str | None = None) -> Rest:
                 "pass --kubeconfig or set KUBECONFIG when running outside a cluster"
             ) from None
     # KUBECONFIG may list several files, merged as kubectl does; a missing one in a list is skipped
-    paths = [Path(p) for p in kubeconfig.split(os.pathsep) if p]
-    present = [p for p in paths if p.exists()] if len(paths) > 1 else paths
-    if not present or not present[0].exists():
+    present = [Path(p) for p in kubeconfig.split(os.pathsep) if p and Path(p).exists()]
+    if not present:
         raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
     for path in present:
         if not path.is_file():
