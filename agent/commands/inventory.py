@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="NVML to read: the host's library, or a fake machine such as fake:dgx-h100 (default: real)",
     )
     parser.add_argument("--output", choices=("json", "table"), default="table", help="output format")
-    option(parser, "--driver-root", env="NVIDIA_DRIVER_ROOT", default="/",
-           help="the NVIDIA driver's root, to show the files containers get from it")
+    option(parser, "--driver-root", env="NVIDIA_DRIVER_ROOT",
+           help="the NVIDIA driver's root, to show the files containers get from it (default: / with real NVML; "
+                "none with a fake machine, whose driver is not this host's)")
     option(parser, "--host-driver-root", env="NVIDIA_HOST_DRIVER_ROOT", default="/",
            help="the same root as the host sees it")
     option(parser, "--nvidia-cdi-hook-path", env="NVIDIA_CDI_HOOK_PATH", help="host path of nvidia-cdi-hook")
@@ -46,15 +47,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         with open_nvml(args.nvml) as nvml:
             inventory = nvml.discover()
-        driver = set_up(Path(args.driver_root), args.host_driver_root, inventory.driver_version,
-                        args.nvidia_cdi_hook_path)  # fmt: skip
+        # a fake machine's driver is not the host's: its files are shown only from a root named for it
+        root = args.driver_root or (None if args.nvml.is_fake else "/")
+        driver = set_up(Path(root), args.host_driver_root, inventory.driver_version,
+                        args.nvidia_cdi_hook_path) if root else None  # fmt: skip
     except (NvmlError, InvalidNvmlSpec, DriverVersionMismatch) as exc:
         print(f"gpu-dra-agent inventory: {exc}", file=sys.stderr)
         return 1
     if args.output == "json":
-        print(json.dumps({**inventory_document(inventory), "driverFiles": report.document(driver)}, indent=2))
+        files = report.document(driver) if driver else None
+        print(json.dumps({**inventory_document(inventory), "driverFiles": files}, indent=2))
     else:
-        print("\n".join([inventory_table(inventory), "", *report.table_lines(driver)]))
+        files_lines = report.table_lines(driver) if driver else ["Driver files: none shown (a fake machine; "
+                                                                 "name its driver root with --driver-root)"]
+        print("\n".join([inventory_table(inventory), "", *files_lines]))
     return 0
 
 

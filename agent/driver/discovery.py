@@ -224,13 +224,28 @@ def _library(fs: DriverRootFs, path: str) -> Library | None:
 
 
 def find_binary(fs: DriverRootFs, name: str) -> File | None:
-    """The first executable `name` in the root's BIN_DIRS, its path resolved within the root; None if none."""
+    """The executable `name` in the root's BIN_DIRS, its path resolved within the root; None if none. The
+    first ELF one wins: a wrapper script earlier in the folders (a GPU sandbox on an H200 had one at
+    /usr/bin/nvidia-smi, before the driver's own in /usr/local/nvidia/bin) needs a shell and paths that a
+    container lacks. Where no folder has an ELF one, the first executable is taken."""
+    scripts = []
     for folder in BIN_DIRS:
         path = f"{folder}/{name}"
         real = fs.resolve(path)
-        if real is not None and os.path.isfile(fs.host(real)) and os.access(fs.host(real), os.X_OK):
+        if real is None or not os.path.isfile(host := fs.host(real)) or not os.access(host, os.X_OK):
+            continue
+        if _is_elf(host):
             return File(path, real)
-    return None
+        scripts.append(File(path, real))
+    return scripts[0] if scripts else None
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == elf.ELF_MAGIC
+    except OSError:
+        return False
 
 
 def _binaries(fs: DriverRootFs) -> Iterator[File]:

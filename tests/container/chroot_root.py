@@ -3,14 +3,16 @@
 `run_in_spec_root` makes an empty root, binds into it, read-only, every mount and device node of the spec (in
 a mount namespace of its own, `unshare -m`, so nothing outlives the run), does what the spec's
 `nvidia-cdi-hook` hooks would (the soname links of create-symlinks, update-ldcache's loader cache, the
-`ModifyDeviceFiles: 0` params file of disable-device-node-modification), adds a program and the C library it
-links, and runs the program chrooted. Needs root, util-linux `unshare`, and `ldconfig`.
+`ModifyDeviceFiles: 0` params file of disable-device-node-modification), adds a program and the C library
+(glibc) that it and the driver's files link, as any base image would, and runs the program chrooted. Needs
+root, util-linux `unshare`, and `ldconfig`.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -34,15 +36,34 @@ def compile_program(source: str, out: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def _loader_files(program: pathlib.Path) -> list[str]:
-    """The C library and loader `program` links, as ldd names them."""
-    printed = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True).stdout
+# glibc's own files: every base image has them, and a CDI spec rightly leaves them out
+C_LIBRARY = re.compile(r"^(ld-linux[\w.-]*|lib(c|m|dl|pthread|rt|resolv|util|mvec)\.so[\d.]*)$")
+
+
+def _c_library(elves: list[str]) -> list[str]:
+    """The C library's files (libc, libm, ..., the loader) that `elves` link, as ldd names them. Only glibc's:
+    a driver library the spec forgot must stay missing in the root, not be borrowed from the host."""
+    found: dict[str, None] = {}
+    for elf in elves:
+        printed = subprocess.run(["ldd", elf], capture_output=True, text=True, check=False).stdout
+        for line in printed.splitlines():
+            words = line.split()
+            path = words[2] if "=>" in words and len(words) > 2 else words[0] if words else ""
+            if path.startswith("/") and C_LIBRARY.match(os.path.basename(path)):
+                found.setdefault(path, None)
+    return list(found)
+
+
+def _elves(spec: dict[str, Any]) -> list[str]:
+    """The spec's mounted files that are ELF objects (the driver's libraries and binaries)."""
     paths = []
-    for line in printed.splitlines():
-        words = line.split()
-        path = words[2] if "=>" in words and len(words) > 2 else words[0]
-        if path.startswith("/"):
-            paths.append(path)
+    for edits in _all_edits(spec):
+        for m in edits.get("mounts") or ():
+            path = pathlib.Path(m["hostPath"])
+            if path.is_file():
+                with path.open("rb") as file:
+                    if file.read(4) == b"\x7fELF":
+                        paths.append(str(path))
     return paths
 
 
@@ -76,9 +97,9 @@ def run_in_spec_root(spec: dict[str, Any], workdir: pathlib.Path, argv: list[str
             bind(m["hostPath"], m["containerPath"], "" if writable else "ro,nosuid,nodev")
         for n in edits.get("deviceNodes") or ():
             bind(n.get("hostPath", n["path"]), n["path"], "")
+    for lib in _c_library(_elves(spec) + ([str(program)] if program is not None else [])):
+        bind(lib, lib)
     if program is not None:
-        for lib in _loader_files(program):
-            bind(lib, lib)
         bind(str(program), "/program")
     lines.append(f"mount -t proc proc {shlex.quote(str(root / 'proc'))}")
     lines.append(f"mount --rbind /sys {shlex.quote(str(root / 'sys'))}")

@@ -73,7 +73,9 @@ def test_a_claims_spec_alone_runs_cuda_on_exactly_its_gpu(
         result = agent.preparer.prepare([ref])[ref.uid]
         assert result.error == "", result.error
         try:
-            spec = yaml.safe_load((config.cdi_root / cdi.spec_file_name(ref.uid)).read_text())
+            written = (config.cdi_root / cdi.spec_file_name(ref.uid)).read_text()
+            print(written)  # on record with the run's output
+            spec = yaml.safe_load(written)
             (tmp_path / "build").mkdir()
             program = compile_program(CUDA_PROGRAM, tmp_path / "build/program")
             done = run_in_spec_root(spec, tmp_path / "cuda", ["/program"], program)

@@ -257,3 +257,17 @@ def test_the_old_format_alone_is_read() -> None:
     data = b"ld.so-1.7.0\0" + struct.pack("<I", 1) + struct.pack("<iII", 0x0303, 0, 13) + strings
     [entry] = ldcache.parse(data)
     assert (entry.name, entry.path, entry.is_64bit_elf) == ("libcuda.so.1", "/usr/lib64/libcuda.so.1", True)
+
+
+def test_the_drivers_elf_binary_wins_over_a_wrapper_script_earlier_in_the_folders(tmp_path: pathlib.Path) -> None:
+    # Seen on a GPU machine (H200): /usr/bin/nvidia-smi was a sandbox's shell wrapper, the driver's own binary
+    # sat in /usr/local/nvidia/bin. Mounted into a container without /bin/sh, the wrapper cannot run.
+    root = fake_root(tmp_path)
+    driver_bin = root / "usr/local/nvidia/bin"
+    driver_bin.mkdir(parents=True)
+    shutil.copy("/bin/true", driver_bin / "nvidia-smi")  # an ELF executable stands in for the driver's
+    files = discover(root, VERSION)
+    smi = next(b for b in files.binaries if b.name == "nvidia-smi")
+    assert smi.path == "usr/local/nvidia/bin/nvidia-smi"
+    # with no ELF one anywhere, the first executable is still taken (the rest of the fake's are scripts)
+    assert next(b for b in files.binaries if b.name == "nvidia-debugdump").path == "usr/bin/nvidia-debugdump"

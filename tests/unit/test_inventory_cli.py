@@ -146,3 +146,17 @@ def test_inventory_refuses_a_driver_root_of_another_version(
     install_driver_root(tmp_path, version="535.104.05")
     assert main(["inventory", "--nvml", "fake:dgx-h100", "--driver-root", str(tmp_path)]) == 1
     assert "NVML reports driver 550.54.15" in capsys.readouterr().err
+
+
+def test_a_fake_machine_shows_no_driver_files_unless_a_root_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tried on a GPU machine: `--nvml fake:...` read the host's / (driver 580.159.04) against the fake's 550.54.15
+    # and exited 1. A fake machine's driver is not the host's, so its files come only from a root named for it.
+    monkeypatch.delenv("NVIDIA_DRIVER_ROOT", raising=False)
+    assert main(["inventory", "--nvml", "fake:dgx-h100", "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["driverFiles"] is None
+    assert main(["inventory", "--nvml", "fake:dgx-h100"]) == 0
+    assert "Driver files: none shown (a fake machine; name its driver root with --driver-root)" in (
+        capsys.readouterr().out
+    )
