@@ -18,6 +18,7 @@ from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, NvmlSpec, open_nvml, parse_nvml_spec
 
 GIB = 2**30
+NO_DRIVER_ROOT = "Driver files: none shown (a fake machine; name its driver root with --driver-root)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,9 +59,8 @@ def run(args: argparse.Namespace) -> int:
         files = report.document(driver) if driver else None
         print(json.dumps({**inventory_document(inventory), "driverFiles": files}, indent=2))
     else:
-        files_lines = report.table_lines(driver) if driver else ["Driver files: none shown (a fake machine; "
-                                                                 "name its driver root with --driver-root)"]
-        print("\n".join([inventory_table(inventory), "", *files_lines]))
+        lines = report.table_lines(driver) if driver else [NO_DRIVER_ROOT]
+        print("\n".join([inventory_table(inventory), "", *lines]))
     return 0
 
 

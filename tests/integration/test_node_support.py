@@ -77,7 +77,7 @@ def agent_command(*args: str) -> list[str]:
 
 def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _DAEMON_ENV}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])  # the caller's too
     return env
 
 
