@@ -4,9 +4,9 @@ real NVML and the machine's real driver root, is enough for CUDA.
 The agent prepares a one-GPU claim (the API is the fake; NVML and the driver files are real). A root is built
 from the written spec alone (tests/container/chroot_root.py: its mounts and device nodes bound into an empty
 root, what its hooks would do, a C program calling cuInit and cuDeviceGetCount through dlopen("libcuda.so.1")
-and the C library that it and the driver's files link, as any base image has it) and the program runs chrooted: cuInit succeeds and it sees exactly one GPU, and
-`nvidia-smi -L` there lists only the claimed GPU. Read-only on the GPU: a GPU with MIG mode off is claimed as
-a whole, nothing is reconfigured.
+and the C library that it and the driver's files link, as any base image has it) and the program runs
+chrooted: cuInit succeeds and it sees exactly one GPU, and `nvidia-smi -L` there lists only the claimed GPU.
+Read-only on the GPU: a GPU with MIG mode off is claimed as a whole, nothing is reconfigured.
 """
 
 from __future__ import annotations
