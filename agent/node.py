@@ -116,12 +116,12 @@ class NodeAgent:
     """One node's agent over an open NVML source; `run()` blocks until `stop()` (e.g. from SIGTERM)."""
 
     def __init__(
-        self, config: NodeConfig, nvml: NvmlSource, metrics: NodeMetrics | None = None, api: Rest | None = None
+        self, config: NodeConfig, nvml: NvmlSource, metrics: NodeMetrics | None = None, rest: Rest | None = None
     ) -> None:
         self.config = config
         self.metrics = metrics or NodeMetrics()
         self._nvml = nvml
-        self._rest = api if api is not None else connect(config.kubeconfig)
+        self._rest = rest if rest is not None else connect(config.kubeconfig)
         self._stop = threading.Event()
         self._discovery_lock = threading.Lock()  # discover and swap together (_refresh)
         self._inventory = nvml.discover()

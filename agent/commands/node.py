@@ -169,12 +169,12 @@ def _serve(config: NodeConfig, metrics_addr: str, nvml_spec: str) -> None:
     """Open NVML and the API client and probe the addresses (none of which leaves a trace), then make the
     directories and run the agent until a signal stops it."""
     with open_nvml(nvml_spec) as nvml:
-        api = connect(config.kubeconfig)
+        rest = connect(config.kubeconfig)
         for flag, value in (("--metrics-addr", metrics_addr), ("--healthcheck-addr", config.liveness_address)):
             if value:
                 preflight.can_listen(flag, value)
         config = _make_dirs(config)
-        agent = NodeAgent(config, nvml, api=api)
+        agent = NodeAgent(config, nvml, rest=rest)
         if metrics_addr:
             from prometheus_client import start_http_server
 

@@ -228,19 +228,20 @@ def find_binary(fs: DriverRootFs, name: str) -> File | None:
     first ELF one wins: a wrapper script earlier in the folders (a GPU sandbox on an H200 had one at
     /usr/bin/nvidia-smi, before the driver's own in /usr/local/nvidia/bin) needs a shell and paths that a
     container lacks. Where no folder has an ELF one, the first executable is taken."""
-    scripts = []
+    script = None
     for folder in BIN_DIRS:
         path = f"{folder}/{name}"
         real = fs.resolve(path)
         if real is None or not os.path.isfile(host := fs.host(real)) or not os.access(host, os.X_OK):
             continue
-        if _is_elf(host):
+        if is_elf(host):
             return File(path, real)
-        scripts.append(File(path, real))
-    return scripts[0] if scripts else None
+        script = script or File(path, real)
+    return script
 
 
-def _is_elf(path: Path) -> bool:
+def is_elf(path: Path) -> bool:
+    """Whether the file at `path` starts as an ELF object does (False when it cannot be read)."""
     try:
         with path.open("rb") as file:
             return file.read(4) == elf.ELF_MAGIC

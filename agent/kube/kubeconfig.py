@@ -206,17 +206,13 @@ def _path(value: object, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def _decoded(section: Mapping[str, Any], key: str) -> bytes:
-    try:
-        return base64.b64decode(str(section[key]), validate=True)
-    except ValueError:
-        raise KubeconfigError(f"{key} is not base64") from None
-
-
 def _pem(section: Mapping[str, Any], key: str, base: Path) -> bytes | None:
     """PEM given inline (`<key>-data`, base64) or by file (`<key>`, relative to `base`); None when neither."""
     if section.get(f"{key}-data"):
-        return _decoded(section, f"{key}-data")
+        try:
+            return base64.b64decode(str(section[f"{key}-data"]), validate=True)
+        except ValueError:
+            raise KubeconfigError(f"{key}-data is not base64") from None
     if section.get(key):
         return _path(section[key], base).read_bytes()
     return None

@@ -154,7 +154,7 @@ def test_bench_start_to_first_slice(server: fakes.apiserver.ApiServer) -> None:
     with short_tmpdir("nbench-") as root, open_nvml(MACHINE) as nvml:
         config = NodeConfig(NODE, DRIVER, root / "kubelet", root / "cdi", root / "state")
         began = time.perf_counter()
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         constructed = time.perf_counter()
         agent.start()
         started = time.perf_counter()
@@ -187,7 +187,7 @@ def test_bench_node_prepare_profile(server: fakes.apiserver.ApiServer) -> None:
     ref = allocate_claim(api, "bench-profile", ["gpu-0"])
     with short_tmpdir("nbench-") as root, open_nvml(MACHINE) as nvml:
         config = NodeConfig(NODE, DRIVER, root / "kubelet", root / "cdi", root / "state")
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         for _ in range(WARMUP // 5):
             agent.preparer.prepare([ref])
             agent.preparer.unprepare([ref])

@@ -18,6 +18,8 @@ import shutil
 import subprocess
 from typing import Any
 
+from agent.driver.discovery import is_elf
+
 PARAMS = pathlib.Path("/proc/driver/nvidia/params")
 
 
@@ -56,15 +58,8 @@ def _c_library(elves: list[str]) -> list[str]:
 
 def _elves(spec: dict[str, Any]) -> list[str]:
     """The spec's mounted files that are ELF objects (the driver's libraries and binaries)."""
-    paths = []
-    for edits in _all_edits(spec):
-        for m in edits.get("mounts") or ():
-            path = pathlib.Path(m["hostPath"])
-            if path.is_file():
-                with path.open("rb") as file:
-                    if file.read(4) == b"\x7fELF":
-                        paths.append(str(path))
-    return paths
+    mounts = (m for edits in _all_edits(spec) for m in edits.get("mounts") or ())
+    return [m["hostPath"] for m in mounts if is_elf(pathlib.Path(m["hostPath"]))]
 
 
 def _all_edits(spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -17,14 +17,7 @@ export PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
     for t in gcc unshare mount chroot ldconfig ldd nvidia-smi nvidia-cdi-hook; do echo "$t: $(command -v $t)"; done
     ldconfig -p | grep -E 'libcuda\.|libnvidia-ml\.'
     ls -la /usr/local/nvidia /usr/local/nvidia/lib64 2>&1 | head -40
-    ls -la /usr/local/nvidia/bin /usr/bin/nvidia-smi 2>&1
-    for smi in /usr/bin/nvidia-smi /usr/local/nvidia/bin/nvidia-smi; do
-        echo "== $smi"; head -c 64 "$smi" | od -c | head -4; ldd "$smi"; readelf -l "$smi" | grep -i interp
-    done
-    python3 -c "import json, pathlib, sys; from agent.driver import startup, edits
-s = startup.set_up(pathlib.Path('/'), '/', sys.argv[1], None)
-print(json.dumps([m for m in edits.driver_edits(s.files, '/', None)['mounts'] if 'bin/' in m['hostPath']]))" \
-        "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+    for smi in $(which -a nvidia-smi); do echo "== $smi"; file -L "$smi" 2>&1 || head -c 64 "$smi"; done
     ls /lib/firmware/nvidia 2>&1
     ls -la /run/nvidia-persistenced /run/nvidia-fabricmanager 2>&1
 } >"$OUT/machine.txt" 2>&1

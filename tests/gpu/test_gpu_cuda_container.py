@@ -62,7 +62,7 @@ def test_a_claims_spec_alone_runs_cuda_on_exactly_its_gpu(
     config = NodeConfig(NODE, DRIVER, tmp_path / "kubelet", tmp_path / "cdi", tmp_path / "state",
                         nvidia_cdi_hook_path=hook)  # fmt: skip
     with open_nvml("real") as nvml:
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         api = server.api_client()
         whole = [g for g in agent.inventory.gpus if not g.mig_enabled]
         if not whole:

@@ -90,7 +90,7 @@ def prepare(tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer, hook: str
     api = server.api_client()
     ref = allocate_claim(api, f"ctr-{uuid.uuid4().hex[:8]}", ["gpu-0"])
     with open_nvml(MACHINE) as nvml:
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         assert agent.driver.hook == hook
         result = agent.preparer.prepare([ref])[ref.uid]
     assert result.error == "", result.error

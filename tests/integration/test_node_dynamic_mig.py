@@ -68,7 +68,7 @@ def node() -> Iterator[Node]:
             resync_interval_s=3600,  # slices must follow a create/destroy at once, not at the next resync
             health_events=False,
         )
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()
         try:
             with FakeKubelet(config.kubelet_root) as kubelet:

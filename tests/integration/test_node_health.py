@@ -70,7 +70,7 @@ def _node(machine: str, version: str, root: Path) -> Iterator[Node]:
             state_dir=root / "state",
             resync_interval_s=0.2,  # a resync must not bring an unhealthy device back
         )
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()
         try:
             with FakeKubelet(config.kubelet_root) as kubelet:

@@ -30,7 +30,7 @@ def node() -> Iterator[tuple[NodeAgent, fakes.apiserver.ApiServer]]:
             state_dir=root / "state", resync_interval_s=3600, health_events=False,
             reservation_address="127.0.0.1:0", reservation_token="t0ken", mig_configs=load_mig_configs(None),
         )  # fmt: skip
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()
         try:
             yield agent, server

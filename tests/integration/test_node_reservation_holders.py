@@ -48,7 +48,7 @@ def node() -> Iterator[Node]:
         config = NodeConfig(node_name=NODE, driver_name=DRIVER, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                             state_dir=root / "state", resync_interval_s=3600, health_events=False,
                             reservation_address="127.0.0.1:0", reservation_token=TOKEN)
-        agent = NodeAgent(config, nvml, api=server.rest())
+        agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()
         try:
             with FakeKubelet(config.kubelet_root) as kubelet:

@@ -96,17 +96,13 @@ def kubeconfig(tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any] | N
     return str(path)
 
 
-def version(rest: Rest) -> str:
-    return rest.server_version()
-
-
 def test_inline_ca_and_client_certificate(server: TlsServer, tmp_path: Path) -> None:
     """The shape kubeadm and our control-plane tier write: everything base64 inside the file."""
     rest = connect(kubeconfig(
         tmp_path, {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
         {"client-certificate-data": _b64(server.pki.admin_cert), "client-key-data": _b64(server.pki.admin_key)},
     ))  # fmt: skip
-    assert version(rest) == "v1.37.2"
+    assert rest.server_version() == "v1.37.2"
     assert server.seen.client_names == ["admin"]
     assert server.seen.authorizations == [""]
     assert server.seen.user_agents[0].startswith("gpu-dra-agent/")  # the audit log says who wrote
@@ -116,13 +112,13 @@ def test_files_relative_to_the_kubeconfig_and_a_token_file_read_again(server: Tl
     (tmp_path / "token").write_text("first\n")
     rest = connect(kubeconfig(tmp_path, {"server": server.url, "certificate-authority": "pki/ca.crt"},
                               {"tokenFile": "token"}))
-    assert version(rest) == "v1.37.2"
+    assert rest.server_version() == "v1.37.2"
     (tmp_path / "token").write_text("second\n")  # rotated in place, as the kubelet does a projected token
     server.seen.refused.add("first")  # the server no longer takes the old one: the 401 makes us read again
     with pytest.raises(errors.ApiError) as refused:
-        version(rest)
+        rest.server_version()
     assert refused.value.status == 401
-    assert version(rest) == "v1.37.2"
+    assert rest.server_version() == "v1.37.2"
     assert server.seen.authorizations == ["Bearer first", "Bearer first", "Bearer second"]
 
 
@@ -155,11 +151,11 @@ def test_an_exec_plugin_token_is_fetched_again_when_refused(server: TlsServer, t
     expiring = "{'token': f'token-{n}', 'expirationTimestamp': '2999-01-01T00:00:00Z'}"
     plugin, counter = counting_plugin(tmp_path, expiring)
     rest = connect(exec_kubeconfig(tmp_path, server, plugin, "client.authentication.k8s.io/v1"))
-    assert version(rest) == "v1.37.2"
+    assert rest.server_version() == "v1.37.2"
     server.seen.refused.add("token-1")
     with pytest.raises(errors.ApiError):
-        version(rest)
-    assert version(rest) == "v1.37.2"
+        rest.server_version()
+    assert rest.server_version() == "v1.37.2"
     # run 1 at connect gave the first requests' token; run 2 came after the 401
     assert server.seen.authorizations == ["Bearer token-1", "Bearer token-1", "Bearer token-2"]
     assert counter.read_text() == "2"
@@ -174,7 +170,7 @@ def test_a_server_that_refuses_every_token_does_not_run_the_plugin_per_request(s
     rest = connect(exec_kubeconfig(tmp_path, server, plugin, "client.authentication.k8s.io/v1beta1"))
     for _ in range(5):
         with pytest.raises(errors.ApiError) as refused:
-            version(rest)
+            rest.server_version()
         assert refused.value.status == 401
     assert counter.read_text() == "2"
     assert server.seen.authorizations == ["Bearer token-1"] + ["Bearer token-2"] * 4
@@ -198,7 +194,7 @@ def test_several_kubeconfig_files_merge_as_kubectl_merges_them(server: TlsServer
         "users": [{"name": "u", "user": {"token": "from-second"}}],
     }))  # fmt: skip
     listed = os.pathsep.join([str(first / "config"), str(tmp_path / "missing"), str(second / "config")])
-    assert version(connect(listed)) == "v1.37.2"
+    assert connect(listed).server_version() == "v1.37.2"
     assert server.seen.authorizations == ["Bearer from-first"]
 
 
@@ -207,11 +203,11 @@ def test_a_server_certificate_signed_by_another_ca_is_refused(server: TlsServer,
     rest = connect(kubeconfig(tmp_path, {"server": server.url, "certificate-authority-data": _b64(other.ca_cert)},
                               {"token": "t"}))
     with pytest.raises(errors.ApiError) as refused:
-        version(rest)
+        rest.server_version()
     assert refused.value.status == 0 and "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
     insecure = connect(kubeconfig(tmp_path, {"server": server.url, "insecure-skip-tls-verify": True}, {"token": "t"}))
     with pytest.warns(InsecureRequestWarning):  # the operator chose it; the process still says so
-        assert version(insecure) == "v1.37.2"
+        assert insecure.server_version() == "v1.37.2"
 
 
 def test_in_cluster_reads_the_service_account(server: TlsServer, tmp_path: Path) -> None:
@@ -221,7 +217,7 @@ def test_in_cluster_reads_the_service_account(server: TlsServer, tmp_path: Path)
     (account / "ca.crt").write_bytes(server.pki.ca_cert.read_bytes())
     port = server.url.rsplit(":", 1)[1]
     rest = Rest(in_cluster(account, {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}))
-    assert version(rest) == "v1.37.2"
+    assert rest.server_version() == "v1.37.2"
     assert server.seen.authorizations == ["Bearer pod-token"]
     with pytest.raises(KubeconfigError, match="KUBERNETES_SERVICE_HOST"):
         in_cluster(account, {})
