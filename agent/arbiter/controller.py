@@ -75,6 +75,9 @@ class ArbiterConfig:
     driver: str = "gpu.nvidia.com"
     ttl_seconds: float = 30.0  # how long a node holds a reservation the arbiter has not confirmed
     period_s: float = 1.0  # a cycle at least this often; changes seen by the informers start one sooner
+    # a cycle starts at least this long after the previous one started: under churn (pods ending, claims freed,
+    # gangs arriving) the changes of a burst are decided in one cycle, not in one cycle each
+    cycle_gap_s: float = 0.5
     actions: tuple[str, ...] = DEFAULT_ACTIONS
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
@@ -248,11 +251,13 @@ class Arbiter:
         self.directory.close()
 
     def run(self, stop: threading.Event) -> None:
+        started = -math.inf
         while not stop.is_set():
             self._changed.wait(self.config.period_s)
-            self._changed.clear()
-            if stop.is_set():
+            if stop.wait(started + self.config.cycle_gap_s - time.monotonic()):
                 return
+            self._changed.clear()
+            started = time.monotonic()
             try:
                 self.cycle()
             except Exception:  # one bad cycle must not stop the arbiter: the next one starts from the API

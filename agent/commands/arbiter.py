@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
            help="seconds a node holds an unconfirmed reservation")
     option(p, "--period", env="PERIOD", type=float, default=1.0, metavar="SECONDS",
            help="seconds between cycles when nothing changes")
+    option(p, "--cycle-gap", env="CYCLE_GAP", type=float, default=0.5, metavar="SECONDS",
+           help="least seconds from one cycle's start to the next: changes arriving meanwhile are decided together")
     option(p, "--log-format", env="LOG_FORMAT", choices=logs.FORMATS, default="text", help="json or text")
     option(p, "--usage-half-life", env="USAGE_HALF_LIFE", type=float, default=None, metavar="SECONDS",
            help="time-aware fair share: past usage decays with this half-life and shifts the over-quota "
@@ -99,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--reservation-ttl", args.reservation_ttl), ("--period", args.period)):
         if not (math.isfinite(value) and value > 0):
             return _fail(f"{flag} must be a positive number of seconds, not {value}")
+    if not (math.isfinite(args.cycle_gap) and args.cycle_gap >= 0):
+        return _fail(f"--cycle-gap must be a number of seconds at or above 0, not {args.cycle_gap}")
     half_life = args.usage_half_life
     if half_life is not None and not (math.isfinite(half_life) and half_life > 0):
         return _fail("--usage-half-life must be a positive number of seconds")
@@ -134,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             if stop.is_set():
                 return 0
     config = ArbiterConfig(driver=args.driver_name, ttl_seconds=args.reservation_ttl, period_s=args.period,
+                           cycle_gap_s=args.cycle_gap,
                            usage_half_life_s=args.usage_half_life, k_value=args.usage_k_value,
                            placement=Placement(gpu=cast(GpuPolicy, args.gpu_placement)),
                            default_queue=args.default_queue or None)

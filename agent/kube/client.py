@@ -32,9 +32,10 @@ def _user_agent() -> str:
 # How the API server's audit log, metrics and `kubectl get events` name our writes.
 USER_AGENT = _user_agent()
 
-# HTTP connections kept per client. The arbiter's commit workers, informers and event writer share one client;
-# a connection beyond the pool is dropped after its request and the next one pays a new TLS handshake.
-POOL_CONNECTIONS = 64
+# HTTP connections kept per client (opened as needed). The arbiter's threads share one client: 64 commit
+# writers, 32 gang commits, 8 watches, the Event and Queue status writers; a connection beyond the pool is
+# dropped after its request (urllib3 warns "Connection pool is full") and the next one pays a TLS handshake.
+POOL_CONNECTIONS = 128
 
 
 class CredentialsError(Exception):

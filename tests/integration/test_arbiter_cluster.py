@@ -5,12 +5,15 @@ gang, reclaim across queues, and nothing lost when the arbiter is killed."""
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -278,6 +281,41 @@ def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
         pytest.fail("a second cycle failed")
     assert arbiter.flush_events()
     assert len([e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["name"] == "lost"]) == 1
+
+
+def test_a_burst_of_changes_is_decided_together_and_an_idle_arbiter_decides_at_once(cluster: FakeCluster) -> None:
+    # pods arriving every 0.2 s for 2.4 s: cycles start a cycle gap (1 s) apart, not one per change; a pod that
+    # arrives at an idle arbiter (its last cycle over a gap ago) is decided at once, not a gap later
+    arbiter = cluster.arbiter(ArbiterConfig(period_s=5.0, cycle_gap_s=1.0), start=False)
+    starts: list[float] = []
+    cycle = arbiter.cycle
+
+    def timed() -> Any:
+        starts.append(time.monotonic())
+        return cycle()
+
+    arbiter.cycle = timed  # type: ignore[method-assign]
+    stop = threading.Event()
+    loop = threading.Thread(target=arbiter.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: starts, what="the first cycle (the informers' lists are a change)")
+        time.sleep(1.5)
+        arrived = time.monotonic()
+        cluster.pod(NS, "alone", "team-a", 1)
+        wait_for(lambda: not gated(cluster.rest.get(PODS, NS, "alone")), what="the pod admitted")
+        assert time.monotonic() - arrived < 0.8
+        burst = len(starts)
+        for i in range(12):  # with the pod above: 13 of the 16 GPUs
+            cluster.pod(NS, f"burst-{i}", "team-a", 1)
+            time.sleep(0.2)
+        wait_for(lambda: len(running(cluster, "burst-")) == 12, what="the burst admitted")
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+    gaps = [b - a for a, b in itertools.pairwise(starts[burst - 1:])]
+    assert gaps and min(gaps) >= 0.99, gaps
+    assert len(gaps) < 8  # 12 arrivals (each a change, and more for each claim made): a handful of cycles
 
 
 def test_a_queue_with_a_missing_parent_stops_no_admission_and_says_why(cluster: FakeCluster) -> None:

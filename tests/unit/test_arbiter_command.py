@@ -33,3 +33,14 @@ def test_gpu_placement_flag_refuses_an_unknown_policy(tmp_path: pathlib.Path) ->
     with pytest.raises(SystemExit) as exit_:
         run(tmp_path, "--gpu-placement", "random")
     assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--cycle-gap", "-1"), "--cycle-gap must be a number of seconds at or above 0, not -1.0"),
+    (("--cycle-gap", "nan"), "--cycle-gap must be a number of seconds at or above 0, not nan"),
+    (("--period", "0"), "--period must be a positive number of seconds, not 0.0"),
+])
+def test_a_bad_cycle_timing_ends_the_process_with_one_sentence(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], message: str) -> None:
+    assert run(tmp_path, *flags) == 2
+    assert capsys.readouterr().err.strip().endswith(message)
