@@ -21,7 +21,7 @@ import pytest
 
 from agent.arbiter.committing import Committer
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.names import DELETE_PROTECTION, GATE
+from agent.arbiter.names import DELETE_PROTECTION, GATE, QUEUE_LABEL
 from agent.kube.errors import ApiError
 from agent.kube.rest import EVENTS, PODS, QUEUES, RESOURCE_CLAIMS
 from fakes.cluster import FakeCluster, wait_for
@@ -284,9 +284,10 @@ def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
 
 
 def test_a_burst_of_changes_is_decided_together_and_an_idle_arbiter_decides_at_once(cluster: FakeCluster) -> None:
-    # pods arriving every 0.2 s for 2.4 s: cycles start a cycle gap (1 s) apart, not one per change; a pod that
-    # arrives at an idle arbiter (its last cycle over a gap ago) is decided at once, not a gap later
-    arbiter = cluster.arbiter(ArbiterConfig(period_s=5.0, cycle_gap_s=1.0), start=False)
+    # a pod (its claim made beforehand) reaching an idle arbiter, whose last cycle started over a gap ago, is
+    # decided at once, not a gap later; then pods arriving every 0.25 s for 3 s: cycles start a cycle gap (2 s)
+    # apart, not one per change
+    arbiter = cluster.arbiter(ArbiterConfig(period_s=30.0, cycle_gap_s=2.0), start=False)
     starts: list[float] = []
     cycle = arbiter.cycle
 
@@ -299,22 +300,33 @@ def test_a_burst_of_changes_is_decided_together_and_an_idle_arbiter_decides_at_o
     loop = threading.Thread(target=arbiter.run, args=(stop,), daemon=True)
     loop.start()
     try:
-        wait_for(lambda: starts, what="the first cycle (the informers' lists are a change)")
-        time.sleep(1.5)
+        cluster.namespace(NS)
+        cluster.rest.create(RESOURCE_CLAIMS, NS, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "alone-gpu", "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}}})
+        # idle: no cycle started for longer than a gap (a change pending would have started one by then)
+        wait_for(lambda: starts and time.monotonic() - starts[-1] > 2.2, timeout=30, interval=0.1,
+                 what="an idle arbiter")
         arrived = time.monotonic()
-        cluster.pod(NS, "alone", "team-a", 1)
+        cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "alone", "namespace": NS, "labels": {QUEUE_LABEL: "team-a"}}, "spec": {
+            "containers": [{"name": "main", "image": "trainer:1", "resources": {"claims": [{"name": "gpus"}]}}],
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": "alone-gpu"}],
+            "schedulingGates": [{"name": GATE}]}})
         wait_for(lambda: not gated(cluster.rest.get(PODS, NS, "alone")), what="the pod admitted")
-        assert time.monotonic() - arrived < 0.8
+        assert time.monotonic() - arrived < 1.5, [round(t - arrived, 2) for t in starts]
         burst = len(starts)
         for i in range(12):  # with the pod above: 13 of the 16 GPUs
             cluster.pod(NS, f"burst-{i}", "team-a", 1)
-            time.sleep(0.2)
+            time.sleep(0.25)
         wait_for(lambda: len(running(cluster, "burst-")) == 12, what="the burst admitted")
     finally:
         stop.set()
         loop.join(timeout=10)
     gaps = [b - a for a, b in itertools.pairwise(starts[burst - 1:])]
-    assert gaps and min(gaps) >= 0.99, gaps
+    assert gaps and min(gaps) >= 1.99, gaps
     assert len(gaps) < 8  # 12 arrivals (each a change, and more for each claim made): a handful of cycles
 
 
