@@ -180,9 +180,10 @@ def test_daemonset_mounts_probes_and_identity() -> None:
     assert ctr["securityContext"]["privileged"] is True
 
 
-def test_dockerfile_runs_the_node_agent() -> None:
+def test_dockerfile_runs_the_node_agent_with_the_arbiter_core_compiled() -> None:
     text = (DAEMONSET / "Dockerfile").read_text()
-    assert "FROM python:3.11-slim" in text
+    assert "FROM python:3.11-slim AS build" in text and "python native/compile.py" in text
+    assert "COPY --from=build /wheels /wheels" in text
     assert "pip install" in text and 'ENTRYPOINT ["gpu-dra-agent", "node"]' in text
 
 
