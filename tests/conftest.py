@@ -9,6 +9,7 @@ import time
 import pytest
 from hypothesis import settings
 
+from native.compile import compiled, sources
 from tests.controlplane import build
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -40,30 +41,21 @@ settings.register_profile("explore", max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
-CORE = REPO / "agent" / "arbiter" / "core"
-
-
-def _compiled_core() -> list[pathlib.Path]:
-    """The extension modules `make compiled` (native/compile.py) left in the tree: the core's, and the shared
-    runtime holding all of their code."""
-    return sorted([*CORE.glob("*.so"), *CORE.parent.glob("core__mypyc*.so")])
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     # An extension module is imported ahead of its .py: a core source changed since its compile would not be the
     # code under test. `make test` recompiles first; a bare pytest must not test the old code unawares.
-    built = _compiled_core()
+    built = compiled()
     if not built:
         return
     oldest = min(p.stat().st_mtime for p in built)
-    changed = [p.name for p in sorted(CORE.glob("*.py")) if p.stat().st_mtime > oldest]
+    changed = [p.name for p in sources() if p.stat().st_mtime > oldest]
     if changed:
         pytest.exit(f"agent/arbiter/core was compiled before {', '.join(changed)} last changed: run `make compiled` "
                     "(or `python native/compile.py --clean` to run it interpreted)", returncode=2)
 
 
 def pytest_report_header() -> str:
-    return "arbiter core: " + ("compiled (mypyc)" if _compiled_core() else "interpreted")
+    return "arbiter core: " + ("compiled (mypyc)" if compiled() else "interpreted")
 
 
 @pytest.fixture(scope="session")
