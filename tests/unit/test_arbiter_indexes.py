@@ -12,7 +12,7 @@ from agent.arbiter.core.cluster import NodeSet
 from agent.arbiter.core.cycle import gc_paused
 from agent.arbiter.core.model import Vector
 from agent.arbiter.core.placing import place_chunk
-from agent.arbiter.core.session import Job, JobOrder, Queue, Session, queue_key, request_of
+from agent.arbiter.core.session import Job, JobOrder, Queue, QueueRank, Session, request_of
 from agent.arbiter.core.snapshot import parse_snapshot
 from tests.unit.test_arbiter_properties import snapshots
 from tests.unit.test_arbiter_support import cycle, doc, gang, job, node, pod, queue
@@ -65,8 +65,8 @@ class _ReRanked:
             candidate = self._best(child)
             if candidate is not None:
                 entry = min(self.waiting[candidate.queue])
-                key = queue_key(child, entry[3])
-                if best is None or key < best[0]:
+                key = QueueRank(child, entry[3])
+                if best is None or key.before(best[0]):
                     best = (key, candidate)
         return best[1] if best else None
 

@@ -8,7 +8,7 @@ from typing import Any
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.evict import eligible, may_reclaim, reclaimers_within_boundaries
 from agent.arbiter.core.model import MILLI
-from agent.arbiter.core.session import Session, queue_key
+from agent.arbiter.core.session import QueueRank, Session
 from agent.arbiter.core.snapshot import parse_snapshot
 from tests.unit.test_arbiter_support import GIB, cycle, doc, gang, job, node, placed, pod, queue
 
@@ -173,9 +173,10 @@ def test_equal_shares_with_the_job_fall_back_to_the_share_without_it() -> None:
     session = Session(parse_snapshot(doc([node("n", 8)], queues, jobs)))
     b, a = session.queues
     assert a.allocatable[0] == b.allocatable[0] == 4 * G
-    key_a, key_b = queue_key(a, (3.0 * G, 3000.0, 3 * GIB)), queue_key(b, (1.0 * G, 1000.0, GIB))
-    assert key_a[:5] == key_b[:5]  # equal up to the share with the job
-    assert key_a < key_b
+    key_a, key_b = QueueRank(a, (3.0 * G, 3000.0, 3 * GIB)), QueueRank(b, (1.0 * G, 1000.0, GIB))
+    tied = ("over", "outside", "priority", "penalised", "with_job")
+    assert [getattr(key_a, f) for f in tied] == [getattr(key_b, f) for f in tied]  # equal up to the share with it
+    assert key_a.before(key_b) and not key_b.before(key_a)
 
 
 def test_a_queue_with_no_allocatable_share_of_what_it_asks_for_goes_last() -> None:
@@ -185,7 +186,7 @@ def test_a_queue_with_no_allocatable_share_of_what_it_asks_for_goes_last() -> No
     jobs = [gang("run", "w", 2, node="n"), gang("wz", "z", 1, created=T0), gang("ww", "w", 1, created=LATER)]
     session = Session(parse_snapshot(doc([node("n", 4)], queues, jobs)))
     w, z = (next(q for q in session.queues if q.spec.name == n) for n in ("w", "z"))
-    assert queue_key(w, (1.0 * G, 0.0, 0.0)) < queue_key(z, (1.0 * G, 0.0, 0.0))
+    assert QueueRank(w, (1.0 * G, 0.0, 0.0)).before(QueueRank(z, (1.0 * G, 0.0, 0.0)))
 
 
 def test_the_weaker_allocatable_share_breaks_the_last_tie_before_age() -> None:
@@ -195,7 +196,7 @@ def test_the_weaker_allocatable_share_breaks_the_last_tie_before_age() -> None:
     session = Session(parse_snapshot(doc([node("n", 8)], queues, [gang("x", "big", 6), gang("y", "small", 2)])))
     big, small = session.queues
     zero = (0.0, 0.0, 0.0)
-    assert queue_key(small, zero) < queue_key(big, zero)
+    assert QueueRank(small, zero).before(QueueRank(big, zero))
 
 
 # -- rule 8: equally scored nodes in node-name order -------------------------------------------------------

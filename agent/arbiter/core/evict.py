@@ -39,10 +39,9 @@ from agent.arbiter.core.session import (
     JobOrder,
     Pod,
     Queue,
-    QueueKey,
+    QueueRank,
     Session,
     gpu_request,
-    queue_key,
     request_of,
 )
 
@@ -167,11 +166,17 @@ def _reallocate(session: Session, job: Job, chunk: Sequence[Pod], taken: list[Un
     chunk_request = request_of(chunk)
     requests = {id(unit): request_of(unit) for unit in taken}  # asked for again at every pick
 
-    def order(job: Job) -> tuple[QueueKey, tuple[int, int, float, int]]:
-        return queue_key(job.queue, requests[id(left[job][0])]), job.key()
+    def first() -> Job:
+        # queue order, then job order: the job whose next unit comes back first
+        ranked = [(QueueRank(j.queue, requests[id(units[0])]), j) for j, units in left.items()]
+        best_rank, best = ranked[0]
+        for rank, j in ranked[1:]:
+            if rank.before(best_rank) or (not best_rank.before(rank) and j.key() < best.key()):
+                best_rank, best = rank, j
+        return best
 
     while left:
-        victim = min(left, key=order)
+        victim = first()
         if not placed and _before(job, chunk_request, victim, requests[id(left[victim][0])]):
             if not place_chunk(session, job, chunk):
                 return False
@@ -186,9 +191,11 @@ def _before(a: Job, a_req: Vector, b: Job, b_req: Vector) -> bool:
     order inside one queue, else by the queue order of the two branches where they meet."""
     if a.queue is not b.queue:
         qa, qb = _meeting(a.queue, b.queue)
-        ka, kb = queue_key(qa, a_req), queue_key(qb, b_req)
-        if ka != kb:
-            return ka < kb
+        ka, kb = QueueRank(qa, a_req), QueueRank(qb, b_req)
+        if ka.before(kb):
+            return True
+        if kb.before(ka):
+            return False
     return a.key() < b.key()
 
 
@@ -263,15 +270,15 @@ def eligible(reclaimer: Queue, req: Sequence[float], victim: Queue) -> bool:
 
 
 class _Reversed:
-    """A queue key compared the other way round: victim queues in reverse queue order."""
+    """A queue rank compared the other way round: victim queues in reverse queue order."""
 
-    __slots__ = ("key",)
+    __slots__ = ("rank",)
 
-    def __init__(self, key: QueueKey) -> None:
-        self.key = key
+    def __init__(self, rank: QueueRank) -> None:
+        self.rank = rank
 
     def __lt__(self, other: _Reversed) -> bool:
-        return other.key < self.key
+        return other.rank.before(self.rank)
 
 
 def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue: dict[Queue, list[Job]]
@@ -294,7 +301,7 @@ def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue:
                     del pending[q]
                 else:
                     heads[q] = unit
-        ranked = sorted(heads, key=lambda q: _Reversed(queue_key(q, _ZERO)))
+        ranked = sorted(heads, key=lambda q: _Reversed(QueueRank(q, _ZERO)))
         picked = next((q for q in ranked if eligible(mine, req, q)), None)
         if picked is None:
             return

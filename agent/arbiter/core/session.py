@@ -28,7 +28,7 @@ Cause = Literal["reclaim", "preempt", "consolidate"]
 
 class Queue:
     __slots__ = ("alloc", "alloc_np", "allocatable", "fair", "heap", "index", "limit", "parent", "path",
-                 "priority", "quota", "quota_raw", "rank_allocatable", "spec")
+                 "priority", "quota", "quota_raw", "spec")
 
     def __init__(self, spec: QueueSpec, index: int) -> None:
         self.spec = spec
@@ -45,7 +45,6 @@ class Queue:
         # KAI's allocatable share: max(quota, fair share) capped by the limit (an unlimited quota: the limit, or
         # the cluster when there is none). The denominator of the dominant share; set with the fair shares.
         self.allocatable: Vector = (0.0, 0.0, 0.0)
-        self.rank_allocatable = AllocatableShare(self.allocatable)
         self.heap: list[_Entry] = []
 
 
@@ -55,8 +54,8 @@ _Entry = tuple[int, int, float, int, "Job", Vector]
 
 
 class Job:
-    __slots__ = ("_chunk", "_pending", "active", "gained", "index", "pods", "preemptible", "queue", "running",
-                 "spec")
+    __slots__ = ("_chunk", "_chunk_active", "_chunk_request", "_pending", "active", "gained", "index", "pods",
+                 "preemptible", "queue", "running", "spec")
 
     def __init__(self, spec: JobSpec, index: int, queue: Queue) -> None:
         self.spec = spec
@@ -68,9 +67,11 @@ class Job:
         self.running = 0  # pods running and not evicted: what a victim still has to give
         self.gained = 0  # pods bound or pipelined this cycle: such a job is no victim in the same cycle
         # caches, dropped whenever a pod leaves or re-enters pending (see `Session`); the chunk also depends on
-        # `active`, so it is kept with the value it was computed for
+        # `active`, so it is kept with the value it was computed for (-1: none)
         self._pending: list[Pod] | None = None
-        self._chunk: tuple[int, list[Pod] | None, Vector] | None = None
+        self._chunk: list[Pod] | None = None
+        self._chunk_request: Vector = (0.0, 0.0, 0.0)
+        self._chunk_active = -1
 
     def key(self) -> tuple[int, int, float, int]:
         """Job order inside a leaf: priority, then gangs below minMember before at-min before elastic growth,
@@ -86,18 +87,21 @@ class Job:
 
     def chunk(self) -> list[Pod] | None:
         """The pods to place next: the missing part of the gang, or one pod of elastic growth."""
-        cached = self._chunk
-        return (cached if cached is not None and cached[0] == self.active else self._next())[1]
+        if self._chunk_active != self.active:
+            self._next()
+        return self._chunk
 
     def chunk_request(self) -> Vector:
         """What the next chunk asks for in all (zero when there is no chunk)."""
-        cached = self._chunk
-        return (cached if cached is not None and cached[0] == self.active else self._next())[2]
+        if self._chunk_active != self.active:
+            self._next()
+        return self._chunk_request
 
     def pending_changed(self) -> None:
-        self._pending = self._chunk = None
+        self._pending = None
+        self._chunk_active = -1
 
-    def _next(self) -> tuple[int, list[Pod] | None, Vector]:
+    def _next(self) -> None:
         pending = self.pending()
         chunk: list[Pod] | None = None
         if pending:
@@ -106,8 +110,9 @@ class Job:
             else:
                 missing = self.spec.min_member - self.active
                 chunk = pending[:missing] if len(pending) >= missing else None
-        self._chunk = (self.active, chunk, request_of(chunk or ()))
-        return self._chunk
+        self._chunk = chunk
+        self._chunk_request = request_of(chunk or ())
+        self._chunk_active = self.active
 
 
 class Pod:
@@ -253,7 +258,6 @@ class Session:
                 else:
                     allocatable[r] = min(q.limit[r], max(raw, q.fair[r]))
             q.allocatable = (allocatable[0], allocatable[1], allocatable[2])
-            q.rank_allocatable = AllocatableShare(q.allocatable)
 
     # -- protections ------------------------------------------------------------------------------------
 
@@ -436,33 +440,64 @@ def request_of(pods: Iterable[Pod]) -> Vector:
     return (gpu, cpu, mem)
 
 
-class AllocatableShare:
-    """KAI's allocatable-share tie-break: a queue whose allocatable share is no larger in every resource and
-    smaller in one goes first (the "weaker" queue); otherwise the two are equal here. A partial order, so it
-    is spelled as `==` (neither dominates) and `<` (dominates downward) for the tuple comparison of `QueueKey`
-    (queue_order.go prioritizeBasedOnAllocatableShare)."""
+class QueueRank:
+    """A queue's place in queue order, KAI's (queue_order.go GetQueueOrderResult), with its tie-breaks in KAI's
+    order: over-served queues (above fair share in every resource) last; a job that keeps its queue within quota
+    first; higher priority; a queue that would use a resource it has no allocatable share of last; smaller
+    dominant share of the allocatable share with the job, then without it; the weaker allocatable share (no
+    larger in every resource and smaller in one: a partial order, so two shares neither weaker tie); the older
+    queue. A class with plain fields rather than a tuple: a compiled core compares it in C, and a cycle ranks
+    queues at every pop of every action."""
 
-    __slots__ = ("share",)
+    __slots__ = ("allocatable", "index", "outside", "over", "penalised", "priority", "with_job", "without_job")
 
-    def __init__(self, share: Vector) -> None:
-        self.share = share
+    def __init__(self, q: Queue, req: Sequence[float]) -> None:
+        """`q`'s rank with a job asking `req`."""
+        alloc, fair, quota, allocatable = q.alloc, q.fair, q.quota, q.allocatable
+        self.over = alloc[0] > fair[0] + EPS and alloc[1] > fair[1] + EPS and alloc[2] > fair[2] + EPS
+        within = True
+        penalised = False
+        want = [0.0, 0.0, 0.0]
+        for r in (0, 1, 2):
+            w = alloc[r] + req[r]
+            want[r] = w
+            if w > quota[r] + EPS:
+                within = False
+            if allocatable[r] <= 0 and w > EPS:
+                penalised = True
+        self.outside = not within
+        self.priority = q.priority
+        self.penalised = penalised
+        self.with_job = _dominant_share(want, allocatable)
+        self.without_job = _dominant_share(alloc, allocatable)
+        self.allocatable = allocatable
+        self.index = q.index
 
-    def __lt__(self, other: AllocatableShare) -> bool:
-        a, b = self.share, other.share
-        return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
+    def before(self, other: QueueRank) -> bool:
+        if self.over != other.over:
+            return other.over
+        if self.outside != other.outside:
+            return other.outside
+        if self.priority != other.priority:
+            return self.priority > other.priority
+        if self.penalised != other.penalised:
+            return other.penalised
+        if self.with_job != other.with_job:
+            return self.with_job < other.with_job
+        if self.without_job != other.without_job:
+            return self.without_job < other.without_job
+        if _weaker(self.allocatable, other.allocatable):
+            return True
+        if _weaker(other.allocatable, self.allocatable):
+            return False
+        return self.index < other.index
 
-    def __gt__(self, other: AllocatableShare) -> bool:
-        return other < self
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, AllocatableShare) and not (self < other or other < self)
-
-    __hash__ = None  # type: ignore[assignment]
+def _weaker(a: Vector, b: Vector) -> bool:
+    """KAI prioritizeBasedOnAllocatableShare: no larger in every resource, smaller in one."""
+    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and (a[0] < b[0] or a[1] < b[1] or a[2] < b[2])
 
 
-# (over-served, outside quota with the job, -priority, uses a resource with no allocatable share, dominant
-# share with the job, dominant share without it, allocatable share, creation order)
-QueueKey = tuple[bool, bool, int, bool, float, float, AllocatableShare, int]
 _UNIT = (1.0 / MILLI, 1.0, 1e-6)  # KAI's units: GPUs, millicores, megabytes
 _NO_SHARE = 1000.0  # KAI noFairShareDrfMultiplier: use of a resource with a zero allocatable share
 
@@ -476,28 +511,7 @@ def _dominant_share(alloc: Sequence[float], allocatable: Vector) -> float:
     return share
 
 
-def queue_key(q: Queue, req: Sequence[float]) -> QueueKey:
-    """Queue order, KAI's (queue_order.go GetQueueOrderResult), in its order of tie-breaks: over-served queues
-    (above fair share in every resource) last; a job that keeps its queue within quota first; higher priority;
-    a queue that would use a resource it has no allocatable share of last; smaller dominant share of the
-    allocatable share with the job, then without it; the weaker allocatable share; the older queue."""
-    alloc, fair, quota, allocatable = q.alloc, q.fair, q.quota, q.allocatable
-    over = alloc[0] > fair[0] + EPS and alloc[1] > fair[1] + EPS and alloc[2] > fair[2] + EPS
-    within = True
-    penalised = False
-    want = [0.0, 0.0, 0.0]
-    for r in (0, 1, 2):
-        w = alloc[r] + req[r]
-        want[r] = w
-        if w > quota[r] + EPS:
-            within = False
-        if allocatable[r] <= 0 and w > EPS:
-            penalised = True
-    return (over, not within, -q.priority, penalised, _dominant_share(want, allocatable),
-            _dominant_share(alloc, allocatable), q.rank_allocatable, q.index)
-
-
-Ranked = tuple[Job, Vector, QueueKey]  # a subtree's best job, its request, the key
+Ranked = tuple[Job, Vector, QueueRank]  # a subtree's best job, its request, the key
 
 
 class JobOrder:
@@ -556,14 +570,14 @@ class JobOrder:
         if q is not None and not kids:
             if q.heap:
                 top = q.heap[0]
-                found = (top[4], top[5], queue_key(q, top[5]))
+                found = (top[4], top[5], QueueRank(q, top[5]))
         else:
             for child in kids:
                 candidate = best[child] if child in best else self._best(child)
-                if candidate is not None and (found is None or candidate[2] < found[2]):
+                if candidate is not None and (found is None or candidate[2].before(found[2])):
                     found = candidate
             if found is not None and q is not None:
-                found = (found[0], found[1], queue_key(q, found[1]))
+                found = (found[0], found[1], QueueRank(q, found[1]))
         best[q] = found
         return found
 
