@@ -15,17 +15,20 @@ by rescanning its node: actions try (and undo) tens of thousands of moves per cy
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import NamedTuple
 
 from agent.arbiter.core.fragments import NO_FIT, Shape, ShapeScores, workload_mix
 from agent.arbiter.core.model import MILLI, NodeSpec, Placement, PodSpec
 
 
-class Seat(NamedTuple):
-    """Where a pod sits: a node and the GPU indices it uses (one index for a fractional pod)."""
+class Seat:
+    """Where a pod sits: a node and the GPU indices it uses (one index for a fractional pod). A plain class, not
+    a NamedTuple: a compiled core builds one natively, where a NamedTuple's constructor runs as Python."""
 
-    node: int
-    gpus: tuple[int, ...]
+    __slots__ = ("gpus", "node")
+
+    def __init__(self, node: int, gpus: tuple[int, ...]) -> None:
+        self.node = node
+        self.gpus = gpus
 
 
 class NodeSet:

@@ -12,7 +12,7 @@ import heapq
 import math
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from agent.arbiter.core.cluster import Cluster, Node, Seat
 from agent.arbiter.core.fairshare import fair_shares
@@ -24,6 +24,7 @@ _NAME = attrgetter("name")
 _TASK_ORDER = attrgetter("task_priority", "gpu_milli")
 State = Literal["running", "pending", "releasing", "bound", "pipelined", "evicted"]
 Cause = Literal["reclaim", "preempt", "consolidate"]
+OpKind = Literal["bind", "pipeline", "evict", "move", "restore", "demote"]
 
 
 class Queue:
@@ -133,11 +134,16 @@ class Pod:
         self.evicted_for: Job | None = None  # the gang its eviction makes room for (the Event names it)
 
 
-class _Op(NamedTuple):
-    kind: Literal["bind", "pipeline", "evict", "move", "restore", "demote"]
-    pod: Pod
-    seat: Seat | None
-    cause: Cause | None = None  # restore: the eviction's cause, back if the restore is undone
+class _Op:
+    """One logged statement, undone by `Session.rollback` (a plain class: see `Seat`)."""
+
+    __slots__ = ("cause", "kind", "pod", "seat")
+
+    def __init__(self, kind: OpKind, pod: Pod, seat: Seat, cause: Cause | None = None) -> None:
+        self.kind = kind
+        self.pod = pod
+        self.seat = seat
+        self.cause = cause  # restore: the eviction's cause, back if the restore is undone
 
 
 class Session:
@@ -379,8 +385,7 @@ class Session:
         self.log.append(_Op("bind" if state == "bound" else "pipeline", pod, seat))
 
     def _undo(self, op: _Op) -> None:
-        kind, pod, seat, cause = op
-        assert seat is not None
+        kind, pod, seat, cause = op.kind, op.pod, op.seat, op.cause
         occupy = self.cluster.occupy
         if kind == "evict":
             occupy(pod.spec, seat, now=False, after=True, sign=1)
@@ -451,25 +456,18 @@ class QueueRank:
 
     __slots__ = ("allocatable", "index", "outside", "over", "penalised", "priority", "with_job", "without_job")
 
-    def __init__(self, q: Queue, req: Sequence[float]) -> None:
+    def __init__(self, q: Queue, req: Vector) -> None:
         """`q`'s rank with a job asking `req`."""
         alloc, fair, quota, allocatable = q.alloc, q.fair, q.quota, q.allocatable
-        self.over = alloc[0] > fair[0] + EPS and alloc[1] > fair[1] + EPS and alloc[2] > fair[2] + EPS
-        within = True
-        penalised = False
-        want = [0.0, 0.0, 0.0]
-        for r in (0, 1, 2):
-            w = alloc[r] + req[r]
-            want[r] = w
-            if w > quota[r] + EPS:
-                within = False
-            if allocatable[r] <= 0 and w > EPS:
-                penalised = True
-        self.outside = not within
+        a0, a1, a2 = alloc[0], alloc[1], alloc[2]
+        w0, w1, w2 = a0 + req[0], a1 + req[1], a2 + req[2]
+        self.over = a0 > fair[0] + EPS and a1 > fair[1] + EPS and a2 > fair[2] + EPS
+        self.outside = w0 > quota[0] + EPS or w1 > quota[1] + EPS or w2 > quota[2] + EPS
         self.priority = q.priority
-        self.penalised = penalised
-        self.with_job = _dominant_share(want, allocatable)
-        self.without_job = _dominant_share(alloc, allocatable)
+        self.penalised = ((allocatable[0] <= 0 and w0 > EPS) or (allocatable[1] <= 0 and w1 > EPS)
+                          or (allocatable[2] <= 0 and w2 > EPS))
+        self.with_job = _dominant_share(w0, w1, w2, allocatable)
+        self.without_job = _dominant_share(a0, a1, a2, allocatable)
         self.allocatable = allocatable
         self.index = q.index
 
@@ -498,17 +496,22 @@ def _weaker(a: Vector, b: Vector) -> bool:
     return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and (a[0] < b[0] or a[1] < b[1] or a[2] < b[2])
 
 
-_UNIT = (1.0 / MILLI, 1.0, 1e-6)  # KAI's units: GPUs, millicores, megabytes
 _NO_SHARE = 1000.0  # KAI noFairShareDrfMultiplier: use of a resource with a zero allocatable share
 
 
-def _dominant_share(alloc: Sequence[float], allocatable: Vector) -> float:
-    share = 0.0
-    for r in (0, 1, 2):
-        base = allocatable[r]
-        value = alloc[r] / base if base > 0 else alloc[r] * _UNIT[r] * _NO_SHARE
-        share = value if value > share else share  # max() costs a call on this hot path
-    return share
+def _dominant_share(gpu: float, cpu: float, mem: float, allocatable: Vector) -> float:
+    """The largest share of the allocatable share, each resource in KAI's units (GPUs, millicores, megabytes)
+    where that share is zero."""
+    g = _share(gpu, allocatable[0], 1.0 / MILLI)
+    c = _share(cpu, allocatable[1], 1.0)
+    m = _share(mem, allocatable[2], 1e-6)
+    top = g if g > 0.0 else 0.0  # max() costs a call on this hot path
+    top = c if c > top else top
+    return m if m > top else top
+
+
+def _share(used: float, base: float, unit: float) -> float:
+    return used / base if base > 0 else used * unit * _NO_SHARE
 
 
 Ranked = tuple[Job, Vector, QueueRank]  # a subtree's best job, its request, the key
