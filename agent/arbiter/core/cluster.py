@@ -66,7 +66,7 @@ class NodeSet:
 
 class Node:
     __slots__ = ("after_free", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index", "mem_after",
-                 "mem_now", "partial", "releases", "shape", "spec", "whole_free")
+                 "mem_now", "partial", "releases", "shape", "shape_id", "spec", "whole_free")
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
@@ -78,11 +78,13 @@ class Node:
         listed = {i for d in spec.nvlink_domains for i in d}
         self.domains = list(spec.nvlink_domains) + [(i,) for i in range(spec.gpus) if i not in listed]
         self.releases = 0  # pods on this node whose release is pending (releasing or evicted this cycle)
-        # counters kept up to date GPU by GPU as pods come and go, so no change rescans the node
-        self.whole_free = spec.gpus  # GPUs empty now and after: bindable whole
-        self.after_free = spec.gpus  # GPUs empty after pending releases: promisable whole
+        # counters kept up to date GPU by GPU as pods come and go, so no change rescans the node (set by
+        # `Cluster.index` once the pods placed before the cycle are loaded)
+        self.whole_free = 0  # GPUs empty now and after: bindable whole
+        self.after_free = 0  # GPUs empty after pending releases: promisable whole
         self.partial = 0  # (GPU, layer) pairs partly used: the node has room for fractional pods
-        self.shape: Shape = (0,) * spec.gpus  # milli used per GPU after pending releases, sorted (fgd)
+        self.shape: Shape = ()  # milli used per GPU after pending releases, sorted (fgd)
+        self.shape_id = -1  # its number in `Cluster.shapes`
 
     def selects(self, pod: PodSpec) -> bool:
         if not pod.node_selector:
@@ -92,32 +94,68 @@ class Node:
 
 
 class Cluster:
+    """Built in two steps: the pods placed before the cycle are `load`ed into the layers, then `index` builds the
+    counters and node sets from them at once (a pod at a time, a 4,000-node cluster's 24,000 pods would each
+    move their node between sets)."""
+
     def __init__(self, nodes: Sequence[NodeSpec], placement: Placement, workload: Iterable[int] = ()) -> None:
         """`workload`: every pod's GPU milli, what fgd measures fragmentation against (read only under fgd)."""
         self.nodes = [Node(spec, i) for i, spec in enumerate(sorted(nodes, key=lambda n: n.name))]
         self.by_name = {n.spec.name: n.index for n in self.nodes}
         self.placement = placement
         self.scores = ShapeScores(workload_mix(workload)) if placement.gpu == "fgd" else None
-        self.by_shape: dict[Shape, NodeSet] = {}  # fgd only
-        if self.scores is not None:
-            for n in self.nodes:
-                self.by_shape.setdefault(n.shape, NodeSet()).add(n.index)
+        # fgd only: every shape seen, numbered; the nodes of each shape present; and shape changes, one GPU's
+        # milli from old to new, as (shape, old, new) -> shape, so a change looks up one integer
+        self.shapes: list[Shape] = []
+        self._shape_ids: dict[Shape, int] = {}
+        self._steps: dict[int, int] = {}
+        self.by_shape: dict[int, NodeSet] = {}
         top = max((n.spec.gpus for n in self.nodes), default=0)
-        self.buckets = [NodeSet() for _ in range(top + 1)]
-        for n in self.nodes:
-            self.buckets[n.whole_free].add(n.index)
+        self.buckets = [NodeSet() for _ in range(top + 1)]  # by whole_free
         self.shared = NodeSet()  # nodes with a partly used GPU
         self.releasing = NodeSet()  # nodes with pending releases: room for pipelining
         self.releasing_buckets = [NodeSet() for _ in range(top + 1)]  # by after_free
-        self.gpu_after_free = sum(n.spec.gpus for n in self.nodes) * MILLI
+        self.gpu_after_free = 0
+
+    def load(self, pod: PodSpec, seat: Seat, running: bool) -> None:
+        """A pod placed before the cycle takes its seat: now, and after releases too when it keeps running."""
+        node = self.nodes[seat.node]
+        share = _share(pod)
+        node.cpu_now -= pod.cpu_milli
+        node.mem_now -= pod.mem_bytes
+        if running:
+            node.cpu_after -= pod.cpu_milli
+            node.mem_after -= pod.mem_bytes
+        for g in seat.gpus:
+            node.gpu_now[g] += share
+            if running:
+                node.gpu_after[g] += share
+
+    def index(self) -> None:
+        """The counters and node sets, from the layers as loaded."""
+        fgd = self.scores is not None
+        for node in self.nodes:
+            bit = 1 << node.index
+            pairs = list(zip(node.gpu_now, node.gpu_after, strict=True))
+            node.whole_free = sum(1 for a, b in pairs if a == 0 and b == 0)
+            node.after_free = node.gpu_after.count(0)
+            node.partial = sum((0 < a < MILLI) + (0 < b < MILLI) for a, b in pairs)
+            self.buckets[node.whole_free].bits |= bit
+            if node.partial:
+                self.shared.bits |= bit
+            if fgd:
+                node.shape_id = self._shape_id(tuple(sorted(node.gpu_after)))
+                node.shape = self.shapes[node.shape_id]
+                members = self.by_shape.setdefault(node.shape_id, NodeSet())
+                members.bits |= bit
+            self.gpu_after_free += node.spec.gpus * MILLI - sum(node.gpu_after)
 
     # -- accounting -------------------------------------------------------------------------------------
 
     def occupy(self, pod: PodSpec, seat: Seat, now: bool, after: bool, sign: int) -> None:
         """Take (sign 1) or give back (sign -1) a pod's resources in the given layers."""
         node = self.nodes[seat.node]
-        milli = pod.gpu_milli
-        share = sign * (milli if 0 < milli < MILLI else MILLI)  # a whole-GPU pod fills each of its devices
+        share = sign * _share(pod)
         if now:
             node.cpu_now -= sign * pod.cpu_milli
             node.mem_now -= sign * pod.mem_bytes
@@ -146,7 +184,7 @@ class Cluster:
             partial += (0 < a < MILLI) + (0 < b < MILLI)
         self._reindex(node, whole, after_free, partial)
         if after and self.scores is not None:
-            self._reshape(node, tuple(sorted(gpu_after)))
+            self._reshape(node, seat.gpus, share)
 
     def mark_release(self, node_index: int, sign: int) -> None:
         node = self.nodes[node_index]
@@ -178,20 +216,46 @@ class Cluster:
                 self.shared.bits &= ~bit
         node.partial = partial
 
-    def _reshape(self, node: Node, shape: Shape) -> None:
-        if shape != node.shape:
+    def _reshape(self, node: Node, gpus: tuple[int, ...], share: int) -> None:
+        """The node's `gpus` changed by `share` milli after releases: its shape, and the shape's node set, follow."""
+        sid = node.shape_id
+        after = node.gpu_after
+        for g in gpus:
+            sid = self._step(sid, after[g] - share, after[g])
+        if sid != node.shape_id:
             by_shape = self.by_shape
             bit = 1 << node.index
-            old = by_shape[node.shape]
+            old = by_shape[node.shape_id]
             old.bits &= ~bit
             if not old.bits:
-                del by_shape[node.shape]
-            members = by_shape.get(shape)
+                del by_shape[node.shape_id]
+            members = by_shape.get(sid)
             if members is None:
-                by_shape[shape] = NodeSet(bit)
+                by_shape[sid] = NodeSet(bit)
             else:
                 members.bits |= bit
-            node.shape = shape
+            node.shape_id, node.shape = sid, self.shapes[sid]
+
+    def _step(self, sid: int, old: int, new: int) -> int:
+        """The shape `sid` with one GPU's milli changed from `old` to `new`."""
+        cacheable = 0 <= old <= MILLI and 0 <= new <= MILLI  # so the key names one change only
+        key = (sid * _SPAN + old) * _SPAN + new
+        step = self._steps.get(key) if cacheable else None
+        if step is None:
+            shape = list(self.shapes[sid])
+            shape[shape.index(old)] = new
+            shape.sort()
+            step = self._shape_id(tuple(shape))
+            if cacheable:
+                self._steps[key] = step
+        return step
+
+    def _shape_id(self, shape: Shape) -> int:
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = len(self.shapes)
+            self.shapes.append(shape)
+        return sid
 
     # -- finding room -----------------------------------------------------------------------------------
 
@@ -248,10 +312,11 @@ class Cluster:
         """Node indices among `pool` (bits), best-scoring shape first and equal scores in node-name order: each
         shape present is scored once and the nodes of equally scored shapes are merged as bit masks."""
         ranked: dict[int, int] = {}  # score -> the nodes (bits) of every shape scoring so
-        for shape, members in self.by_shape.items():
+        shapes = self.shapes
+        for sid, members in self.by_shape.items():
             bits = members.bits & pool
             if bits:
-                score = score_of(shape)
+                score = score_of(shapes[sid])
                 if score != NO_FIT:
                     ranked[score] = ranked.get(score, 0) | bits
         for score in sorted(ranked, reverse=True):
@@ -369,3 +434,11 @@ class Cluster:
                     best, best_free = Seat(i, ()), free
         return best
 
+
+_SPAN = MILLI + 1  # the values one GPU's milli takes: 0..MILLI
+
+
+def _share(pod: PodSpec) -> int:
+    """The milli a pod takes on each GPU of its seat: a whole-GPU pod fills each of its devices."""
+    milli = pod.gpu_milli
+    return milli if 0 < milli < MILLI else MILLI

@@ -189,7 +189,9 @@ class Session:
         # fractional pods with a known GPU first, so whole-GPU pods take the devices nobody shares
         placed.sort(key=lambda p: (p.spec.gpu_index is None, p.spec.fractional))
         held: dict[tuple[int, int], list[int]] = {}  # (job, node) -> GPUs the job's pods hold there
-        nodes, by_name = self.cluster.nodes, self.cluster.by_name
+        cluster = self.cluster
+        nodes, by_name = cluster.nodes, cluster.by_name
+        releasing: list[int] = []
         for pod in placed:
             node = nodes[by_name[pod.spec.node or ""]]
             running = pod.spec.status == "Running"
@@ -198,16 +200,19 @@ class Session:
             if seat is None:
                 raise SnapshotError(f"pod {pod.spec.name!r} does not fit on node {node.spec.name!r} beside the "
                                     "other pods placed there.")
-            self.cluster.occupy(pod.spec, seat, now=True, after=running, sign=1)
+            cluster.load(pod.spec, seat, running)
             pod.seat = seat
             pod.state = pod.was = "running" if running else "releasing"
             if running:
                 pod.job.running += 1
                 self._account(pod, 1)
             else:
-                self.cluster.mark_release(seat.node, 1)
+                releasing.append(seat.node)
             self.node_pods[seat.node].append(pod)
             held.setdefault(where, []).extend(seat.gpus)
+        cluster.index()
+        for n in releasing:
+            cluster.mark_release(n, 1)
 
     @staticmethod
     def _initial_seat(pod: Pod, node: Node, held: Sequence[int]) -> Seat | None:
