@@ -56,7 +56,7 @@ class _ReRanked:
         return found
 
     def _best(self, q: Queue | None) -> Job | None:
-        kids = self.session.children.get(q, [])
+        kids = q.children if q is not None else self.session.tops
         if q is not None and not kids:
             entries = self.waiting.get(q)
             return min(entries)[2] if entries else None

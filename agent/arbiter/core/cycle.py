@@ -174,7 +174,7 @@ def _result(session: Session, snapshot: Snapshot) -> CycleResult:
         for p in session.pods if p.state == "evicted" and p.cause is not None
     )
     admissions = []
-    pending: dict[str, int] = {q.spec.name: 0 for q in session.queues if not session.children.get(q)}
+    pending: dict[str, int] = {q.spec.name: 0 for q in session.queues if not q.children}
     for job in session.jobs:
         before = sum(1 for p in job.pods if p.was == "running")
         bound = [p for p in job.pods if p.state in ("running", "bound")]

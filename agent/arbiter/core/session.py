@@ -28,14 +28,15 @@ OpKind = Literal["bind", "pipeline", "evict", "move", "restore", "demote"]
 
 
 class Queue:
-    __slots__ = ("alloc", "alloc_np", "allocatable", "fair", "heap", "index", "limit", "parent", "path",
-                 "priority", "quota", "quota_raw", "spec")
+    __slots__ = ("alloc", "alloc_np", "allocatable", "children", "fair", "heap", "index", "limit", "parent",
+                 "path", "priority", "quota", "quota_raw", "ranked", "ranked_valid", "spec")
 
     def __init__(self, spec: QueueSpec, index: int) -> None:
         self.spec = spec
         self.index = index
         self.priority = spec.priority
         self.parent: Queue | None = None
+        self.children: list[Queue] = []
         self.path: tuple[Queue, ...] = ()  # self, parent, ..., top-level queue
         self.alloc = [0.0, 0.0, 0.0]
         self.alloc_np = [0.0, 0.0, 0.0]  # held by non-preemptible jobs
@@ -47,6 +48,9 @@ class Queue:
         # the cluster when there is none). The denominator of the dominant share; set with the fair shares.
         self.allocatable: Vector = (0.0, 0.0, 0.0)
         self.heap: list[_Entry] = []
+        # JobOrder's cache: the subtree's best waiting job, ranked as this queue, while `ranked_valid`
+        self.ranked: Ranked | None = None
+        self.ranked_valid = False
 
 
 # a waiting job in its leaf's heap: the job key (its fields; the job index makes it unique), the job, and the
@@ -161,16 +165,20 @@ class Session:
                 path.append(cur)
                 cur = cur.parent
             q.path = tuple(path)
-        self.children: dict[Queue | None, list[Queue]] = {}
+        self.tops: list[Queue] = []  # the top-level queues
         for q in self.queues:
-            self.children.setdefault(q.parent, []).append(q)
+            (q.parent.children if q.parent is not None else self.tops).append(q)
         self.jobs = [Job(j, i, by_name[j.queue]) for i, j in enumerate(snapshot.jobs)]
         self.pods: list[Pod] = []
         self.node_pods: list[list[Pod]] = [[] for _ in self.cluster.nodes]
         for job in self.jobs:
-            # task priority, then size, both descending; then name (two stable sorts, no per-pod key tuple)
+            # task priority, then size, both descending; then name (two stable sorts, no per-pod key tuple; the
+            # second only where the pods differ, as a gang's usually do not)
             specs = sorted(job.spec.pods, key=_NAME)
-            specs.sort(key=_TASK_ORDER, reverse=True)
+            first = specs[0] if specs else None
+            if first is not None and any(p.task_priority != first.task_priority or p.gpu_milli != first.gpu_milli
+                                         for p in specs):
+                specs.sort(key=_TASK_ORDER, reverse=True)
             job.pods = [Pod(p, job) for p in specs]
             self.pods.extend(job.pods)
         self.now = snapshot.now
@@ -186,8 +194,10 @@ class Session:
 
     def _load_placed(self) -> None:
         placed = [p for p in self.pods if p.spec.node is not None]
-        # fractional pods with a known GPU first, so whole-GPU pods take the devices nobody shares
-        placed.sort(key=lambda p: (p.spec.gpu_index is None, p.spec.fractional))
+        # fractional pods with a known GPU first, so whole-GPU pods take the devices nobody shares (a stable sort,
+        # needed only where some pod shares a GPU)
+        if any(p.spec.fractional or p.spec.gpu_index is not None for p in placed):
+            placed.sort(key=lambda p: (p.spec.gpu_index is None, p.spec.fractional))
         held: dict[tuple[int, int], list[int]] = {}  # (job, node) -> GPUs the job's pods hold there
         cluster = self.cluster
         nodes, by_name = cluster.nodes, cluster.by_name
@@ -233,9 +243,9 @@ class Session:
         if len(free) < count:
             return None
         domains = node.domains
-        if held and len(domains) > 1:  # the domain that already holds some of the gang first
-            mine = set(held)
-            domains = sorted(domains, key=mine.isdisjoint)
+        if held and len(domains) > 1:  # the domains that already hold some of the gang first, in order
+            ours = [d for d in domains if any(g in held for g in d)]
+            domains = ours + [d for d in domains if d not in ours]
         for domain in domains:
             fitting = [g for g in domain if used[g] == 0]
             if len(fitting) >= count:
@@ -531,11 +541,13 @@ class JobOrder:
         self.session = session
         for q in session.queues:
             q.heap = []
+            q.ranked_valid = False
         for job in jobs:
             job.queue.heap.append(self._entry(job))
         for q in session.queues:
             heapq.heapify(q.heap)  # entries are unique (job index), so the pop order is the push order's
-        self.best: dict[Queue | None, Ranked | None] = {}
+        self.best: Ranked | None = None  # over the whole tree
+        self.best_valid = False
         session.dirty.clear()
 
     def push(self, job: Job) -> None:
@@ -551,10 +563,12 @@ class JobOrder:
 
     def pop(self) -> Job | None:
         self._invalidate()
-        best = self._best(None)
-        if best is None:
+        if not self.best_valid:
+            self.best = self._first(self.session.tops)
+            self.best_valid = True
+        if self.best is None:
             return None
-        job = best[0]
+        job = self.best[0]
         heapq.heappop(job.queue.heap)
         self.session.dirty.add(job.queue)
         return job
@@ -562,31 +576,32 @@ class JobOrder:
     def _invalidate(self) -> None:
         dirty = self.session.dirty
         if dirty:
-            best = self.best
             for q in dirty:
                 for a in q.path:
-                    best.pop(a, None)
-            best.pop(None, None)
+                    a.ranked_valid = False
+            self.best_valid = False
             dirty.clear()
 
-    def _best(self, q: Queue | None) -> Ranked | None:
-        best = self.best
-        if q in best:
-            return best[q]
-        kids = self.session.children.get(q, [])
+    def _first(self, queues: list[Queue]) -> Ranked | None:
+        """The best of the queues' best jobs, by each queue's rank."""
         found: Ranked | None = None
-        if q is not None and not kids:
+        for q in queues:
+            candidate = q.ranked if q.ranked_valid else self._rank(q)
+            if candidate is not None and (found is None or candidate[2].before(found[2])):
+                found = candidate
+        return found
+
+    def _rank(self, q: Queue) -> Ranked | None:
+        found: Ranked | None = None
+        if not q.children:
             if q.heap:
                 top = q.heap[0]
                 found = (top[4], top[5], QueueRank(q, top[5]))
         else:
-            for child in kids:
-                candidate = best[child] if child in best else self._best(child)
-                if candidate is not None and (found is None or candidate[2].before(found[2])):
-                    found = candidate
-            if found is not None and q is not None:
-                found = (found[0], found[1], QueueRank(q, found[1]))
-        best[q] = found
+            best = self._first(q.children)
+            if best is not None:
+                found = (best[0], best[1], QueueRank(q, best[1]))
+        q.ranked, q.ranked_valid = found, True
         return found
 
 
