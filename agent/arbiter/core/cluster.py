@@ -65,12 +65,16 @@ class NodeSet:
 
 
 class Node:
-    __slots__ = ("after_free", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index", "mem_after",
-                 "mem_now", "partial", "releases", "shape", "shape_id", "spec", "whole_free")
+    __slots__ = ("after_free", "bit", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index",
+                 "mem_after", "mem_now", "partial", "releases", "shape", "shape_id", "spec", "unbit", "whole_free")
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
         self.index = index
+        # its bit in a NodeSet, and every bit but it: made once, as the sets change at every pod that comes or
+        # goes, and on a large cluster each is a many-word integer
+        self.bit = 1 << index
+        self.unbit = ~self.bit
         self.cpu_now = self.cpu_after = spec.cpu_milli
         self.mem_now = self.mem_after = spec.mem_bytes
         self.gpu_now = [0] * spec.gpus  # milli-GPUs used, per device
@@ -135,7 +139,7 @@ class Cluster:
         """The counters and node sets, from the layers as loaded."""
         fgd = self.scores is not None
         for node in self.nodes:
-            bit = 1 << node.index
+            bit = node.bit
             pairs = list(zip(node.gpu_now, node.gpu_after, strict=True))
             node.whole_free = sum(1 for a, b in pairs if a == 0 and b == 0)
             node.after_free = node.gpu_after.count(0)
@@ -189,31 +193,30 @@ class Cluster:
     def mark_release(self, node_index: int, sign: int) -> None:
         node = self.nodes[node_index]
         node.releases += sign
-        bit = 1 << node_index
         if node.releases > 0:
-            self.releasing.bits |= bit
-            self.releasing_buckets[node.after_free].bits |= bit
+            self.releasing.bits |= node.bit
+            self.releasing_buckets[node.after_free].bits |= node.bit
         else:
-            self.releasing.bits &= ~bit
-            self.releasing_buckets[node.after_free].bits &= ~bit
+            self.releasing.bits &= node.unbit
+            self.releasing_buckets[node.after_free].bits &= node.unbit
 
     def _reindex(self, node: Node, whole: int, after_free: int, partial: int) -> None:
         # the node sets' bits are flipped in place: this runs for every pod that comes or goes
-        bit = 1 << node.index
+        bit, unbit = node.bit, node.unbit
         if whole != node.whole_free:
-            self.buckets[node.whole_free].bits &= ~bit
+            self.buckets[node.whole_free].bits &= unbit
             self.buckets[whole].bits |= bit
             node.whole_free = whole
         if after_free != node.after_free:
             if node.releases > 0:
-                self.releasing_buckets[node.after_free].bits &= ~bit
+                self.releasing_buckets[node.after_free].bits &= unbit
                 self.releasing_buckets[after_free].bits |= bit
             node.after_free = after_free
         if (partial > 0) != (node.partial > 0):
             if partial:
                 self.shared.bits |= bit
             else:
-                self.shared.bits &= ~bit
+                self.shared.bits &= unbit
         node.partial = partial
 
     def _reshape(self, node: Node, gpus: tuple[int, ...], share: int) -> None:
@@ -224,16 +227,15 @@ class Cluster:
             sid = self._step(sid, after[g] - share, after[g])
         if sid != node.shape_id:
             by_shape = self.by_shape
-            bit = 1 << node.index
             old = by_shape[node.shape_id]
-            old.bits &= ~bit
+            old.bits &= node.unbit
             if not old.bits:
                 del by_shape[node.shape_id]
             members = by_shape.get(sid)
             if members is None:
-                by_shape[sid] = NodeSet(bit)
+                by_shape[sid] = NodeSet(node.bit)
             else:
-                members.bits |= bit
+                members.bits |= node.bit
             node.shape_id, node.shape = sid, self.shapes[sid]
 
     def _step(self, sid: int, old: int, new: int) -> int:
