@@ -31,7 +31,10 @@ Outcome = Literal["running", "pending", "evicted"]
 Action = Literal["bind", "pipeline", "evict", "keep"]
 
 
-@dataclass(frozen=True, slots=True)
+# The two decisions a cycle makes by the ten thousand write their own `__init__`: compiled, an explicit one
+# stores the fields natively (0.08 us), where the dataclass-made one runs as Python (1 us, 0.15 s a 140,000-pod
+# cycle). They stay frozen: `object.__setattr__` is how a frozen dataclass sets its own fields.
+@dataclass(frozen=True, slots=True, init=False)
 class PodDecision:
     outcome: Outcome
     node: str | None
@@ -42,12 +45,29 @@ class PodDecision:
     gpus: tuple[int, ...] = ()  # every GPU index of its seat (whole-GPU pods too): what a commit reserves
     evicted_for: tuple[str, str] | None = None  # evicted: the (job, queue) it makes room for
 
+    def __init__(self, outcome: Outcome, node: str | None, action: Action, gpu_index: int | None = None, *,
+                 moved_to: str | None = None, cause: Cause | None = None, gpus: tuple[int, ...] = (),
+                 evicted_for: tuple[str, str] | None = None) -> None:
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "action", action)
+        object.__setattr__(self, "gpu_index", gpu_index)
+        object.__setattr__(self, "moved_to", moved_to)
+        object.__setattr__(self, "cause", cause)
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "evicted_for", evicted_for)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Eviction:
     pod: str
     queue: str
     cause: Cause
+
+    def __init__(self, pod: str, queue: str, cause: Cause) -> None:
+        object.__setattr__(self, "pod", pod)
+        object.__setattr__(self, "queue", queue)
+        object.__setattr__(self, "cause", cause)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +181,8 @@ def _decide(session: Session, pod: Pod) -> PodDecision:
         moved = nodes[pod.moved_to.node].spec.name if pod.moved_to is not None else None
         beneficiary = pod.evicted_for
         evicted_for = (beneficiary.spec.name, beneficiary.queue.spec.name) if beneficiary is not None else None
-        return PodDecision("evicted", node, "evict", index, moved, pod.cause, gpus, evicted_for)
+        return PodDecision("evicted", node, "evict", index, moved_to=moved, cause=pod.cause, gpus=gpus,
+                           evicted_for=evicted_for)
     if pod.state == "releasing":
         return PodDecision("evicted", node, "keep", index, gpus=gpus)
     return _WAITING
