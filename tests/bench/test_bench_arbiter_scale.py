@@ -1,12 +1,13 @@
 """Scale benchmark: one full arbiter cycle on large synthetic snapshots (opt-in: `make bench`).
 
 1,000 nodes x 8 GPUs, 50 queues in two levels, 4,000 running and 10,000 pending pods in gangs of 1-16
-(target: under 1 s), then 4,000 nodes and 140,000 pods (KAI reports 2.35-2.5 s per cycle in Go; target: no
-slower): 24,000 running (75% of the 32,000 GPUs) and 116,000 pending. Wall-clock times: on a shared machine run
-it two or three times.
+(target: under 1 s), then 4,000 nodes and 140,000 pods (KAI reports 2.35-2.5 s per cycle in Go; issue 18's
+goal: under 0.6 s): 24,000 running (75% of the 32,000 GPUs) and 116,000 pending. Wall-clock times: on a shared
+machine run it two or three times.
 
 Each figure is printed beside a baseline's, measured back to back on the same snapshot: the arbiter core of the git
-ref `ARBITER_BASELINE` (default `main`; `none` skips it), extracted with `git archive`. With a baseline, both sides
+ref `ARBITER_BASELINE` (default `main`; `none` skips it), extracted with `git archive`: sources only, so the
+baseline runs interpreted, and this tree compiled where `make compiled` has built it. With a baseline, both sides
 run in fresh subprocesses, one after the other: a process that has already run cycles is measurably slower.
 The `decisions` row is a digest of every pod's decision, so the two columns show whether the decisions agree.
 """
