@@ -35,7 +35,7 @@ import grpc
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
-from agent.arbiter.committing import Committer, Write
+from agent.arbiter.committing import Committer, Outcome, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
@@ -47,7 +47,7 @@ from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, he
 from agent.arbiter.reservation import NodeClient, Reservation
 from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import Gang, World, build_world, meta, parse_time
+from agent.arbiter.world import Gang, Member, ShareDevices, World, build_world, meta, parse_time
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer, start_all
@@ -110,6 +110,25 @@ class CycleReport:
     recovered: list[str] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
     result: CycleResult | None = None
+
+
+@dataclass
+class _Flight:
+    """A gang whose commit is under way, and where its members go."""
+
+    outcome: futures.Future[Outcome]
+    gang: Gang
+    members: list[tuple[Member, str]]
+
+
+@dataclass
+class _Landed:
+    """A gang committed whose writes the informers do not all show yet: until they do (or `deadline`), it
+    counts as placed where it went, as while under way, and the cycle need not wait for those writes."""
+
+    members: list[tuple[Member, str]]
+    writes: list[Write]
+    deadline: float  # monotonic
 
 
 class PinnedClient:
@@ -198,6 +217,8 @@ class Arbiter:
         self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
                                     clock=clock)
         self._expected: list[Write] = []
+        self._flights: dict[str, _Flight] = {}  # gang -> its commit under way (pipelined cycles)
+        self._landed: dict[str, _Landed] = {}  # gang -> committed, its writes not all seen yet
         self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
         # Queue status is written by one thread of its own, in order: the cycle does not wait for those writes
         self._status_writer = futures.ThreadPoolExecutor(1, thread_name_prefix="queue-status")
@@ -259,7 +280,7 @@ class Arbiter:
             self._changed.clear()
             started = time.monotonic()
             try:
-                self.cycle()
+                self.cycle(pipelined=True)
             except Exception:  # one bad cycle must not stop the arbiter: the next one starts from the API
                 log.exception("arbiter cycle failed")
 
@@ -270,12 +291,17 @@ class Arbiter:
 
     # -- one cycle ------------------------------------------------------------------------------------------
 
-    def cycle(self) -> CycleReport:
+    def cycle(self, *, pipelined: bool = False) -> CycleReport:
+        """One cycle. Pipelined (the run loop), it does not wait for its gangs' commits: the next cycle starts
+        while they are under way, counting them as placed, and reports those that have landed; otherwise it
+        returns once they have."""
         report = CycleReport()
+        self._land(report, wait=False)
         with self._timed("wait for informers"):
             self._await_expectations()
         now = self._clock()
         with self._timed("snapshot"):
+            unseen = self._unseen()
             world = self._world(now)
         self.directory.addresses = world.addresses
         self._keep_default_queue(now)
@@ -285,8 +311,8 @@ class Arbiter:
             for pod in world.release:
                 with contextlib.suppress(ApiError):
                     self._expected.append(self._committer.release_gate(pod))
-        with self._timed("recover"):
-            writes, completed = self._committer.recover(world.gangs.values())
+        with self._timed("recover"):  # a gang under way (or landed, not yet seen so) is not half done
+            writes, completed = self._committer.recover(g for g in world.gangs.values() if g.name not in unseen)
         if writes:
             report.recovered = completed
             self._expected.extend(writes)
@@ -303,7 +329,9 @@ class Arbiter:
             self._evict(world, result, report)
         if self._fence_settled(now):  # else the next cycle (at most `period_s` away) decides again
             with self._timed("commit"):
-                self._commit(world, result, report)
+                self._commit(world, result)
+                if not pipelined:
+                    self._land(report, wait=True)
         with self._timed("events and status"):
             report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
             self._tell_waiting(world, report.waiting, now)
@@ -325,9 +353,12 @@ class Arbiter:
             self.cpu_timings[phase] = self.cpu_timings.get(phase, 0.0) + time.thread_time() - cpu
 
     def _world(self, now: float) -> World:
+        placed = [*(f.members for f in self._flights.values()), *(g.members for g in self._landed.values())]
+        in_flight = {m.key: node for members in placed for m, node in members}
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
                            queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
-                           driver=self.config.driver, now=now, default_queue=self.config.default_queue)
+                           driver=self.config.driver, now=now, default_queue=self.config.default_queue,
+                           in_flight=in_flight)
 
     # -- the fence ----------------------------------------------------------------------------------------
 
@@ -454,7 +485,8 @@ class Arbiter:
                      victim.name if victim else "?", victim.queue if victim else "?", member.node or decision.node,
                      decision.cause, gang, queue)
 
-    def _commit(self, world: World, result: CycleResult, report: CycleReport) -> None:
+    def _commit(self, world: World, result: CycleResult) -> None:
+        """Start the commit of each gang the cycle bound, each on a worker of its own."""
         bound: dict[str, list[tuple[str, str]]] = {}
         for spec in result.before.jobs:
             for pod in spec.pods:
@@ -462,28 +494,63 @@ class Arbiter:
                 if d.action == "bind" and d.node is not None:
                     bound.setdefault(spec.name, []).append((pod.name, d.node))
         classes = {str(meta(c).get("name")): c for c in self.classes.items()}
-        gangs = {job: [(world.members[name], node) for name, node in pods] for job, pods in bound.items()}
+        for job, pods in bound.items():
+            if job in self._flights:
+                continue  # cannot happen (a gang under way counts as running), but never commit one twice
+            gang, members = world.gangs[job], [(world.members[name], node) for name, node in pods]
+            outcome = self._pool.submit(self._commit_gang, gang, members, classes, world.shareable)
+            self._flights[job] = _Flight(outcome, gang, members)
+
+    def _commit_gang(self, gang: Gang, members: list[tuple[Member, str]],
+                     classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices) -> Outcome:
+        """One gang's commit, told as soon as it has landed (a worker's)."""
         # the gang id is the job's name: stable across arbiters, so a successor can release what it left
-        outcomes = self._pool.map(lambda job: self._committer.commit(job, gangs[job], classes, world.shareable),
-                                  list(gangs))
-        for job, outcome in zip(list(gangs), outcomes, strict=True):
-            members = gangs[job]
-            self._expected.extend(outcome.writes)
-            gang = world.gangs[job]
+        outcome = self._committer.commit(gang.name, members, classes, shareable)
+        if outcome.committed:
+            placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
+            log.info("admitted gang %s of queue %s on nodes %s", gang.name, gang.queue,
+                     ",".join(sorted({node for _, node in members})))
+            # one Event per gang: on its PodGroup, or on the pod of a gang of one (kube-scheduler writes one
+            # per pod; an Event per member as well would cost more writes than the admission itself)
+            if not self._tell(gang.pod_group, gang.namespace, gang.name, "Admitted", f"admitted: {placed}"):
+                for m, node in members:
+                    self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
+        else:
+            log.info("gang %s not committed: %s", gang.name, outcome.reason)
+            self._tell_gang(gang, "NotAdmitted", outcome.reason, type_="Warning")
+        self._changed.set()  # the next cycle takes in what it wrote
+        return outcome
+
+    def _land(self, report: CycleReport, *, wait: bool) -> None:
+        """The commits that have finished (all of them, waiting, with `wait`): their writes are what the next
+        snapshot must show."""
+        for job, flight in list(self._flights.items()):
+            if not (wait or flight.outcome.done()):
+                continue
+            del self._flights[job]
+            # a commit that raised fails this cycle, as any error does: the next one starts from the API (and
+            # recovers what the commit left half done); the others that landed are taken in then
+            outcome = flight.outcome.result()
             if outcome.committed:
                 report.admitted.append(job)
-                placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
-                log.info("admitted gang %s of queue %s on nodes %s", job, gang.queue,
-                         ",".join(sorted({node for _, node in members})))
-                # one Event per gang: on its PodGroup, or on the pod of a gang of one (kube-scheduler writes one
-                # per pod; an Event per member as well would cost more writes than the admission itself)
-                if not self._tell(gang.pod_group, gang.namespace, job, "Admitted", f"admitted: {placed}"):
-                    for m, node in members:
-                        self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
-            else:
+                deadline = time.monotonic() + self.config.expectation_timeout_s
+                self._landed[job] = _Landed(flight.members, list(outcome.writes), deadline)
+            else:  # rolled back: the next decision waits until the informers show its claims free again
                 report.refused[job] = outcome.reason
-                log.info("gang %s not committed: %s", job, outcome.reason)
-                self._tell_gang(gang, "NotAdmitted", outcome.reason, type_="Warning")
+                self._expected.extend(outcome.writes)
+
+    def _unseen(self) -> set[str]:
+        """The gangs placed by us that the informers do not show placed yet: under way, or landed and not seen."""
+        by_resource = {inf.resource: inf for inf in self._informers}
+        now = time.monotonic()
+        for job, landed in list(self._landed.items()):
+            landed.writes = [w for w in landed.writes if not _seen(by_resource[w[0]], w)]
+            if not landed.writes:
+                del self._landed[job]
+            elif now > landed.deadline:
+                log.warning("informers did not show the commit of %s in time; deciding on what they show", job)
+                del self._landed[job]
+        return {*self._flights, *self._landed}
 
     def _tell_waiting(self, world: World, waiting: Mapping[str, str], now: float) -> None:
         """Why each gang waits, as an Event on what it is about: the PodGroup, or the pod of a gang of one. A

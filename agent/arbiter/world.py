@@ -26,7 +26,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from fractions import Fraction
 from typing import Any, TypeVar, cast
@@ -614,7 +614,11 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
 
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
-                now: float, default_queue: str | None = DEFAULT_QUEUE) -> World:
+                now: float, default_queue: str | None = DEFAULT_QUEUE,
+                in_flight: Mapping[str, str] | None = None) -> World:
+    """`in_flight`: pod key -> node, the members of gangs whose commit is still under way. They count as
+    running there whatever part of the commit the informers show yet, so the cycle neither decides them again
+    nor places anything on what they take; and they are no one's victims until the commit has landed."""
     slices = list(slices)  # read thrice: devices per node, what each device is worth, the shareable ones
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
@@ -638,6 +642,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     other_pods: list[Json] = []
     statuses: dict[str, PodStatus] = {}
     release: list[Json] = []
+    flying: set[str] = set()  # gangs with a commit under way
     for pod in pods:
         try:
             read = _read_pod(pod, groups, claims_by_key, default_queue)
@@ -651,6 +656,9 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         if not isinstance(read, _Pod):
             other_pods.append(pod)
             continue
+        if in_flight and read.status == "Pending" and pod_key(pod) in in_flight:
+            read = replace(read, status="Running", node=in_flight[pod_key(pod)])
+            flying.add(read.job)
         if read.status is None:
             continue  # gone for the arbiter: holds nothing
         job, ns, group_name, group, queue = read.job, read.namespace, read.group_name, read.group, read.queue
@@ -821,7 +829,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                 priority = int(group_priority)
         # minCount may exceed the pods created so far: the gang then waits for the rest
         jobs.append(JobSpec(name=job, queue=gang.queue, priority=priority,
-                            preemptible=priority < NON_PREEMPTIBLE_PRIORITY, min_member=gang.min_member,
+                            preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in flying,
+                            min_member=gang.min_member,
                             created_at=created or now, pods=tuple(pods_out), started_at=started))
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]

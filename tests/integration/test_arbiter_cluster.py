@@ -295,9 +295,9 @@ def test_a_burst_of_changes_is_decided_together_and_an_idle_arbiter_decides_at_o
     starts: list[float] = []
     cycle = arbiter.cycle
 
-    def timed() -> Any:
+    def timed(**kwargs: Any) -> Any:
         starts.append(time.monotonic())
-        return cycle()
+        return cycle(**kwargs)
 
     arbiter.cycle = timed  # type: ignore[method-assign]
     stop = threading.Event()
