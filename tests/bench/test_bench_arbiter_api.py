@@ -62,9 +62,11 @@ def _gangs(rng: random.Random) -> list[tuple[str, str, int]]:
     return gangs
 
 
-def _claims_made(cluster: FakeCluster, pods: Informer, total: int) -> None:
+def _claims_made(cluster: FakeCluster, pods: Informer, total: int, namespace: str | None = None) -> None:
+    """Until `total` pods (of `namespace`, if given: an earlier run's may still be going) have their claim."""
     wait_for(lambda: sum(1 for p in pods.items() if len((p.get("status") or {}).get("resourceClaimStatuses") or ())
-                         == 1) >= total, timeout=600, interval=0.2, what="claims from templates")
+                         == 1 and namespace in (None, p["metadata"]["namespace"])) >= total,
+             timeout=600, interval=0.2, what="claims from templates")
 
 
 class Kubelet:
@@ -305,7 +307,7 @@ def _kube_scheduler_run(cluster: FakeCluster) -> float:
     with futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: cluster.pod("plain", f"p{i}", None, 1, gated=False, gates=[HOLD_GATE]),
                       range(PODS_TOTAL)))
-    _claims_made(cluster, pods, PODS_TOTAL)
+    _claims_made(cluster, pods, PODS_TOTAL, "plain")
 
     def release(p: dict[str, Any]) -> None:
         body = copy.deepcopy(p)
@@ -360,7 +362,7 @@ def _ceiling_run(cluster: FakeCluster, workers: int) -> float:
     cluster.queue("ceiling")
     for i in range(PODS_TOTAL):
         cluster.pod("ceiling", f"c{i}", "ceiling", 1)
-    _claims_made(cluster, pods, PODS_TOTAL)
+    _claims_made(cluster, pods, PODS_TOTAL, "ceiling")
     wait_for(lambda: sum(1 for c in claims.items() if c["metadata"]["namespace"] == "ceiling") >= PODS_TOTAL,
              timeout=120, interval=0.1, what="the claims in the ceiling's informer")
     cluster.rest.create(DEVICE_TAINT_RULES, None, {

@@ -117,6 +117,31 @@ def test_a_terminating_pod_is_releasing_until_its_claims_are_freed() -> None:
     assert w.snapshot.jobs == ()
 
 
+def test_a_gang_whose_commit_is_under_way_counts_as_placed_and_is_no_victim() -> None:
+    # pipelined cycles: the gang's commit has written one claim of two and ungated nothing yet. In flight, each
+    # member counts as running where it goes, its allocated claim is its own (not another's, taken from the
+    # node a second time), and the cycle neither places it again nor takes it as a victim
+    pods = [pod("w0", "c0", group="train"), pod("w1", "c1", group="train")]
+    claims = [claim("c0", 4, "n0", ("gpu-0", "gpu-1", "gpu-2", "gpu-3"), "w0"), claim("c1", 4)]
+    built = [node(f"n{i}") for i in range(2)]
+
+    def world_with(in_flight: dict[str, str] | None) -> Any:
+        return build_world(pods=pods, claims=claims, pod_groups=[pod_group("train", 2)],
+                           queues=[queue("root"), queue("team-a", "root", 8)], nodes=[n for n, _ in built],
+                           slices=[s for _, s in built], driver=DRIVER, now=NOW, in_flight=in_flight)
+
+    before = world_with(None)  # as the informers show it: a gated gang, half its devices held by "another"
+    assert [p.status for j in before.snapshot.jobs for p in j.pods] == ["Pending", "Pending"]
+    assert {n.name: n.gpus for n in before.snapshot.nodes} == {"n0": 4, "n1": 8}
+    flying = world_with({"team-a/w0": "n0", "team-a/w1": "n0"})
+    (job,) = flying.snapshot.jobs
+    assert [(p.status, p.node) for p in job.pods] == [("Running", "n0"), ("Running", "n0")]
+    assert not job.preemptible
+    assert {n.name: n.gpus for n in flying.snapshot.nodes} == {"n0": 8, "n1": 8}  # its claim counted once
+    result = run_cycle(flying.snapshot)
+    assert {d.action for d in result.pods.values()} == {"keep"} and not result.evictions
+
+
 @pytest.mark.parametrize(("pods", "claims", "queues", "reason"), [
     ([pod("p", "c", queue_name="nope")], [claim("c")], None, "queue nope does not exist"),
     ([pod("p", "c", queue_name="root")], [claim("c")], None, "parent queue"),
