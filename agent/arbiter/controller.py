@@ -302,7 +302,7 @@ class Arbiter:
         now = self._clock()
         with self._timed("snapshot"):
             unseen = self._unseen()
-            world = self._world(now)
+            world = self._world(now, unseen)
         self.directory.addresses = world.addresses
         self._keep_default_queue(now)
         self._tell_invalid(world)
@@ -352,9 +352,8 @@ class Arbiter:
             self.timings[phase] = self.timings.get(phase, 0.0) + took.seconds
             self.cpu_timings[phase] = self.cpu_timings.get(phase, 0.0) + time.thread_time() - cpu
 
-    def _world(self, now: float) -> World:
-        placed = [*(f.members for f in self._flights.values()), *(g.members for g in self._landed.values())]
-        in_flight = {m.key: node for members in placed for m, node in members}
+    def _world(self, now: float, unseen: Mapping[str, list[tuple[Member, str]]]) -> World:
+        in_flight = {m.key: node for members in unseen.values() for m, node in members}
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
                            queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
                            driver=self.config.driver, now=now, default_queue=self.config.default_queue,
@@ -539,8 +538,9 @@ class Arbiter:
                 report.refused[job] = outcome.reason
                 self._expected.extend(outcome.writes)
 
-    def _unseen(self) -> set[str]:
-        """The gangs placed by us that the informers do not show placed yet: under way, or landed and not seen."""
+    def _unseen(self) -> dict[str, list[tuple[Member, str]]]:
+        """The gangs placed by us that the informers do not show placed yet (under way, or landed and not seen),
+        and where their members go."""
         by_resource = {inf.resource: inf for inf in self._informers}
         now = time.monotonic()
         for job, landed in list(self._landed.items()):
@@ -550,7 +550,8 @@ class Arbiter:
             elif now > landed.deadline:
                 log.warning("informers did not show the commit of %s in time; deciding on what they show", job)
                 del self._landed[job]
-        return {*self._flights, *self._landed}
+        return {**{job: f.members for job, f in self._flights.items()},
+                **{job: g.members for job, g in self._landed.items()}}
 
     def _tell_waiting(self, world: World, waiting: Mapping[str, str], now: float) -> None:
         """Why each gang waits, as an Event on what it is about: the PodGroup, or the pod of a gang of one. A

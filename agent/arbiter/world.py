@@ -656,8 +656,9 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         if not isinstance(read, _Pod):
             other_pods.append(pod)
             continue
-        if in_flight and read.status == "Pending" and pod_key(pod) in in_flight:
-            read = replace(read, status="Running", node=in_flight[pod_key(pod)])
+        going = in_flight.get(pod_key(pod)) if in_flight and read.status == "Pending" else None
+        if going is not None:
+            read = replace(read, status="Running", node=going)
             flying.add(read.job)
         if read.status is None:
             continue  # gone for the arbiter: holds nothing

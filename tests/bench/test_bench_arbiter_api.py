@@ -41,6 +41,7 @@ from agent.kube.errors import ApiError, NotFound
 from agent.kube.informer import Informer, start_all
 from agent.kube.rest import DEVICE_TAINT_RULES, PODS, RESOURCE_CLAIMS
 from fakes.cluster import FakeCluster, wait_for
+from tests.bench.test_bench_node_prepare import percentile
 
 PODS_TOTAL = 1000
 QUEUES = 4
@@ -129,9 +130,10 @@ class Occupancy:
     def __init__(self, cluster: FakeCluster, driver: str = "gpu.nvidia.com") -> None:
         self._claims = Informer(cluster.rest, RESOURCE_CLAIMS)
         self._driver = driver
-        self.held: dict[str, tuple[float, float | None, tuple[str, str]]] = {}  # uid -> (allocated, gone, device)
-        self.owner: dict[str, str] = {}  # uid -> its pod's key
-        self.samples: list[int] = []
+        self.allocated: dict[str, tuple[float, tuple[str, str]]] = {}  # claim uid -> (first seen held, device)
+        self.gone: dict[str, float] = {}  # claim uid -> first seen deleted or free
+        self.owner: dict[str, str] = {}  # claim uid -> its pod's key
+        self.samples: list[int] = []  # GPUs held, per sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -147,49 +149,39 @@ class Occupancy:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            now, seen, holding = time.perf_counter(), set(), 0
+            now, holding = time.perf_counter(), set()
             for c in self._claims.items():
+                m = c["metadata"]
                 devices = allocated_devices(c, self._driver)
-                uid = c["metadata"]["uid"]
-                if not devices or c["metadata"].get("deletionTimestamp"):
-                    continue
-                seen.add(uid)
-                holding += len(devices)
-                self.held.setdefault(uid, (now, None, devices[0]))
-                owners = c["metadata"].get("ownerReferences") or [{}]
-                self.owner[uid] = f"{c['metadata']['namespace']}/{owners[0].get('name')}"
-            for uid, (at, gone, device) in list(self.held.items()):
-                if gone is None and uid not in seen:
-                    self.held[uid] = (at, now, device)
-            self.samples.append(holding)
+                if devices and not m.get("deletionTimestamp"):
+                    holding.add(m["uid"])
+                    self.allocated.setdefault(m["uid"], (now, devices[0]))
+                    self.owner[m["uid"]] = f"{m['namespace']}/{(m.get('ownerReferences') or [{}])[0].get('name')}"
+            for uid in self.allocated.keys() - holding - self.gone.keys():
+                self.gone[uid] = now
+            self.samples.append(len(holding))
             self._stop.wait(0.02)
 
     def report(self, label: str, gpus: int, pod_done: dict[str, float]) -> str:
         """`pod_done`: pod key -> when the kubelet stand-in saw it placed (and deleted it)."""
-        ended = {uid: turn for uid, turn in self.held.items() if turn[1] is not None}
-        holds = sorted(gone - at for at, gone, _ in ended.values() if gone is not None)
-        done = {uid: pod_done[self.owner[uid]] for uid in self.held if self.owner.get(uid) in pod_done}
-        to_pod = sorted(done[uid] - self.held[uid][0] for uid in done)
-        to_claim = sorted(gone - done[uid] for uid, (_, gone, _) in ended.items() if uid in done and gone is not None)
-        by_device: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
-        for at, gone, device in self.held.values():
-            by_device.setdefault(device, []).append((at, gone))
-        idle = sorted(after[0] - before_gone for turns in by_device.values()
-                      for (_, before_gone), after in itertools.pairwise(sorted(turns, key=lambda t: t[0]))
-                      if before_gone is not None and after[0] >= before_gone)
+        done = {uid: pod_done[key] for uid, key in self.owner.items() if key in pod_done}
+        holds = [gone - self.allocated[uid][0] for uid, gone in self.gone.items()]
+        to_pod = [at - self.allocated[uid][0] for uid, at in done.items()]
+        to_claim = [gone - done[uid] for uid, gone in self.gone.items() if uid in done]
+        turns: dict[tuple[str, str], list[tuple[float, float | None]]] = {}  # device -> (held, gone), in order
+        for uid, (at, device) in sorted(self.allocated.items(), key=lambda kv: kv[1][0]):
+            turns.setdefault(device, []).append((at, self.gone.get(uid)))
+        idle = [after - gone for t in turns.values() for (_, gone), (after, _) in itertools.pairwise(t)
+                if gone is not None and after >= gone]
         mean = sum(self.samples) / max(1, len(self.samples))
         return (f"  {label}: GPUs held {mean:.0f} of {gpus} on average; a claim holds its GPU a median "
-                f"{_median(holds):.2f} s (p90 {_quantile(holds, 0.9):.2f}: from its allocation to its pod's "
-                f"completion {_median(to_pod):.2f} s, then to the claim's deletion {_median(to_claim):.2f} s), a freed "
-                f"GPU waits a median {_median(idle):.2f} s (p90 {_quantile(idle, 0.9):.2f}) for its next claim")
+                f"{_p(holds, 50):.2f} s (p90 {_p(holds, 90):.2f}: from its allocation to its pod's completion "
+                f"{_p(to_pod, 50):.2f} s, then to the claim's deletion {_p(to_claim, 50):.2f} s), a freed GPU waits "
+                f"a median {_p(idle, 50):.2f} s (p90 {_p(idle, 90):.2f}) for its next claim")
 
 
-def _median(values: list[float]) -> float:
-    return _quantile(values, 0.5)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+def _p(samples: list[float], q: float) -> float:
+    return percentile(samples, q) if samples else float("nan")
 
 
 def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str, float]:

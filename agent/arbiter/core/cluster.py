@@ -66,7 +66,7 @@ class NodeSet:
 
 class Node:
     __slots__ = ("after_free", "bit", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index",
-                 "mem_after", "mem_now", "partial", "releases", "shape", "shape_id", "spec", "unbit", "whole_free")
+                 "mem_after", "mem_now", "partial", "releases", "shape_id", "spec", "unbit", "whole_free")
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
@@ -87,8 +87,7 @@ class Node:
         self.whole_free = 0  # GPUs empty now and after: bindable whole
         self.after_free = 0  # GPUs empty after pending releases: promisable whole
         self.partial = 0  # (GPU, layer) pairs partly used: the node has room for fractional pods
-        self.shape: Shape = ()  # milli used per GPU after pending releases, sorted (fgd)
-        self.shape_id = -1  # its number in `Cluster.shapes`
+        self.shape_id = -1  # fgd: its shape (milli used per GPU after pending releases, sorted) in `Cluster.shapes`
 
     def selects(self, pod: PodSpec) -> bool:
         if not pod.node_selector:
@@ -149,7 +148,6 @@ class Cluster:
                 self.shared.bits |= bit
             if fgd:
                 node.shape_id = self._shape_id(tuple(sorted(node.gpu_after)))
-                node.shape = self.shapes[node.shape_id]
                 members = self.by_shape.setdefault(node.shape_id, NodeSet())
                 members.bits |= bit
             self.gpu_after_free += node.spec.gpus * MILLI - sum(node.gpu_after)
@@ -236,7 +234,7 @@ class Cluster:
                 by_shape[sid] = NodeSet(node.bit)
             else:
                 members.bits |= node.bit
-            node.shape_id, node.shape = sid, self.shapes[sid]
+            node.shape_id = sid
 
     def _step(self, sid: int, old: int, new: int) -> int:
         """The shape `sid` with one GPU's milli changed from `old` to `new`."""
@@ -399,7 +397,7 @@ class Cluster:
             if i == exclude or not self.fits_cpu_mem(node, pod, bind):
                 continue
             # the GPU the shape's score chose (used milli `want`), else the fullest that fits both layers
-            want = scores.shared(node.shape, milli)[1]
+            want = scores.shared(self.shapes[node.shape_id], milli)[1]
             best = -1
             for g, used in enumerate(node.gpu_after):
                 if used + milli <= MILLI and (not bind or node.gpu_now[g] + milli <= MILLI):

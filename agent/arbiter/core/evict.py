@@ -171,7 +171,7 @@ def _reallocate(session: Session, job: Job, chunk: Sequence[Pod], taken: list[Un
         ranked = [(QueueRank(j.queue, requests[id(units[0])]), j) for j, units in left.items()]
         best_rank, best = ranked[0]
         for rank, j in ranked[1:]:
-            if rank.before(best_rank) or (not best_rank.before(rank) and j.key() < best.key()):
+            if _first_of(rank, j, best_rank, best):
                 best_rank, best = rank, j
         return best
 
@@ -191,12 +191,13 @@ def _before(a: Job, a_req: Vector, b: Job, b_req: Vector) -> bool:
     order inside one queue, else by the queue order of the two branches where they meet."""
     if a.queue is not b.queue:
         qa, qb = _meeting(a.queue, b.queue)
-        ka, kb = QueueRank(qa, a_req), QueueRank(qb, b_req)
-        if ka.before(kb):
-            return True
-        if kb.before(ka):
-            return False
+        return _first_of(QueueRank(qa, a_req), a, QueueRank(qb, b_req), b)
     return a.key() < b.key()
+
+
+def _first_of(a_rank: QueueRank, a: Job, b_rank: QueueRank, b: Job) -> bool:
+    """Whether job a comes before job b by their queues' ranks, and by job order where the ranks tie."""
+    return a_rank.before(b_rank) or (not b_rank.before(a_rank) and a.key() < b.key())
 
 
 def _restore_next(session: Session, left: dict[Job, list[Unit]], job: Job) -> None:
