@@ -7,7 +7,11 @@
    resourceVersion read.
 3. Confirm every reservation: a node that let one expire meanwhile may have given its devices away.
 4. Ungate each pod: its required node affinity narrowed to its node (the only change a gated pod's affinity
-   allows), the arbiter's gate removed, the admission time annotated.
+   allows), the arbiter's gate removed, the admission time annotated. Meanwhile mark the gang's PodGroup
+   scheduled (condition `PodGroupInitiallyScheduled`, worded as kube-scheduler words it): in 1.37
+   kube-scheduler schedules a PodGroup's ungated pods as one group and writes that condition inside its
+   scheduling loop, one API round trip per group before it takes up the next; finding it written, it writes
+   nothing and goes on.
 
 Any failure before step 4 deallocates the claims written and releases every reservation: no partial gang
 holds devices, in the API or on a node. Once every claim is written and confirmed the gang is committed;
@@ -53,11 +57,13 @@ from agent.arbiter.world import (
 )
 from agent.devices.shares import Capacity
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.kube.rest import PODS, RESOURCE_CLAIMS, Resource, Rest
+from agent.kube.rest import POD_GROUPS, PODS, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH, Resource, Rest
 
 log = logging.getLogger(__name__)
 
 Write = tuple[Resource, str, str, str]  # what was written: (resource, namespace, name, resourceVersion)
+
+SCHEDULED = "PodGroupInitiallyScheduled"  # kube-scheduler's PodGroup condition, True once the group was placed
 
 
 @dataclass
@@ -118,10 +124,12 @@ class Committer:
     # -- commit ---------------------------------------------------------------------------------------
 
     def commit(self, gang_id: str, members: Sequence[tuple[Member, str]],
-               classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices | None = None) -> Outcome:
-        """Reserve every member's claims on its node, write the allocations, confirm, ungate. `shareable`: the
-        devices published for sharing (World.shareable), where a request for consumable capacity takes a
-        share of a GPU: the node books its fraction, the claim records the share as kube-scheduler does."""
+               classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices | None = None,
+               pod_group: Json | None = None) -> Outcome:
+        """Reserve every member's claims on its node, write the allocations, confirm, mark `pod_group` (the
+        gang's PodGroup, if it has one) scheduled, ungate. `shareable`: the devices published for sharing
+        (World.shareable), where a request for consumable capacity takes a share of a GPU: the node books its
+        fraction, the claim records the share as kube-scheduler does."""
         shareable = shareable or {}
         placements: list[MemberPlacement] = []
         to_write: dict[str, tuple[Member, Json, str]] = {}  # reservation member -> (pod, claim, node)
@@ -199,13 +207,40 @@ class Committer:
             return Outcome(False, f"a node could not confirm: {reason}")
         # an ungated pod the arbiter caught stays as it is: its claims' nodeSelector leads kube-scheduler there
         gated = [(member, node) for member, node in members if is_gated(member.pod)]
+        # the PodGroup marked while its pods are ungated: kube-scheduler's informers lag the writes, so the
+        # mark is there before it takes the group up, as a rule (if not, it writes the mark itself)
+        marking = self._io.submit(self._mark_scheduled, pod_group) if pod_group is not None and gated else None
         ungated, error = self._each(lambda mn: self.ungate(mn[0].pod, mn[1]), gated,
                                     distinct=[m.key for m, _ in gated])
+        if marking is not None:
+            marking.result()
         outcome.writes.extend(ungated)
         if error is not None:  # committed: the next cycle's recovery ungates the rest
             log.warning("ungating a pod of %s failed (the next cycle retries): %s", gang_id, error)
         self._add("ungate", t)
         return outcome
+
+    def _mark_scheduled(self, pod_group: Json) -> None:
+        """Write the condition kube-scheduler would write once it has placed the group, word for word (True,
+        reason Scheduled, no message, this generation): equal to its own, it is not written again. Best effort:
+        without it kube-scheduler writes it itself, only later."""
+        m = meta(pod_group)
+        generation = m.get("generation")
+        conditions = (pod_group.get("status") or {}).get("conditions") or ()
+        if any(c.get("type") == SCHEDULED and c.get("status") == "True" and c.get("reason") == "Scheduled"
+               and not c.get("message") and c.get("observedGeneration") == generation for c in conditions):
+            return
+        condition = {"type": SCHEDULED, "status": "True", "reason": "Scheduled", "message": "",
+                     "lastTransitionTime": _rfc3339(self._clock())}
+        if generation is not None:
+            condition["observedGeneration"] = generation
+        try:  # a strategic merge: the conditions are merged by type, the others (DisruptionTarget) kept
+            self._rest.patch(POD_GROUPS, str(m.get("namespace")), str(m.get("name")),
+                             {"status": {"conditions": [condition]}}, content_type=STRATEGIC_MERGE_PATCH,
+                             subresource="status")
+        except ApiError as e:
+            log.warning("could not mark PodGroup %s/%s scheduled (kube-scheduler will): %s", m.get("namespace"),
+                        m.get("name"), e)
 
     def _each(self, fn: Callable[[Any], Any], items: Sequence[Any], *, distinct: Sequence[str]
               ) -> tuple[list[Any], ApiError | None]:

@@ -504,7 +504,8 @@ class Arbiter:
                      classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices) -> Outcome:
         """One gang's commit, told as soon as it has landed (a worker's)."""
         # the gang id is the job's name: stable across arbiters, so a successor can release what it left
-        outcome = self._committer.commit(gang.name, members, classes, shareable)
+        group = self.pod_groups.get(gang.namespace, gang.pod_group) if gang.pod_group else None
+        outcome = self._committer.commit(gang.name, members, classes, shareable, group)
         if outcome.committed:
             placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
             log.info("admitted gang %s of queue %s on nodes %s", gang.name, gang.queue,

@@ -20,6 +20,7 @@ from agent.kube.errors import ApiError, Gone, NotFound, call, translate
 Json = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"  # built-in kinds: lists merged by their key
 JSON_PATCH = "application/json-patch+json"
 
 

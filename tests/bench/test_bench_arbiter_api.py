@@ -1,8 +1,9 @@
 """End-to-end admission (opt-in: `make bench`): 32 nodes x 8 GPUs whose agents serve reservations over a fake
-DGX H100, 1,000 gated pods of one GPU each in gangs of 1 to 8 across 4 queues. Admitted pods complete (are
-deleted, grace period 0, as a kubelet confirms) at once, in parallel as the nodes' kubelets would, so all 1,000
-pass through 256 GPUs. Prints pods admitted per second, gate to committed (the gate removed), evictions per run,
-where the arbiter's time went, and where a GPU's turn goes (held by a claim, then waiting for the next).
+DGX H100, 1,000 gated pods of one GPU each in gangs of 1 to 8 across 4 queues. Pods complete (are deleted, grace
+period 0, as a kubelet confirms) as soon as they are bound to their node, in parallel as the nodes' kubelets would,
+so all 1,000 pass through 256 GPUs. Prints pods per second from the start to the last bound (an admitted pod runs
+only once kube-scheduler has bound it), evictions per run, where the arbiter's time went, and where a GPU's turn
+goes (held by a claim, then waiting for the next).
 
 Two API servers: the fake (the controller stand-ins in this process), and the real control plane 1.37 with
 kube-controller-manager and kube-scheduler at `--kube-api-qps=500` (burst 1,000). On the real one the same run
@@ -36,7 +37,7 @@ import pytest
 
 from agent.arbiter.controller import ArbiterConfig
 from agent.arbiter.names import ADMITTED_ANNOTATION, FENCE_RULE
-from agent.arbiter.world import allocated_devices, claim_names, is_gated
+from agent.arbiter.world import allocated_devices, claim_names
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.informer import Informer, start_all
 from agent.kube.rest import DEVICE_TAINT_RULES, PODS, RESOURCE_CLAIMS
@@ -71,15 +72,14 @@ def _claims_made(cluster: FakeCluster, pods: Informer, total: int, namespace: st
 
 
 class Kubelet:
-    """Completes pods once placed (the gate removed or bound) and confirms evictions: deletes with grace 0. As
+    """Completes pods once bound to a node and confirms evictions: deletes with grace 0. As
     each node's kubelet would, it deletes pods in parallel (a worker per node): one thread deleting in turn
     would cap both schedulers' rates at its own, one API round trip per pod."""
 
-    def __init__(self, cluster: FakeCluster, pods: Informer, placed: Any, workers: int = 32) -> None:
+    def __init__(self, cluster: FakeCluster, pods: Informer, workers: int = 32) -> None:
         self._rest = cluster.rest
         self._pods = pods
-        self._placed = placed
-        self.completed: dict[str, float] = {}  # pod key -> when it was seen placed
+        self.completed: dict[str, float] = {}  # pod key -> when it was seen bound
         self.evicted: dict[str, float] = {}  # pod key -> when it was seen being deleted by someone else
         self._deleting: set[str] = set()
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="kubelet")
@@ -104,7 +104,7 @@ class Kubelet:
                     continue
                 if meta.get("deletionTimestamp"):
                     self.evicted.setdefault(key, time.perf_counter())
-                elif self._placed(p):
+                elif p["spec"].get("nodeName"):
                     self.completed[key] = time.perf_counter()
                 else:
                     continue
@@ -163,7 +163,7 @@ class Occupancy:
             self._stop.wait(0.02)
 
     def report(self, label: str, gpus: int, pod_done: dict[str, float]) -> str:
-        """`pod_done`: pod key -> when the kubelet stand-in saw it placed (and deleted it)."""
+        """`pod_done`: pod key -> when the kubelet stand-in saw it bound (and deleted it)."""
         done = {uid: pod_done[key] for uid, key in self.owner.items() if key in pod_done}
         holds = [gone - self.allocated[uid][0] for uid, gone in self.gone.items()]
         to_pod = [at - self.allocated[uid][0] for uid, at in done.items()]
@@ -201,7 +201,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
     command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
                "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", str(period_s),
                "--log-format", "json"]
-    with Kubelet(cluster, pods, lambda p: not is_gated(p)) as kubelet, open(log_path, "w") as log, \
+    with Kubelet(cluster, pods) as kubelet, open(log_path, "w") as log, \
             Occupancy(cluster) as occupancy:
         proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.getcwd()}, stderr=log)
         try:
@@ -226,7 +226,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
     print(f"\n{label}: 32 nodes x 8 GPUs, {PODS_TOTAL} pods in {len(gangs)} gangs of 1-8 across {QUEUES} queues:")
     evictions = sum(run.evictions.values())
     causes = ", ".join(f"{k} {v}" for k, v in sorted(run.evictions.items())) or "none"
-    print(f"  admitted {len(admitted_at)} pods in {wall:.2f} s: {rate:.1f} pods/s gate to committed; "
+    print(f"  admitted {len(admitted_at)} pods in {wall:.2f} s: {rate:.1f} pods/s gate to bound; "
           f"evictions {evictions} ({causes}; thrash {run.thrash})")
     print(f"  arbiter CPU {cpu:.1f} s over {wall:.1f} s")
     print(occupancy.report("GPU turns", 256, admitted_at))
@@ -238,7 +238,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
         f"{k} {v:.2f} s" for k, v in run.commit_seconds.items()))
     print(f"  commits refused {sum(run.refused.values())}" + "".join(
         f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1])))
-    return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash}
+    return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash, "cpu_s": cpu}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -307,7 +307,7 @@ def _kube_scheduler_run(cluster: FakeCluster) -> float:
         with contextlib.suppress(ApiError):
             cluster.rest.replace(PODS, body)
 
-    with Kubelet(cluster, pods, lambda p: bool(p["spec"].get("nodeName"))) as kubelet, \
+    with Kubelet(cluster, pods) as kubelet, \
             Occupancy(cluster) as occupancy:
         start = time.perf_counter()
         with futures.ThreadPoolExecutor(8) as pool:
@@ -327,7 +327,8 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def _api_writes(cp: Any) -> dict[str, float]:
-    """The API server's own count of the writes it served (apiserver_request_total), by resource and verb."""
+    """The API server's own count of the writes it served (apiserver_request_total), by resource and verb, and
+    by status code where it refused one."""
     request = urllib.request.Request(cp.url + "/metrics")
     with urllib.request.urlopen(request, context=cp.ssl_context(), timeout=30) as response:
         text = response.read().decode()
@@ -341,7 +342,18 @@ def _api_writes(cp: Any) -> dict[str, float]:
             continue
         key = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
         key += f" {labels['verb']}"
+        if not labels.get("code", "2").startswith("2"):
+            key += f" {labels['code']}"  # refused (a conflict, say): a write that must be done again
         out[key] = out.get(key, 0.0) + float(m["value"])
+    return out
+
+
+def _cpu_by_process(cp: Any) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process and of this one (the node agents, the kubelet stand-in,
+    the informers)."""
+    own = os.times()
+    out = {c.name: _cpu_seconds(c.process.pid) for c in cp.components if c.process.poll() is None}
+    out["bench (node agents, kubelet stand-in)"] = own.user + own.system
     return out
 
 
@@ -410,17 +422,24 @@ def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> Non
             print(f"\nreal control plane 1.37, kube-controller-manager and kube-scheduler --kube-api-qps="
                   f"{CLIENT_QPS} --kube-api-burst={2 * CLIENT_QPS}; arbiter (its own process) client unlimited, "
                   f"{config.commit_workers} gangs committed at once")
-            before = _api_writes(cp)
+            before, cpu_before = _api_writes(cp), _cpu_by_process(cp)
             arbiter = _arbiter_run(cluster, "arbiter", PERIOD_S)
-            between = _api_writes(cp)
+            between, cpu_between = _api_writes(cp), _cpu_by_process(cp)
             scheduler = _kube_scheduler_run(cluster)
-            after = _api_writes(cp)
+            after, cpu_after = _api_writes(cp), _cpu_by_process(cp)
             ceiling = _ceiling_run(cluster, config.commit_workers)
     # the API server's writes are what both paths share on one control plane: per pod, by whom they are for
     for label, start, end in (("arbiter path", before, between), ("kube-scheduler path", between, after)):
         delta = {k: (end[k] - start.get(k, 0.0)) / PODS_TOTAL for k in end if end[k] > start.get(k, 0.0)}
         print(f"API writes per pod, {label}: {sum(delta.values()):.2f} (" + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
+    # the machine's CPU is what both paths share too: per pod, by process (the pods' creation included)
+    cpu_between["arbiter"] = arbiter["cpu_s"]
+    for label, start, end in (("arbiter path", cpu_before, cpu_between),
+                              ("kube-scheduler path", cpu_between, cpu_after)):
+        used = {k: (end[k] - start.get(k, 0.0)) * 1000 / PODS_TOTAL for k in end}
+        print(f"CPU ms per pod, {label}: {sum(used.values()):.1f} (" + ", ".join(
+            f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
     print(f"side by side (same run, same nodes): arbiter {arbiter['pods_s']:.1f} pods/s "
           f"({arbiter['evictions']:.0f} evictions, thrash {arbiter['thrash']:.0f}), kube-scheduler "
           f"{scheduler:.1f} pods/s, ceiling {ceiling:.1f} pods/s; arbiter / kube-scheduler "

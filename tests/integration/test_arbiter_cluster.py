@@ -23,7 +23,7 @@ from agent.arbiter.committing import Committer
 from agent.arbiter.controller import ArbiterConfig
 from agent.arbiter.names import DELETE_PROTECTION, GATE, QUEUE_LABEL
 from agent.kube.errors import ApiError
-from agent.kube.rest import EVENTS, PODS, QUEUES, RESOURCE_CLAIMS
+from agent.kube.rest import EVENTS, POD_GROUPS, PODS, QUEUES, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH
 from fakes.cluster import FakeCluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -81,6 +81,34 @@ def test_a_gang_of_two_by_eight_gpus_is_admitted_on_two_nodes(cluster: FakeClust
                                or {}).get("gpu") == 16 and cluster.rest.get(QUEUES, None, "team-a")["status"],
                       what="queue status")
     assert status["fairShare"]["gpu"] == 16 and status["requested"]["gpu"] == 16
+
+
+def scheduled_condition(group: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in (group.get("status") or {}).get("conditions") or ()
+                 if c["type"] == "PodGroupInitiallyScheduled"), None)
+
+
+def test_an_admitted_gang_s_podgroup_is_marked_scheduled_as_kube_scheduler_would(cluster: FakeCluster) -> None:
+    """1.37's kube-scheduler writes this condition in its scheduling loop, one round trip per group, unless it
+    finds it written word for word: the arbiter writes it when it admits the gang, once."""
+    cluster.gang(NS, "first", "team-a", pods=2, gpus=1)
+    cluster.gang(NS, "again", "team-a", pods=2, gpus=1)  # tried: marked already (admitted once, then evicted)
+    earlier = {"type": "PodGroupInitiallyScheduled", "status": "True", "reason": "Scheduled", "message": "",
+               "observedGeneration": cluster.rest.get(POD_GROUPS, NS, "again")["metadata"]["generation"],
+               "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    marked = cluster.rest.patch(POD_GROUPS, NS, "again", {"status": {"conditions": [earlier]}},
+                                content_type=STRATEGIC_MERGE_PATCH, subresource="status")
+    cluster.arbiter()
+    wait_for(lambda: len(running(cluster, "first-")) == 2 and len(running(cluster, "again-")) == 2,
+             what="both gangs bound")
+    first = cluster.rest.get(POD_GROUPS, NS, "first")
+    condition = scheduled_condition(first)
+    assert condition is not None and condition.pop("lastTransitionTime")
+    assert condition == {"type": "PodGroupInitiallyScheduled", "status": "True", "reason": "Scheduled",
+                         "message": "", "observedGeneration": first["metadata"]["generation"]}
+    again = cluster.rest.get(POD_GROUPS, NS, "again")
+    assert again["metadata"]["resourceVersion"] == marked["metadata"]["resourceVersion"]  # not written again
+    assert scheduled_condition(again) == earlier
 
 
 def test_a_gang_that_cannot_fit_is_never_admitted_in_part(cluster: FakeCluster) -> None:
