@@ -126,8 +126,8 @@ class Committer:
     def commit(self, gang_id: str, members: Sequence[tuple[Member, str]],
                classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices | None = None,
                pod_group: Json | None = None) -> Outcome:
-        """Reserve every member's claims on its node, write the allocations, confirm, mark `pod_group` (the
-        gang's PodGroup, if it has one) scheduled, ungate. `shareable`: the devices published for sharing
+        """Reserve every member's claims on its node, write the allocations, confirm, ungate, marking `pod_group`
+        (the gang's PodGroup, if it has one) scheduled meanwhile. `shareable`: the devices published for sharing
         (World.shareable), where a request for consumable capacity takes a share of a GPU: the node books its
         fraction, the claim records the share as kube-scheduler does."""
         shareable = shareable or {}
