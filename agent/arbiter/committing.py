@@ -209,7 +209,7 @@ class Committer:
         gated = [(member, node) for member, node in members if is_gated(member.pod)]
         # the PodGroup marked while its pods are ungated: kube-scheduler's informers lag the writes, so the
         # mark is there before it takes the group up, as a rule (if not, it writes the mark itself)
-        marking = self._io.submit(self._mark_scheduled, pod_group) if pod_group is not None and gated else None
+        marking = self._io.submit(self.mark_scheduled, pod_group) if pod_group is not None and gated else None
         ungated, error = self._each(lambda mn: self.ungate(mn[0].pod, mn[1]), gated,
                                     distinct=[m.key for m, _ in gated])
         if marking is not None:
@@ -220,7 +220,7 @@ class Committer:
         self._add("ungate", t)
         return outcome
 
-    def _mark_scheduled(self, pod_group: Json) -> None:
+    def mark_scheduled(self, pod_group: Json) -> None:
         """Write the condition kube-scheduler would write once it has placed the group, word for word (True,
         reason Scheduled, no message, this generation): equal to its own, it is not written again. Best effort:
         without it kube-scheduler writes it itself, only later."""
