@@ -345,15 +345,52 @@ class Committer:
 
     # -- recovery -------------------------------------------------------------------------------------
 
+    def _reserve_again(self, member: Member) -> list[Write]:
+        """Put an admitted pod back in `reservedFor` of its claims when kube-scheduler took it out. When a
+        binding attempt fails after its Reserve, kube-scheduler's DRA plugin removes the pod from every
+        allocated claim reserved for it, ours included. 1.37 can fail such an attempt on its own: it tries a
+        PodGroup with the pods it has seen ungated so far, and a gang ungated pod by pod may not meet its
+        minCount yet. Its next attempt then has to write the reservation itself, and was seen refused
+        ("status.allocation: field cannot be modified once set", from a stale copy) until the pods were
+        gone, with the devices allocated to no one. So: an admitted pod, ungated, not bound, not
+        terminating, whose allocated claims are reserved for no one, gets the reservation its PreBind would
+        write."""
+        pod = member.pod
+        m = meta(pod)
+        if is_gated(pod) or (pod.get("spec") or {}).get("nodeName") or m.get("deletionTimestamp") \
+                or ADMITTED_ANNOTATION not in (m.get("annotations") or {}):
+            return []
+        writes: list[Write] = []
+        for claim in member.claims:
+            if not is_allocated(claim) or (claim.get("status") or {}).get("reservedFor"):
+                continue
+            body = copy.deepcopy(claim)
+            body.setdefault("kind", "ResourceClaim")
+            body["status"]["reservedFor"] = [{"resource": "pods", "name": m.get("name"), "uid": m.get("uid")}]
+            try:
+                written = self._rest.replace(RESOURCE_CLAIMS, body, "status")
+            except ApiError as e:  # changed meanwhile, or gone: the next cycle looks again
+                log.warning("could not reserve claim %s again for %s: %s", _claim_key(claim), member.key, e)
+                continue
+            log.warning("kube-scheduler took %s out of the reservedFor of claim %s (a failed binding attempt): "
+                        "put back", member.key, _claim_key(claim))
+            wm = meta(written)
+            writes.append((RESOURCE_CLAIMS, str(wm.get("namespace")), str(wm.get("name")),
+                           str(wm.get("resourceVersion"))))
+        return writes
+
     def recover(self, gangs: Iterable[Gang]) -> tuple[list[Write], list[str]]:
         """Finish or undo commits a previous cycle (or leader) left half done. A gated pod whose claims are
         all allocated and reserved for it was committed; one holding only some was interrupted. A gang is
         completed (its committed pods ungated) when none of its pods was interrupted and its committed and
         running pods reach minCount; otherwise its committed claims are deallocated. Returns the writes
-        and the gangs completed."""
+        and the gangs completed. Also gives back the reservations kube-scheduler took from admitted pods
+        (`_reserve_again`)."""
         writes: list[Write] = []
         completed: list[str] = []
         for gang in gangs:
+            for member in gang.members.values():
+                writes.extend(self._reserve_again(member))
             gated = [m for m in gang.members.values() if is_gated(m.pod) and not meta(m.pod).get("deletionTimestamp")]
             holding = [(m, [c for c in m.claims if is_allocated(c) and reserved_for(c, m.pod)]) for m in gated]
             holding = [(m, held) for m, held in holding if held]

@@ -80,6 +80,7 @@ class Kubelet:
         self._rest = cluster.rest
         self._pods = pods
         self.completed: dict[str, float] = {}  # pod key -> when it was seen bound
+        self.ungated: dict[str, float] = {}  # pod key -> when it was first seen with no gate, not yet bound
         self.evicted: dict[str, float] = {}  # pod key -> when it was seen being deleted by someone else
         self._deleting: set[str] = set()
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="kubelet")
@@ -107,10 +108,18 @@ class Kubelet:
                 elif p["spec"].get("nodeName"):
                     self.completed[key] = time.perf_counter()
                 else:
+                    if not p["spec"].get("schedulingGates"):
+                        self.ungated.setdefault(key, time.perf_counter())
                     continue
                 self._deleting.add(key)
                 self._pool.submit(self._delete, key, meta["namespace"], meta["name"])
             self._stop.wait(0.005)
+
+    def binding(self) -> str:
+        """How long kube-scheduler took from a pod's last gate coming off to its binding."""
+        waits = [self.completed[k] - at for k, at in self.ungated.items() if k in self.completed]
+        return (f"ungated to bound a median {_p(waits, 50):.2f} s (p90 {_p(waits, 90):.2f}; "
+                f"{len(waits)} pods seen ungated)")
 
     def _delete(self, key: str, namespace: str, name: str) -> None:
         try:
@@ -230,6 +239,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
           f"evictions {evictions} ({causes}; thrash {run.thrash})")
     print(f"  arbiter CPU {cpu:.1f} s over {wall:.1f} s")
     print(occupancy.report("GPU turns", 256, admitted_at))
+    print(f"  kube-scheduler binding the admitted pods: {kubelet.binding()}")
     print(f"  arbiter cycles {run.cycles}; time in: " + ", ".join(
         f"{k} {v:.2f} s" for k, v in sorted(run.seconds.items(), key=lambda kv: -kv[1])))
     print("  of which the cycle thread's CPU: " + ", ".join(
@@ -319,6 +329,7 @@ def _kube_scheduler_run(cluster: FakeCluster) -> float:
     print(f"kube-scheduler: {PODS_TOTAL} pods of 1 GPU from a template, no gangs: {wall:.2f} s, {rate:.1f} pods/s "
           "ungate to bound")
     print(occupancy.report("GPU turns", 256, kubelet.completed))
+    print(f"  kube-scheduler allocating and binding: {kubelet.binding()}")
     return rate
 
 

@@ -111,6 +111,38 @@ def test_an_admitted_gang_s_podgroup_is_marked_scheduled_as_kube_scheduler_would
     assert scheduled_condition(again) == earlier
 
 
+def test_a_reservation_kube_scheduler_took_back_is_given_back(cluster: FakeCluster) -> None:
+    """kube-scheduler's DRA Unreserve, after a failed binding attempt, takes the pod out of the reservedFor of its
+    allocated claims, ours included (seen on 1.37 when it tried a PodGroup before all its pods were ungated); the
+    pods then stayed unbound with their devices allocated to no one. The next cycle gives the reservation back."""
+    cluster.gang(NS, "pair", "team-a", pods=2, gpus=1)
+    wait_for(lambda: all(claims_by_pod(cluster).get(f"pair-{i}") for i in range(2)), what="claims generated")
+    assert cluster.controllers is not None
+    cluster.controllers.binder = None  # kube-scheduler's stand-in binds nothing from here on
+    arbiter = cluster.arbiter(start=False)
+    wait_for(lambda: f"{NS}/pair" in arbiter.cycle().admitted, timeout=30, what="the gang admitted")
+    allocations = {}
+    for i in range(2):  # tried: what kube-scheduler's Unreserve writes, on both members' claims
+        (claim,) = claims_by_pod(cluster)[f"pair-{i}"]
+        allocations[claim["metadata"]["name"]] = claim["status"]["allocation"]
+        pod = cluster.rest.get(PODS, NS, f"pair-{i}")
+        assert not gated(pod) and not pod["spec"].get("nodeName")
+        cluster.rest.patch(RESOURCE_CLAIMS, NS, claim["metadata"]["name"], {
+            "metadata": {"uid": claim["metadata"]["uid"]},
+            "status": {"reservedFor": [{"$patch": "delete", "uid": pod["metadata"]["uid"]}]}},
+            content_type=STRATEGIC_MERGE_PATCH, subresource="status")
+    assert all(not c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs)
+    wait_for(lambda: arbiter.cycle().recovered is not None and all(
+        c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs), timeout=30,
+             what="the reservations given back")
+    for i in range(2):
+        (claim,) = claims_by_pod(cluster)[f"pair-{i}"]
+        pod = cluster.rest.get(PODS, NS, f"pair-{i}")
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+        assert claim["status"]["allocation"] == allocations[claim["metadata"]["name"]]  # the devices kept
+    assert len(set(allocated_devices(cluster))) == 2
+
+
 def test_a_gang_that_cannot_fit_is_never_admitted_in_part(cluster: FakeCluster) -> None:
     cluster.gang(NS, "huge", "team-a", pods=3, gpus=8)
     wait_for(lambda: all(claims_by_pod(cluster).get(f"huge-{i}") for i in range(3)), what="claims generated")
