@@ -225,15 +225,12 @@ class Committer:
         reason Scheduled, no message, this generation): equal to its own, it is not written again. Best effort:
         without it kube-scheduler writes it itself, only later."""
         m = meta(pod_group)
-        generation = m.get("generation")
-        conditions = (pod_group.get("status") or {}).get("conditions") or ()
-        if any(c.get("type") == SCHEDULED and c.get("status") == "True" and c.get("reason") == "Scheduled"
-               and not c.get("message") and c.get("observedGeneration") == generation for c in conditions):
-            return
         condition = {"type": SCHEDULED, "status": "True", "reason": "Scheduled", "message": "",
-                     "lastTransitionTime": _rfc3339(self._clock())}
-        if generation is not None:
-            condition["observedGeneration"] = generation
+                     "observedGeneration": m.get("generation")}
+        held = scheduled_condition(pod_group)
+        if held is not None and all(held.get(k) == v for k, v in condition.items()):
+            return
+        condition["lastTransitionTime"] = _rfc3339(self._clock())
         try:  # a strategic merge: the conditions are merged by type, the others (DisruptionTarget) kept
             self._rest.patch(POD_GROUPS, str(m.get("namespace")), str(m.get("name")),
                              {"status": {"conditions": [condition]}}, content_type=STRATEGIC_MERGE_PATCH,
@@ -346,38 +343,29 @@ class Committer:
     # -- recovery -------------------------------------------------------------------------------------
 
     def _reserve_again(self, member: Member) -> list[Write]:
-        """Put an admitted pod back in `reservedFor` of its claims when kube-scheduler took it out. When a
-        binding attempt fails after its Reserve, kube-scheduler's DRA plugin removes the pod from every
-        allocated claim reserved for it, ours included. 1.37 can fail such an attempt on its own: it tries a
-        PodGroup with the pods it has seen ungated so far, and a gang ungated pod by pod may not meet its
-        minCount yet. Its next attempt then has to write the reservation itself, and was seen refused
-        ("status.allocation: field cannot be modified once set", from a stale copy) until the pods were
-        gone, with the devices allocated to no one. So: an admitted pod, ungated, not bound, not
-        terminating, whose allocated claims are reserved for no one, gets the reservation its PreBind would
-        write."""
+        """Put an admitted pod back in `reservedFor` of its claims when kube-scheduler took it out. After a
+        failed binding attempt kube-scheduler's DRA Unreserve removes the pod from every allocated claim
+        reserved for it, ours included; 1.37 fails such attempts on its own when it tries a PodGroup before all
+        its pods are ungated, and its next attempt was seen refused writing the reservation back (from a stale
+        copy), the devices allocated to no one. So an admitted pod, ungated, unbound, not terminating, whose
+        allocated claims are reserved for no one, gets the reservation its PreBind would write."""
         pod = member.pod
         m = meta(pod)
         if is_gated(pod) or (pod.get("spec") or {}).get("nodeName") or m.get("deletionTimestamp") \
                 or ADMITTED_ANNOTATION not in (m.get("annotations") or {}):
             return []
-        writes: list[Write] = []
+        given = Outcome(True)
         for claim in member.claims:
             if not is_allocated(claim) or (claim.get("status") or {}).get("reservedFor"):
                 continue
-            body = copy.deepcopy(claim)
-            body.setdefault("kind", "ResourceClaim")
-            body["status"]["reservedFor"] = [{"resource": "pods", "name": m.get("name"), "uid": m.get("uid")}]
             try:
-                written = self._rest.replace(RESOURCE_CLAIMS, body, "status")
+                self._write_claim(claim, pod, {}, given)
             except ApiError as e:  # changed meanwhile, or gone: the next cycle looks again
                 log.warning("could not reserve claim %s again for %s: %s", _claim_key(claim), member.key, e)
                 continue
             log.warning("kube-scheduler took %s out of the reservedFor of claim %s (a failed binding attempt): "
                         "put back", member.key, _claim_key(claim))
-            wm = meta(written)
-            writes.append((RESOURCE_CLAIMS, str(wm.get("namespace")), str(wm.get("name")),
-                           str(wm.get("resourceVersion"))))
-        return writes
+        return given.writes
 
     def recover(self, gangs: Iterable[Gang]) -> tuple[list[Write], list[str]]:
         """Finish or undo commits a previous cycle (or leader) left half done. A gated pod whose claims are
@@ -412,6 +400,12 @@ class Committer:
             for m, held in holding:
                 writes.extend(self.deallocate(held, [m.pod]))
         return writes, completed
+
+
+def scheduled_condition(pod_group: Json) -> Json | None:
+    """The PodGroup's `PodGroupInitiallyScheduled` condition, if it has one."""
+    return next((c for c in (pod_group.get("status") or {}).get("conditions") or () if c.get("type") == SCHEDULED),
+                None)
 
 
 def _call(fn: Callable[[Any], Any], item: Any) -> tuple[Any, ApiError | None]:

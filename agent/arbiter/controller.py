@@ -117,7 +117,6 @@ class _Flight:
     """A gang whose commit is under way, and where its members go."""
 
     outcome: futures.Future[Outcome]
-    gang: Gang
     members: list[tuple[Member, str]]
 
 
@@ -498,7 +497,7 @@ class Arbiter:
                 continue  # cannot happen (a gang under way counts as running), but never commit one twice
             gang, members = world.gangs[job], [(world.members[name], node) for name, node in pods]
             outcome = self._pool.submit(self._commit_gang, gang, members, classes, world.shareable)
-            self._flights[job] = _Flight(outcome, gang, members)
+            self._flights[job] = _Flight(outcome, members)
 
     def _commit_gang(self, gang: Gang, members: list[tuple[Member, str]],
                      classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices) -> Outcome:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.committing import Committer
+from agent.arbiter.committing import Committer, scheduled_condition
 from agent.arbiter.controller import ArbiterConfig
 from agent.arbiter.names import DELETE_PROTECTION, GATE, QUEUE_LABEL
 from agent.kube.errors import ApiError
@@ -83,11 +83,6 @@ def test_a_gang_of_two_by_eight_gpus_is_admitted_on_two_nodes(cluster: FakeClust
     assert status["fairShare"]["gpu"] == 16 and status["requested"]["gpu"] == 16
 
 
-def scheduled_condition(group: dict[str, Any]) -> dict[str, Any] | None:
-    return next((c for c in (group.get("status") or {}).get("conditions") or ()
-                 if c["type"] == "PodGroupInitiallyScheduled"), None)
-
-
 def test_an_admitted_gang_s_podgroup_is_marked_scheduled_as_kube_scheduler_would(cluster: FakeCluster) -> None:
     """1.37's kube-scheduler writes this condition in its scheduling loop, one round trip per group, unless it
     finds it written word for word: the arbiter writes it when it admits the gang, once."""
@@ -132,9 +127,11 @@ def test_a_reservation_kube_scheduler_took_back_is_given_back(cluster: FakeClust
             "status": {"reservedFor": [{"$patch": "delete", "uid": pod["metadata"]["uid"]}]}},
             content_type=STRATEGIC_MERGE_PATCH, subresource="status")
     assert all(not c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs)
-    wait_for(lambda: arbiter.cycle().recovered is not None and all(
-        c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs), timeout=30,
-             what="the reservations given back")
+    def given_back() -> bool:
+        arbiter.cycle()
+        return all(c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs)
+
+    wait_for(given_back, timeout=30, what="the reservations given back")
     for i in range(2):
         (claim,) = claims_by_pod(cluster)[f"pair-{i}"]
         pod = cluster.rest.get(PODS, NS, f"pair-{i}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.committing import SCHEDULED, Committer
+from agent.arbiter.committing import Committer, scheduled_condition
 from agent.kube.rest import POD_GROUPS, PODS, Rest
 from fakes.cluster import wait_for
 
@@ -58,14 +58,9 @@ def test_kube_scheduler_leaves_a_podgroup_marked_as_the_arbiter_marks_it(control
             _members(rest, name)
         wait_for(lambda: all(p["spec"].get("nodeName") for p in rest.list(PODS, NS)["items"]), timeout=60,
                  what="both groups bound by kube-scheduler")
-
-        def condition(group: dict[str, Any]) -> dict[str, Any] | None:
-            return next((c for c in (group.get("status") or {}).get("conditions") or () if c["type"] == SCHEDULED),
-                        None)
-
-        unmarked = wait_for(lambda: g if condition(g := rest.get(POD_GROUPS, NS, "unmarked")) else None,
+        unmarked = wait_for(lambda: g if scheduled_condition(g := rest.get(POD_GROUPS, NS, "unmarked")) else None,
                             timeout=30, what="kube-scheduler's own mark")
-        ours, theirs = condition(marked), condition(unmarked)
+        ours, theirs = scheduled_condition(marked), scheduled_condition(unmarked)
         assert ours is not None and theirs is not None
         assert {k: v for k, v in ours.items() if k != "lastTransitionTime"} == \
             {k: v for k, v in theirs.items() if k != "lastTransitionTime"}  # word for word
