@@ -141,7 +141,9 @@ class Client:
         Raises urllib3's HTTPError or OSError when the server cannot be reached."""
         url = self.server.url + path + (f"?{urlencode(query)}" if query else "")
         limit = timeout or self.timeout
-        deadline = urllib3.Timeout(total=limit) if isinstance(limit, float | int) else urllib3.Timeout(*limit)
+        # by name: Timeout's first positional parameter is `total`, which would cap a watch at the connect time
+        deadline = urllib3.Timeout(total=limit) if isinstance(limit, float | int) else \
+            urllib3.Timeout(connect=limit[0], read=limit[1])
         response = self._pool.request(
             method, url, body=body, headers={"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()},
             timeout=deadline, preload_content=not stream,

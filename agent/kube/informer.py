@@ -6,6 +6,7 @@ on other failures. `on_change` is called after every change, from
 the informer's thread: it must be quick (set an Event). `on_event(type, object)`, when given, is told each
 watch event (type ADDED, MODIFIED, DELETED) or "SYNC" with every object after a list. Indexers keep objects
 findable by a derived key (e.g. a claim by the pool its devices come from) without scanning the copy.
+Objects are kept without `metadata.managedFields`, as client-go's informers of kube-scheduler keep them.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class Informer:
         self._synced.set()
 
     def _listed(self, items: list[Json]) -> None:
-        objects = {key_of(o): _with_kind(o, self.resource) for o in items}
+        objects = {key_of(o): _stored(o, self.resource) for o in items}
         with self._lock:
             self._objects = objects
             self._index = {name: {} for name in self._indexers}
@@ -124,16 +125,19 @@ class Informer:
                 self._unindex(key, self._objects.pop(key, None))
             else:
                 self._unindex(key, self._objects.get(key))
-                self._objects[key] = _with_kind(obj, self.resource)
+                self._objects[key] = _stored(obj, self.resource)
                 self._reindex(key, obj)
         if self._on_event is not None:
             self._on_event(kind, obj)
         self._on_change()
 
 
-def _with_kind(obj: Json, resource: Resource) -> Json:
+def _stored(obj: Json, resource: Resource) -> Json:
     # list items carry no apiVersion/kind; writers that send an object back need them
     obj.setdefault("apiVersion", resource.api_version)
+    # managedFields are the server's bookkeeping, read by nothing here and often half a pod's size; an update
+    # without them keeps the server's, so dropping them spares every copy, PUT and server-side decode of them
+    (obj.get("metadata") or {}).pop("managedFields", None)
     return obj
 
 

@@ -74,12 +74,14 @@ def _claims_made(cluster: FakeCluster, pods: Informer, total: int, namespace: st
 class Kubelet:
     """Completes pods once bound to a node and confirms evictions: deletes with grace 0. As
     each node's kubelet would, it deletes pods in parallel (a worker per node): one thread deleting in turn
-    would cap both schedulers' rates at its own, one API round trip per pod."""
+    would cap both schedulers' rates at its own, one API round trip per pod. A gang's pods (one PodGroup) are
+    counted when bound but complete together once all of them are, as a gang's job ends: deleting the first
+    bound ones while kube-scheduler still binds the rest would break the gang it is binding."""
 
     def __init__(self, cluster: FakeCluster, pods: Informer, workers: int = 32) -> None:
         self._rest = cluster.rest
         self._pods = pods
-        self.completed: dict[str, float] = {}  # pod key -> when it was seen bound
+        self.completed: dict[str, float] = {}  # pod key -> when it was first seen bound
         self.ungated: dict[str, float] = {}  # pod key -> when it was first seen with no gate, not yet bound
         self.evicted: dict[str, float] = {}  # pod key -> when it was seen being deleted by someone else
         self._deleting: set[str] = set()
@@ -98,7 +100,9 @@ class Kubelet:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for p in self._pods.items():
+            pods = self._pods.items()
+            binding = {g for p in pods if not p["spec"].get("nodeName") and (g := _gang_of(p))}  # gangs not all bound
+            for p in pods:
                 meta = p["metadata"]
                 key = f"{meta['namespace']}/{meta['name']}"
                 if key in self._deleting:
@@ -106,7 +110,9 @@ class Kubelet:
                 if meta.get("deletionTimestamp"):
                     self.evicted.setdefault(key, time.perf_counter())
                 elif p["spec"].get("nodeName"):
-                    self.completed[key] = time.perf_counter()
+                    self.completed.setdefault(key, time.perf_counter())
+                    if _gang_of(p) in binding:
+                        continue
                 else:
                     if not p["spec"].get("schedulingGates"):
                         self.ungated.setdefault(key, time.perf_counter())
@@ -128,6 +134,11 @@ class Kubelet:
             pass
         except ApiError:
             self._deleting.discard(key)  # the next pass tries again
+
+
+def _gang_of(pod: dict[str, Any]) -> str | None:
+    group = (pod["spec"].get("schedulingGroup") or {}).get("podGroupName")
+    return f"{pod['metadata']['namespace']}/{group}" if group else None
 
 
 class Occupancy:
@@ -248,6 +259,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
         f"{k} {v:.2f} s" for k, v in run.commit_seconds.items()))
     print(f"  commits refused {sum(run.refused.values())}" + "".join(
         f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1])))
+    print(f"  reservations kube-scheduler took from admitted pods, put back by the arbiter: {run.given_back}")
     return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash, "cpu_s": cpu}
 
 
@@ -266,11 +278,13 @@ class _Run:
     commit_seconds: dict[str, float]
     thrash: int
     refused: dict[str, int]  # commits a node or the API refused, by reason (the gang waits for the next cycle)
+    given_back: int  # reservations kube-scheduler took from admitted pods, which the arbiter put back
 
 
 _ADMITTED = re.compile(r"admitted gang (\S+) of queue")
 _EVICTED = re.compile(r"evicted \S+ \(gang (\S+), queue")
 _REFUSED = re.compile(r"gang \S+ not committed: (.*)")
+_GIVEN_BACK = re.compile(r"kube-scheduler took \S+ out of the reservedFor")
 
 
 def _read_log(path: Path) -> _Run:
@@ -280,6 +294,7 @@ def _read_log(path: Path) -> _Run:
     thrash = 0
     summary: dict[str, Any] = {}
     refused: dict[str, int] = {}
+    given_back = 0
     for line in path.read_text().splitlines():
         if not line.startswith("{"):
             continue
@@ -292,11 +307,13 @@ def _read_log(path: Path) -> _Run:
         elif m := _REFUSED.match(entry["msg"]):
             reason = re.sub(r"\S*\d\S*", "#", m[1])[:60]  # names and numbers out: one line per kind
             refused[reason] = refused.get(reason, 0) + 1
+        elif _GIVEN_BACK.match(entry["msg"]):
+            given_back += 1
         elif entry["msg"] == "arbiter stopped":
             summary = entry
     assert summary, f"the arbiter wrote no summary: see {path}"
     return _Run(summary["cycles"], summary["evictions"], summary["seconds"], summary["cpu_seconds"],
-                summary["commit_seconds"], thrash, refused)
+                summary["commit_seconds"], thrash, refused, given_back)
 
 
 def _kube_scheduler_run(cluster: FakeCluster) -> float:
