@@ -1,9 +1,10 @@
 """End-to-end admission (opt-in: `make bench`): 32 nodes x 8 GPUs whose agents serve reservations over a fake
 DGX H100, 1,000 gated pods of one GPU each in gangs of 1 to 8 across 4 queues. Pods complete (are deleted, grace
-period 0, as a kubelet confirms) as soon as they are bound to their node, in parallel as the nodes' kubelets would,
-so all 1,000 pass through 256 GPUs. Prints pods per second from the start to the last bound (an admitted pod runs
-only once kube-scheduler has bound it), evictions per run, where the arbiter's time went, and where a GPU's turn
-goes (held by a claim, then waiting for the next).
+period 0, as a kubelet confirms) as soon as they are bound to their node (a gang's once all of its pods are), in
+parallel as the nodes' kubelets would, so all 1,000 pass through 256 GPUs. Prints pods per second from the start
+to the last bound (an admitted pod runs only once kube-scheduler has bound it), evictions per run, where the
+arbiter's time went, where a GPU's turn goes (held by a claim, then waiting for the next), and the CPU each
+process spent per pod while timed.
 
 Two API servers: the fake (the controller stand-ins in this process), and the real control plane 1.37 with
 kube-controller-manager and kube-scheduler at `--kube-api-qps=500` (burst 1,000). On the real one the same run
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent import futures
 from datetime import datetime
 from pathlib import Path
@@ -76,50 +78,56 @@ class Kubelet:
     each node's kubelet would, it deletes pods in parallel (a worker per node): one thread deleting in turn
     would cap both schedulers' rates at its own, one API round trip per pod. A gang's pods (one PodGroup) are
     counted when bound but complete together once all of them are, as a gang's job ends: deleting the first
-    bound ones while kube-scheduler still binds the rest would break the gang it is binding."""
+    bound ones while kube-scheduler still binds the rest would break the gang it is binding. It works from the
+    pods informer's events (`seen`), not by polling: on this 2-core machine a harness scanning every pod every
+    few milliseconds takes CPU from the schedulers it measures."""
 
-    def __init__(self, cluster: FakeCluster, pods: Informer, workers: int = 32) -> None:
+    def __init__(self, cluster: FakeCluster, workers: int = 32) -> None:
         self._rest = cluster.rest
-        self._pods = pods
         self.completed: dict[str, float] = {}  # pod key -> when it was first seen bound
         self.ungated: dict[str, float] = {}  # pod key -> when it was first seen with no gate, not yet bound
         self.evicted: dict[str, float] = {}  # pod key -> when it was seen being deleted by someone else
+        self._lock = threading.Lock()
+        self._unbound: dict[str, set[str]] = {}  # gang (a pod alone: its key) -> its pods not bound yet
+        self._bound: dict[str, set[str]] = {}  # gang -> its bound pods, not yet deleted
         self._deleting: set[str] = set()
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="kubelet")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Kubelet:
-        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            pods = self._pods.items()
-            binding = {g for p in pods if not p["spec"].get("nodeName") and (g := _gang_of(p))}  # gangs not all bound
-            for p in pods:
-                meta = p["metadata"]
-                key = f"{meta['namespace']}/{meta['name']}"
-                if key in self._deleting:
-                    continue
-                if meta.get("deletionTimestamp"):
-                    self.evicted.setdefault(key, time.perf_counter())
-                elif p["spec"].get("nodeName"):
-                    self.completed.setdefault(key, time.perf_counter())
-                    if _gang_of(p) in binding:
-                        continue
-                else:
-                    if not p["spec"].get("schedulingGates"):
-                        self.ungated.setdefault(key, time.perf_counter())
-                    continue
-                self._deleting.add(key)
-                self._pool.submit(self._delete, key, meta["namespace"], meta["name"])
-            self._stop.wait(0.005)
+    def seen(self, kind: str, pod: dict[str, Any]) -> None:
+        """The pods informer's `on_event`."""
+        meta, now = pod["metadata"], time.perf_counter()
+        key = f"{meta['namespace']}/{meta['name']}"
+        gang = _gang_of(pod) or key
+        with self._lock:
+            self._unbound.setdefault(gang, set()).discard(key)
+            done: list[str] = []
+            if kind == "DELETED":
+                self._bound.get(gang, set()).discard(key)
+            elif meta.get("deletionTimestamp"):
+                self._bound.get(gang, set()).discard(key)
+                if key not in self._deleting:
+                    self.evicted.setdefault(key, now)
+                    done.append(key)
+            elif pod["spec"].get("nodeName"):
+                self.completed.setdefault(key, now)
+                if key not in self._deleting:
+                    self._bound.setdefault(gang, set()).add(key)
+            else:
+                self._unbound[gang].add(key)
+                if not pod["spec"].get("schedulingGates"):
+                    self.ungated.setdefault(key, now)
+            if not self._unbound[gang]:
+                del self._unbound[gang]
+                done.extend(self._bound.pop(gang, ()))
+            self._deleting.update(done)
+        for k in done:
+            self._pool.submit(self._delete, k)
 
     def binding(self) -> str:
         """How long kube-scheduler took from a pod's last gate coming off to its binding."""
@@ -127,13 +135,16 @@ class Kubelet:
         return (f"ungated to bound a median {_p(waits, 50):.2f} s (p90 {_p(waits, 90):.2f}; "
                 f"{len(waits)} pods seen ungated)")
 
-    def _delete(self, key: str, namespace: str, name: str) -> None:
-        try:
-            self._rest.delete(PODS, namespace, name, grace_period_s=0)
-        except NotFound:
-            pass
-        except ApiError:
-            self._deleting.discard(key)  # the next pass tries again
+    def _delete(self, key: str) -> None:
+        namespace, name = key.split("/", 1)
+        for _ in range(50):
+            try:
+                self._rest.delete(PODS, namespace, name, grace_period_s=0)
+                return
+            except NotFound:
+                return
+            except ApiError:
+                time.sleep(0.1)  # refused (the server busy): again
 
 
 def _gang_of(pod: dict[str, Any]) -> str | None:
@@ -142,48 +153,55 @@ def _gang_of(pod: dict[str, Any]) -> str | None:
 
 
 class Occupancy:
-    """Where a GPU's turn goes, from the claims as an informer sees them (sampled every 20 ms): how long a claim
-    holds its device (allocated until deleted), split at its pod's completion, and how long a device stays free
-    between one claim's deletion and the next allocation on it. The rate is the GPUs held on average over the
-    time a claim holds one, so the two say whether a scheduler is slow to fill GPUs or to get them back."""
+    """Where a GPU's turn goes, from the claims informer's events: how long a claim holds its device (allocated
+    until deleted), split at its pod's completion, and how long a device stays free between one claim's
+    deletion and the next allocation on it. The rate is the GPUs held on average over the time a claim holds
+    one, so the two say whether a scheduler is slow to fill GPUs or to get them back."""
 
     def __init__(self, cluster: FakeCluster, driver: str = "gpu.nvidia.com") -> None:
-        self._claims = Informer(cluster.rest, RESOURCE_CLAIMS)
+        self._claims = Informer(cluster.rest, RESOURCE_CLAIMS, on_event=self._seen)
         self._driver = driver
         self.allocated: dict[str, tuple[float, tuple[str, str]]] = {}  # claim uid -> (first seen held, device)
         self.gone: dict[str, float] = {}  # claim uid -> first seen deleted or free
         self.owner: dict[str, str] = {}  # claim uid -> its pod's key
-        self.samples: list[int] = []  # GPUs held, per sample
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._lock = threading.Lock()
+        self._held = 0  # claims holding a device now
+        self._since = 0.0  # since when `_held` has been what it is
+        self._area = 0.0  # GPU-seconds held, from `_start`
+        self._start = self._end = 0.0
 
     def __enter__(self) -> Occupancy:
         start_all([self._claims], 60)
-        self._thread.start()
+        with self._lock:
+            self._start = self._since = time.perf_counter()
+            self._area = 0.0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
         self._claims.stop()
+        with self._lock:
+            self._end = time.perf_counter()
+            self._area += self._held * (self._end - self._since)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            now, holding = time.perf_counter(), set()
-            for c in self._claims.items():
-                m = c["metadata"]
-                devices = allocated_devices(c, self._driver)
-                if devices and not m.get("deletionTimestamp"):
-                    holding.add(m["uid"])
-                    self.allocated.setdefault(m["uid"], (now, devices[0]))
-                    self.owner[m["uid"]] = f"{m['namespace']}/{(m.get('ownerReferences') or [{}])[0].get('name')}"
-            for uid in self.allocated.keys() - holding - self.gone.keys():
+    def _seen(self, kind: str, c: dict[str, Any]) -> None:
+        m, now = c["metadata"], time.perf_counter()
+        uid = m["uid"]
+        devices = [] if kind == "DELETED" or m.get("deletionTimestamp") else allocated_devices(c, self._driver)
+        with self._lock:
+            before = self._held
+            if devices and uid not in self.allocated:
+                self.allocated[uid] = (now, devices[0])
+                self.owner[uid] = f"{m['namespace']}/{(m.get('ownerReferences') or [{}])[0].get('name')}"
+                self._held += 1
+            elif not devices and uid in self.allocated and uid not in self.gone:
                 self.gone[uid] = now
-            self.samples.append(len(holding))
-            self._stop.wait(0.02)
+                self._held -= 1
+            if self._held != before:
+                self._area += before * (now - self._since)
+                self._since = now
 
     def report(self, label: str, gpus: int, pod_done: dict[str, float]) -> str:
-        """`pod_done`: pod key -> when the kubelet stand-in saw it bound (and deleted it)."""
+        """`pod_done`: pod key -> when the kubelet stand-in saw it bound."""
         done = {uid: pod_done[key] for uid, key in self.owner.items() if key in pod_done}
         holds = [gone - self.allocated[uid][0] for uid, gone in self.gone.items()]
         to_pod = [at - self.allocated[uid][0] for uid, at in done.items()]
@@ -193,7 +211,7 @@ class Occupancy:
             turns.setdefault(device, []).append((at, self.gone.get(uid)))
         idle = [after - gone for t in turns.values() for (_, gone), (after, _) in itertools.pairwise(t)
                 if gone is not None and after >= gone]
-        mean = sum(self.samples) / max(1, len(self.samples))
+        mean = self._area / max(1e-9, self._end - self._start)
         return (f"  {label}: GPUs held {mean:.0f} of {gpus} on average; a claim holds its GPU a median "
                 f"{_p(holds, 50):.2f} s (p90 {_p(holds, 90):.2f}: from its allocation to its pod's completion "
                 f"{_p(to_pod, 50):.2f} s, then to the claim's deletion {_p(to_claim, 50):.2f} s), a freed GPU waits "
@@ -204,7 +222,7 @@ def _p(samples: list[float], q: float) -> float:
     return percentile(samples, q) if samples else float("nan")
 
 
-def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str, float]:
+def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Timed | None = None) -> dict[str, float]:
     """The arbiter as deployed: its own process (`gpu-dra-agent arbiter`), so that this harness (the node
     agents, the kubelet stand-in, the informers) does not share its interpreter, as kube-scheduler does not.
     As kube-scheduler's case starts with kube-scheduler running and the pods' claims made, this one starts with
@@ -212,7 +230,8 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
     created (until then every gang waits for its queue)."""
     rng = random.Random(7)
     gangs = _gangs(rng)
-    pods = Informer(cluster.rest, PODS)
+    kubelet = Kubelet(cluster)
+    pods = Informer(cluster.rest, PODS, on_event=kubelet.seen)
     start_all([pods], 60)
     for q, name, size in gangs:
         cluster.gang(f"ns-{q}", name, q, pods=size, gpus=1)
@@ -221,20 +240,24 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
     command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
                "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", str(period_s),
                "--log-format", "json"]
-    with Kubelet(cluster, pods) as kubelet, open(log_path, "w") as log, \
-            Occupancy(cluster) as occupancy:
+    with kubelet, open(log_path, "w") as log, Occupancy(cluster) as occupancy:
         proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.getcwd()}, stderr=log)
         try:
             wait_for(lambda: "arbiter running" in log_path.read_text(), timeout=120, interval=0.1,
                      what="the arbiter running (its start puts the fence in place)")
             time.sleep(ArbiterConfig().fence_settle_s + 0.5)  # the arbiter commits once the fence has settled
             start, cpu_before = time.perf_counter(), _cpu_seconds(proc.pid)
+            if timed is not None:
+                timed.start()
             cluster.queue("root")
             for i in range(QUEUES):
                 cluster.queue(f"q{i}", parent="root", gpu_quota=64)
             wait_for(lambda: len(kubelet.completed) + len(kubelet.evicted) >= PODS_TOTAL and
                      not pods.items(), timeout=900, interval=0.05, what="all admitted")
             cpu = _cpu_seconds(proc.pid) - cpu_before
+            if timed is not None:
+                timed.stop()
+                timed.used["arbiter"] = cpu
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait()
@@ -261,6 +284,41 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float) -> dict[str,
         f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1])))
     print(f"  reservations kube-scheduler took from admitted pods, put back by the arbiter: {run.given_back}")
     return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash, "cpu_s": cpu}
+
+
+class _Timed:
+    """The CPU spent while a run is timed, by process (`processes()`: CPU seconds so far of each) and by the whole
+    machine (/proc/stat): on this 2-core VM every process shares the CPU, so the rate follows the CPU per pod."""
+
+    def __init__(self, processes: Callable[[], dict[str, float]]) -> None:
+        self._processes = processes
+        self._before: dict[str, float] = {}
+        self._at = 0.0
+        self._jiffies = (0, 0)
+        self.seconds = 0.0
+        self.used: dict[str, float] = {}  # process -> CPU seconds while timed
+        self.busy = 0.0  # the machine's CPUs busy while timed, 0-1
+
+    def start(self) -> None:
+        self._before, self._at, self._jiffies = self._processes(), time.perf_counter(), _jiffies()
+
+    def stop(self) -> None:
+        after, (total, idle) = self._processes(), _jiffies()
+        self.seconds = time.perf_counter() - self._at
+        self.used = {k: v - self._before.get(k, 0.0) for k, v in after.items()}
+        self.busy = 1 - (idle - self._jiffies[1]) / max(1, total - self._jiffies[0])
+
+    def report(self, label: str, pods: int) -> str:
+        used = {k: v * 1000 / pods for k, v in self.used.items()}
+        return (f"CPU while timed, {label}: {sum(used.values()):.1f} ms a pod over {self.seconds:.1f} s, the "
+                f"machine's {os.cpu_count()} CPUs {self.busy:.0%} busy (" + ", ".join(
+                    f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
+
+
+def _jiffies() -> tuple[int, int]:
+    """The machine's CPU time so far, all and idle (with I/O wait), in clock ticks."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -316,11 +374,12 @@ def _read_log(path: Path) -> _Run:
                 summary["commit_seconds"], thrash, refused, given_back)
 
 
-def _kube_scheduler_run(cluster: FakeCluster) -> float:
+def _kube_scheduler_run(cluster: FakeCluster, timed: _Timed) -> float:
     """The same number of pods, 1 GPU each, no queue, no gang: kube-scheduler allocates and binds them. Held
     back by a gate of ours until their claims exist, then released all at once (8 writers)."""
     cluster.rest.delete(DEVICE_TAINT_RULES, None, FENCE_RULE)  # no arbiter: kube-scheduler allocates
-    pods = Informer(cluster.rest, PODS)
+    kubelet = Kubelet(cluster)
+    pods = Informer(cluster.rest, PODS, on_event=kubelet.seen)
     start_all([pods], 60)
     cluster.namespace("plain")
     with futures.ThreadPoolExecutor(8) as pool:
@@ -334,12 +393,13 @@ def _kube_scheduler_run(cluster: FakeCluster) -> float:
         with contextlib.suppress(ApiError):
             cluster.rest.replace(PODS, body)
 
-    with Kubelet(cluster, pods) as kubelet, \
-            Occupancy(cluster) as occupancy:
+    with kubelet, Occupancy(cluster) as occupancy:
         start = time.perf_counter()
+        timed.start()
         with futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(release, pods.items()))
         wait_for(lambda: len(kubelet.completed) >= PODS_TOTAL, timeout=900, interval=0.05, what="all bound")
+        timed.stop()
         wall = max(kubelet.completed.values()) - start
     pods.stop()
     rate = PODS_TOTAL / wall
@@ -378,7 +438,7 @@ def _api_writes(cp: Any) -> dict[str, float]:
 
 def _cpu_by_process(cp: Any) -> dict[str, float]:
     """CPU seconds so far of each control-plane process and of this one (the node agents, the kubelet stand-in,
-    the informers)."""
+    the informers; the arbiter runs in a process of its own, counted by _arbiter_run)."""
     own = os.times()
     out = {c.name: _cpu_seconds(c.process.pid) for c in cp.components if c.process.poll() is None}
     out["bench (node agents, kubelet stand-in)"] = own.user + own.system
@@ -450,24 +510,21 @@ def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> Non
             print(f"\nreal control plane 1.37, kube-controller-manager and kube-scheduler --kube-api-qps="
                   f"{CLIENT_QPS} --kube-api-burst={2 * CLIENT_QPS}; arbiter (its own process) client unlimited, "
                   f"{config.commit_workers} gangs committed at once")
-            before, cpu_before = _api_writes(cp), _cpu_by_process(cp)
-            arbiter = _arbiter_run(cluster, "arbiter", PERIOD_S)
-            between, cpu_between = _api_writes(cp), _cpu_by_process(cp)
-            scheduler = _kube_scheduler_run(cluster)
-            after, cpu_after = _api_writes(cp), _cpu_by_process(cp)
+            timed_arbiter, timed_scheduler = _Timed(lambda: _cpu_by_process(cp)), _Timed(lambda: _cpu_by_process(cp))
+            before = _api_writes(cp)
+            arbiter = _arbiter_run(cluster, "arbiter", PERIOD_S, timed_arbiter)
+            between = _api_writes(cp)
+            scheduler = _kube_scheduler_run(cluster, timed_scheduler)
+            after = _api_writes(cp)
             ceiling = _ceiling_run(cluster, config.commit_workers)
     # the API server's writes are what both paths share on one control plane: per pod, by whom they are for
     for label, start, end in (("arbiter path", before, between), ("kube-scheduler path", between, after)):
         delta = {k: (end[k] - start.get(k, 0.0)) / PODS_TOTAL for k in end if end[k] > start.get(k, 0.0)}
         print(f"API writes per pod, {label}: {sum(delta.values()):.2f} (" + ", ".join(
             f"{k} {v:.2f}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
-    # the machine's CPU is what both paths share too: per pod, by process (the pods' creation included)
-    cpu_between["arbiter"] = arbiter["cpu_s"]
-    for label, start, end in (("arbiter path", cpu_before, cpu_between),
-                              ("kube-scheduler path", cpu_between, cpu_after)):
-        used = {k: (end[k] - start.get(k, 0.0)) * 1000 / PODS_TOTAL for k in end}
-        print(f"CPU ms per pod, {label}: {sum(used.values()):.1f} (" + ", ".join(
-            f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
+    # the machine's CPU is what both paths share too: per pod, by process, while each was timed
+    print(timed_arbiter.report("arbiter path", PODS_TOTAL))
+    print(timed_scheduler.report("kube-scheduler path", PODS_TOTAL))
     print(f"side by side (same run, same nodes): arbiter {arbiter['pods_s']:.1f} pods/s "
           f"({arbiter['evictions']:.0f} evictions, thrash {arbiter['thrash']:.0f}), kube-scheduler "
           f"{scheduler:.1f} pods/s, ceiling {ceiling:.1f} pods/s; arbiter / kube-scheduler "
