@@ -6,7 +6,7 @@ on other failures. `on_change` is called after every change, from
 the informer's thread: it must be quick (set an Event). `on_event(type, object)`, when given, is told each
 watch event (type ADDED, MODIFIED, DELETED) or "SYNC" with every object after a list. Indexers keep objects
 findable by a derived key (e.g. a claim by the pool its devices come from) without scanning the copy.
-Objects are kept without `metadata.managedFields`, as client-go's informers of kube-scheduler keep them.
+Objects are kept without `metadata.managedFields`, as kube-scheduler's pod informer keeps them.
 """
 
 from __future__ import annotations
@@ -135,8 +135,8 @@ class Informer:
 def _stored(obj: Json, resource: Resource) -> Json:
     # list items carry no apiVersion/kind; writers that send an object back need them
     obj.setdefault("apiVersion", resource.api_version)
-    # managedFields are the server's bookkeeping, read by nothing here and often half a pod's size; an update
-    # without them keeps the server's, so dropping them spares every copy, PUT and server-side decode of them
+    # managedFields are the server's bookkeeping, read by nothing here; an update without them keeps the
+    # server's, so dropping them spares every copy, PUT and server-side decode of them
     (obj.get("metadata") or {}).pop("managedFields", None)
     return obj
 
