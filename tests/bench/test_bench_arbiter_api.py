@@ -283,7 +283,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
     print(f"  commits refused {sum(run.refused.values())}" + "".join(
         f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1])))
     print(f"  reservations kube-scheduler took from admitted pods, put back by the arbiter: {run.given_back}")
-    return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash, "cpu_s": cpu}
+    return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash}
 
 
 class _Timed:

@@ -127,6 +127,7 @@ def test_a_reservation_kube_scheduler_took_back_is_given_back(cluster: FakeClust
             "status": {"reservedFor": [{"$patch": "delete", "uid": pod["metadata"]["uid"]}]}},
             content_type=STRATEGIC_MERGE_PATCH, subresource="status")
     assert all(not c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs)
+
     def given_back() -> bool:
         arbiter.cycle()
         return all(c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs)

@@ -42,9 +42,9 @@ def test_kube_scheduler_leaves_a_podgroup_marked_as_the_arbiter_marks_it(control
     from tests.controlplane.cluster import reset
 
     reset(control_plane)
+    rest = control_plane.rest()
     try:
         control_plane.add_node("pod-group-node")
-        rest = control_plane.rest()
         control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                              "metadata": {"name": NS}})
         committer = Committer(rest, "gpu.nvidia.com", dict, ttl_seconds=30, clock=time.time)
@@ -69,6 +69,6 @@ def test_kube_scheduler_leaves_a_podgroup_marked_as_the_arbiter_marks_it(control
         assert after["metadata"]["resourceVersion"] == marked["metadata"]["resourceVersion"]  # nothing written
         assert "kube-scheduler" not in _status_writers(after)
     finally:
-        for pod in control_plane.rest().list(PODS, NS)["items"]:  # bound to a node with no kubelet: forced
-            control_plane.rest().delete(PODS, NS, pod["metadata"]["name"], grace_period_s=0)
+        for pod in rest.list(PODS, NS)["items"]:  # bound to a node with no kubelet: forced
+            rest.delete(PODS, NS, pod["metadata"]["name"], grace_period_s=0)
         reset(control_plane)
