@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -228,9 +228,11 @@ class FakeCluster:
         return name
 
     def pod(self, namespace: str, name: str, queue: str | None, gpus: int, *, group: str | None = None,
-            priority: int | None = None, gated: bool = True, gates: Sequence[str] = ()) -> dict[str, Any]:
+            priority: int | None = None, gated: bool = True, gates: Sequence[str] = (),
+            spec_extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A pod with a claim of `gpus` GPUs from a template; with no queue and ungated, an ordinary DRA pod
-        as kube-scheduler would get it before the arbiter's admission policy existed."""
+        as kube-scheduler would get it before the arbiter's admission policy existed. `spec_extra`: more of its
+        spec (a nodeSelector, tolerations)."""
         template = self.template(namespace, gpus)
         spec: dict[str, Any] = {
             "containers": [{"name": "main", "image": "trainer:1",
@@ -244,6 +246,7 @@ class FakeCluster:
             spec["schedulingGroup"] = {"podGroupName": group}
         if priority is not None:
             spec["priority"] = priority
+        spec.update(spec_extra or {})
         return self.rest.create(PODS, namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue} if queue else {}}, "spec": spec})
 

@@ -50,6 +50,7 @@ from agent.arbiter.names import (
     GATE,
     QUEUE_LABEL,
 )
+from agent.arbiter.node_rules import NodeRules
 from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
 from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
 from agent.quantity import QuantityError, parse
@@ -543,6 +544,14 @@ def _share_index(claims: Sequence[Mapping[str, Any]], driver: str, node: str,
     return gpu_index.get(node, {}).get(next(iter(shared)))
 
 
+def _managed(node: Json, devices: Mapping[str, set[str]]) -> bool:
+    """A node the arbiter places on: ready and schedulable, its agent's address and fingerprint annotated, its
+    GPUs published."""
+    annotations = meta(node).get("annotations") or {}
+    return bool(annotations.get(ADDRESS_ANNOTATION) and annotations.get(FINGERPRINT_ANNOTATION)
+                and str(meta(node).get("name")) in devices and _node_ready(node))
+
+
 def _node_ready(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False
@@ -634,11 +643,16 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             invalid[bad.key] = bad
             bad_groups[key] = problem
 
+    # the nodes the arbiter places on: ready, their agent reachable, their GPUs published
+    devices = _pool_devices(slices, driver)
+    managed = [n for n in nodes if _managed(n, devices)]
+    rules = NodeRules(managed)
     gangs: dict[str, Gang] = {}
     members: dict[str, Member] = {}
     waiting: dict[str, str] = {}
     unweighed: set[str] = set()  # gangs left out whole (their queue or PodGroup is missing or invalid)
-    attributed: set[str] = set()  # claims some snapshot pod accounts for
+    holding: dict[str, set[str]] = {}  # gang -> the claims its running or releasing pods hold
+    allowed: dict[str, frozenset[str]] = {}  # pending pod -> the nodes its affinity and tolerations allow
     other_pods: list[Json] = []
     statuses: dict[str, PodStatus] = {}
     release: list[Json] = []
@@ -687,6 +701,12 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                                         f"({', '.join(read.facts.missing)}) to be created from their templates")
             elif any(c is None for c in read.found):
                 waiting.setdefault(job, f"ResourceClaim of {name} not found")
+            # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
+            nodes_allowed, why = rules.allowed(pod)
+            if nodes_allowed is not None:
+                allowed[pod_key(pod)] = nodes_allowed
+            if why:
+                waiting.setdefault(job, f"no node may run {name}: {why}")
         gang = gangs.get(job)
         if gang is None:
             min_count = 1
@@ -699,12 +719,14 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         gang.members[member.key] = member
         members[member.key] = member
         statuses[member.key] = read.status
-        if read.status != "Pending" and job not in unweighed:
-            # a gang left out holds its devices all the same: its claims count as held by others
-            attributed.update(f"{ns}/{n}" for n in read.facts.names)
+        if read.status != "Pending":
+            holding.setdefault(job, set()).update(f"{ns}/{n}" for n in read.facts.names)
+
+    # a gang left out of the snapshot holds its devices all the same: its claims count as held by others
+    left_out = unweighed | {job for job in waiting if any(statuses[k] == "Pending" for k in gangs[job].members)}
+    attributed = {c for job, held in holding.items() if job not in left_out for c in held}  # snapshot pods' claims
 
     # nodes
-    devices = _pool_devices(slices, driver)
     owners: dict[tuple[str, str], list[str]] = {}  # every device of ours allocated whole -> the claims holding it
     for key, c in claims_by_key.items():
         if is_allocated(c):
@@ -743,13 +765,9 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             other_mem[node_name] = other_mem.get(node_name, 0.0) + mem
     node_specs = []
     addresses: dict[str, str] = {}
-    for n in nodes:
+    for n in managed:
         name = str(meta(n).get("name"))
-        annotations = meta(n).get("annotations") or {}
-        address = annotations.get(ADDRESS_ANNOTATION)
-        if not address or not annotations.get(FINGERPRINT_ANNOTATION) or name not in devices or not _node_ready(n):
-            continue
-        addresses[name] = str(address)
+        addresses[name] = str(meta(n)["annotations"][ADDRESS_ANNOTATION])
         alloc = (n.get("status") or {}).get("allocatable") or {}
         cpu = _quantity(alloc["cpu"], 1000.0) if "cpu" in alloc else _UNBOUNDED_CPU
         mem = _quantity(alloc["memory"]) if "memory" in alloc else _UNBOUNDED_MEM
@@ -770,7 +788,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
     exact: dict[str, float] = {}
     for job, gang in sorted(gangs.items()):
-        if job in unweighed or (job in waiting and any(statuses[k] == "Pending" for k in gang.members)):
+        if job in left_out:
             continue
         pods_out = []
         group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
@@ -814,8 +832,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                     milli = min(milli, MILLI - seated.get((member.node, index), 0))
                     seated[(member.node, index)] = seated.get((member.node, index), 0) + milli
             pods_out.append(PodSpec(name=key, gpu_milli=milli, cpu_milli=cpu, gpu_index=index if milli else None,
-                                    mem_bytes=mem,
-                                    status=status, node=member.node if status != "Pending" else None))
+                                    mem_bytes=mem, status=status, node=member.node if status != "Pending" else None,
+                                    allowed_nodes=allowed.get(key)))
             admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
             if status == "Running" and admitted is not None:
                 started = admitted if started is None else max(started, admitted)

@@ -1,8 +1,9 @@
 """kube-scheduler binding ungated pods, small: what the arbiter relies on it for.
 
 For a pod with no scheduling gates and no node (and the default scheduler): the candidate nodes are those its
-`nodeSelector` and required node affinity allow (NodeAffinity's Filter) and that every allocated claim's
-`allocation.nodeSelector` allows (the DRA plugin's Filter); claims not yet allocated are allocated on the
+`nodeSelector`, required node affinity and tolerations allow (the NodeUnschedulable, NodeAffinity and
+TaintToleration filters: `agent.arbiter.node_rules`) and that every allocated claim's `allocation.nodeSelector`
+allows (the DRA plugin's Filter); claims not yet allocated are allocated on the
 first candidate where all fit (fakes.scheduler's structured allocator, as the plugin does), with the finalizer
 `resource.kubernetes.io/delete-protection`. DeviceTaintRules add their taint to the devices they select before
 allocating, as kube-scheduler's slice lister does, so a device under a NoSchedule rule goes only to a request
@@ -17,6 +18,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.arbiter.node_rules import refusal, selector_allows
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.informer import Informer, Key, key_of
 from agent.kube.rest import RESOURCE_CLAIMS, Rest
@@ -26,53 +28,6 @@ log = logging.getLogger(__name__)
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
 Json = dict[str, Any]
-
-
-def _requirement_holds(req: Mapping[str, Any], value: str | None) -> bool:
-    op = req.get("operator")
-    values = req.get("values") or []
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt") and value is not None and values:
-        try:
-            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
-        except ValueError:
-            return False
-    return False
-
-
-def selector_allows(selector: Mapping[str, Any] | None, node: Mapping[str, Any]) -> bool:
-    """A core/v1 NodeSelector: terms ORed, each term's requirements ANDed; an empty selector allows all."""
-    terms = (selector or {}).get("nodeSelectorTerms") or []
-    if not terms:
-        return True
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    name = (node.get("metadata") or {}).get("name")
-    for term in terms:
-        exprs = term.get("matchExpressions") or []
-        fields = term.get("matchFields") or []
-        if not exprs and not fields:
-            continue  # an empty term matches nothing
-        if all(_requirement_holds(e, labels.get(e.get("key"))) for e in exprs) and \
-                all(_requirement_holds(f, name if f.get("key") == "metadata.name" else None) for f in fields):
-            return True
-    return False
-
-
-def pod_allows(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
-    spec = pod.get("spec") or {}
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
-        return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
-    return required is None or selector_allows(required, node)
 
 
 class Binder:
@@ -141,7 +96,7 @@ class Binder:
             return 0
         nodes = sorted(self._nodes.items(), key=lambda n: n["metadata"]["name"])
         for node in nodes:
-            if not pod_allows(pod, node):
+            if refusal(pod, node) is not None:
                 continue
             if not all(selector_allows((c.get("status") or {}).get("allocation", {}).get("nodeSelector"), node)
                        for c in claims if (c.get("status") or {}).get("allocation")):

@@ -12,7 +12,6 @@ from agent.arbiter.names import DELETE_PROTECTION
 from agent.kube.errors import NotFound
 from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from fakes.cluster import FakeCluster, wait_for
-from fakes.controllers.binder import selector_allows
 from fakes.controllers.resourceclaims import ResourceClaimController
 
 NS = "jobs"
@@ -75,19 +74,6 @@ def test_a_finished_pod_releases_its_claim_and_the_claim_goes(cluster: FakeClust
         return False
 
     wait_for(gone, what="the claim deallocated, its finalizer removed, and deleted")
-
-
-@pytest.mark.parametrize(("selector", "allowed"), [
-    ({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}, True),
-    ({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}, False),
-    ({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]},
-                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}, True),
-    ({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Exists"}],
-                             "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}, False),
-    ({"nodeSelectorTerms": [{}]}, False),
-], ids=["name-matches", "other-name", "terms-are-ored", "requirements-are-anded", "empty-term-matches-nothing"])
-def test_node_selectors_as_the_scheduler_reads_them(selector: dict[str, Any], allowed: bool) -> None:
-    assert selector_allows(selector, {"metadata": {"name": "a", "labels": {}}}) is allowed
 
 
 class _Stale:

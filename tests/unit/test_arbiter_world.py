@@ -183,6 +183,70 @@ def test_a_node_whose_agent_publishes_no_certificate_fingerprint_is_never_planne
     assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n1"
 
 
+def _zoned(zones: dict[str, str], taints: dict[str, list[dict[str, str]]]) -> tuple[list[Any], list[Any]]:
+    """Nodes with a `zone` label each and, some, taints: the objects and their slices."""
+    built = [node(name) for name in zones]
+    for (n, _), name in zip(built, zones, strict=True):
+        n["metadata"]["labels"] = {"zone": zones[name]}
+        if name in taints:
+            n["spec"] = {"taints": taints[name]}
+    return [n for n, _ in built], [s for _, s in built]
+
+
+DEDICATED = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
+
+
+def test_a_pod_is_placed_only_where_kube_scheduler_will_bind_it() -> None:
+    # kube-scheduler binds the pod to the node the arbiter picks (its affinity narrowed to it) or not at all:
+    # n0 (first by name, so the cycle's pick without the rules) is tainted, n2 is in the wrong zone
+    nodes, slices = _zoned({"n0": "a", "n1": "a", "n2": "b"}, {"n0": [DEDICATED]})
+    p = pod("p", "c")
+    p["spec"]["nodeSelector"] = {"zone": "a"}
+    w = build_world(pods=[p], claims=[claim("c")], pod_groups=[], queues=[queue("team-a", gpu_quota=8)],
+                    nodes=nodes, slices=slices, driver=DRIVER, now=NOW)
+    assert [pp.allowed_nodes for j in w.snapshot.jobs for pp in j.pods] == [frozenset({"n1"})]
+    assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n1"
+    # tolerating the taint, or its whole key, opens n0 again; required affinity counts as nodeSelector does
+    for toleration in ({"key": "dedicated", "value": "inference", "effect": "NoSchedule"},
+                       {"key": "dedicated", "operator": "Exists"}, {"operator": "Exists"}):
+        p["spec"]["tolerations"] = [toleration]
+        w = build_world(pods=[p], claims=[claim("c")], pod_groups=[], queues=[queue("team-a", gpu_quota=8)],
+                        nodes=nodes, slices=slices, driver=DRIVER, now=NOW)
+        assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n0", toleration
+    del p["spec"]["nodeSelector"]
+    p["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}]}}}
+    w = build_world(pods=[p], claims=[claim("c")], pod_groups=[], queues=[queue("team-a", gpu_quota=8)],
+                    nodes=nodes, slices=slices, driver=DRIVER, now=NOW)
+    assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n2"
+
+
+def test_a_pod_no_node_allows_waits_in_kube_schedulers_words() -> None:
+    nodes, slices = _zoned({"n0": "a", "n1": "a", "n2": "b"}, {"n0": [DEDICATED]})
+    p = pod("p", "c")
+    p["spec"]["nodeSelector"] = {"zone": "b"}
+    p["spec"]["tolerations"] = [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]  # not this one
+    nodes[2]["spec"] = {"taints": [DEDICATED]}
+    w = build_world(pods=[p], claims=[claim("c")], pod_groups=[], queues=[queue("team-a", gpu_quota=8)],
+                    nodes=nodes, slices=slices, driver=DRIVER, now=NOW)
+    assert w.snapshot.jobs == ()
+    assert w.waiting["team-a/pod/p"] == (
+        "no node may run p: 0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
+        "1 node(s) had untolerated taint(s).")
+
+
+def test_a_gang_left_waiting_still_holds_the_devices_of_its_running_pods() -> None:
+    # a running member and a new one that no node allows: the gang waits out of the snapshot, and the GPUs its
+    # running member holds are still taken, not offered to the next gang
+    running = pod("r", "held", group="train", gated=False, node_name="n0")
+    stuck = pod("s", "wants", group="train")
+    stuck["spec"]["nodeSelector"] = {"zone": "nowhere"}
+    w = world([running, stuck], [claim("held", 4, "n0", ("gpu-0", "gpu-1", "gpu-2", "gpu-3"), "r"),
+                                 claim("wants", 1)], [pod_group("train", 1)])
+    assert "no node may run s" in w.waiting["team-a/train"] and w.snapshot.jobs == ()
+    assert {n.name: n.gpus for n in w.snapshot.nodes} == {"n0": 4, "n1": 8}
+
+
 def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
     admitted = pod("r", "held", gated=False, node_name="n0",
                    annotations={ADMITTED_ANNOTATION: "2027-01-15T08:00:00Z"})

@@ -90,6 +90,9 @@ class Node:
         self.shape_id = -1  # fgd: its shape (milli used per GPU after pending releases, sorted) in `Cluster.shapes`
 
     def selects(self, pod: PodSpec) -> bool:
+        allowed = pod.allowed_nodes
+        if allowed is not None and self.spec.name not in allowed:
+            return False
         if not pod.node_selector:
             return True
         labels = self.spec.labels

@@ -66,6 +66,8 @@ class PodSpec:
     gpu_index: int | None = None  # the GPU a running fractional pod shares
     task_priority: int = 0
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    # the nodes its other rules allow (node affinity, tolerations: worked out by whoever reads the pod); None: all
+    allowed_nodes: frozenset[str] | None = None
 
     @property
     def request(self) -> Vector:

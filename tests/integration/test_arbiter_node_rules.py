@@ -1,0 +1,65 @@
+"""The arbiter places a pod only where kube-scheduler will then bind it: the pod's nodeSelector, required node
+affinity and tolerations against the nodes' labels and taints. The arbiter narrows an admitted pod's affinity
+to the node it picked, so a node kube-scheduler refuses would leave the pod pending for good, its GPUs
+allocated. On the API fake (its kube-scheduler stand-in filters as kube-scheduler does) and on the real
+control plane, where kube-scheduler 1.37.2 binds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agent.arbiter.controller import ArbiterConfig
+from agent.kube.rest import NODES, STRATEGIC_MERGE_PATCH
+from fakes.cluster import FakeCluster, wait_for
+from tests.integration import coexistence
+
+NS = "team"
+DEDICATED = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
+
+
+@pytest.fixture(params=["fake", pytest.param("real", marks=[pytest.mark.controlplane, pytest.mark.timeout(300)])])
+def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
+    if request.param == "fake":
+        with FakeCluster(nodes=2) as fake:
+            yield fake
+        return
+    from tests.controlplane.cluster import reset
+
+    cp = request.getfixturevalue("control_plane")
+    reset(cp)
+    real = FakeCluster(nodes=2, kubeconfig=cp.write_kubeconfig(cp.workdir / "node-rules.kubeconfig"),
+                       make_node=cp.add_node)
+    try:
+        yield real
+    finally:
+        real.close()
+        coexistence.force_delete_pods(real.rest, [NS])
+        cp.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                             "queues.scheduling.gpu-dra-agent.io")
+        reset(cp, timeout=120)  # the nodes too, their taints and labels with them
+
+
+def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: FakeCluster) -> None:
+    # gpu-node-0, first by name and so the arbiter's pick for an empty cluster, is tainted for inference
+    tainted, plain = sorted(cluster.agents)
+    cluster.rest.patch(NODES, None, tainted, {"metadata": {"labels": {"zone": "a"}}, "spec": {"taints": [DEDICATED]}},
+                       content_type=STRATEGIC_MERGE_PATCH)
+    cluster.rest.patch(NODES, None, plain, {"metadata": {"labels": {"zone": "b"}}},
+                       content_type=STRATEGIC_MERGE_PATCH)
+    cluster.queue(NS, gpu_quota=16)
+    cluster.gang(NS, "training", NS, pods=2, gpus=1)  # tolerates nothing: only the untainted node
+    cluster.pod(NS, "inference", NS, 1, spec_extra={  # zone a, and tolerating its taint: only the tainted node
+        "nodeSelector": {"zone": "a"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]})
+    cluster.pod(NS, "nowhere", NS, 1, spec_extra={"nodeSelector": {"zone": "c"}})  # no node has zone c
+    cluster.arbiter(ArbiterConfig(period_s=0.05))
+
+    def bound() -> dict[str, str] | None:
+        nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods(NS)}
+        return nodes if all(n for name, n in nodes.items() if name != "nowhere") else None
+
+    where = wait_for(bound, timeout=120, interval=0.2, what="every pod some node allows bound by kube-scheduler")
+    assert where == {"training-0": plain, "training-1": plain, "inference": tainted, "nowhere": None}
+    nowhere = next(p for p in cluster.pods(NS) if p["metadata"]["name"] == "nowhere")
+    assert nowhere["spec"].get("schedulingGates")  # still waiting for the arbiter, its claim allocated to no one
