@@ -53,7 +53,7 @@ def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: F
     cluster.pod(NS, "inference", NS, 1, spec_extra={  # zone a, and tolerating its taint: only the tainted node
         "nodeSelector": {"zone": "a"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]})
     cluster.pod(NS, "nowhere", NS, 1, spec_extra={"nodeSelector": {"zone": "c"}})  # no node has zone c
-    cluster.arbiter(ArbiterConfig(period_s=0.05))
+    arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05))
 
     def bound() -> dict[str, str] | None:
         nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods(NS)}
@@ -63,3 +63,11 @@ def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: F
     assert where == {"training-0": plain, "training-1": plain, "inference": tainted, "nowhere": None}
     nowhere = next(p for p in cluster.pods(NS) if p["metadata"]["name"] == "nowhere")
     assert nowhere["spec"].get("schedulingGates")  # still waiting for the arbiter, its claim allocated to no one
+
+    def told() -> list[str]:
+        arbiter.flush_events()
+        events = cluster.rest._request("GET", f"/api/v1/namespaces/{NS}/events")["items"]
+        return [e["message"] for e in events if e["involvedObject"]["name"] == "nowhere" and e["reason"] == "Waiting"]
+
+    assert wait_for(told, timeout=30, what="why it waits, told") == [
+        "no node may run nowhere: 0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."]
