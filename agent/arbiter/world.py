@@ -480,15 +480,41 @@ class World:
     shareable: dict[tuple[str, str], dict[str, Capacity]] = field(default_factory=dict)  # share_devices
 
 
+def _cpu_mem(requests: Mapping[str, Any] | None) -> tuple[float, float]:
+    """Milli-CPUs and bytes of memory in a resource list."""
+    req = requests or {}
+    return (_quantity(req["cpu"], 1000.0) if "cpu" in req else 0.0,
+            _quantity(req["memory"]) if "memory" in req else 0.0)
+
+
 def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
+    """The CPU (milli) and memory (bytes) the pod asks of its node, counted as kube-scheduler's NodeResourcesFit
+    counts them (k8s.io/component-helpers resource.PodRequests): its containers' sum with the sidecars (init
+    containers that restart Always) added, and never less than any init container's peak (it plus the sidecars
+    started before it); pod-level requests where the pod sets them; plus the RuntimeClass overhead. Counting only
+    the containers, a node could look roomier than kube-scheduler sees it, and a pod admitted there never bound."""
+    spec = pod.get("spec") or {}
     cpu = mem = 0.0
-    for c in (pod.get("spec") or {}).get("containers") or ():
-        req = (c.get("resources") or {}).get("requests") or {}
-        if "cpu" in req:
-            cpu += _quantity(req["cpu"], 1000.0)
-        if "memory" in req:
-            mem += _quantity(req["memory"])
-    return cpu, mem
+    for c in spec.get("containers") or ():
+        c_cpu, c_mem = _cpu_mem((c.get("resources") or {}).get("requests"))
+        cpu, mem = cpu + c_cpu, mem + c_mem
+    side_cpu = side_mem = peak_cpu = peak_mem = 0.0
+    for c in spec.get("initContainers") or ():
+        c_cpu, c_mem = _cpu_mem((c.get("resources") or {}).get("requests"))
+        if c.get("restartPolicy") == "Always":  # a sidecar: it keeps running beside whatever starts after it
+            cpu, mem = cpu + c_cpu, mem + c_mem
+            side_cpu, side_mem = side_cpu + c_cpu, side_mem + c_mem
+            peak_cpu, peak_mem = max(peak_cpu, side_cpu), max(peak_mem, side_mem)
+        else:
+            peak_cpu, peak_mem = max(peak_cpu, c_cpu + side_cpu), max(peak_mem, c_mem + side_mem)
+    cpu, mem = max(cpu, peak_cpu), max(mem, peak_mem)
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
+    if "cpu" in pod_level:
+        cpu = _quantity(pod_level["cpu"], 1000.0)
+    if "memory" in pod_level:
+        mem = _quantity(pod_level["memory"])
+    o_cpu, o_mem = _cpu_mem(spec.get("overhead"))
+    return cpu + o_cpu, mem + o_mem
 
 
 def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, set[str]]:

@@ -247,6 +247,37 @@ def test_a_gang_left_waiting_still_holds_the_devices_of_its_running_pods() -> No
     assert {n.name: n.gpus for n in w.snapshot.nodes} == {"n0": 4, "n1": 8}
 
 
+def _container(name: str, cpu: str, **more: Any) -> dict[str, Any]:
+    return {"name": name, "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}, **more}
+
+
+@pytest.mark.parametrize(("spec", "cpu_milli"), [
+    ({"containers": [_container("a", "2"), _container("b", "1")]}, 3000),
+    ({"initContainers": [_container("fetch", "4")], "containers": [_container("a", "3")]}, 4000),
+    # a sidecar runs beside the containers and beside every init container after it
+    ({"initContainers": [_container("proxy", "1", restartPolicy="Always"), _container("fetch", "4")],
+      "containers": [_container("a", "3")]}, 5000),
+    ({"initContainers": [_container("fetch", "2"), _container("proxy", "1", restartPolicy="Always")],
+      "containers": [_container("a", "3")]}, 4000),
+    ({"resources": {"requests": {"cpu": "10"}}, "containers": [_container("a", "3")]}, 10000),  # pod-level
+    ({"overhead": {"cpu": "250m"}, "containers": [_container("a", "3")]}, 3250),  # its RuntimeClass's
+], ids=["containers", "init-peak", "sidecar-then-init", "init-then-sidecar", "pod-level", "overhead"])
+def test_a_pod_asks_for_what_kube_scheduler_counts(spec: dict[str, Any], cpu_milli: float) -> None:
+    p = pod("p", "c")
+    p["spec"].update(spec)
+    w = world([p], [claim("c")])
+    assert [pp.cpu_milli for j in w.snapshot.jobs for pp in j.pods] == [cpu_milli]
+
+
+def test_another_pod_s_init_container_takes_its_room_on_the_node() -> None:
+    # kube-scheduler counts a bound pod's largest init container against the node: n0 (64 CPUs) has 4 left
+    other = {"metadata": {"name": "etl", "namespace": "batch", "uid": "uid-etl"},
+             "spec": {"nodeName": "n0", "initContainers": [_container("unpack", "60")],
+                      "containers": [_container("main", "1")]}, "status": {"phase": "Running"}}
+    w = world([other, pod("p", "c")], [claim("c")])
+    assert {n.name: n.cpu_milli for n in w.snapshot.nodes} == {"n0": 4000.0, "n1": 64000.0}
+
+
 def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
     admitted = pod("r", "held", gated=False, node_name="n0",
                    annotations={ADMITTED_ANNOTATION: "2027-01-15T08:00:00Z"})
