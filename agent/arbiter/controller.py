@@ -91,6 +91,9 @@ class ArbiterConfig:
     # commit only once the fence has been in force this long: kube-scheduler's allocations decided before it
     # saw the rule are written by then (its binding cycle writes the claim right after deciding)
     fence_settle_s: float = 2.0
+    # an admitted pod kube-scheduler has refused to bind this long is reported (a shorter refusal is a gang's
+    # pods being ungated one by one, or informers catching up)
+    unbindable_after_s: float = 30.0
 
 
 @dataclass
@@ -233,6 +236,7 @@ class Arbiter:
         self._fence_tried = -math.inf
         self._queue_tried = -math.inf
         self.doubles: dict[tuple[str, str], list[str]] = {}  # devices in two claims, as last seen
+        self.unbindable: dict[str, str] = {}  # admitted pods kube-scheduler refuses -> its message, as last told
         self.cycles = 0
         self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
@@ -306,6 +310,7 @@ class Arbiter:
         self._keep_default_queue(now)
         self._tell_invalid(world)
         self._report_doubles(world)
+        self._report_unbindable(world, now)
         with self._timed("release"):
             for pod in world.release:
                 with contextlib.suppress(ApiError):
@@ -426,6 +431,26 @@ class Arbiter:
         self.doubles = dict(world.doubles)
         if self.metrics is not None:
             self.metrics.double_allocated.set(len(world.doubles))
+
+    def _report_unbindable(self, world: World, now: float) -> None:
+        """Admitted pods kube-scheduler will not bind where the arbiter placed them, for a rule the arbiter does not
+        read (pod affinity, topology spread, host ports, volumes): say so once per refusal, in kube-scheduler's
+        words (a Warning Event on the pod, the log, the metric). Their claims stay allocated, as the pod may only
+        go to that node; removing the pod is its owner's call."""
+        lasting = {key: u for key, u in world.unbindable.items()
+                   if u.since is None or now - u.since >= self.config.unbindable_after_s}
+        for key, stuck in lasting.items():
+            if self.unbindable.get(key) == stuck.message:
+                continue
+            member = world.members[key]
+            log.warning("kube-scheduler does not bind %s to %s, where the arbiter admitted it: %s", key, stuck.node,
+                        stuck.message)
+            self._event(member.pod, "Pod", "v1", "Unbindable",
+                        f"kube-scheduler does not bind this pod to {stuck.node}, where the arbiter admitted it and "
+                        f"its claims are allocated: {stuck.message}", type_="Warning")
+        self.unbindable = {key: u.message for key, u in lasting.items()}
+        if self.metrics is not None:
+            self.metrics.unbindable.set(len(lasting))
 
     def _await_expectations(self) -> None:
         """Until the informers show what we wrote (or deleted): a decision on an older copy could commit a

@@ -27,6 +27,7 @@ CYCLE_DURATION = "gpu_arbiter_cycle_duration_seconds"
 USAGE = "gpu_arbiter_queue_usage"
 PROTECTED = "gpu_arbiter_protected_jobs"
 DOUBLE_ALLOCATED = "gpu_arbiter_double_allocated_devices"
+UNBINDABLE = "gpu_arbiter_unbindable_pods"
 
 # waits from seconds to days: gangs can queue for a long time
 ADMISSION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 24 * 3600)
@@ -98,6 +99,9 @@ class ArbiterMetrics:
                                ["queue", "protection"], registry=registry)
         self.double_allocated = Gauge(DOUBLE_ALLOCATED, "Devices of the driver allocated to two or more "
                                       "ResourceClaims at once (each claim gets a Warning Event).", registry=registry)
+        self.unbindable = Gauge(UNBINDABLE, "Admitted pods kube-scheduler has refused to bind, for a while, to the "
+                                "node the arbiter placed them on (each gets a Warning Event in its words).",
+                                registry=registry)
         self.cycle_duration = Histogram(CYCLE_DURATION, "Seconds one arbiter cycle took, snapshot to decisions.",
                                         buckets=CYCLE_BUCKETS, registry=registry)
 

@@ -13,6 +13,8 @@
   allocated (created before the fence, or ungated by hand; kube-scheduler cannot allocate it). A gated pod
   with neither a queue nor a claim of ours is released: its gate removed, nothing allocated.
   A device in two claims (however it came about) counts as used once and is reported in `World.doubles`.
+- An admitted pod kube-scheduler will not bind to the node the arbiter picked (a rule the arbiter does not read,
+  such as pod anti-affinity) is reported in `World.unbindable`, in kube-scheduler's words.
 
 A gang whose pods cannot be weighed yet (claims not created, a queue missing, a request the arbiter does not
 handle) is left out of the snapshot, with the reason in `World.waiting`. An object the arbiter cannot read (an
@@ -478,6 +480,27 @@ class World:
     release: list[Json] = field(default_factory=list)  # gated pods that are not the arbiter's: ungate as they are
     doubles: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (pool, device) in 2+ claims -> keys
     shareable: dict[tuple[str, str], dict[str, Capacity]] = field(default_factory=dict)  # share_devices
+    unbindable: dict[str, Unbindable] = field(default_factory=dict)  # by pod key
+
+
+@dataclass(frozen=True)
+class Unbindable:
+    """An admitted pod kube-scheduler has found it cannot bind (its PodScheduled condition False, reason
+    Unschedulable): its affinity is narrowed to `node`, where its claims are allocated, so it can go nowhere else."""
+
+    node: str
+    message: str  # kube-scheduler's: "0/4 nodes are available: 1 node(s) didn't match pod anti-affinity rules, ..."
+    since: float | None  # when kube-scheduler first said so
+
+
+def unbindable(pod: Json, node: str) -> Unbindable | None:
+    """The pod's refusal by kube-scheduler, if an admitted, unbound pod has one."""
+    if (pod.get("spec") or {}).get("nodeName") or ADMITTED_ANNOTATION not in (meta(pod).get("annotations") or {}):
+        return None
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return Unbindable(node, str(c.get("message") or ""), parse_time(c.get("lastTransitionTime")))
+    return None
 
 
 def _cpu_mem(requests: Mapping[str, Any] | None) -> tuple[float, float]:
@@ -683,6 +706,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     statuses: dict[str, PodStatus] = {}
     release: list[Json] = []
     flying: set[str] = set()  # gangs with a commit under way
+    refused: dict[str, Unbindable] = {}
     for pod in pods:
         try:
             read = _read_pod(pod, groups, claims_by_key, default_queue)
@@ -747,6 +771,9 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         statuses[member.key] = read.status
         if read.status != "Pending":
             holding.setdefault(job, set()).update(f"{ns}/{n}" for n in read.facts.names)
+            stuck = unbindable(pod, read.node) if read.status == "Running" and read.node else None
+            if stuck is not None:
+                refused[member.key] = stuck
 
     # a gang left out of the snapshot holds its devices all the same: its claims count as held by others
     left_out = unweighed | {job for job in waiting if any(statuses[k] == "Pending" for k in gangs[job].members)}
@@ -880,4 +907,5 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
     snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
-    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles, shareable)
+    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles, shareable,
+                 refused)

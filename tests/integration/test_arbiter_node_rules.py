@@ -7,11 +7,12 @@ control plane, where kube-scheduler 1.37.2 binds."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from agent.arbiter.controller import ArbiterConfig
-from agent.kube.rest import NODES, STRATEGIC_MERGE_PATCH
+from agent.kube.rest import NODES, PODS, STRATEGIC_MERGE_PATCH
 from fakes.cluster import FakeCluster, wait_for
 from tests.integration import coexistence
 
@@ -71,3 +72,47 @@ def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: F
 
     assert wait_for(told, timeout=30, what="why it waits, told") == [
         "no node may run nowhere: 0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."]
+
+
+@pytest.mark.controlplane
+@pytest.mark.timeout(300)
+def test_an_admitted_pod_kube_scheduler_will_not_bind_is_reported_in_its_words(control_plane: Any) -> None:
+    # a rule the arbiter does not read (pod anti-affinity): it admits the pod to the only node, kube-scheduler
+    # 1.37.2 refuses to bind it there, and the arbiter says so on the pod instead of leaving it silently pending
+    from tests.controlplane.cluster import reset
+
+    reset(control_plane)
+    cluster = FakeCluster(nodes=1, kubeconfig=control_plane.write_kubeconfig(control_plane.workdir / "unbindable.kc"),
+                          make_node=control_plane.add_node)
+    try:
+        (node,) = cluster.agents
+        cluster.rest.patch(NODES, None, node, {"metadata": {"labels": {"kubernetes.io/hostname": node}}},
+                           content_type=STRATEGIC_MERGE_PATCH)
+        cluster.namespace(NS)
+        cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod",
+                                       "metadata": {"name": "web", "namespace": NS, "labels": {"app": "web"}},
+                                       "spec": {"containers": [{"name": "main", "image": "web:1"}]}})
+        wait_for(lambda: cluster.rest.get(PODS, NS, "web")["spec"].get("nodeName"), timeout=60,
+                 what="the web pod bound by kube-scheduler")
+        cluster.queue(NS, gpu_quota=8)
+        cluster.pod(NS, "apart", NS, 1, spec_extra={"affinity": {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}})
+        arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05, unbindable_after_s=0))
+
+        def told() -> list[str]:
+            arbiter.flush_events()
+            events = cluster.rest._request("GET", f"/api/v1/namespaces/{NS}/events")["items"]
+            return [e["message"] for e in events
+                    if e["involvedObject"]["name"] == "apart" and e["reason"] == "Unbindable"]
+
+        (message,) = wait_for(told, timeout=120, interval=0.2, what="the refusal told")
+        assert message.startswith(f"kube-scheduler does not bind this pod to {node}, where the arbiter admitted it")
+        assert "didn't match pod anti-affinity rules" in message
+        assert not cluster.rest.get(PODS, NS, "apart")["spec"].get("nodeName")
+    finally:
+        cluster.close()
+        coexistence.force_delete_pods(cluster.rest, [NS])
+        control_plane.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                                        "queues.scheduling.gpu-dra-agent.io")
+        reset(control_plane, timeout=120)

@@ -278,6 +278,26 @@ def test_another_pod_s_init_container_takes_its_room_on_the_node() -> None:
     assert {n.name: n.cpu_milli for n in w.snapshot.nodes} == {"n0": 4000.0, "n1": 64000.0}
 
 
+def test_an_admitted_pod_kube_scheduler_refuses_to_bind_is_reported_in_its_words() -> None:
+    refused = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+               "lastTransitionTime": "2027-01-15T09:00:00Z",
+               "message": "0/2 nodes are available: 1 node(s) didn't match pod anti-affinity rules, 1 node(s) "
+                          "didn't match Pod's node affinity/selector."}
+    admitted = {"annotations": {ADMITTED_ANNOTATION: "2027-01-15T08:59:59Z"}}
+    stuck = pod("stuck", "c0", gated=False, **admitted)
+    stuck["status"] = {"conditions": [refused]}
+    gated = pod("gated", "c1", **admitted)  # kube-scheduler's "SchedulingGated" is no refusal
+    gated["status"] = {"conditions": [{**refused, "reason": "SchedulingGated"}]}
+    bound = pod("bound", "c2", gated=False, node_name="n1", **admitted)
+    bound["status"] = {"conditions": [refused]}  # as it was before kube-scheduler bound it
+    w = world([stuck, gated, bound], [claim("c0", 1, "n0", ("gpu-0",), "stuck"),
+                                      claim("c1", 1, "n0", ("gpu-1",), "gated"),
+                                      claim("c2", 1, "n1", ("gpu-0",), "bound")])
+    assert list(w.unbindable) == ["team-a/stuck"]
+    assert (w.unbindable["team-a/stuck"].node, w.unbindable["team-a/stuck"].message) == ("n0", refused["message"])
+    assert w.unbindable["team-a/stuck"].since == parse_time("2027-01-15T09:00:00Z")
+
+
 def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
     admitted = pod("r", "held", gated=False, node_name="n0",
                    annotations={ADMITTED_ANNOTATION: "2027-01-15T08:00:00Z"})
