@@ -807,15 +807,21 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     gpu_index = {node: {d: i for i, d in enumerate(sorted(names - held_devices.get(node, set()), key=_natural))}
                  for node, names in devices.items()}  # fmt: skip
     seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
+    # CPU and memory on each node: asked by pods outside the snapshot (other pods, and the running pods of gangs
+    # left out), and by the snapshot's pods placed there
     other_cpu: dict[str, float] = {}
     other_mem: dict[str, float] = {}
-    for pod in other_pods:
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        if node_name and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+    our_cpu: dict[str, float] = {}
+    our_mem: dict[str, float] = {}
+    placed = [((p.get("spec") or {}).get("nodeName"), p, other_cpu, other_mem) for p in other_pods
+              if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    placed += [(m.node, m.pod, other_cpu if job in left_out else our_cpu, other_mem if job in left_out else our_mem)
+               for job, gang in gangs.items() for m in gang.members.values() if statuses[m.key] != "Pending"]
+    for node_name, pod, cpus, mems in placed:
+        if node_name:
             facts = _facts(pod)
-            cpu, mem = facts.cpu, facts.mem
-            other_cpu[node_name] = other_cpu.get(node_name, 0.0) + cpu
-            other_mem[node_name] = other_mem.get(node_name, 0.0) + mem
+            cpus[node_name] = cpus.get(node_name, 0.0) + facts.cpu
+            mems[node_name] = mems.get(node_name, 0.0) + facts.mem
     node_specs = []
     addresses: dict[str, str] = {}
     for n in managed:
@@ -824,9 +830,12 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         alloc = (n.get("status") or {}).get("allocatable") or {}
         cpu = _quantity(alloc["cpu"], 1000.0) if "cpu" in alloc else _UNBOUNDED_CPU
         mem = _quantity(alloc["memory"]) if "memory" in alloc else _UNBOUNDED_MEM
+        # never less than the snapshot's pods there ask: an over-committed node (its allocatable shrunk, a resize)
+        # is full, not a snapshot the cycle refuses
         node_specs.append(NodeSpec(
             name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
-            cpu_milli=max(0.0, cpu - other_cpu.get(name, 0.0)), mem_bytes=max(0.0, mem - other_mem.get(name, 0.0)),
+            cpu_milli=max(our_cpu.get(name, 0.0), cpu - other_cpu.get(name, 0.0)),
+            mem_bytes=max(our_mem.get(name, 0.0), mem - other_mem.get(name, 0.0)),
             labels=dict(meta(n).get("labels") or {}),
         ))
     known_nodes = {s.name for s in node_specs}

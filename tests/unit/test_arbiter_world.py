@@ -298,6 +298,28 @@ def test_an_admitted_pod_kube_scheduler_refuses_to_bind_is_reported_in_its_words
     assert w.unbindable["team-a/stuck"].since == parse_time("2027-01-15T09:00:00Z")
 
 
+def test_a_node_over_committed_on_cpu_is_full_and_the_cycle_goes_on() -> None:
+    # the arbiter's running pod and another pod ask 80 of n0's 64 CPUs (its allocatable shrank, say): n0 is full
+    # and the waiting pod goes to n1, where a snapshot refused as over-full would have stopped every cycle
+    running = pod("r", "held", gated=False, node_name="n0")
+    running["spec"]["containers"] = [_container("main", "40")]
+    other = {"metadata": {"name": "etl", "namespace": "batch", "uid": "uid-etl"},
+             "spec": {"nodeName": "n0", "containers": [_container("main", "40")]}, "status": {"phase": "Running"}}
+    w = world([running, other, pod("w", "wanted")], [claim("held", 1, "n0", ("gpu-0",), "r"), claim("wanted", 1)])
+    assert {n.name: n.cpu_milli for n in w.snapshot.nodes} == {"n0": 40000.0, "n1": 64000.0}
+    assert run_cycle(w.snapshot).pods["team-a/w"].node == "n1"
+
+
+def test_a_gang_left_waiting_still_holds_the_cpu_of_its_running_pods() -> None:
+    running = pod("r", "held", group="train", gated=False, node_name="n0")
+    running["spec"]["containers"] = [_container("main", "60")]
+    stuck = pod("s", "wants", group="train")
+    stuck["spec"]["nodeSelector"] = {"zone": "nowhere"}
+    w = world([running, stuck], [claim("held", 1, "n0", ("gpu-0",), "r"), claim("wants", 1)], [pod_group("train", 1)])
+    assert w.snapshot.jobs == ()
+    assert {n.name: n.cpu_milli for n in w.snapshot.nodes} == {"n0": 4000.0, "n1": 64000.0}
+
+
 def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
     admitted = pod("r", "held", gated=False, node_name="n0",
                    annotations={ADMITTED_ANNOTATION: "2027-01-15T08:00:00Z"})
