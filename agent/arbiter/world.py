@@ -58,8 +58,8 @@ from agent.devices.shares import Capacity, ShareError, describe, requests_of, sh
 from agent.quantity import QuantityError, parse
 
 Json = dict[str, Any]
-_UNBOUNDED_CPU = 1e12  # a node that reports no allocatable CPU/memory is not limited by them
-_UNBOUNDED_MEM = 1e18
+# a node that reports none of its standard resources is not limited by them (extended resources: it has none)
+_UNREPORTED = {"cpu": 1e12, "memory": 1e18, "pods": 1e12, "ephemeral-storage": 1e18}
 EXTENDED_RESOURCE = "nvidia.com/gpu"  # DRAExtendedResource: kube-scheduler would allocate it through our class
 
 
@@ -373,15 +373,17 @@ class _PodFacts:
     missing: tuple[str, ...]  # template claims not generated yet
     gated: bool  # by the arbiter
     extended: bool  # asks for nvidia.com/gpu as an extended resource
-    cpu: float  # milli-CPUs its containers request
+    cpu: float  # milli-CPUs it asks of its node (pod_requests)
     mem: float  # bytes
+    other: dict[str, float]  # the rest it asks of its node: pods, ephemeral-storage, hugepages, extended resources
     born: float | None  # creationTimestamp
 
 
 def _read_facts(pod: Mapping[str, Any]) -> _PodFacts:
     names, missing = claim_names(pod)
-    cpu, mem = _requests(pod)
-    return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), cpu, mem,
+    other = pod_requests(pod)
+    cpu, mem = other.pop("cpu", 0.0), other.pop("memory", 0.0)
+    return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), cpu, mem, other,
                      parse_time(meta(pod).get("creationTimestamp")))
 
 
@@ -503,41 +505,54 @@ def unbindable(pod: Json, node: str) -> Unbindable | None:
     return None
 
 
-def _cpu_mem(requests: Mapping[str, Any] | None) -> tuple[float, float]:
-    """Milli-CPUs and bytes of memory in a resource list."""
-    req = requests or {}
-    return (_quantity(req["cpu"], 1000.0) if "cpu" in req else 0.0,
-            _quantity(req["memory"]) if "memory" in req else 0.0)
+def _amounts(resources: Mapping[str, Any] | None) -> dict[str, float]:
+    """A resource list in numbers: CPU in milli-CPUs, every other resource in its unit (bytes, a count)."""
+    return {name: _quantity(q, 1000.0 if name == "cpu" else 1.0) for name, q in (resources or {}).items()}
 
 
-def _requests(pod: Mapping[str, Any]) -> tuple[float, float]:
-    """The CPU (milli) and memory (bytes) the pod asks of its node, counted as kube-scheduler's NodeResourcesFit
-    counts them (k8s.io/component-helpers resource.PodRequests): its containers' sum with the sidecars (init
-    containers that restart Always) added, and never less than any init container's peak (it plus the sidecars
-    started before it); pod-level requests where the pod sets them; plus the RuntimeClass overhead. Counting only
-    the containers, a node could look roomier than kube-scheduler sees it, and a pod admitted there never bound."""
+def _add(total: dict[str, float], more: Mapping[str, float]) -> None:
+    for name, amount in more.items():
+        total[name] = total.get(name, 0.0) + amount
+
+
+def _at_least(total: dict[str, float], floor: Mapping[str, float]) -> None:
+    for name, amount in floor.items():
+        total[name] = max(total.get(name, 0.0), amount)
+
+
+def allocatable(node: Mapping[str, Any]) -> dict[str, float]:
+    """What the node offers its pods, in pod_requests' units."""
+    return {**_UNREPORTED, **_amounts((node.get("status") or {}).get("allocatable"))}
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
+    """What the pod asks of its node, counted as kube-scheduler's NodeResourcesFit counts it (k8s.io/component-helpers
+    resource.PodRequests): its containers' sum with the sidecars (init containers that restart Always) added, and
+    never less than any init container's peak (it plus the sidecars started before it); pod-level requests where
+    the pod sets them (CPU, memory, hugepages); plus the RuntimeClass overhead; and one of the node's `pods`.
+    Counting only the containers, a node could look roomier than kube-scheduler sees it, and a pod admitted there
+    never bound."""
     spec = pod.get("spec") or {}
-    cpu = mem = 0.0
+    total: dict[str, float] = {}
     for c in spec.get("containers") or ():
-        c_cpu, c_mem = _cpu_mem((c.get("resources") or {}).get("requests"))
-        cpu, mem = cpu + c_cpu, mem + c_mem
-    side_cpu = side_mem = peak_cpu = peak_mem = 0.0
+        _add(total, _amounts((c.get("resources") or {}).get("requests")))
+    sidecars: dict[str, float] = {}
+    peak: dict[str, float] = {}
     for c in spec.get("initContainers") or ():
-        c_cpu, c_mem = _cpu_mem((c.get("resources") or {}).get("requests"))
+        asked = _amounts((c.get("resources") or {}).get("requests"))
         if c.get("restartPolicy") == "Always":  # a sidecar: it keeps running beside whatever starts after it
-            cpu, mem = cpu + c_cpu, mem + c_mem
-            side_cpu, side_mem = side_cpu + c_cpu, side_mem + c_mem
-            peak_cpu, peak_mem = max(peak_cpu, side_cpu), max(peak_mem, side_mem)
+            _add(total, asked)
+            _add(sidecars, asked)
+            _at_least(peak, sidecars)
         else:
-            peak_cpu, peak_mem = max(peak_cpu, c_cpu + side_cpu), max(peak_mem, c_mem + side_mem)
-    cpu, mem = max(cpu, peak_cpu), max(mem, peak_mem)
-    pod_level = (spec.get("resources") or {}).get("requests") or {}
-    if "cpu" in pod_level:
-        cpu = _quantity(pod_level["cpu"], 1000.0)
-    if "memory" in pod_level:
-        mem = _quantity(pod_level["memory"])
-    o_cpu, o_mem = _cpu_mem(spec.get("overhead"))
-    return cpu + o_cpu, mem + o_mem
+            _add(asked, sidecars)
+            _at_least(peak, asked)
+    _at_least(total, peak)
+    pod_level = _amounts((spec.get("resources") or {}).get("requests"))
+    total.update({k: v for k, v in pod_level.items() if k in ("cpu", "memory") or k.startswith("hugepages-")})
+    _add(total, _amounts(spec.get("overhead")))
+    total["pods"] = 1.0
+    return total
 
 
 def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, set[str]]:
@@ -807,37 +822,34 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     gpu_index = {node: {d: i for i, d in enumerate(sorted(names - held_devices.get(node, set()), key=_natural))}
                  for node, names in devices.items()}  # fmt: skip
     seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
-    # CPU and memory on each node: asked by pods outside the snapshot (other pods, and the running pods of gangs
-    # left out), and by the snapshot's pods placed there
-    other_cpu: dict[str, float] = {}
-    other_mem: dict[str, float] = {}
-    our_cpu: dict[str, float] = {}
-    our_mem: dict[str, float] = {}
-    placed = [((p.get("spec") or {}).get("nodeName"), p, other_cpu, other_mem) for p in other_pods
+    # what each node's pods ask of it (pod_requests): outside the snapshot (other pods, the running pods of gangs
+    # left out), taken from the node; inside it, loaded by the core
+    outside: dict[str, dict[str, float]] = {}
+    inside: dict[str, dict[str, float]] = {}
+    placed = [((p.get("spec") or {}).get("nodeName"), p, outside) for p in other_pods
               if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-    placed += [(m.node, m.pod, other_cpu if job in left_out else our_cpu, other_mem if job in left_out else our_mem)
+    placed += [(m.node, m.pod, outside if job in left_out else inside)
                for job, gang in gangs.items() for m in gang.members.values() if statuses[m.key] != "Pending"]
-    for node_name, pod, cpus, mems in placed:
+    for node_name, pod, asked in placed:
         if node_name:
             facts = _facts(pod)
-            cpus[node_name] = cpus.get(node_name, 0.0) + facts.cpu
-            mems[node_name] = mems.get(node_name, 0.0) + facts.mem
+            on_node = asked.setdefault(node_name, {})
+            _add(on_node, {"cpu": facts.cpu, "memory": facts.mem, **facts.other})
     node_specs = []
     addresses: dict[str, str] = {}
     for n in managed:
         name = str(meta(n).get("name"))
         addresses[name] = str(meta(n)["annotations"][ADDRESS_ANNOTATION])
-        alloc = (n.get("status") or {}).get("allocatable") or {}
-        cpu = _quantity(alloc["cpu"], 1000.0) if "cpu" in alloc else _UNBOUNDED_CPU
-        mem = _quantity(alloc["memory"]) if "memory" in alloc else _UNBOUNDED_MEM
-        # never less than the snapshot's pods there ask: an over-committed node (its allocatable shrunk, a resize)
-        # is full, not a snapshot the cycle refuses
+        free = allocatable(n)
+        for resource, amount in outside.get(name, {}).items():
+            free[resource] = free.get(resource, 0.0) - amount
+        mine = inside.get(name, {})
+        # never less CPU and memory than the snapshot's pods there ask: an over-committed node (its allocatable
+        # shrank, a resize) is full, not a snapshot the cycle refuses
+        cpu, mem = max(mine.get("cpu", 0.0), free.pop("cpu")), max(mine.get("memory", 0.0), free.pop("memory"))
         node_specs.append(NodeSpec(
             name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
-            cpu_milli=max(our_cpu.get(name, 0.0), cpu - other_cpu.get(name, 0.0)),
-            mem_bytes=max(our_mem.get(name, 0.0), mem - other_mem.get(name, 0.0)),
-            labels=dict(meta(n).get("labels") or {}),
-        ))
+            cpu_milli=cpu, mem_bytes=mem, labels=dict(meta(n).get("labels") or {}), other=free))
     known_nodes = {s.name for s in node_specs}
 
     # jobs
@@ -895,7 +907,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                     seated[(member.node, index)] = seated.get((member.node, index), 0) + milli
             pods_out.append(PodSpec(name=key, gpu_milli=milli, cpu_milli=cpu, gpu_index=index if milli else None,
                                     mem_bytes=mem, status=status, node=member.node if status != "Pending" else None,
-                                    allowed_nodes=allowed.get(key)))
+                                    allowed_nodes=allowed.get(key), other=facts.other))
             admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
             if status == "Running" and admitted is not None:
                 started = admitted if started is None else max(started, admitted)

@@ -2,8 +2,9 @@
 
 For a pod with no scheduling gates and no node (and the default scheduler): the candidate nodes are those its
 `nodeSelector`, required node affinity and tolerations allow (the NodeUnschedulable, NodeAffinity and
-TaintToleration filters: `agent.arbiter.node_rules`) and that every allocated claim's `allocation.nodeSelector`
-allows (the DRA plugin's Filter); claims not yet allocated are allocated on the
+TaintToleration filters: `agent.arbiter.node_rules`), that have room for what it asks (NodeResourcesFit, counted as
+`agent.arbiter.world.pod_requests` counts it) and that every allocated claim's `allocation.nodeSelector` allows
+(the DRA plugin's Filter); claims not yet allocated are allocated on the
 first candidate where all fit (fakes.scheduler's structured allocator, as the plugin does), with the finalizer
 `resource.kubernetes.io/delete-protection`. DeviceTaintRules add their taint to the devices they select before
 allocating, as kube-scheduler's slice lister does, so a device under a NoSchedule rule goes only to a request
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.arbiter.node_rules import refusal, selector_allows
+from agent.arbiter.world import allocatable, pod_requests
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.informer import Informer, Key, key_of
 from agent.kube.rest import RESOURCE_CLAIMS, Rest
@@ -40,6 +42,7 @@ class Binder:
         self._slices = slices
         self._classes = classes
         self._taint_rules = taint_rules
+        self._asked: dict[str, dict[str, float]] = {}  # set by each sync
         # kube-scheduler's assume cache: allocations this binder wrote that its claim informer may not show yet
         # (key -> the resourceVersion written, the claim as written); without it, the next pod's allocation can
         # pick a device the last one just took
@@ -62,7 +65,13 @@ class Binder:
 
     def sync(self) -> int:
         bound = 0
-        for pod in self._pods.items():
+        pods = self._pods.items()
+        self._asked = {}  # node -> what the pods bound there (and not done) ask: NodeResourcesFit's count
+        for p in pods:
+            node = (p.get("spec") or {}).get("nodeName")
+            if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                self._take(node, pod_requests(p))
+        for pod in pods:
             spec = pod.get("spec") or {}
             meta = pod.get("metadata") or {}
             if spec.get("nodeName") or spec.get("schedulingGates") or meta.get("deletionTimestamp"):
@@ -95,8 +104,9 @@ class Binder:
         if claims is None:
             return 0
         nodes = sorted(self._nodes.items(), key=lambda n: n["metadata"]["name"])
+        asked = pod_requests(pod)
         for node in nodes:
-            if refusal(pod, node) is not None:
+            if refusal(pod, node) is not None or not self._has_room(node, asked):
                 continue
             if not all(selector_allows((c.get("status") or {}).get("allocation", {}).get("nodeSelector"), node)
                        for c in claims if (c.get("status") or {}).get("allocation")):
@@ -106,8 +116,19 @@ class Binder:
                 continue
             self._pre_bind(pod, claims, allocations)
             self._bind(pod, node["metadata"]["name"])
+            self._take(node["metadata"]["name"], asked)
             return 1
         return 0
+
+    def _take(self, node: str, asked: Mapping[str, float]) -> None:
+        on_node = self._asked.setdefault(node, {})
+        for resource, amount in asked.items():
+            on_node[resource] = on_node.get(resource, 0.0) + amount
+
+    def _has_room(self, node: Json, asked: Mapping[str, float]) -> bool:
+        """NodeResourcesFit: what the pods bound there ask, and this one, within the node's allocatable."""
+        free, taken = allocatable(node), self._asked.get(node["metadata"]["name"], {})
+        return all(free.get(r, 0.0) - taken.get(r, 0.0) >= amount for r, amount in asked.items() if amount)
 
     def _allocate(self, claims: Sequence[Json], node: str) -> dict[str, Json] | None:
         pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]

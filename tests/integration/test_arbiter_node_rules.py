@@ -6,12 +6,14 @@ control plane, where kube-scheduler 1.37.2 binds."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from agent.arbiter.controller import ArbiterConfig
+from agent.arbiter.names import GATE
 from agent.kube.rest import NODES, PODS, STRATEGIC_MERGE_PATCH
 from fakes.cluster import FakeCluster, wait_for
 from tests.integration import coexistence
@@ -72,6 +74,32 @@ def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: F
 
     assert wait_for(told, timeout=30, what="why it waits, told") == [
         "no node may run nowhere: 0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."]
+
+
+def test_a_pod_asking_an_extended_resource_goes_where_a_node_has_it(cluster: FakeCluster) -> None:
+    # gpu-node-1 alone has the fabric, room for one pod of it; gpu-node-0, first by name, has none
+    _, second = sorted(cluster.agents)
+    cluster.rest.patch(NODES, None, second, {"status": {"capacity": {"example.com/ib": "1"},
+                                                        "allocatable": {"example.com/ib": "1"}}},
+                       content_type=STRATEGIC_MERGE_PATCH, subresource="status")
+    cluster.queue(NS, gpu_quota=16)
+    for name in ("fabric-0", "fabric-1"):
+        cluster.pod(NS, name, NS, 1, spec_extra={"containers": [{
+            "name": "main", "image": "trainer:1", "resources": {
+                "requests": {"cpu": "4", "memory": "16Gi", "example.com/ib": "1"},
+                "limits": {"example.com/ib": "1"}, "claims": [{"name": "gpus"}]}}]})
+    cluster.arbiter(ArbiterConfig(period_s=0.05))
+
+    def bound() -> list[tuple[str, str]] | None:
+        nodes = sorted((p["metadata"]["name"], p["spec"].get("nodeName")) for p in cluster.pods(NS))
+        return [(name, node) for name, node in nodes if node] or None
+
+    (placed,) = wait_for(bound, timeout=120, interval=0.2, what="a fabric pod bound by kube-scheduler")
+    assert placed[1] == second
+    time.sleep(1)  # the other waits: no node has the fabric left
+    assert len(bound() or ()) == 1
+    waiting = [p for p in cluster.pods(NS) if p["metadata"]["name"] != placed[0]]
+    assert [p["spec"].get("schedulingGates") for p in waiting] == [[{"name": GATE}]]
 
 
 @pytest.mark.controlplane

@@ -320,6 +320,28 @@ def test_a_gang_left_waiting_still_holds_the_cpu_of_its_running_pods() -> None:
     assert {n.name: n.cpu_milli for n in w.snapshot.nodes} == {"n0": 4000.0, "n1": 64000.0}
 
 
+def test_a_pod_goes_where_the_node_has_the_other_resources_it_asks_for() -> None:
+    # n1 alone has the fabric (an extended resource), and room for one pod of it; n0 has room for no more pods
+    built = [node("n0"), node("n1")]
+    built[0][0]["status"]["allocatable"]["pods"] = "1"
+    built[1][0]["status"]["allocatable"].update({"pods": "110", "example.com/ib": "1"})
+    on_n0 = {"metadata": {"name": "dns", "namespace": "kube-system", "uid": "uid-dns"},
+             "spec": {"nodeName": "n0", "containers": [_container("main", "100m")]}, "status": {"phase": "Running"}}
+    fabric = {"requests": {"example.com/ib": "1"}, "limits": {"example.com/ib": "1"}}
+    pods = [pod(f"p{i}", f"c{i}") for i in range(3)]
+    for p in pods[:2]:
+        p["spec"]["containers"][0]["resources"] = fabric
+    w = build_world(pods=[on_n0, *pods], claims=[claim(f"c{i}") for i in range(3)], pod_groups=[],
+                    queues=[queue("team-a", gpu_quota=8)], nodes=[n for n, _ in built], slices=[s for _, s in built],
+                    driver=DRIVER, now=NOW)
+    assert {n.name: n.other.get("pods") for n in w.snapshot.nodes} == {"n0": 0.0, "n1": 110.0}
+    decisions = run_cycle(w.snapshot, ["allocate"]).pods
+    placed = sorted((name, d.node) for name, d in decisions.items())
+    # one fabric pod on n1, the other has no node with the fabric left; the plain pod goes to n1 too (n0 is full)
+    assert placed in ([("team-a/p0", "n1"), ("team-a/p1", None), ("team-a/p2", "n1")],
+                      [("team-a/p0", None), ("team-a/p1", "n1"), ("team-a/p2", "n1")])
+
+
 def test_min_runtime_comes_from_the_queue_and_counts_from_admission() -> None:
     admitted = pod("r", "held", gated=False, node_name="n0",
                    annotations={ADMITTED_ANNOTATION: "2027-01-15T08:00:00Z"})

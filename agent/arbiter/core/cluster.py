@@ -66,7 +66,8 @@ class NodeSet:
 
 class Node:
     __slots__ = ("after_free", "bit", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index",
-                 "mem_after", "mem_now", "partial", "releases", "shape_id", "spec", "unbit", "whole_free")
+                 "mem_after", "mem_now", "other_after", "other_now", "partial", "releases", "shape_id", "spec",
+                 "unbit", "whole_free")
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
@@ -77,6 +78,8 @@ class Node:
         self.unbit = ~self.bit
         self.cpu_now = self.cpu_after = spec.cpu_milli
         self.mem_now = self.mem_after = spec.mem_bytes
+        self.other_now = dict(spec.other)
+        self.other_after = dict(spec.other)
         self.gpu_now = [0] * spec.gpus  # milli-GPUs used, per device
         self.gpu_after = [0] * spec.gpus
         listed = {i for d in spec.nvlink_domains for i in d}
@@ -129,6 +132,10 @@ class Cluster:
         share = _share(pod)
         node.cpu_now -= pod.cpu_milli
         node.mem_now -= pod.mem_bytes
+        if pod.other:
+            _take(node.other_now, pod.other, 1)
+            if running:
+                _take(node.other_after, pod.other, 1)
         if running:
             node.cpu_after -= pod.cpu_milli
             node.mem_after -= pod.mem_bytes
@@ -164,9 +171,13 @@ class Cluster:
         if now:
             node.cpu_now -= sign * pod.cpu_milli
             node.mem_now -= sign * pod.mem_bytes
+            if pod.other:
+                _take(node.other_now, pod.other, sign)
         if after:
             node.cpu_after -= sign * pod.cpu_milli
             node.mem_after -= sign * pod.mem_bytes
+            if pod.other:
+                _take(node.other_after, pod.other, sign)
             self.gpu_after_free -= share * len(seat.gpus)
         gpu_now, gpu_after = node.gpu_now, node.gpu_after
         whole = node.whole_free
@@ -325,17 +336,21 @@ class Cluster:
         for score in sorted(ranked, reverse=True):
             yield from NodeSet(ranked[score])
 
-    def fits_cpu_mem(self, node: Node, pod: PodSpec, bind: bool) -> bool:
+    def fits_node(self, node: Node, pod: PodSpec, bind: bool) -> bool:
+        """Whether the node has room for the pod beside GPUs (CPU, memory, its other resources: after pending
+        releases, and now as well to bind) and the pod may run there."""
         if node.cpu_after < pod.cpu_milli or node.mem_after < pod.mem_bytes:
             return False
         if bind and (node.cpu_now < pod.cpu_milli or node.mem_now < pod.mem_bytes):
+            return False
+        if pod.other and not (_has(node.other_after, pod.other) and (not bind or _has(node.other_now, pod.other))):
             return False
         return node.selects(pod)
 
     def seat_free(self, pod: PodSpec, seat: Seat, bind: bool) -> bool:
         """Whether `seat` (a pod's old place) is still free enough for it."""
         node = self.nodes[seat.node]
-        if not self.fits_cpu_mem(node, pod, bind):
+        if not self.fits_node(node, pod, bind):
             return False
         need = pod.gpu_milli if pod.fractional else MILLI
         layers = (node.gpu_now, node.gpu_after) if bind else (node.gpu_after,)
@@ -344,7 +359,7 @@ class Cluster:
     def _seat_whole(
         self, node: Node, pod: PodSpec, count: int, bind: bool, held: Iterable[int], *, gang_gpus: int
     ) -> Seat | None:
-        if not self.fits_cpu_mem(node, pod, bind):
+        if not self.fits_node(node, pod, bind):
             return None
         now, after = node.gpu_now, node.gpu_after
         free = [g for g in range(node.spec.gpus) if after[g] == 0 and (not bind or now[g] == 0)]
@@ -375,7 +390,7 @@ class Cluster:
         best_used = -1
         for i in self.shared:
             node = self.nodes[i]
-            if i == exclude or not self.fits_cpu_mem(node, pod, bind):
+            if i == exclude or not self.fits_node(node, pod, bind):
                 continue
             for g, used in enumerate(node.gpu_after):
                 fits = used > 0 and used + pod.gpu_milli <= MILLI
@@ -397,7 +412,7 @@ class Cluster:
         pool = -1 if bind else self.releasing.bits  # pipelining: only onto nodes with releases pending
         for i in self._by_score(lambda shape: scores.shared(shape, milli)[0], pool):
             node = nodes[i]
-            if i == exclude or not self.fits_cpu_mem(node, pod, bind):
+            if i == exclude or not self.fits_node(node, pod, bind):
                 continue
             # the GPU the shape's score chose (used milli `want`), else the fullest that fits both layers
             want = scores.shared(self.shapes[node.shape_id], milli)[1]
@@ -418,7 +433,7 @@ class Cluster:
             return None
         for i in self.releasing:
             node = self.nodes[i]
-            if i != exclude and self.fits_cpu_mem(node, pod, False):
+            if i != exclude and self.fits_node(node, pod, False):
                 for g, used in enumerate(node.gpu_after):
                     if used + pod.gpu_milli <= MILLI:
                         return Seat(i, (g,))
@@ -431,7 +446,7 @@ class Cluster:
         candidates = range(len(self.nodes)) if bind else self.releasing
         for i in candidates:
             node = self.nodes[i]
-            if i != exclude and self.fits_cpu_mem(node, pod, bind):
+            if i != exclude and self.fits_node(node, pod, bind):
                 free = node.cpu_after
                 if best is None or (free < best_free) == binpack:
                     best, best_free = Seat(i, ()), free
@@ -439,6 +454,15 @@ class Cluster:
 
 
 _SPAN = MILLI + 1  # the values one GPU's milli takes: 0..MILLI
+
+
+def _take(free: dict[str, float], asked: Mapping[str, float], sign: int) -> None:
+    for name, amount in asked.items():
+        free[name] = free.get(name, 0.0) - sign * amount
+
+
+def _has(free: Mapping[str, float], asked: Mapping[str, float]) -> bool:
+    return all(free.get(name, 0.0) >= amount for name, amount in asked.items())
 
 
 def _share(pod: PodSpec) -> int:

@@ -53,6 +53,9 @@ class NodeSpec:
     gpu_model: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     nvlink_domains: tuple[tuple[int, ...], ...] = ()
+    # what is free of its other resources (pods, ephemeral-storage, hugepages-*, extended resources), checked
+    # only for pods that ask for them: a resource it does not list, it does not have
+    other: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,7 @@ class PodSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     # the nodes its other rules allow (node affinity, tolerations: worked out by whoever reads the pod); None: all
     allowed_nodes: frozenset[str] | None = None
+    other: Mapping[str, float] = field(default_factory=dict)  # what it asks of a node's other resources
 
     @property
     def request(self) -> Vector:
