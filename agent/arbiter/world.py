@@ -381,10 +381,10 @@ class _PodFacts:
 
 def _read_facts(pod: Mapping[str, Any]) -> _PodFacts:
     names, missing = claim_names(pod)
-    other = pod_requests(pod)
-    cpu, mem = other.pop("cpu", 0.0), other.pop("memory", 0.0)
-    return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), cpu, mem, other,
-                     parse_time(meta(pod).get("creationTimestamp")))
+    asked = pod_requests(pod)
+    other = {resource: amount for resource, amount in asked.items() if resource not in ("cpu", "memory")}
+    return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), asked.get("cpu", 0.0),
+                     asked.get("memory", 0.0), other, parse_time(meta(pod).get("creationTimestamp")))
 
 
 def _facts(pod: Mapping[str, Any]) -> _PodFacts:
@@ -525,13 +525,17 @@ def allocatable(node: Mapping[str, Any]) -> dict[str, float]:
     return {**_UNREPORTED, **_amounts((node.get("status") or {}).get("allocatable"))}
 
 
-def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
-    """What the pod asks of its node, counted as kube-scheduler's NodeResourcesFit counts it (k8s.io/component-helpers
-    resource.PodRequests): its containers' sum with the sidecars (init containers that restart Always) added, and
-    never less than any init container's peak (it plus the sidecars started before it); pod-level requests where
-    the pod sets them (CPU, memory, hugepages); plus the RuntimeClass overhead; and one of the node's `pods`.
-    Counting only the containers, a node could look roomier than kube-scheduler sees it, and a pod admitted there
-    never bound."""
+def pod_requests(pod: Mapping[str, Any]) -> Mapping[str, float]:
+    """What the pod asks of its node (read once per version of the pod), counted as kube-scheduler's
+    NodeResourcesFit counts it (k8s.io/component-helpers resource.PodRequests): its containers' sum with the
+    sidecars (init containers that restart Always) added, and never less than any init container's peak (it plus
+    the sidecars started before it); pod-level requests where the pod sets them (CPU, memory, hugepages); plus the
+    RuntimeClass overhead; and one of the node's `pods`. Counting only the containers, a node could look roomier
+    than kube-scheduler sees it, and a pod admitted there never bound."""
+    return _memo("requests", pod, _read_requests)
+
+
+def _read_requests(pod: Mapping[str, Any]) -> dict[str, float]:
     spec = pod.get("spec") or {}
     total: dict[str, float] = {}
     for c in spec.get("containers") or ():
