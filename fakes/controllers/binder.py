@@ -1,15 +1,15 @@
 """kube-scheduler binding ungated pods, small: what the arbiter relies on it for.
 
-For a pod with no scheduling gates and no node (and the default scheduler): the candidate nodes are those its
-`nodeSelector`, required node affinity and tolerations allow (the NodeUnschedulable, NodeAffinity and
-TaintToleration filters: `agent.arbiter.node_rules`), that have room for what it asks (NodeResourcesFit, counted as
-`agent.arbiter.world.pod_requests` counts it) and that every allocated claim's `allocation.nodeSelector` allows
-(the DRA plugin's Filter); claims not yet allocated are allocated on the
-first candidate where all fit (fakes.scheduler's structured allocator, as the plugin does), with the finalizer
-`resource.kubernetes.io/delete-protection`. DeviceTaintRules add their taint to the devices they select before
-allocating, as kube-scheduler's slice lister does, so a device under a NoSchedule rule goes only to a request
-tolerating it. In PreBind each claim gets the pod in `reservedFor`; then the pod
-is bound (pods/binding). Nodes are tried in name order; there is no scoring and no preemption.
+For a pod with no scheduling gates and no node (and the default scheduler), the candidate nodes are those:
+- its `nodeSelector`, required node affinity and tolerations allow (the NodeUnschedulable, NodeAffinity and
+  TaintToleration filters: `agent.arbiter.node_rules`);
+- with room for what it asks (NodeResourcesFit, counted as `agent.arbiter.world.pod_requests` counts it);
+- that every allocated claim's `allocation.nodeSelector` allows (the DRA plugin's Filter).
+Claims not yet allocated are allocated on the first candidate where all fit (fakes.scheduler's structured
+allocator, as the plugin does), with the finalizer `resource.kubernetes.io/delete-protection`. DeviceTaintRules
+add their taint to the devices they select before allocating, as kube-scheduler's slice lister does, so a device
+under a NoSchedule rule goes only to a request tolerating it. In PreBind each claim gets the pod in `reservedFor`;
+then the pod is bound (pods/binding). Nodes are tried in name order; there is no scoring and no preemption.
 """
 
 from __future__ import annotations
