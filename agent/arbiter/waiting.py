@@ -45,14 +45,21 @@ def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str,
             return (f"over quota: a non-preemptible gang may only use queue {q.name}'s quota of "
                     f"{quota / MILLI:g} GPUs ({held / MILLI:g} in use)")
         q = queues.get(q.parent) if q.parent else None
-    pending = [p.gpu_milli for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending"]
+    waiting = [p for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending"]
+    pending = [p.gpu_milli for p in waiting]
+    where, whole = "the cluster has", "the whole cluster has"
+    if waiting and all(p.allowed_nodes is not None for p in waiting):  # their affinity and tolerations narrow it
+        allowed = set().union(*(p.allowed_nodes or () for p in waiting))
+        capacity = {n: c for n, c in capacity.items() if n in allowed}
+        free = {n: f for n, f in free.items() if n in allowed}
+        where, whole = "the nodes its pods may run on have", "those nodes have"
     largest, total = max(pending, default=0), sum(capacity.values())
     text = (f"no fit: the gang needs {want / MILLI:g} GPUs in {len(pending)} pod(s), up to {largest / MILLI:g} "
-            f"on one node; the cluster has {total / MILLI:g} GPUs on {len(capacity)} node(s), at most "
+            f"on one node; {where} {total / MILLI:g} GPUs on {len(capacity)} node(s), at most "
             f"{max(capacity.values(), default=0) / MILLI:g} on one; {sum(free.values()) / MILLI:g} free, at most "
             f"{max(free.values(), default=0) / MILLI:g} on one")
     if want > total:
-        return f"{text}: the gang asks for more than the whole cluster has"
+        return f"{text}: the gang asks for more than {whole}"
     if largest > max(capacity.values(), default=0):
         return f"{text}: a pod asks for more GPUs than any node has"
     if want > sum(free.values()):

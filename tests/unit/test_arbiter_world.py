@@ -436,6 +436,13 @@ def test_a_gang_that_cannot_fit_is_told_against_the_whole_cluster() -> None:
     assert reason([*running, pod("p", "c8")], [*held, claim("c8", 8)]).endswith(
         "the cluster has 16 GPUs on 2 node(s), at most 8 on one; 4 free, at most 2 on one: "
         "the rest is held by running pods")
+    # told against the nodes its rules allow, not the whole cluster
+    picky = pod("p", "c12")
+    picky["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+    assert reason([picky], [claim("c12", 12)]) == (
+        "no fit: the gang needs 12 GPUs in 1 pod(s), up to 12 on one node; the nodes its pods may run on have 8 GPUs "
+        "on 1 node(s), at most 8 on one; 8 free, at most 8 on one: the gang asks for more than those nodes have")
 
 
 # -- every DRA claim counts toward its queue, once, as allocated ------------------------------------------
