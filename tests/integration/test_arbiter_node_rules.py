@@ -1,8 +1,10 @@
 """The arbiter places a pod only where kube-scheduler will then bind it: the pod's nodeSelector, required node
-affinity and tolerations against the nodes' labels and taints. The arbiter narrows an admitted pod's affinity
-to the node it picked, so a node kube-scheduler refuses would leave the pod pending for good, its GPUs
-allocated. On the API fake (its kube-scheduler stand-in filters as kube-scheduler does) and on the real
-control plane, where kube-scheduler 1.37.2 binds."""
+affinity and tolerations against the nodes' labels and taints, and what it asks for (an extended resource)
+against what the nodes have left. The arbiter narrows an admitted pod's affinity to the node it picked, so a node
+kube-scheduler refuses would leave the pod pending for good, its GPUs allocated. On the API fake (its
+kube-scheduler stand-in filters as kube-scheduler does) and on the real control plane, where kube-scheduler
+1.37.2 binds. A rule the arbiter does not read (pod anti-affinity) is reported on the pod in kube-scheduler's
+words (real control plane only: the stand-in does not model it)."""
 
 from __future__ import annotations
 
