@@ -71,7 +71,7 @@ def _required_affinity(spec: Json) -> Json | None:
         "requiredDuringSchedulingIgnoredDuringExecution")
 
 
-def affinity_allows(pod: Json, node: Json) -> bool:
+def _affinity_allows(pod: Json, node: Json) -> bool:
     """The pod's `nodeSelector` and required node affinity both match the node."""
     spec = pod.get("spec") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
@@ -92,12 +92,10 @@ def tolerates(toleration: Json, taint: Json) -> bool:
     return op == "Exists"
 
 
-def untolerated_taint(node: Json, tolerations: Sequence[Json]) -> Json | None:
-    """The node's first NoSchedule or NoExecute taint no toleration tolerates, if any."""
-    for taint in (node.get("spec") or {}).get("taints") or ():
-        if taint.get("effect") in _NOT_SCHEDULED_ON and not any(tolerates(t, taint) for t in tolerations):
-            return dict(taint)
-    return None
+def _untolerated(node: Json, tolerations: Sequence[Json]) -> bool:
+    """Whether the node has a NoSchedule or NoExecute taint no toleration tolerates."""
+    return any(taint.get("effect") in _NOT_SCHEDULED_ON and not any(tolerates(t, taint) for t in tolerations)
+               for taint in (node.get("spec") or {}).get("taints") or ())
 
 
 def refusal(pod: Json, node: Json) -> str | None:
@@ -105,11 +103,18 @@ def refusal(pod: Json, node: Json) -> str | None:
     tolerations = (pod.get("spec") or {}).get("tolerations") or ()
     if (node.get("spec") or {}).get("unschedulable") and not any(tolerates(t, _CORDONED) for t in tolerations):
         return UNSCHEDULABLE
-    if not affinity_allows(pod, node):
+    if not _affinity_allows(pod, node):
         return AFFINITY
-    if untolerated_taint(node, tolerations) is not None:
+    if _untolerated(node, tolerations):
         return TAINTS
     return None
+
+
+def rules_key(pod: Json) -> str:
+    """The pod's node rules (nodeSelector, required node affinity, tolerations) as one string: pods with equal
+    keys are allowed on the same nodes. A caller may keep it per version of the pod."""
+    spec = pod.get("spec") or {}
+    return json.dumps((spec.get("nodeSelector"), _required_affinity(spec), spec.get("tolerations")), sort_keys=True)
 
 
 class NodeRules:
@@ -118,21 +123,16 @@ class NodeRules:
 
     def __init__(self, nodes: Sequence[Json]) -> None:
         self._nodes = nodes
-        self._names = frozenset(str((n.get("metadata") or {}).get("name")) for n in nodes)
         self._tainted = any(t.get("effect") in _NOT_SCHEDULED_ON for n in nodes
                             for t in (n.get("spec") or {}).get("taints") or ())
         self._seen: dict[str, tuple[frozenset[str] | None, str]] = {}
 
-    def allowed(self, pod: Json) -> tuple[frozenset[str] | None, str]:
-        """The names of the nodes that allow `pod`, None when all of them do; and when none does, why, as
-        kube-scheduler says it ("0/3 nodes are available: 3 node(s) had untolerated taint(s).")."""
+    def allowed(self, pod: Json, key: str) -> tuple[frozenset[str] | None, str]:
+        """The names of the nodes that allow `pod` (its `rules_key` is `key`), None when all of them do; and when
+        none does, why, as kube-scheduler says it ("0/3 nodes are available: 3 node(s) had untolerated taint(s).")."""
         spec = pod.get("spec") or {}
-        # with taints about every pod has rules: one without tolerations is kept off the tainted nodes
-        tolerations = (spec.get("tolerations") or []) if self._tainted else None
-        rules = (spec.get("nodeSelector"), _required_affinity(spec), tolerations)
-        if rules == (None, None, None):
-            return None, ""
-        key = json.dumps(rules, sort_keys=True)
+        if not self._tainted and spec.get("nodeSelector") is None and _required_affinity(spec) is None:
+            return None, ""  # tolerations alone restrict nothing while no node is tainted
         known = self._seen.get(key)
         if known is None:
             known = self._seen[key] = self._work_out(pod)
@@ -147,7 +147,7 @@ class NodeRules:
                 allowed.add(str((node.get("metadata") or {}).get("name")))
             else:
                 refused[why] = refused.get(why, 0) + 1
-        if len(allowed) == len(self._names):
+        if len(allowed) == len(self._nodes):
             return None, ""
         reasons = ", ".join(f"{n} {why}" for why, n in sorted(refused.items()))
         return frozenset(allowed), f"0/{len(self._nodes)} nodes are available: {reasons}." if not allowed else ""

@@ -52,7 +52,7 @@ from agent.arbiter.names import (
     GATE,
     QUEUE_LABEL,
 )
-from agent.arbiter.node_rules import NodeRules
+from agent.arbiter.node_rules import NodeRules, rules_key
 from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
 from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
 from agent.quantity import QuantityError, parse
@@ -377,6 +377,7 @@ class _PodFacts:
     mem: float  # bytes
     other: dict[str, float]  # the rest it asks of its node: pods, ephemeral-storage, hugepages, extended resources
     born: float | None  # creationTimestamp
+    node_rules: str  # node_rules.rules_key
 
 
 def _read_facts(pod: Mapping[str, Any]) -> _PodFacts:
@@ -384,7 +385,8 @@ def _read_facts(pod: Mapping[str, Any]) -> _PodFacts:
     asked = pod_requests(pod)
     other = {resource: amount for resource, amount in asked.items() if resource not in ("cpu", "memory")}
     return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), asked.get("cpu", 0.0),
-                     asked.get("memory", 0.0), other, parse_time(meta(pod).get("creationTimestamp")))
+                     asked.get("memory", 0.0), other, parse_time(meta(pod).get("creationTimestamp")),
+                     rules_key(pod))
 
 
 def _facts(pod: Mapping[str, Any]) -> _PodFacts:
@@ -771,7 +773,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             elif any(c is None for c in read.found):
                 waiting.setdefault(job, f"ResourceClaim of {name} not found")
             # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
-            nodes_allowed, why = rules.allowed(pod)
+            nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
             if nodes_allowed is not None:
                 allowed[pod_key(pod)] = nodes_allowed
             if why:
@@ -853,7 +855,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         cpu, mem = max(mine.get("cpu", 0.0), free.pop("cpu")), max(mine.get("memory", 0.0), free.pop("memory"))
         node_specs.append(NodeSpec(
             name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
-            cpu_milli=cpu, mem_bytes=mem, labels=dict(meta(n).get("labels") or {}), other=free))
+            cpu_milli=cpu, mem_bytes=mem, other=free))
     known_nodes = {s.name for s in node_specs}
 
     # jobs

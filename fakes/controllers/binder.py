@@ -32,6 +32,21 @@ FINALIZER = "resource.kubernetes.io/delete-protection"
 Json = dict[str, Any]
 
 
+Taken = dict[str, dict[str, float]]  # node -> what the pods bound there ask of it (pod_requests, summed)
+
+
+def _take(taken: Taken, node: str, asked: Mapping[str, float]) -> None:
+    on_node = taken.setdefault(node, {})
+    for resource, amount in asked.items():
+        on_node[resource] = on_node.get(resource, 0.0) + amount
+
+
+def _has_room(node: Json, asked: Mapping[str, float], taken: Taken) -> bool:
+    """NodeResourcesFit: what the pods bound there ask, and this one, within the node's allocatable."""
+    free, used = allocatable(node), taken.get(node["metadata"]["name"], {})
+    return all(free.get(r, 0.0) - used.get(r, 0.0) >= amount for r, amount in asked.items() if amount)
+
+
 class Binder:
     def __init__(self, rest: Rest, pods: Informer, claims: Informer, nodes: Informer, slices: Informer,
                  classes: Informer, taint_rules: Informer | None = None) -> None:
@@ -42,7 +57,6 @@ class Binder:
         self._slices = slices
         self._classes = classes
         self._taint_rules = taint_rules
-        self._asked: dict[str, dict[str, float]] = {}  # set by each sync
         # kube-scheduler's assume cache: allocations this binder wrote that its claim informer may not show yet
         # (key -> the resourceVersion written, the claim as written); without it, the next pod's allocation can
         # pick a device the last one just took
@@ -66,11 +80,11 @@ class Binder:
     def sync(self) -> int:
         bound = 0
         pods = self._pods.items()
-        self._asked = {}  # node -> what the pods bound there (and not done) ask: NodeResourcesFit's count
+        taken: Taken = {}  # node -> what the pods bound there (and not done) ask: NodeResourcesFit's count
         for p in pods:
             node = (p.get("spec") or {}).get("nodeName")
             if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                self._take(node, pod_requests(p))
+                _take(taken, node, pod_requests(p))
         for pod in pods:
             spec = pod.get("spec") or {}
             meta = pod.get("metadata") or {}
@@ -79,7 +93,7 @@ class Binder:
             if spec.get("schedulerName") not in (None, "", "default-scheduler"):
                 continue
             try:
-                bound += self._schedule(pod)
+                bound += self._schedule(pod, taken)
             except (Conflict, NotFound):
                 continue  # changed meanwhile: the next pass tries again
             except ApiError as e:
@@ -99,14 +113,14 @@ class Binder:
             out.append(claim)
         return out
 
-    def _schedule(self, pod: Json) -> int:
+    def _schedule(self, pod: Json, taken: Taken) -> int:
         claims = self._claims_of(pod)
         if claims is None:
             return 0
         nodes = sorted(self._nodes.items(), key=lambda n: n["metadata"]["name"])
         asked = pod_requests(pod)
         for node in nodes:
-            if refusal(pod, node) is not None or not self._has_room(node, asked):
+            if refusal(pod, node) is not None or not _has_room(node, asked, taken):
                 continue
             if not all(selector_allows((c.get("status") or {}).get("allocation", {}).get("nodeSelector"), node)
                        for c in claims if (c.get("status") or {}).get("allocation")):
@@ -116,19 +130,9 @@ class Binder:
                 continue
             self._pre_bind(pod, claims, allocations)
             self._bind(pod, node["metadata"]["name"])
-            self._take(node["metadata"]["name"], asked)
+            _take(taken, node["metadata"]["name"], asked)
             return 1
         return 0
-
-    def _take(self, node: str, asked: Mapping[str, float]) -> None:
-        on_node = self._asked.setdefault(node, {})
-        for resource, amount in asked.items():
-            on_node[resource] = on_node.get(resource, 0.0) + amount
-
-    def _has_room(self, node: Json, asked: Mapping[str, float]) -> bool:
-        """NodeResourcesFit: what the pods bound there ask, and this one, within the node's allocatable."""
-        free, taken = allocatable(node), self._asked.get(node["metadata"]["name"], {})
-        return all(free.get(r, 0.0) - taken.get(r, 0.0) >= amount for r, amount in asked.items() if amount)
 
     def _allocate(self, claims: Sequence[Json], node: str) -> dict[str, Json] | None:
         pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]

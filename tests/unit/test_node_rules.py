@@ -7,7 +7,16 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.node_rules import AFFINITY, TAINTS, UNSCHEDULABLE, NodeRules, refusal, selector_allows, tolerates
+from agent.arbiter.node_rules import (
+    AFFINITY,
+    TAINTS,
+    UNSCHEDULABLE,
+    NodeRules,
+    refusal,
+    rules_key,
+    selector_allows,
+    tolerates,
+)
 
 
 def node(name: str = "a", taints: list[dict[str, str]] | None = None, **labels: str) -> dict[str, Any]:
@@ -73,18 +82,22 @@ def test_why_a_node_refuses_a_pod() -> None:
                                      "effect": "NoSchedule"}]), cordoned) is None
 
 
+def allowed(rules: NodeRules, p: dict[str, Any]) -> tuple[frozenset[str] | None, str]:
+    return rules.allowed(p, rules_key(p))
+
+
 def test_the_nodes_a_pod_may_run_on_and_why_none() -> None:
     rules = NodeRules([node("a", zone="x"), node("b", zone="y"), node("c", [NO_SCHEDULE], zone="x")])
-    assert rules.allowed(pod()) == (frozenset({"a", "b"}), "")
-    assert rules.allowed(pod(nodeSelector={"zone": "x"}, tolerations=[{"operator": "Exists"}])) == (
+    assert allowed(rules, pod()) == (frozenset({"a", "b"}), "")
+    assert allowed(rules, pod(nodeSelector={"zone": "x"}, tolerations=[{"operator": "Exists"}])) == (
         frozenset({"a", "c"}), "")
-    assert rules.allowed(pod(tolerations=[{"operator": "Exists"}])) == (None, "")  # every node: no restriction
-    assert rules.allowed(pod(nodeSelector={"zone": "z"})) == (frozenset(), (
+    assert allowed(rules, pod(tolerations=[{"operator": "Exists"}])) == (None, "")  # every node: no restriction
+    assert allowed(rules, pod(nodeSelector={"zone": "z"})) == (frozenset(), (
         "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."))
-    assert rules.allowed(pod(nodeSelector={"zone": "x"}, affinity={"nodeAffinity": {
+    assert allowed(rules, pod(nodeSelector={"zone": "x"}, affinity={"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchFields": [expr("metadata.name", "In", "c")]}]}}})) == (frozenset(), (
         "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
         "1 node(s) had untolerated taint(s)."))
     untainted = NodeRules([node("a"), node("b")])
-    assert untainted.allowed(pod(tolerations=[{"key": "k", "operator": "Exists"}])) == (None, "")
+    assert allowed(untainted, pod(tolerations=[{"key": "k", "operator": "Exists"}])) == (None, "")

@@ -68,8 +68,8 @@ class PodSpec:
     node: str | None = None
     gpu_index: int | None = None  # the GPU a running fractional pod shares
     task_priority: int = 0
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    # the nodes its other rules allow (node affinity, tolerations: worked out by whoever reads the pod); None: all
+    # the nodes its rules allow (nodeSelector, node affinity, tolerations: worked out by whoever reads the pod,
+    # against the nodes' labels and taints); None: every node
     allowed_nodes: frozenset[str] | None = None
     other: Mapping[str, float] = field(default_factory=dict)  # what it asks of a node's other resources
 

@@ -127,9 +127,8 @@ class Pod:
         self.spec = spec
         self.req = spec.request
         # what decides where the pod fits, whoever asks: pods of one shape fit or fail alike
-        selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
         other = tuple(sorted(spec.other.items())) if spec.other else ()
-        self.shape = (spec.gpu_milli, spec.cpu_milli, spec.mem_bytes, selector, spec.allowed_nodes, other)
+        self.shape = (spec.gpu_milli, spec.cpu_milli, spec.mem_bytes, spec.allowed_nodes, other)
         self.job = job
         self.state: State = "pending"
         self.was: State = "pending"  # state at the start of the cycle

@@ -68,7 +68,8 @@ def parse_snapshot(doc: object) -> Snapshot:
     nodes = tuple(_node(n, i) for i, n in enumerate(raw_nodes))
     gpu_memory = _gpu_memory(raw_nodes, nodes)
     queues = tuple(_queue(q, i) for i, q in enumerate(_list(top, "queues", "the snapshot")))
-    jobs = tuple(_job(j, i, gpu_memory) for i, j in enumerate(_list(top, "jobs", "the snapshot")))
+    selected = _Selected(nodes)
+    jobs = tuple(_job(j, i, gpu_memory, selected) for i, j in enumerate(_list(top, "jobs", "the snapshot")))
     now = _timestamp(top["now"], "the snapshot", "now") if top.get("now") is not None else None
     fairness = _fairness(top.get("fairness"), queues, nodes, now)
     snapshot = Snapshot(nodes=nodes, queues=queues, jobs=jobs, placement=placement, fairness=fairness, now=now)
@@ -177,7 +178,25 @@ def _gpu_memory(raw_nodes: list[Any], nodes: tuple[NodeSpec, ...]) -> dict[str, 
     return out
 
 
-def _job(raw: object, index: int, gpu_memory: Mapping[str, float] | None = None) -> JobSpec:
+class _Selected:
+    """The nodes a pod's `nodeSelector` allows, as the model's `allowed_nodes` (None: every node), worked out
+    once per distinct selector."""
+
+    def __init__(self, nodes: tuple[NodeSpec, ...]) -> None:
+        self._nodes = nodes
+        self._seen: dict[tuple[tuple[str, str], ...], frozenset[str] | None] = {}
+
+    def allowed(self, selector: Mapping[str, str]) -> frozenset[str] | None:
+        if not selector:
+            return None
+        key = tuple(sorted(selector.items()))
+        if key not in self._seen:
+            names = frozenset(n.name for n in self._nodes if all(n.labels.get(k) == v for k, v in key))
+            self._seen[key] = None if len(names) == len(self._nodes) else names
+        return self._seen[key]
+
+
+def _job(raw: object, index: int, gpu_memory: Mapping[str, float], selected: _Selected) -> JobSpec:
     job = _obj(raw, f"jobs[{index}]")
     name = _name(job, f"jobs[{index}]")
     where = f"job {name!r}"
@@ -189,7 +208,7 @@ def _job(raw: object, index: int, gpu_memory: Mapping[str, float] | None = None)
     preemptible = job.get("preemptible", priority < NON_PREEMPTIBLE_PRIORITY)
     if not isinstance(preemptible, bool):
         raise SnapshotError(f"{where} has a preemptible field that is not true or false.")
-    pods = tuple(_pod(p, where, i, gpu_memory or {}) for i, p in enumerate(_list(job, "pods", where)))
+    pods = tuple(_pod(p, where, i, gpu_memory, selected) for i, p in enumerate(_list(job, "pods", where)))
     min_member = _int(job, "minMember", where, default=len(pods))
     if min_member < 0:
         raise SnapshotError(f"{where} has a negative minMember {min_member}.")
@@ -226,12 +245,12 @@ def _share(pod: Mapping[str, Any], where: str, gpu_memory: Mapping[str, float]) 
     return math.ceil(round(memory / whole * MILLI, 9)) / MILLI
 
 
-def _pod(raw: object, job: str, index: int, gpu_memory: Mapping[str, float] | None = None) -> PodSpec:
+def _pod(raw: object, job: str, index: int, gpu_memory: Mapping[str, float], selected: _Selected) -> PodSpec:
     pod = _obj(raw, f"{job} pods[{index}]")
     name = _name(pod, f"{job} pods[{index}]")
     where = f"pod {name!r}"
     _known_fields(pod, "pod", where)
-    gpus = _share(pod, where, gpu_memory or {}) if "gpuMemory" in pod else _quantity(pod, "gpus", where, default=0.0)
+    gpus = _share(pod, where, gpu_memory) if "gpuMemory" in pod else _quantity(pod, "gpus", where, default=0.0)
     if gpus > MAX_NODE_GPUS:
         raise SnapshotError(f"{where} asks for {gpus:g} GPUs, more than any node may have ({MAX_NODE_GPUS}).")
     if gpus > 1 and gpus != int(gpus):
@@ -261,7 +280,7 @@ def _pod(raw: object, job: str, index: int, gpu_memory: Mapping[str, float] | No
         node=node,
         gpu_index=gpu_index,
         task_priority=_int(pod, "taskPriority", where, default=0),
-        node_selector=_labels(pod, "nodeSelector", where),
+        allowed_nodes=selected.allowed(_labels(pod, "nodeSelector", where)),
     )
 
 
