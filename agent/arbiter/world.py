@@ -722,7 +722,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     waiting: dict[str, str] = {}
     unweighed: set[str] = set()  # gangs left out whole (their queue or PodGroup is missing or invalid)
     holding: dict[str, set[str]] = {}  # gang -> the claims its running or releasing pods hold
-    allowed: dict[str, frozenset[str]] = {}  # pending pod -> the nodes its affinity and tolerations allow
+    allowed: dict[str, frozenset[str]] = {}  # pending pod -> the nodes its node rules allow (node_rules)
     other_pods: list[Json] = []
     statuses: dict[str, PodStatus] = {}
     release: list[Json] = []
