@@ -337,7 +337,7 @@ class Arbiter:
                 if not pipelined:
                     self._land(report, wait=True)
         with self._timed("events and status"):
-            report.waiting = {**world.waiting, **wait_reasons(snapshot, result)}
+            report.waiting = {**world.waiting, **wait_reasons(snapshot, result, world.unserved)}
             self._tell_waiting(world, report.waiting, now)
             self._write_queue_status(snapshot, result, now, world)
         if self.metrics is not None:

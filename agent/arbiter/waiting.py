@@ -7,9 +7,14 @@ from collections.abc import Mapping, Sequence
 from agent.arbiter.core.cycle import CycleResult, PodDecision
 from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, QueueSpec, Snapshot
 
+NO_RESERVATIONS = "serve no reservations"  # a node whose agent runs without --reservation-addr (World.unserved)
 
-def wait_reasons(snapshot: Snapshot, result: CycleResult) -> dict[str, str]:
-    """job name -> reason, for every job with pods still pending (or pipelined) after the cycle."""
+
+def wait_reasons(snapshot: Snapshot, result: CycleResult,
+                 unserved: Mapping[str, tuple[int, str]] | None = None) -> dict[str, str]:
+    """job name -> reason, for every job with pods still pending (or pipelined) after the cycle. `unserved`:
+    the nodes that publish GPUs the arbiter does not place on -> (their GPUs, why; World.unserved): a gang that
+    does not fit is told of them, since they, not the cluster's size, may be what it waits for."""
     queues = {q.name: q for q in snapshot.queues}
     used: dict[str, int] = {}
     for job in snapshot.jobs:
@@ -24,7 +29,27 @@ def wait_reasons(snapshot: Snapshot, result: CycleResult) -> dict[str, str]:
         decisions = [result.pods[p.name] for p in job.pods]
         if any(d.outcome == "pending" for d in decisions) or len(job.pods) < job.min_member:
             out[job.name] = _reason(job, decisions, queues, result, free, capacity=capacity)
+            if unserved and out[job.name].startswith("no fit"):
+                out[job.name] = _left_out(unserved, out[job.name], placed_on=len(capacity))
     return out
+
+
+def _left_out(unserved: Mapping[str, tuple[int, str]], reason: str, *, placed_on: int) -> str:
+    """The reason, led (when the arbiter places on no node at all) or followed by the nodes left out, by cause:
+    "2 node(s) with 4 GPUs serve no reservations (their node agents run without --reservation-addr...)"."""
+    causes: dict[str, list[str]] = {}
+    for node in sorted(unserved):
+        causes.setdefault(unserved[node][1], []).append(node)
+    told = []
+    for why, nodes in causes.items():
+        gpus = sum(unserved[n][0] for n in nodes)
+        names = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        hint = (" (their node agents run without --reservation-addr; the arbiter overlay sets it)"
+                if why == NO_RESERVATIONS else "")
+        told.append(f"{len(nodes)} node(s) with {gpus} GPUs {why}{hint}: {names}")
+    if not placed_on:
+        return f"no node the arbiter may place on: {'; '.join(told)}"
+    return f"{reason}; left out, {'; '.join(told)}"
 
 
 def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str, QueueSpec], result: CycleResult,

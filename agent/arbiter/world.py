@@ -54,6 +54,7 @@ from agent.arbiter.names import (
 )
 from agent.arbiter.node_rules import NodeRules, rules_key
 from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
+from agent.arbiter.waiting import NO_RESERVATIONS
 from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
 from agent.quantity import QuantityError, parse
 
@@ -485,6 +486,8 @@ class World:
     doubles: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (pool, device) in 2+ claims -> keys
     shareable: dict[tuple[str, str], dict[str, Capacity]] = field(default_factory=dict)  # share_devices
     unbindable: dict[str, Unbindable] = field(default_factory=dict)  # by pod key
+    # nodes that publish GPUs the arbiter does not place on -> (their GPUs, why: agent.arbiter.waiting says it)
+    unserved: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -622,6 +625,16 @@ def _managed(node: Json, devices: Mapping[str, set[str]]) -> bool:
                 and str(meta(node).get("name")) in devices and _node_ready(node))
 
 
+def _unserved(node: Json) -> str:
+    """Why the arbiter does not place on a node that publishes GPUs (one of waiting.py's causes)."""
+    annotations = meta(node).get("annotations") or {}
+    if not annotations.get(ADDRESS_ANNOTATION):
+        return NO_RESERVATIONS
+    if not annotations.get(FINGERPRINT_ANNOTATION):
+        return "advertise no reservation certificate"
+    return "are cordoned" if (node.get("spec") or {}).get("unschedulable") else "are not Ready"
+
+
 def _node_ready(node: Mapping[str, Any]) -> bool:
     if (node.get("spec") or {}).get("unschedulable"):
         return False
@@ -715,7 +728,14 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
 
     # the nodes the arbiter places on: ready, their agent reachable, their GPUs published
     devices = _pool_devices(slices, driver)
-    managed = [n for n in nodes if _managed(n, devices)]
+    managed: list[Json] = []
+    unserved: dict[str, tuple[int, str]] = {}  # told to the gangs that wait for GPUs (waiting.py)
+    for n in nodes:
+        node_name = str(meta(n).get("name"))
+        if _managed(n, devices):
+            managed.append(n)
+        elif node_name in devices:
+            unserved[node_name] = (len(devices[node_name]), _unserved(n))
     rules = NodeRules(managed)
     gangs: dict[str, Gang] = {}
     members: dict[str, Member] = {}
@@ -935,4 +955,4 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
     snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
     return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles, shareable,
-                 refused)
+                 refused, unserved)

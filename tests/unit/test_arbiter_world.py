@@ -559,3 +559,29 @@ def test_what_a_pending_claim_asks_follows_its_new_versions() -> None:
     four["metadata"].update(uid="uid-c", resourceVersion="8")
     assert [claim_gpus(c, DRIVER, {}) for c in (one, four, one)] == [1.0, 4.0, 1.0]
     assert claim_gpus(claim("unversioned", count=2), DRIVER, {}) == 2.0
+
+
+def test_a_gang_is_told_that_nodes_publishing_gpus_serve_no_reservations() -> None:
+    """Issue 33, item 7. Tried: the arbiter overlay with node agents run without --reservation-addr (no address
+    on their Nodes) while they publish 16 GPUs. Before, the pod was told "the cluster has 0 GPUs on 0 node(s)"."""
+    from agent.arbiter.waiting import wait_reasons
+
+    built = [node(f"n{i}") for i in range(2)]
+    for n, _ in built:
+        del n["metadata"]["annotations"][ADDRESS_ANNOTATION]
+    w = build_world(pods=[pod("p", "c1")], claims=[claim("c1", 1)], pod_groups=[],
+                    queues=[queue("root"), queue("team-a", "root", 8)], nodes=[n for n, _ in built],
+                    slices=[s for _, s in built], driver=DRIVER, now=NOW)
+    reason = wait_reasons(w.snapshot, run_cycle(w.snapshot), w.unserved)["team-a/pod/p"]
+    assert reason == ("no node the arbiter may place on: 2 node(s) with 16 GPUs serve no reservations (their "
+                      "node agents run without --reservation-addr; the arbiter overlay sets it): n0, n1")
+    assert "0 GPUs on 0 node(s)" not in reason
+    # with one node serving, the gang that does not fit is told of the other, after the cluster's numbers
+    built[0][0]["metadata"]["annotations"][ADDRESS_ANNOTATION] = "n0:7000"
+    w = build_world(pods=[pod("p", "c12")], claims=[claim("c12", 12)], pod_groups=[],
+                    queues=[queue("root"), queue("team-a", "root", 8)], nodes=[n for n, _ in built],
+                    slices=[s for _, s in built], driver=DRIVER, now=NOW)
+    reason = wait_reasons(w.snapshot, run_cycle(w.snapshot), w.unserved)["team-a/pod/p"]
+    assert reason.startswith("no fit: the gang needs 12 GPUs") and "8 GPUs on 1 node(s)" in reason
+    assert reason.endswith("; left out, 1 node(s) with 8 GPUs serve no reservations (their node agents run "
+                           "without --reservation-addr; the arbiter overlay sets it): n1")
