@@ -479,6 +479,12 @@ class ClaimStates:
             capacities = shares.capacities(gpu.memory_bytes, self.share_mode)
         else:  # published without shares now (e.g. the server dropped them): the GPU's memory still bounds them
             capacities = {shares.MEMORY: shares.Capacity(Fraction(gpu.memory_bytes))}
+        # Only a value the published request policy can produce is trusted: a negative one would offset the
+        # other shares, a missing one set no limit, and a missing `shares` let one share too many in.
+        if problem := shares.consumed_problem(dict(device.consumed), capacities, every=self.share_mode is not None):
+            given = ", ".join(f"{k}={v}" for k, v in device.consumed) or "nothing"
+            raise ClaimError(f"{what}: share {device.share_id} of {device.device_name} consumes {given[:200]}: "
+                             f"{problem}; no allocation from this node's slices has that: refused")  # fmt: skip
         others = [d for _, d in held if d.share_id]
         others += [d for d in mine if d.device_name == device.device_name and d.share_id]
         this = _consumed(device)

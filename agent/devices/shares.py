@@ -174,6 +174,48 @@ def share_of(
     return out
 
 
+def producible(value: Fraction, capacity: Capacity) -> bool:
+    """Whether some request could have made one share consume `value` of `capacity`: a value of `consumed`
+    that `violates` passes. Everything `consumed` returns lies at or above the policy's min (a request below
+    it is raised to it), so a value below it, or below zero, never came from the allocator."""
+    policy = capacity.policy
+    if value < 0:
+        return False
+    if policy is None or (policy.default is not None and value == policy.default):
+        return True
+    if policy.min is not None and value < policy.min:
+        return False
+    if policy.valid_values and policy.min is None:
+        return value in policy.valid_values
+    return not violates(value, policy)
+
+
+def consumed_problem(raw: Mapping[str, Any], capacities: Mapping[str, Capacity], *, every: bool = True) -> str:
+    """Why a share's allocated `consumedCapacity` is not what the device's request policies could have produced
+    ("" when it is): a capacity missing (the allocator names every capacity of the device, `every`), one the
+    device does not have, a value that is no quantity, negative, or off the policy. `every=False` checks only
+    the capacities named (the device's policies are not known)."""
+    values: dict[str, Fraction] = {}
+    for name, text in raw.items():
+        if name not in capacities:
+            if every:
+                return f"it consumes {name}, which the device does not have ({', '.join(sorted(capacities))})"
+            continue
+        try:
+            values[name] = parse(str(text)).value
+        except QuantityError as exc:
+            return f"its {name} {str(text)[:40]!r} is not a quantity ({exc.reason})"
+    for name, capacity in capacities.items():
+        if name not in values:
+            if every:
+                return f"it names no {name}, which every share of the device consumes"
+            continue
+        if not producible(values[name], capacity):
+            policy = capacity.policy.to_json() if capacity.policy is not None else {}
+            return f"its {name}={_text(values[name])} is not a value the request policy {policy} allows"
+    return ""
+
+
 def fits(
     share: Mapping[str, Fraction], capacities: Mapping[str, Capacity], taken: Iterable[Mapping[str, Fraction]]
 ) -> bool:

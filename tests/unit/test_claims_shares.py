@@ -126,3 +126,51 @@ def test_the_spec_is_valid_cdi(node: SharedNode, shared_dir: pathlib.Path) -> No
 
     ok(node.preparer().prepare([node.add(share("v"))])["v"])
     assert cdi_validator(shared_dir).is_valid(spec(node, "v"))
+
+
+# --- consumedCapacity the published request policy could never have produced -----------------------------------
+
+
+def with_consumed(uid: str, consumed: dict[str, str]) -> dict[str, Any]:
+    body = share(uid)
+    body["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = consumed
+    return body
+
+
+@pytest.mark.parametrize(("consumed", "why"), [
+    ({"memory": "-10Gi", "shares": "1"}, "its memory=-10Gi is not a value the request policy"),
+    ({"shares": "1"}, "it names no memory, which every share of the device consumes"),
+    ({"memory": "0", "shares": "1"}, "its memory=0 is not a value the request policy"),
+    ({"memory": "8Gi"}, "it names no shares"),
+    ({"memory": "8Gi", "shares": "1", "bandwidth": "1"}, "it consumes bandwidth, which the device does not have"),
+    ({"memory": "lots", "shares": "1"}, "its memory 'lots' is not a quantity"),
+    ({"memory": "1Gi", "shares": "1.5"}, "its shares=1500m is not a value the request policy"),
+], ids=["negative", "memory-missing", "memory-zero", "shares-missing", "unknown", "no-quantity", "off-step"])
+def test_a_share_the_policy_could_not_have_produced_is_that_claims_error(
+        node: SharedNode, consumed: dict[str, str], why: str) -> None:
+    # Tried: a forged or corrupted allocation beside a good share in the same batch. Before, a negative share
+    # was prepared (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=-10240M) and left room for more than the GPU has, and a
+    # missing memory set no limit at all.
+    preparer = node.preparer()
+    bad, good = node.add(with_consumed("bad", consumed)), node.add(share("good", memory="70Gi"))
+    results = preparer.prepare([bad, good])
+    error = results["bad"].error
+    assert why in error and "no allocation from this node's slices has that: refused" in error
+    ok(results["good"])
+    assert node.checkpoint() == {"good": ClaimState.COMPLETED}
+    assert cdi.spec_file_name("bad") not in node.spec_files()
+
+
+def test_with_a_share_count_a_share_without_shares_is_refused_not_prepared_as_a_third(tmp_path: pathlib.Path) -> None:
+    # Tried: --consumable-shares 2, two shares of gpu-0, then a third whose consumedCapacity lacks `shares`.
+    # Before, the third was prepared: a missing `shares` counted as none taken.
+    node = SharedNode(tmp_path)
+    preparer = node.preparer()
+    preparer.states.share_mode = ShareMode("count", 2)
+    refs = [node.add(with_consumed(f"s{i}", {"memory": "0", "shares": "1"})) for i in range(2)]
+    third = node.add(with_consumed("s2", {"memory": "0"}))
+    results = preparer.prepare([*refs, third])
+    ok(results["s0"]), ok(results["s1"])
+    assert "it names no shares" in results["s2"].error
+    [edits] = [d["containerEdits"] for d in spec(node, "s0")["devices"]]
+    assert "env" not in edits  # memory 0 is the policy's default under a share count: no memory limit, rightly
