@@ -32,6 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(prog="gpu-dra-agent", description="Kubernetes DRA driver for NVIDIA GPUs")
+    parser.add_argument("--version", action="version", version=f"gpu-dra-agent {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     raw = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in raw if not a.startswith("-")), None)
@@ -56,6 +57,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _closed_pipe()
     return code
+
+
+def _version() -> str:
+    """The installed distribution's version (what `pip show` and the image's labels say)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpu-dra-agent")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _closed_pipe() -> int:

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             Demo(stack, manifests, workdir, tuple(args.machine or DEFAULT_MACHINES), args.verbose).run()
         ok = True
     except (DemoError, KubectlError, KubeletError, OSError) as exc:
-        print(f"\ndemo failed: {exc}", file=sys.stderr)
+        print(f"\ngpu-dra-agent demo: {exc}", file=sys.stderr)
     finally:
         if ok and not args.keep and args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

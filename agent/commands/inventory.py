@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from agent.commands.options import option
+from agent.commands.options import StartupFailure, option
 from agent.devices.model import Gpu, Inventory, MigDevice
 from agent.devices.names import gpu_device_name, mig_device_name
 from agent.driver import report
@@ -53,8 +52,7 @@ def run(args: argparse.Namespace) -> int:
         driver = set_up(Path(root), args.host_driver_root, inventory.driver_version,
                         args.nvidia_cdi_hook_path) if root else None  # fmt: skip
     except (NvmlError, InvalidNvmlSpec, DriverVersionMismatch) as exc:
-        print(f"gpu-dra-agent inventory: {exc}", file=sys.stderr)
-        return 1
+        raise StartupFailure(str(exc)) from exc
     if args.output == "json":
         files = report.document(driver) if driver else None
         print(json.dumps({**inventory_document(inventory), "driverFiles": files}, indent=2))

@@ -11,7 +11,7 @@ from pathlib import Path
 from agent import logs
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.commands import preflight
-from agent.commands.options import option, switch
+from agent.commands.options import SETTING_EXIT, STARTUP_EXIT, option, switch
 from agent.commands.preflight import StartupError
 from agent.commands.signals import stop_on_signals
 from agent.devices import shares
@@ -205,15 +205,15 @@ def run(args: argparse.Namespace) -> int:
         _serve(_config(args), args.metrics_addr, args.nvml)
     except _SETTING_ERRORS as exc:
         log.critical("%s: %s", PREFIX, exc)
-        return 2
+        return SETTING_EXIT
     except _STARTUP_FAILURES as exc:
         log.critical("%s: %s", PREFIX, exc)
-        return 1
+        return STARTUP_EXIT
     except OSError as exc:  # e.g. a port taken since it was probed
         log.critical("%s: %s", PREFIX, exc)
-        return 1
+        return STARTUP_EXIT
     except Exception as exc:  # a bug: still one line for the operator, the traceback for whoever debugs it
         log.debug("start-up failed", exc_info=True)
         log.critical("%s: failed: %s: %s", PREFIX, type(exc).__name__, exc)
-        return 1
+        return STARTUP_EXIT
     return 0

@@ -13,7 +13,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agent.arbiter.commit import ReservationCommit
 from agent.arbiter.core.cycle import (
@@ -26,6 +26,7 @@ from agent.arbiter.core.cycle import (
     unknown_actions,
 )
 from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
+from agent.commands.options import SettingError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +86,8 @@ def _simulate(args: argparse.Namespace, actions: list[str]) -> int:
 
 
 def render(sim: Simulation, commit: ReservationCommit | None = None) -> dict[str, Any]:
-    """The output document: per-pod decisions of the last round, fair shares, rounds and cycle times."""
+    """The output document: per-pod decisions of the last round, each round's moves (the pods of every action
+    but "keep"), fair shares, rounds and cycle times."""
     refused = commit.stats.refused_pods if commit is not None else {}
     pods: dict[str, Any] = {}
     for name, d in sim.last.pods.items():
@@ -103,6 +105,7 @@ def render(sim: Simulation, commit: ReservationCommit | None = None) -> dict[str
         "pods": pods,
         "fairShare": {q: fair_share_in_units(v) for q, v in sim.last.fair_share.items()},
         "rounds": len(sim.cycle_seconds),
+        "moves": [{action: list(names) for action, names in round_moves.items()} for round_moves in sim.moves],
         "cycleSeconds": [round(s, 6) for s in sim.cycle_seconds],
     }
 
@@ -131,6 +134,5 @@ def _check_schema(doc: object) -> None:
         raise SnapshotError(f"{where.lstrip('.')}: {error.message} (see {SCHEMA.name}).")
 
 
-def _fail(message: str) -> int:
-    sys.stderr.write(f"gpu-dra-agent simulate: {message}\n")
-    return 2
+def _fail(message: str) -> NoReturn:
+    raise SettingError(message)

@@ -402,7 +402,8 @@ def main() -> None:
     with ControlPlane(build()).start() as cp:
         for node in sys.argv[1:]:
             cp.add_node(node)
-        path = cp.write_kubeconfig(Path("controlplane.kubeconfig").resolve())
+        # admin credentials stay in the control plane's own directory, removed with it (not in the checkout)
+        path = cp.kubeconfig_path
         print(f"kube-apiserver {cp.url} ready in {cp.startup_seconds['all']:.1f}s; KUBECONFIG={path}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()

@@ -110,7 +110,7 @@ def test_demo_fails_cleanly_when_the_agent_cannot_start(capsys: pytest.CaptureFi
     code = main(["demo", "--machine", "no-such-machine", "--workdir", str(short_dir)])
     captured = capsys.readouterr()
     assert code == 1
-    assert "demo failed: the agent on node-0-no-such-machine exited" in captured.err
+    assert "gpu-dra-agent demo: the agent on node-0-no-such-machine exited" in captured.err
     assert "no-such-machine" in (short_dir / "node-0-no-such-machine" / "agent.log").read_text()
     assert f"work directory kept: {short_dir}" in captured.out
 

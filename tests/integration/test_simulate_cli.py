@@ -32,7 +32,7 @@ def test_simulate_prints_decisions_fair_shares_and_cycle_times(tmp_path: pathlib
     path = snapshot_file(tmp_path, reclaim_scenario())
     assert main(["simulate", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"pods", "fairShare", "rounds", "cycleSeconds"}
+    assert set(out) == {"pods", "fairShare", "rounds", "moves", "cycleSeconds"}
     assert out["rounds"] == 1 and len(out["cycleSeconds"]) == 1 and out["cycleSeconds"][0] >= 0
     assert out["fairShare"]["b"]["gpu"] == 2 and out["fairShare"]["a"]["gpu"] == 6
     assert out["pods"]["jb-0"] == {"outcome": "pending", "node": "n", "action": "pipeline"}
@@ -46,6 +46,17 @@ def test_simulate_rounds_bind_what_was_pipelined(tmp_path: pathlib.Path, capsys:
     out = json.loads(capsys.readouterr().out)
     assert out["rounds"] == 2 and len(out["cycleSeconds"]) == 2
     assert out["pods"]["jb-0"]["action"] == "bind" and out["pods"]["jb-0"]["outcome"] == "running"
+
+
+def test_simulate_rounds_show_the_reclaim_of_the_first_round(tmp_path: pathlib.Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Tried: two rounds of a reclaim. The last round only binds; the evictions of the first must still show."""
+    path = snapshot_file(tmp_path, reclaim_scenario())
+    assert main(["simulate", str(path), "--actions", "allocate,reclaim", "--rounds", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    first, second = out["moves"]
+    assert len(first["evict"]) == 2 and first["pipeline"] == ["jb-0", "jb-1"]
+    assert second == {"bind": ["jb-0", "jb-1"]}
 
 
 def test_simulate_runs_only_the_listed_actions(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

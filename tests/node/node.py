@@ -559,7 +559,7 @@ def main() -> None:
         for doc in yaml.safe_load_all(classes.read_text()):
             cp.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", doc)
         with RealNode(cp, node_build.build(), machine=machine).start() as node:
-            path = cp.write_kubeconfig(Path("node.kubeconfig").resolve())
+            path = cp.kubeconfig_path  # admin credentials stay in the control plane's directory, removed with it
             print(f"node {node.name} Ready ({machine}) in {node.startup_seconds['all']:.1f}s; KUBECONFIG={path}\n"
                   f"  logs: {node.logs} and {node.root / 'agent.log'}\n"
                   f"  crictl: {node.binaries / 'crictl'} --runtime-endpoint unix://{node.containerd_sock} ps\n"

@@ -3,20 +3,17 @@ connection is made."""
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 
 import pytest
 
-from agent.commands import arbiter
+from agent.cli import main
 
 
 def run(tmp_path: pathlib.Path, *flags: str) -> int:
     token = tmp_path / "token"
     token.write_text("s3cret-token-of-enough-length\n")
-    parser = argparse.ArgumentParser()
-    arbiter.add_arguments(parser)
-    return arbiter.run(parser.parse_args(["--reservation-token-file", str(token), *flags]))
+    return main(["arbiter", "--reservation-token-file", str(token), *flags])
 
 
 def test_gpu_placement_from_the_environment_is_checked(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
@@ -25,8 +22,9 @@ def test_gpu_placement_from_the_environment_is_checked(tmp_path: pathlib.Path, m
     with pytest.raises(SystemExit) as exit_:
         run(tmp_path)
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip().endswith(
-        "GPU_PLACEMENT (the environment's --gpu-placement): 'tightest' is not one of fgd, binpack, spread")
+    assert capsys.readouterr().err.strip() == (
+        "gpu-dra-agent arbiter: GPU_PLACEMENT (the environment's --gpu-placement): 'tightest' is not one of fgd, "
+        "binpack, spread (see gpu-dra-agent arbiter --help)")
 
 
 def test_gpu_placement_flag_refuses_an_unknown_policy(tmp_path: pathlib.Path) -> None:

@@ -106,6 +106,9 @@ class CycleResult:
 class Simulation:
     last: CycleResult
     cycle_seconds: tuple[float, ...]
+    # each round's moves (every action but "keep": pod names by action), so what an early round did (an
+    # eviction, a pipeline) is not hidden behind the last round's "keep"
+    moves: tuple[dict[str, tuple[str, ...]], ...] = ()
 
 
 def unknown_actions(actions: Sequence[str]) -> list[str]:
@@ -143,6 +146,7 @@ def simulate(
     carries out each cycle's decisions (outside the timed cycle) and returns them as they turned out: the next
     round starts from its result."""
     seconds: list[float] = []
+    moves: list[dict[str, tuple[str, ...]]] = []
     result: CycleResult | None = None
     for _ in range(max(1, rounds)):
         if result is not None:
@@ -152,8 +156,17 @@ def simulate(
         seconds.append(clock() - start)
         if commit is not None:
             result = commit(result)
+        moves.append(_moves(result))
     assert result is not None
-    return Simulation(last=result, cycle_seconds=tuple(seconds))
+    return Simulation(last=result, cycle_seconds=tuple(seconds), moves=tuple(moves))
+
+
+def _moves(result: CycleResult) -> dict[str, tuple[str, ...]]:
+    by_action: dict[str, list[str]] = {}
+    for name, decision in result.pods.items():
+        if decision.action != "keep":
+            by_action.setdefault(decision.action, []).append(name)
+    return {action: tuple(sorted(names)) for action, names in sorted(by_action.items())}
 
 
 def fair_share_in_units(share: Vector) -> dict[str, float]:
