@@ -170,6 +170,7 @@ class NodeAgent:
             reserved=self._reserved_for_other,
             share_mode=config.share_mode,
             dev_root=config.dev_root,
+            notify=self._notify,
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None
@@ -205,6 +206,7 @@ class NodeAgent:
         return self._preparer
 
     def start(self) -> None:
+        self._events = EventRecorder(self._rest, COMPONENT, self.config.node_name)  # before anything tells of claims
         recovery = self._preparer.recover()
         log.info("claim checkpoint ready", extra={"recovery": str(recovery)})
         self._record_health(self._inventory)
@@ -246,7 +248,6 @@ class NodeAgent:
             )
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
-        self._events = EventRecorder(self._rest, COMPONENT, self.config.node_name)
         self._spawn("mps-watch", self._mps_watch_loop)
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
@@ -286,6 +287,16 @@ class NodeAgent:
         log.info("node agent stopped")
 
     # --- internals -------------------------------------------------------------------------------------
+
+    def _notify(self, claim: ClaimRef | None, type_: str, reason: str, message: str) -> None:
+        """An Event on the claim, or on this Node for None (from the claim code, under the node lock: queued)."""
+        if claim is None:
+            current = self._node.current
+            node = {"metadata": {"name": self.config.node_name, "uid": current.uid if current else self._node_uid}}
+            self._events.record(node, "Node", "v1", reason, message, type_=type_)
+        else:
+            obj = {"metadata": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid}}
+            self._events.record(obj, "ResourceClaim", "resource.k8s.io/v1", reason, message, type_=type_)
 
     def _reserved_for_other(self, device_name: str, claim: str, share: bool) -> str:
         """The arbiter's reservation for another claim holding this device ("" for none): prepare refuses it."""

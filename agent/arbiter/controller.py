@@ -44,7 +44,7 @@ from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
 from agent.arbiter.queue_status import queue_statuses
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
-from agent.arbiter.reservation import NodeClient, Reservation
+from agent.arbiter.reservation import NodeClient, NodeUnavailable, Reservation
 from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.arbiter.waiting import wait_reasons
 from agent.arbiter.world import Gang, Member, ShareDevices, World, build_world, meta, parse_time
@@ -143,14 +143,19 @@ class PinnedClient:
     def _connect(self) -> GrpcNodeClient:
         return self._directory.client(*self._target)
 
+    def _writing(self) -> GrpcNodeClient:
+        """The client for a call that changes what the node holds: only while the API writes may go on."""
+        self._directory.check_writes()
+        return self._connect()
+
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
-        return self._connect().reserve(gang_id, member, claim, ttl_seconds)
+        return self._writing().reserve(gang_id, member, claim, ttl_seconds)
 
     def confirm(self, reservation_id: str) -> Reservation:
-        return self._connect().confirm(reservation_id)
+        return self._writing().confirm(reservation_id)
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:
-        return self._connect().release(reservation_id, gang_id)
+        return self._writing().release(reservation_id, gang_id)
 
     def capacity(self) -> CapacitySummary:
         return self._connect().capacity()
@@ -160,16 +165,27 @@ class NodeDirectory:
     """gRPC clients to the nodes' reservation APIs over TLS, one channel per advertised address and published
     certificate fingerprint (`fingerprint(node)`, from the Node's annotation): a restarted agent has a new
     certificate and gets a new channel. A node whose server shows another certificate gets none (its calls
-    raise CertificateMismatch, a NodeUnavailable), and no token is sent to it."""
+    raise CertificateMismatch, a NodeUnavailable), and no token is sent to it. `write_gate`: the API client's
+    (Rest.write_gate), consulted before every Reserve, Confirm and Release too."""
 
     def __init__(self, token: str, timeout_s: float = 5.0,
-                 fingerprint: Callable[[str], str] = lambda node: "") -> None:
+                 fingerprint: Callable[[str], str] = lambda node: "",
+                 write_gate: Callable[[], None] | None = None) -> None:
         self._token = token
+        self._write_gate = write_gate
         self._timeout = timeout_s
         self._fingerprint = fingerprint
         self._channels: dict[tuple[str, str, str], grpc.Channel] = {}
         self._lock = threading.Lock()  # commit workers connect at once
         self.addresses: Mapping[str, str] = {}
+
+    def check_writes(self) -> None:
+        """Raises NodeUnavailable when the write gate refuses (the call then fails as an unreachable node's)."""
+        if self._write_gate is not None:
+            try:
+                self._write_gate()
+            except ApiError as e:
+                raise NodeUnavailable(e.reason) from e
 
     def clients(self) -> dict[str, NodeClient]:
         return {node: PinnedClient(self, node, address, self._fingerprint(node))
@@ -215,7 +231,8 @@ class Arbiter:
         self.taint_rules = Informer(rest, DEVICE_TAINT_RULES, wake, optional=True)  # served from 1.37
         self._informers = [self.pods, self.claims, self.pod_groups, self.queues, self.nodes, self.slices,
                            self.classes, self.taint_rules]
-        self.directory = NodeDirectory(token, fingerprint=self._fingerprint)
+        # one write gate for the API and the nodes alike (a leader's Lease check: agent.kube.leader)
+        self.directory = NodeDirectory(token, fingerprint=self._fingerprint, write_gate=rest.write_gate)
         self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
                                     clock=clock)
         self._expected: list[Write] = []

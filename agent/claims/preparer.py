@@ -24,7 +24,7 @@ from agent.claims.mig import MigDevices
 from agent.claims.sharing import ClaimSharing
 from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, holders
-from agent.claims.types import MAX_UID, ClaimRef, PrepareResult, ref_problem
+from agent.claims.types import MAX_UID, ClaimRef, Notify, PrepareResult, ref_problem
 from agent.devices.model import Inventory
 from agent.devices.shares import ShareMode
 
@@ -64,17 +64,20 @@ class ClaimPreparer:
         reserved: Callable[[str, str, bool], str] = lambda device_name, claim, share: "",
         share_mode: ShareMode | None = None,
         dev_root: Path | None = None,
+        notify: Notify = lambda claim, type_, reason, message: None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
         TimeSlicing and MPS configs on the node (None: they are checked, not applied). `reserved(device,
         "namespace/name", share)` names the arbiter's reservation for another claim holding the device (whole,
         for a share), "" for none
-        (agent.arbiter.reservation.ReservationBook.reserved_for_other): prepare refuses such a device."""
+        (agent.arbiter.reservation.ReservationBook.reserved_for_other): prepare refuses such a device.
+        `notify` tells people what they should know of a prepared claim (agent.node makes Events of it)."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
         self.source = source
+        self.notify = notify
         self.states = ClaimStates(
             node_name=node_name,
             driver_name=driver_name,
@@ -102,9 +105,10 @@ class ClaimPreparer:
     def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
         """Claims are read from the API first, all at once and within `timeout` (the gRPC call's deadline),
         without the node lock: the lock guards local state, and an unprepare must never wait on the API."""
+        started = time.monotonic()
         refused, valid = _screen(claims)
         results = {uid: PrepareResult(error=error) for uid, error in refused.items()}
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else started + timeout
         unread = [ref for ref in valid if not self.states.checkpoints.completed_hint(ref.uid)]
         fetched = read_claims(self.source, unread, timeout)
         if valid:
@@ -117,20 +121,35 @@ class ClaimPreparer:
                 if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
                     log.exception("prepare batch failed")
                 results |= {ref.uid: PrepareResult(error=f"cannot prepare: {exc}") for ref in valid}
-        _log_refused("prepare", claims, {uid: r.error for uid, r in results.items()})
+        elapsed = time.monotonic() - started
+        _log_refused("prepare", claims, {uid: r.error for uid, r in results.items()}, elapsed)
+        for ref in valid:
+            result = results[ref.uid]
+            if not result.error:
+                _log_done("prepared", ref, [d.device_name for d in result.devices], elapsed)
+                for reason, message in result.notices:
+                    self.notify(ref, "Normal", reason, message)
         return results
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        started = time.monotonic()
         errors, valid = _screen(claims)
+        held: dict[str, list[str]] = {}  # the devices each claim held, for the log
         if valid:
             try:
                 with self.lock.hold():
-                    errors |= self.states.unprepare(self.states.load(), [ref.uid for ref in valid])
+                    cp = self.states.load()
+                    held = {uid: [d.device_name for d in e.devices] for uid, e in cp.claims.items()}
+                    errors |= self.states.unprepare(cp, [ref.uid for ref in valid])
             except Exception as exc:
                 if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
                     log.exception("unprepare batch failed")
                 errors |= {ref.uid: f"cannot unprepare: {exc}" for ref in valid}
-        _log_refused("unprepare", claims, errors)
+        elapsed = time.monotonic() - started
+        _log_refused("unprepare", claims, errors, elapsed)
+        for ref in valid:
+            if not errors.get(ref.uid):
+                _log_done("unprepared", ref, held.get(ref.uid, []), elapsed)
         return errors
 
     def revive_dead_daemons(self) -> list[Revival]:
@@ -175,10 +194,20 @@ def _screen(claims: Sequence[ClaimRef]) -> tuple[dict[str, str], list[ClaimRef]]
     return refused, list(valid.values())
 
 
-def _log_refused(action: str, claims: Sequence[ClaimRef], errors: Mapping[str, str]) -> None:
+def _log_refused(action: str, claims: Sequence[ClaimRef], errors: Mapping[str, str], elapsed: float) -> None:
     """One warning per refused claim, with its reason (the kubelet shows it too, but only on the pod)."""
     for ref in {ref.uid: ref for ref in claims}.values():
         if error := errors.get(ref.uid):
             namespace, name = ref.namespace[:64], ref.name[:64]
-            fields = {"claim_uid": ref.uid[:MAX_UID], "claim_namespace": namespace, "claim_name": name}
+            fields = {"claim_uid": ref.uid[:MAX_UID], "claim_namespace": namespace, "claim_name": name,
+                      "ms": round(elapsed * 1000, 1)}  # fmt: skip
             log.warning("%s of claim %s/%s refused: %s", action, namespace, name, error, extra=fields)
+
+
+def _log_done(action: str, ref: ClaimRef, devices: Sequence[str], elapsed: float) -> None:
+    """One line per claim prepared or unprepared: which claim, which devices, how long its call took."""
+    ms = round(elapsed * 1000, 1)
+    fields = {"claim_uid": ref.uid, "claim_namespace": ref.namespace, "claim_name": ref.name,
+              "devices": list(devices), "ms": ms}  # fmt: skip
+    log.info("%s claim %s/%s (uid %s): %s in %.1f ms", action, ref.namespace, ref.name, ref.uid,
+             ", ".join(devices) or "no devices", ms, extra=fields)  # fmt: skip

@@ -23,7 +23,15 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from agent.claimconfig.config import ConfigError, DeviceConfig, DeviceRef, Mps, TimeSlicing, resolve_device_configs
+from agent.claimconfig.config import (
+    MIG_DEVICE_CONFIG,
+    ConfigError,
+    DeviceConfig,
+    DeviceRef,
+    Mps,
+    TimeSlicing,
+    resolve_device_configs,
+)
 from agent.claims import cdi
 from agent.claims.cdi import CdiDevice, CdiStore, MigCaps
 from agent.claims.checkpoint import (
@@ -88,6 +96,18 @@ def _sharing_name(config: DeviceConfig) -> str:
     if isinstance(config.sharing, Mps):
         return "MPS"
     return ""
+
+
+def _notices(entry: ClaimEntry, configs: Mapping[str, DeviceConfig]) -> tuple[tuple[str, str], ...]:
+    """What the user should hear of a claim just prepared: a MIG device configured for TimeSlicing is prepared
+    (as NVIDIA's driver does) but gets no time slice, which a MIG device cannot have (agent.sharing.plan)."""
+    untimed = [d.device_name for d in entry.devices
+               if (c := configs.get(d.device_name)) is not None and c.kind == MIG_DEVICE_CONFIG
+               and isinstance(c.sharing, TimeSlicing)]  # fmt: skip
+    if not untimed:
+        return ()
+    return (("MigTimeSliceNotSet", f"MIG device(s) {', '.join(untimed)} are shared by time as configured, but a "
+             "MIG device's time slice cannot be set: processes on it take turns at the driver's default time slice"),)
 
 
 def _result(entry: ClaimEntry) -> PrepareResult:
@@ -205,7 +225,7 @@ class ClaimStates:
                 results[begun.uid] = PrepareResult(error=self._abandon(cp, begun.uid, error, left_behind(exc)))
                 continue
             cp.claims[entry.uid] = done = replace(entry, state=ClaimState.COMPLETED)
-            results[entry.uid] = _result(done)
+            results[entry.uid] = replace(_result(done), notices=_notices(done, configs))
         self.checkpoints.save(cp)
         return results
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,6 +66,11 @@ class PrepareResult:
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    notices: tuple[tuple[str, str], ...] = ()  # (reason, message): what the user should know of a prepared claim
+
+
+# Tells people of something on a claim, or on the Node for None: (claim, Event type, reason, message).
+Notify = Callable[["ClaimRef | None", str, str, str], None]
 
 
 class Preparer(Protocol):

@@ -27,7 +27,7 @@ from agent.commands.signals import stop_on_signals
 from agent.kube.errors import ApiError
 from agent.kube.events import EventRecorder
 from agent.kube.kubeconfig import KubeconfigError, connect
-from agent.kube.leader import LeaderElector
+from agent.kube.leader import LeaderElector, check_timings
 from agent.kube.rest import Rest
 
 log = logging.getLogger("agent.arbiter")
@@ -40,6 +40,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     switch(p, "--leader-elect", env="LEADER_ELECT", default=False,
            help="decide only while holding the Lease (run several replicas)")
     option(p, "--leader-elect-namespace", env="POD_NAMESPACE", default="gpu-dra-agent", help="namespace of the Lease")
+    # kube-scheduler's names and defaults; a leader writes nothing once its last renewal is renew-deadline old
+    option(p, "--leader-elect-lease-duration", env="LEADER_ELECT_LEASE_DURATION", type=float, default=15.0,
+           metavar="SECONDS", help="how long a standby waits after the leader's last renewal before taking the Lease")
+    option(p, "--leader-elect-renew-deadline", env="LEADER_ELECT_RENEW_DEADLINE", type=float, default=10.0,
+           metavar="SECONDS", help="the leader stops writing, and exits, when it has not renewed for this long "
+                                   "(less than the lease duration)")
+    option(p, "--leader-elect-retry-period", env="LEADER_ELECT_RETRY_PERIOD", type=float, default=2.0,
+           metavar="SECONDS", help="seconds between attempts to acquire or renew the Lease")
     option(p, "--metrics-addr", env="METRICS_ADDR", default=":9401", help="Prometheus [host]:port, empty to disable")
     option(p, "--driver-name", env="DRIVER_NAME", default="gpu.nvidia.com", help="DRA driver name")
     option(p, "--reservation-ttl", env="RESERVATION_TTL", type=float, default=30.0, metavar="SECONDS",
@@ -103,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{flag} must be a positive number of seconds, not {value}")
     if not (math.isfinite(args.cycle_gap) and args.cycle_gap >= 0):
         return _fail(f"--cycle-gap must be a number of seconds at or above 0, not {args.cycle_gap}")
+    try:
+        check_timings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
+                      args.leader_elect_retry_period)
+    except ValueError as exc:
+        return _fail(str(exc))
     half_life = args.usage_half_life
     if half_life is not None and not (math.isfinite(half_life) and half_life > 0):
         return _fail("--usage-half-life must be a positive number of seconds")
@@ -132,7 +145,13 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics serving", extra={"address": f"{metrics_at[0]}:{server.server_port}"})
     elector = None
     if args.leader_elect:
-        elector = LeaderElector(rest, args.leader_elect_namespace, COMPONENT, identity)
+        elector = LeaderElector(rest, args.leader_elect_namespace, COMPONENT, identity,
+                                lease_duration=args.leader_elect_lease_duration,
+                                renew_deadline=args.leader_elect_renew_deadline,
+                                retry_period=args.leader_elect_retry_period)
+        # every write of the arbiter (claims, pods, evictions, Queue status, Events, the fence, the nodes'
+        # reservations) passes this one check: none leaves a process that could have lost the Lease
+        rest = rest.gated(elector.check_leading)
         threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
         while not elector.leading.wait(0.5):
             if stop.is_set():

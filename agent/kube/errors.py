@@ -38,6 +38,11 @@ class Invalid(ApiError):
     """422: the object failed validation."""
 
 
+class NotLeading(ApiError):
+    """Refused before sending: this process may have lost its leader Lease (agent.kube.leader), so it writes
+    nothing more."""
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
 
 

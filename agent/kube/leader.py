@@ -4,17 +4,23 @@ A candidate takes the Lease when it is free or its holder has not renewed it for
 leader renews every `retry_period` and gives up leading when it could not renew for `renew_deadline`
 (then the process should exit and start over: its caches may be behind a newer leader's writes). Every
 write carries the Lease's resourceVersion, so two candidates never both win.
+
+`check_leading` is the leader's write gate: it refuses once the last renewal is older than `renew_deadline`
+on the monotonic clock, which runs on while the process is paused (SIGSTOP, a stalled VM). A standby takes
+the Lease only `lease_duration` after it last saw the record change, later than that, so a leader that
+resumes after losing the Lease writes nothing: its first write finds the deadline passed.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.errors import ApiError, Conflict, NotFound, NotLeading
 from agent.kube.rest import LEASES, Json, Rest
 
 log = logging.getLogger(__name__)
@@ -30,18 +36,29 @@ def _parse_time(text: str | None) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def check_timings(lease_duration: float, renew_deadline: float, retry_period: float) -> None:
+    """ValueError unless 0 < retry_period < renew_deadline < lease_duration (client-go's rule): the leader
+    must try again before its deadline, and stop writing before a standby may take the Lease."""
+    if not 0 < retry_period < renew_deadline < lease_duration or not math.isfinite(lease_duration):
+        raise ValueError(f"leader election needs 0 < retry period ({retry_period:g} s) < renew deadline "
+                         f"({renew_deadline:g} s) < lease duration ({lease_duration:g} s)")
+
+
 class LeaderElector:
     def __init__(self, rest: Rest, namespace: str, name: str, identity: str, *, lease_duration: float = 15.0,
                  renew_deadline: float = 10.0, retry_period: float = 2.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+        check_timings(lease_duration, renew_deadline, retry_period)
         self._rest = rest
         self.namespace, self.name, self.identity = namespace, name, identity
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
         self._clock = clock
+        self._monotonic = monotonic
         self.leading = threading.Event()
         self.lost = threading.Event()
+        self._renewed_at: float | None = None  # monotonic time an attempt that renewed started
         self._observed: tuple[str, float] = ("", 0.0)  # (holder@renewTime as last read, when it last changed)
 
     def try_acquire_or_renew(self) -> bool:
@@ -51,7 +68,8 @@ class LeaderElector:
             lease: Json | None = self._rest.get(LEASES, self.namespace, self.name)
         except NotFound:
             lease = None
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
+        # rounded up: a standby waits at least as long as this leader keeps writing
+        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": math.ceil(self.lease_duration),
                 "acquireTime": _micro_time(now), "renewTime": _micro_time(now), "leaseTransitions": 0}
         if lease is None:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -85,27 +103,44 @@ class LeaderElector:
     def run(self, stop: threading.Event) -> None:
         """Campaign until leading, then keep renewing; sets `leading`, and `lost` when a renewal deadline
         passes. Returns when `stop` is set or leadership is lost."""
-        last_renew = 0.0
-        while not stop.is_set():
+        while not stop.is_set() and not self.lost.is_set():
+            started = self._monotonic()  # before the request: the Lease says renewed no later than this
             try:
                 ok = self.try_acquire_or_renew()
             except ApiError as exc:
                 log.warning("leader election: %s", exc)
                 ok = False
-            now = self._clock()
+            if ok and self._expired(started):
+                ok = False  # paused past the deadline inside the attempt: a standby may have led meanwhile
             if ok:
-                last_renew = now
+                self._renewed_at = started
                 if not self.leading.is_set():
                     log.info("became leader", extra={"lease": f"{self.namespace}/{self.name}",
                                                       "identity": self.identity})
                     self.leading.set()
-            elif self.leading.is_set() and now - last_renew > self.renew_deadline:
-                log.error("lost the lease %s/%s: could not renew for %.0fs", self.namespace, self.name,
-                          self.renew_deadline)
-                self.leading.clear()
-                self.lost.set()
+            elif self.leading.is_set() and self._expired(self._renewed_at):
+                self._lose()
                 return
             stop.wait(self.retry_period)
+
+    def _expired(self, renewed_at: float | None) -> bool:
+        return renewed_at is None or self._monotonic() - renewed_at >= self.renew_deadline
+
+    def _lose(self) -> None:
+        if not self.lost.is_set():
+            log.error("lost the lease %s/%s: not renewed for %gs", self.namespace, self.name, self.renew_deadline)
+        self.leading.clear()
+        self.lost.set()
+
+    def check_leading(self) -> None:
+        """The write gate: returns while this process leads and renewed within `renew_deadline` (client-go's
+        rule), else raises NotLeading (and from then on this elector has lost: the process should exit)."""
+        if self.leading.is_set() and not self.lost.is_set() and not self._expired(self._renewed_at):
+            return
+        if self.leading.is_set():
+            self._lose()
+        raise NotLeading(0, f"not writing: this arbiter does not hold the Lease {self.namespace}/{self.name} "
+                            f"(last renewed over {self.renew_deadline:g} s ago, or never)")
 
     def release(self) -> None:
         """On a clean shutdown: empty the holder so a standby takes over at once, not after lease_duration."""

@@ -69,15 +69,24 @@ class WatchEvent:
 
 
 class Rest:
-    """JSON calls to one API server (thread-safe: the client's pool is)."""
+    """JSON calls to one API server (thread-safe: the client's pool is).
 
-    def __init__(self, client: Client, *, retries: bool = True) -> None:
+    `write_gate`, when set, is called before every request but a GET and raises to refuse it: a leader's
+    writes all pass one check that it still holds its Lease (agent.kube.leader.LeaderElector.check_leading)."""
+
+    def __init__(self, client: Client, *, retries: bool = True,
+                 write_gate: Callable[[], None] | None = None) -> None:
         self.client = client
         self._retries = retries
+        self.write_gate = write_gate
 
     def without_retries(self) -> Rest:
         """The same server and pool, with no silent retry: a caller's deadline is one attempt, not four."""
-        return Rest(self.client, retries=False)
+        return Rest(self.client, retries=False, write_gate=self.write_gate)
+
+    def gated(self, write_gate: Callable[[], None]) -> Rest:
+        """The same server and pool, every write first passing `write_gate`."""
+        return Rest(self.client, retries=self._retries, write_gate=write_gate)
 
     def _request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None,
                  content_type: str = "application/json", stream: bool = False,
@@ -88,6 +97,8 @@ class Rest:
             headers["Content-Type"] = content_type
             payload = json.dumps(body).encode()
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
+        if method != "GET" and self.write_gate is not None:
+            self.write_gate()  # last, right before sending: the least time between the check and the write
         response = call(lambda: self.client.request(method, path, query=params, body=payload, headers=headers,
                                                     timeout=timeout, stream=stream, retries=self._retries))
         if response.status >= 400:

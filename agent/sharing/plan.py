@@ -1,9 +1,11 @@
 """What a claim's sharing configs ask of the node: time slices per GPU and one MPS daemon per claim.
 
-Pure: no I/O. MIG devices cannot be time-sliced (a MIG device has no compute-policy time slice; NVIDIA's
-driver only fails deep inside nvidia-smi), so asking for it is this claim's error. MPS on a MIG device
-leaves the parent GPU's compute mode alone: the mode is per physical GPU and would constrain the other
-MIG devices on it, which may belong to other claims.
+Pure: no I/O. A MIG device's time slice cannot be set (the compute-policy time slice is per physical GPU),
+so TimeSlicing on a MIG device sets none: its processes share it by the GPU's default scheduling. NVIDIA's
+driver does the same (MigDeviceSharing.GetTimeSlicingConfig returns nil, so it runs no nvidia-smi for it);
+the claim code tells the user in an Event. MPS on a MIG device leaves the parent GPU's compute mode alone:
+the mode is per physical GPU and would constrain the other MIG devices on it, which may belong to other
+claims.
 """
 
 from __future__ import annotations
@@ -55,18 +57,14 @@ class SharingPlan:
 
 
 def plan_sharing(devices: Sequence[SharedDevice]) -> SharingPlan:
-    """Raises SharingConfigError for a MIG device asked to time-slice, or MPS limits below 1 MiB."""
+    """Raises SharingConfigError for MPS limits that cannot work (below 1 MiB, two thread percentages)."""
     timeslices: dict[str, int] = {}
     mps_devices: list[SharedDevice] = []
     for d in devices:
         sharing = d.config.sharing
         if isinstance(sharing, TimeSlicing):
-            if d.mig or sharing.interval is None:
-                raise SharingConfigError(
-                    f"device {d.name} is a MIG device: MIG devices cannot be time-sliced (a time slice is set "
-                    "per physical GPU); use strategy MPS, or no sharing config, for MIG devices"
-                )
-            timeslices[d.gpu_uuid] = sharing.interval.timeslice
+            if not d.mig and sharing.interval is not None:  # a MIG device gets no time slice (module docstring)
+                timeslices[d.gpu_uuid] = sharing.interval.timeslice
         elif isinstance(sharing, Mps):
             mps_devices.append(d)
     return SharingPlan(tuple(timeslices.items()), _mps_plan(mps_devices) if mps_devices else None)

@@ -11,6 +11,10 @@ and two arbiters started at once with leader election. Numbers are printed; ever
 2. two arbiters with --leader-elect started together: writes per process (by bearer token, Lease writes
    aside), then the leader killed with SIGKILL while it commits a burst; the standby's takeover time against
    the Lease duration, and the same damage counts once it has finished.
+3. the leader paused (SIGSTOP) while it commits a burst, for longer than the Lease (SIGSTOP_TRIALS, default 3;
+   the default Lease timings and a 20 s pause, as the issue's probe): the standby takes the Lease, then the old
+   leader resumes (SIGCONT). Counted: the old leader's writes after the takeover (claims, pods, Events, the
+   Lease), which must be 0, and the same damage counts once the new leader has finished.
 """
 
 from __future__ import annotations
@@ -209,19 +213,22 @@ def test_kill_minus_nine_during_commits(cluster: FakeCluster) -> None:
 
 
 class _Writes:
-    """Writes the API fake serves, by bearer token (one per arbiter process); Lease writes kept apart."""
+    """Writes the API fake serves, by bearer token (one per arbiter process); Lease writes kept apart. `log`:
+    each write's (monotonic time it arrived, token, whether it is a Lease write, method and path)."""
 
     def __init__(self) -> None:
         self.by_token: collections.Counter[tuple[str, bool]] = collections.Counter()
+        self.log: list[tuple[float, str, bool, str]] = []
         self._original: Callable[..., Any] = fake_server._Handler._serve
 
     def __enter__(self) -> _Writes:
-        original, counts = self._original, self.by_token
+        original, counts, log = self._original, self.by_token, self.log
 
         def serve(handler: Any, method: str) -> Any:
             if method in ("POST", "PUT", "PATCH", "DELETE"):
                 token = (handler.headers.get("Authorization") or "").removeprefix("Bearer ")
                 counts[(token, "/leases" in handler.path)] += 1
+                log.append((time.monotonic(), token, "/leases" in handler.path, f"{method} {handler.path}"))
             return original(handler, method)
 
         fake_server._Handler._serve = serve  # type: ignore[method-assign]
@@ -290,4 +297,71 @@ def test_two_arbiters_only_the_lease_holder_writes_and_the_standby_takes_over(cl
         "gangs partly admitted", "claims allocated twice", "devices held by two claims")))
     assert sum(standby_writes) == 0
     assert max(takeovers) <= lease_s + retry_s
+    assert sum(damage.values()) == 0, damage
+
+
+# -- a paused leader --------------------------------------------------------------------------------------
+
+
+def paused_leader_trial(cluster: FakeCluster, ns: str, *, lease_s: float, renew_s: float, retry_s: float,
+                        pause_s: float) -> dict[str, Any]:
+    """Two arbiters with these Lease timings; the leader stopped (SIGSTOP) as soon as its commits of a burst
+    reserve devices, for `pause_s` or until the standby has taken the Lease if later, then resumed (SIGCONT).
+    Returns the old leader's writes after the takeover ("writes after takeover": what it sent, method and
+    path), how it ended ("exit code": 1 when it saw it had lost the Lease), the takeover time since the pause,
+    and the damage once the new leader has finished."""
+    tokens = (f"{ns}-a", f"{ns}-b")
+    timings = ("--leader-elect-lease-duration", str(lease_s), "--leader-elect-renew-deadline", str(renew_s),
+               "--leader-elect-retry-period", str(retry_s))
+    with _Writes() as writes:
+        procs = {t: _arbiter(cluster, _kubeconfig(cluster, t), "--leader-elect", "--leader-elect-namespace",
+                             "default", *timings) for t in tokens}
+        try:
+            holder = wait_for(lambda: _holder(cluster), timeout=60, what="a leader")
+            leader = next(t for t, p in procs.items() if f"_{p.pid}_" in holder)
+            _burst(cluster, ns)
+            wait_for(lambda: _phase_reached(cluster, ns, "reserve"), timeout=60, interval=0.002,
+                     what="the leader's commits")
+            os.kill(procs[leader].pid, signal.SIGSTOP)
+            paused = time.monotonic()
+            wait_for(lambda: _holder(cluster) not in ("", holder), timeout=lease_s * 3 + pause_s, interval=0.05,
+                     what="the standby takes the Lease")
+            taken = time.monotonic()
+            time.sleep(max(0.0, paused + pause_s - taken))
+            os.kill(procs[leader].pid, signal.SIGCONT)
+            try:  # it finds the Lease lost and exits; one that does not is stopped after a while
+                code = procs[leader].wait(timeout=renew_s + 4 * retry_s + 10)
+            except subprocess.TimeoutExpired:
+                code = None
+            wait_for(lambda: _recovered(cluster, ns), timeout=120, what=f"{ns}: the new leader admits the burst")
+            after = [what for at, token, _lease, what in writes.log if token == leader and at > taken]
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    os.kill(p.pid, signal.SIGCONT)
+                _stop(p)
+    damage = _damage(cluster, ns)
+    _cleanup(cluster, ns)
+    return {"writes after takeover": after, "exit code": code, "takeover s": taken - paused, "damage": damage}
+
+
+def test_a_paused_leader_writes_nothing_after_the_standby_took_the_lease(cluster: FakeCluster) -> None:
+    trials = int(os.environ.get("SIGSTOP_TRIALS", "3"))
+    lease_s, renew_s, retry_s = (LeaderElector.__init__.__kwdefaults__[k]
+                                 for k in ("lease_duration", "renew_deadline", "retry_period"))
+    results = [paused_leader_trial(cluster, f"pause-{trial}", lease_s=lease_s, renew_s=renew_s, retry_s=retry_s,
+                                   pause_s=20.0) for trial in range(trials)]
+    writes = [len(r["writes after takeover"]) for r in results]
+    damage: collections.Counter[str] = collections.Counter()
+    for r in results:
+        damage.update(r["damage"])
+    takeovers = ", ".join(f"{r['takeover s']:.1f}" for r in results)
+    print(f"\nSIGSTOP of the leader for 20 s mid-commit, {trials} trials (Lease {lease_s:g} s, renew deadline "
+          f"{renew_s:g} s): takeover after {takeovers} s; the old "
+          f"leader's writes after the takeover per trial {writes}, its exit codes "
+          f"{[r['exit code'] for r in results]}")
+    print("after the takeover: " + ", ".join(f"{k} {damage[k]}" for k in (
+        "gangs partly admitted", "claims allocated twice", "devices held by two claims")))
+    assert sum(writes) == 0, [r["writes after takeover"] for r in results]
+    assert all(r["exit code"] == 1 for r in results)
     assert sum(damage.values()) == 0, damage

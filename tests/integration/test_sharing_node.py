@@ -145,19 +145,35 @@ def test_time_slicing_is_set_at_prepare_and_restored_after_the_last_claim(node: 
     assert list((node.state_dir / "sharing").iterdir()) == []
 
 
-def test_a_mig_device_asked_to_time_slice_fails_that_claim_only(node: Node) -> None:
+def test_a_mig_device_configured_for_time_slicing_is_prepared_without_a_time_slice_and_the_user_told(
+        node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    # Tried: MigDeviceConfig with strategy TimeSlicing (NVIDIA's driver accepts it and sets no time slice). Before,
+    # its prepare failed ("MIG devices cannot be time-sliced") and the pod stayed in ContainerCreating.
+    told: list[tuple[ClaimRef | None, str, str, str]] = []
+    node.preparer.notify = lambda *event: told.append(event)
     mig = node.mig_names(0)[0]
-    bad = node.add_claim("ts-mig", [mig], {"strategy": "TimeSlicing"}, kind="MigDeviceConfig")
-    good = node.add_claim("ts-gpu", ["gpu-3"], time_slicing("Short"))
-    results = node.preparer.prepare([bad, good])
-    assert results["ts-mig"].error == (f"claim ts-mig: device {mig} is a MIG device: MIG devices cannot be "
-                                       "time-sliced (a time slice is set per physical GPU); use strategy MPS, or no "
-                                       "sharing config, for MIG devices")  # fmt: skip
-    assert results["ts-gpu"].error == ""
-    assert node.fake_gpu(3).timeslice == 1
-    assert not cdi.CdiStore(node.cdi_root).exists("ts-mig")
-    assert "ts-mig" not in CheckpointStore(node.state_dir, lambda: "boot-1").load().claims
-    assert not (node.state_dir / "sharing" / "ts-mig.json").exists()
+    ts_mig = node.add_claim("ts-mig", [mig], {"strategy": "TimeSlicing"}, kind="MigDeviceConfig")
+    ts_gpu = node.add_claim("ts-gpu", ["gpu-3"], time_slicing("Short"))
+    with caplog.at_level("INFO", logger="agent.claims.preparer"):
+        results = node.preparer.prepare([ts_mig, ts_gpu])
+    assert {uid: r.error for uid, r in results.items()} == {"ts-mig": "", "ts-gpu": ""}
+    assert (node.fake_gpu(0).timeslice, node.fake_gpu(3).timeslice) == (0, 1)  # the MIG device's GPU: untouched
+    assert told == [(ts_mig, "Normal", "MigTimeSliceNotSet",
+                     f"MIG device(s) {mig} are shared by time as configured, but a MIG device's time slice cannot "
+                     "be set: processes on it take turns at the driver's default time slice")]  # fmt: skip
+    # one line per claim prepared: the claim, its devices and how long the call took
+    lines = [r for r in caplog.records if r.getMessage().startswith("prepared claim")]
+    assert [(r.claim_uid, r.devices) for r in lines] == [("ts-mig", [mig]), ("ts-gpu", ["gpu-3"])]  # type: ignore[attr-defined]
+    assert lines[0].getMessage().startswith(f"prepared claim default/claim-ts-mig (uid ts-mig): {mig} in ")
+    second = node.add_claim("ts-mig-2", [mig], {"strategy": "TimeSlicing"}, kind="MigDeviceConfig")
+    assert node.preparer.prepare([second])["ts-mig-2"].error == ""  # the same strategy: they share the device
+    with caplog.at_level("INFO", logger="agent.claims.preparer"):
+        assert node.preparer.unprepare([ts_mig, second, ts_gpu]) == {"ts-mig": "", "ts-mig-2": "", "ts-gpu": ""}
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("unprepared")] == [
+        "unprepared claim default/claim-ts-mig (uid ts-mig)", "unprepared claim default/claim-ts-mig-2 (uid ts-mig-2)",
+        "unprepared claim default/claim-ts-gpu (uid ts-gpu)"]
+    assert node.fake_gpu(3).timeslice == 0
+    assert list((node.state_dir / "sharing").iterdir()) == []
 
 
 def test_mps_claim_gets_its_daemon_exclusive_gpus_limits_and_cdi_edits(node: Node, shared_dir: pathlib.Path) -> None:
@@ -459,6 +475,32 @@ def test_the_node_daemon_restarts_a_dead_mps_daemon_with_an_event_on_the_claim()
             for pid_file in root.rglob(PID_FILE):
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_the_node_daemon_tells_a_mig_time_slicing_claim_in_a_normal_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tried: the gpu-test shape with a MigDeviceConfig TimeSlicing claim, through the kubelet's gRPC and the daemon.
+    with short_tmpdir("mig-ts-") as root, fakes.apiserver.start(port=0) as server:
+        monkeypatch.setenv(persist.ENV, str(root / "gpus.json"))
+        with open_nvml("fake:mixed-mig") as nvml:
+            mig = nvml.discover().mig_devices_of(0)[0].name
+        api = server.api_client()
+        create_node(api)
+        config = opaque("MigDeviceConfig", sharing={"strategy": "TimeSlicing"})
+        ref = allocate_with_config(api, "mig-ts", [mig], config)
+        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), machine="fake:mixed-mig",
+                        env={persist.ENV: str(root / "gpus.json")})
+        with FakeKubelet(daemon.kubelet_root, timeout=30) as kubelet, running(daemon):
+            kubelet.wait_for_driver(DRIVER)
+            assert kubelet.prepare(DRIVER, [ref])[ref.uid].error == ""
+            deadline = time.monotonic() + 20
+            while not (events := [e for e in server.store.objects("Event") if e["reason"] == "MigTimeSliceNotSet"]):
+                assert time.monotonic() < deadline, daemon.tail()
+                time.sleep(0.05)
+            [event] = events
+            assert (event["type"], event["involvedObject"]["kind"], event["involvedObject"]["uid"]) == (
+                "Normal", "ResourceClaim", ref.uid)
+            assert "a MIG device's time slice cannot be set" in event["message"]
+            assert kubelet.unprepare(DRIVER, [ref]) == {ref.uid: ""}
 
 
 def allocate_with_config(api: Any, name: str, devices: list[str], config: dict[str, Any]) -> ClaimRef:
