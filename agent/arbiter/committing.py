@@ -77,6 +77,11 @@ def _rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _rfc3339_milli(t: float) -> str:
+    """To the millisecond: the admission time is compared with times within the same second (evict.same_burst)."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def narrowed(pod: Json, node: str, now: float) -> Json:
     """The pod ungated for `node`: each required node-affinity term gains `metadata.name In [node]` (or one
     such term is added), the arbiter's gate is removed and the admission time annotated."""
@@ -96,7 +101,7 @@ def narrowed(pod: Json, node: str, now: float) -> Json:
     spec["schedulingGates"] = [g for g in spec.get("schedulingGates") or () if g.get("name") != GATE]
     if not spec["schedulingGates"]:
         del spec["schedulingGates"]
-    out["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = _rfc3339(now)
+    out["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = _rfc3339_milli(now)
     return out
 
 
@@ -125,7 +130,7 @@ class Committer:
 
     def commit(self, gang_id: str, members: Sequence[tuple[Member, str]],
                classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices | None = None,
-               pod_group: Json | None = None) -> Outcome:
+               pod_group: Json | None = None, *, decided_at: float | None = None) -> Outcome:
         """Reserve every member's claims on its node, write the allocations, confirm, ungate, marking `pod_group`
         (the gang's PodGroup, if it has one) scheduled meanwhile. `shareable`: the devices published for sharing
         (World.shareable), where a request for consumable capacity takes a share of a GPU: the node books its
@@ -210,7 +215,7 @@ class Committer:
         # the PodGroup marked while its pods are ungated: kube-scheduler's informers lag the writes, so the
         # mark is there before it takes the group up, as a rule (if not, it writes the mark itself)
         marking = self._io.submit(self.mark_scheduled, pod_group) if pod_group is not None and gated else None
-        ungated, error = self._each(lambda mn: self.ungate(mn[0].pod, mn[1]), gated,
+        ungated, error = self._each(lambda mn: self.ungate(mn[0].pod, mn[1], decided_at), gated,
                                     distinct=[m.key for m, _ in gated])
         if marking is not None:
             marking.result()
@@ -310,12 +315,14 @@ class Committer:
                     break
         return writes
 
-    def ungate(self, pod: Json, node: str) -> Write:
+    def ungate(self, pod: Json, node: str, decided_at: float | None = None) -> Write:
+        """`decided_at`: the deciding cycle's time, annotated as the admission (else now): a gang first seen
+        waiting after that cycle was not weighed by it, however long the commit took (evict.same_burst)."""
         m = meta(pod)
         ns, name = str(m.get("namespace")), str(m.get("name"))
         current = pod
         for attempt in range(3):
-            body = narrowed(current, node, self._clock())
+            body = narrowed(current, node, self._clock() if decided_at is None else decided_at)
             body.setdefault("kind", "Pod")
             try:
                 written = self._rest.replace(PODS, body)

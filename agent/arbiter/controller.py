@@ -42,7 +42,7 @@ from agent.arbiter.core.usage import Accumulator
 from agent.arbiter.fence import default_queue, fence_rule, fences
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
-from agent.arbiter.queue_status import queue_statuses
+from agent.arbiter.queue_status import STRANDED, queue_statuses, stranded_reasons
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
 from agent.arbiter.reservation import NodeClient, NodeUnavailable, Reservation
 from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
@@ -236,6 +236,7 @@ class Arbiter:
         self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
                                     clock=clock)
         self._expected: list[Write] = []
+        self._weighed: dict[str, float] = {}  # waiting job -> when a snapshot first had it waiting (World.weighed)
         self._flights: dict[str, _Flight] = {}  # gang -> its commit under way (pipelined cycles)
         self._landed: dict[str, _Landed] = {}  # gang -> committed, its writes not all seen yet
         self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
@@ -323,6 +324,7 @@ class Arbiter:
         with self._timed("snapshot"):
             unseen = self._unseen()
             world = self._world(now, unseen)
+        self._weighed = world.weighed
         self.directory.addresses = world.addresses
         self._keep_default_queue(now)
         self._tell_invalid(world)
@@ -378,7 +380,7 @@ class Arbiter:
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
                            queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
                            driver=self.config.driver, now=now, default_queue=self.config.default_queue,
-                           in_flight=in_flight)
+                           in_flight=in_flight, weighed=self._weighed)
 
     # -- the fence ----------------------------------------------------------------------------------------
 
@@ -538,15 +540,17 @@ class Arbiter:
             if job in self._flights:
                 continue  # cannot happen (a gang under way counts as running), but never commit one twice
             gang, members = world.gangs[job], [(world.members[name], node) for name, node in pods]
-            outcome = self._pool.submit(self._commit_gang, gang, members, classes, world.shareable)
+            outcome = self._pool.submit(self._commit_gang, gang, members, classes, world.shareable,
+                                        result.before.now)
             self._flights[job] = _Flight(outcome, members)
 
     def _commit_gang(self, gang: Gang, members: list[tuple[Member, str]],
-                     classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices) -> Outcome:
+                     classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices,
+                     decided_at: float | None = None) -> Outcome:
         """One gang's commit, told as soon as it has landed (a worker's)."""
         # the gang id is the job's name: stable across arbiters, so a successor can release what it left
         group = self.pod_groups.get(gang.namespace, gang.pod_group) if gang.pod_group else None
-        outcome = self._committer.commit(gang.name, members, classes, shareable, group)
+        outcome = self._committer.commit(gang.name, members, classes, shareable, group, decided_at=decided_at)
         if outcome.committed:
             placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
             log.info("admitted gang %s of queue %s on nodes %s", gang.name, gang.queue,
@@ -675,6 +679,10 @@ class Arbiter:
             if bad.kind == "Queue":
                 name = key.removeprefix("Queue ")
                 statuses[name] = {"conditions": [self._valid_condition(name, bad.reason, now)]}
+        for name, (reason, message) in stranded_reasons(snapshot, world.stranded).items():
+            if name in statuses:
+                stranded = self._condition(name, STRANDED, "True", now, reason=reason, message=message)
+                statuses[name] = {**statuses[name], "conditions": [*statuses[name]["conditions"], stranded]}
         for name, acc in self._usage.items():
             if name not in statuses:
                 continue
@@ -695,15 +703,20 @@ class Arbiter:
                 log.debug("queue %s status not written: %s", name, e)
 
     def _valid_condition(self, name: str, problem: str | None, now: float) -> dict[str, str]:
-        """The Queue's `Valid` condition; its lastTransitionTime moves only when its status does."""
-        status = "False" if problem else "True"
+        """The Queue's `Valid` condition."""
+        return self._condition(name, "Valid", "False" if problem else "True", now,
+                               reason="InvalidSpec" if problem else "Accepted",
+                               message=problem or "the arbiter weighs this queue")
+
+    def _condition(self, name: str, kind: str, status: str, now: float, *, reason: str,
+                   message: str) -> dict[str, str]:
+        """A condition of the Queue; its lastTransitionTime moves only when its status does."""
         since = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         current = ((self.queues.get("", name) or {}).get("status") or {}).get("conditions") or ()
         for c in current:
-            if isinstance(c, dict) and c.get("type") == "Valid" and c.get("status") == status:
+            if isinstance(c, dict) and c.get("type") == kind and c.get("status") == status:
                 since = str(c.get("lastTransitionTime") or since)
-        return {"type": "Valid", "status": status, "reason": "InvalidSpec" if problem else "Accepted",
-                "message": problem or "the arbiter weighs this queue", "lastTransitionTime": since}
+        return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
 
 
 def _updated_at(state: Mapping[str, Any]) -> float:

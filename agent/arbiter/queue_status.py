@@ -3,6 +3,7 @@ devices, CPU in millicores, memory in MB; parents include their children."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from agent.arbiter.core.cycle import CycleResult
@@ -47,4 +48,28 @@ def queue_statuses(snapshot: Snapshot, result: CycleResult) -> dict[str, dict[st
             "requested": _units((req[0], req[1], req[2])),
             "fairShare": _units(result.fair_share.get(q.name, (0.0, 0.0, 0.0))),
         }
+    return out
+
+
+STRANDED = "PodsStranded"  # the condition on a parent queue that pending pods name, and on its children
+
+
+def stranded_reasons(snapshot: Snapshot, stranded: Mapping[str, int]) -> dict[str, tuple[str, str]]:
+    """Queue -> (reason, message) of its `PodsStranded` condition. Only leaf queues take pods (KAI skips jobs
+    whose queue has children), so a child Queue created under a leaf strands that leaf's pending pods: both the
+    former leaf (`stranded`: parent queue -> pending pods naming it) and the child that made it a parent say so."""
+    children: dict[str, list[str]] = {}
+    for q in snapshot.queues:
+        if q.parent is not None:
+            children.setdefault(q.parent, []).append(q.name)
+    out: dict[str, tuple[str, str]] = {}
+    for parent, count in sorted(stranded.items()):
+        below = sorted(children.get(parent, []))
+        pods = f"{count} pending pod(s) name queue {parent}"
+        until = (f"they wait until they name a leaf queue, or {parent} has no child queue again (pods may only be "
+                 "submitted to leaf queues)")
+        out[parent] = ("ParentQueueHasPods", f"{pods}, a parent queue since {', '.join(below)} named it as "
+                                             f"parentQueue; {until}")
+        for child in below:
+            out[child] = ("MadeParentOfPods", f"this queue made {parent} a parent queue, and {pods}; {until}")
     return out

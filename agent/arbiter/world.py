@@ -488,6 +488,9 @@ class World:
     unbindable: dict[str, Unbindable] = field(default_factory=dict)  # by pod key
     # nodes that publish GPUs the arbiter does not place on -> (their GPUs, why: agent.arbiter.waiting says it)
     unserved: dict[str, tuple[int, str]] = field(default_factory=dict)
+    weighed: dict[str, float] = field(default_factory=dict)  # waiting job -> first seen waiting (build_world)
+    # parent queue -> its pending pods: a child queue made it a parent, and only leaf queues take pods
+    stranded: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -707,10 +710,12 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
                 now: float, default_queue: str | None = DEFAULT_QUEUE,
-                in_flight: Mapping[str, str] | None = None) -> World:
+                in_flight: Mapping[str, str] | None = None, weighed: Mapping[str, float] | None = None) -> World:
     """`in_flight`: pod key -> node, the members of gangs whose commit is still under way. They count as
     running there whatever part of the commit the informers show yet, so the cycle neither decides them again
-    nor places anything on what they take; and they are no one's victims until the commit has landed."""
+    nor places anything on what they take; and they are no one's victims until the commit has landed.
+    `weighed`: job -> when the caller's earlier snapshots first had it waiting (World.weighed of the last one);
+    a waiting job not in it is first seen `now`."""
     slices = list(slices)  # read thrice: devices per node, what each device is worth, the shareable ones
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
@@ -748,6 +753,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     release: list[Json] = []
     flying: set[str] = set()  # gangs with a commit under way
     refused: dict[str, Unbindable] = {}
+    stranded: dict[str, int] = {}  # parent queue -> pending pods that name it (World.stranded)
     for pod in pods:
         try:
             read = _read_pod(pod, groups, claims_by_key, default_queue)
@@ -780,9 +786,13 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         elif queue not in by_queue:
             waiting[job] = f"queue {queue} does not exist"
             unweighed.add(job)
-        elif queue in parents:
-            waiting[job] = f"queue {queue} is a parent queue; only leaf queues take pods"
+        elif queue in parents:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
+            below = ", ".join(sorted(q.name for q in queue_specs if q.parent == queue))
+            waiting[job] = (f"queue {queue} is a parent queue (of {below}); only leaf queues take pods: the gang "
+                            f"waits until it names a leaf queue or {queue} has no child queue again")
             unweighed.add(job)
+            if read.status == "Pending":
+                stranded[str(queue)] = stranded.get(str(queue), 0) + 1
         if read.status == "Pending":
             if read.facts.extended:
                 waiting[job] = (f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
@@ -887,6 +897,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # A pod holds whole milli-GPUs; each queue's fractions are rounded as a running sum, so nine 8Gi shares of a
     # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
     exact: dict[str, float] = {}
+    first_seen: dict[str, float] = {}  # waiting job -> when first seen waiting (World.weighed)
     for job, gang in sorted(gangs.items()):
         if job in left_out:
             continue
@@ -946,13 +957,23 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             group_priority = (group.get("spec") or {}).get("priority")
             if group_priority is not None:
                 priority = int(group_priority)
+        since = None
+        if any(p.status == "Pending" for p in pods_out):
+            # A reclaimer spares jobs admitted while it waited (evict.same_burst). Both times must tell apart
+            # moments within one second: the admissions are this arbiter's own sub-second decision times, and
+            # the gang began waiting when this arbiter first saw it, or at the latest within its creation second
+            # (creationTimestamp is truncated to whole seconds), whichever came first: after a restart its
+            # predecessor may have weighed it since its creation.
+            first_seen[job] = (weighed or {}).get(job, now)
+            since = min(first_seen[job], (created or now) + 1.0)
         # minCount may exceed the pods created so far: the gang then waits for the rest
         jobs.append(JobSpec(name=job, queue=gang.queue, priority=priority,
                             preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in flying,
                             min_member=gang.min_member,
-                            created_at=created or now, pods=tuple(pods_out), started_at=started))
+                            created_at=created or now, pods=tuple(pods_out), started_at=started,
+                            weighed_since=since))
     queue_names = [q.name for q in queue_specs]
     leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
     snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
     return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles, shareable,
-                 refused, unserved)
+                 refused, unserved, weighed=first_seen, stranded=stranded)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.arbiter.core.evict import same_burst
+from agent.arbiter.core.evict import same_burst, waiting_since
 from agent.arbiter.core.placing import chunk_shape, place_chunk
 from agent.arbiter.core.session import Job, JobOrder, Pod, Session, gpu_request
 
@@ -82,7 +82,7 @@ def _movable(session: Session, job: Job) -> list[Pod]:
     """Victims in reverse job order: lowest priority, then newest job; inside a job, lowest task first."""
     jobs = sorted(
         (j for j in session.jobs if j is not job and j.preemptible and j.running and j.gained == 0
-         and not same_burst(j, session.now, job.spec.created_at)),
+         and not same_burst(j, session.now, waiting_since(job))),
         key=lambda j: (j.spec.priority, -j.spec.created_at, -j.index),
     )
     pods: list[Pod] = []

@@ -292,7 +292,7 @@ def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue:
     for q, jobs in by_queue.items():
         if q is not mine:
             minimum = session.reclaim_min_runtime(mine, q)
-            pending[q] = _queue_units(jobs, now, minimum, waiting_since=job.spec.created_at)
+            pending[q] = _queue_units(jobs, now, minimum, waiting_since=waiting_since(job))
     heads: dict[Queue, Unit] = {}
     while True:
         for q in list(pending):
@@ -330,6 +330,14 @@ def same_burst(victim: Job, now: float | None, waiting_since: float | None) -> b
     if now is None or started is None or waiting_since is None:
         return False
     return waiting_since <= started and now < started + SAME_BURST_S
+
+
+def waiting_since(job: Job) -> float:
+    """When the job began waiting, for same_burst. A creationTimestamp is whole seconds, so a reclaimer created in
+    the second a victim was admitted would count as waiting first and spare it for SAME_BURST_S: the arbiter
+    passes `weighed_since` instead, a sub-second time on the same clock as the admissions it writes."""
+    spec = job.spec
+    return spec.weighed_since if spec.weighed_since is not None else spec.created_at
 
 
 def _protected(victim: Job, now: float | None, min_runtime: float) -> bool:

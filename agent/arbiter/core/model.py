@@ -94,6 +94,8 @@ class JobSpec:
     started_at: float | None = None  # when it last started running (min-runtime protection counts from here)
     preemption_delay: float = 0.0  # seconds it must have been pending before it may evict anyone
     pending_since: float | None = None  # when it last became pending (None: since created_at)
+    # when its scheduler first saw it waiting, to the sub-second (evict.same_burst); None: created_at
+    weighed_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
