@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
-from agent.claimconfig.config import DeviceConfig
+from agent.claimconfig.config import DeviceConfig, Mps
+from agent.claims.cdi import cdi_name
 from agent.claims.checkpoint import CheckpointedDevice
 from agent.claims.claim import ClaimError
 from agent.devices.model import Inventory
 from agent.sharing.commands import SharingError
-from agent.sharing.control import Adoption, SharingControl, with_container_edits
+from agent.sharing.control import Adoption, SharingControl, with_device_edits
 from agent.sharing.mps import alive
 from agent.sharing.plan import SharedDevice, SharingConfigError
 
@@ -27,8 +28,8 @@ class ClaimSharing:
         self, uid: str, devices: Sequence[CheckpointedDevice], configs: Mapping[str, DeviceConfig],
         inventory: Inventory, spec: Mapping[str, Any] | None,
     ) -> Mapping[str, Any] | None:  # fmt: skip
-        """Apply the claim's sharing; returns its CDI spec with what the containers need for it added.
-        Raises ClaimError (the caller undoes)."""
+        """Apply the claim's sharing; returns its CDI spec with what the containers need for it added to the
+        devices that need it (those of an MPS config), not claim-wide. Raises ClaimError (the caller undoes)."""
         shared = [
             SharedDevice(d.device_name, d.uuid, _gpu_uuid(d, inventory), configs[d.device_name])
             for d in devices
@@ -42,7 +43,11 @@ class ClaimSharing:
             raise ClaimError(f"claim {uid}: {exc}") from None
         except SharingError as exc:
             raise ClaimError(f"cannot apply the sharing of claim {uid}: {exc}") from exc
-        return spec if edits is None or spec is None else with_container_edits(spec, edits)
+        if edits is None or spec is None:
+            return spec
+        served = {cdi_name(uid, d.device_name, d.share_id) for d in devices
+                  if d.device_name in configs and isinstance(configs[d.device_name].sharing, Mps)}  # fmt: skip
+        return with_device_edits(spec, served, edits)
 
     def undo(self, uid: str) -> None:
         """Revert the claim's sharing (no-op without any). Raises ClaimError."""

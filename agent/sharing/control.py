@@ -267,13 +267,21 @@ def mps_container_edits(pipe_dir: Path) -> dict[str, Any]:
     }
 
 
-def with_container_edits(spec: Mapping[str, Any], edits: Mapping[str, Any]) -> dict[str, Any]:
-    """`spec` with `edits` added to its claim-wide containerEdits (a new dict; `spec` is left alone)."""
-    common = dict(spec.get("containerEdits") or {})
-    for key, values in edits.items():
-        common[key] = [*common.get(key, ()), *values]
-    return {**spec, "containerEdits": common}
+def with_device_edits(spec: Mapping[str, Any], devices: Set[str], edits: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec` with `edits` added to the containerEdits of the CDI devices named `devices` only (a new dict; `spec`
+    is left alone): a container is given them only with those devices, so the containers of a claim's other
+    requests never see another request's MPS pipe (as NVIDIA's CreateClaimSpecFile attaches them)."""
+    out = []
+    for device in spec.get("devices") or ():
+        if device.get("name") not in devices:
+            out.append(device)
+            continue
+        own = dict(device.get("containerEdits") or {})
+        for key, values in edits.items():
+            own[key] = [*own.get(key, ()), *values]
+        out.append({**device, "containerEdits": own})
+    return {**spec, "devices": out}
 
 
 __all__ = ["Adoption", "SharingConfigError", "SharingControl", "SharingError", "mps_container_edits",
-           "with_container_edits"]
+           "with_device_edits"]

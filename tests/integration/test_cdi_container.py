@@ -190,3 +190,60 @@ def test_a_root_built_from_the_spec_alone_loads_libcuda(
     done = run_in_spec_root(spec, tmp_path / "chroot", ["/program"], program)
     assert "dlopen libcuda.so.1: ok" in done.stdout, done.stdout + done.stderr
     assert "no cuInit" in done.stdout and done.returncode == 3
+
+
+def test_each_requests_containers_get_only_that_requests_sharing_edits(
+    tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer, rootfs: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVIDIA's quickstart gpu-test5 shape: one claim, request r0 configured for MPS and r1 for TimeSlicing, a
+    container per request. Tried before the fix: the r1 container got r0's CUDA_MPS_PIPE_DIRECTORY and its
+    pipe mount (a CUDA program there would connect to the MPS daemon of another GPU)."""
+    from fakes.nvml import persist
+
+    podman = engine()
+    engine_runs(podman, rootfs)
+    monkeypatch.setenv(persist.ENV, str(tmp_path / "gpus.json"))  # the fake binaries share the fake GPUs
+    driver_root = install_driver_root(tmp_path / "driver-root").parents[1]
+    config = NodeConfig(NODE, DRIVER, tmp_path / "kubelet", tmp_path / "cdi", tmp_path / "state",
+                        driver_root=driver_root, host_driver_root=str(driver_root))  # fmt: skip
+    api = server.api_client()
+    ref = allocate_requests(api, f"ts-mps-{uuid.uuid4().hex[:8]}", {"r0": "gpu-0", "r1": "gpu-1"}, [
+        {"strategy": "MPS"}, {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}])
+    with open_nvml(MACHINE) as nvml:
+        agent = NodeAgent(config, nvml, rest=server.rest())
+        result = agent.preparer.prepare([ref])[ref.uid]
+        assert result.error == "", result.error
+        ids = {d.request_names: d.cdi_device_ids[0] for d in result.devices}
+        spec = yaml.safe_load((config.cdi_root / cdi.spec_file_name(ref.uid)).read_text())
+        script = "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY; ls -d /tmp/nvidia-mps 2>&1; cat /proc/self/mounts"
+        try:
+            mps, sliced = (run(podman, rootfs, ids[(r,)], spec, script) for r in ("r0", "r1"))
+        finally:
+            assert agent.preparer.unprepare([ref]) == {ref.uid: ""}
+    assert "PIPE=/tmp/nvidia-mps" in mps.split() and " /tmp/nvidia-mps " in mps
+    assert "PIPE=" in sliced.split() and " /tmp/nvidia-mps " not in sliced
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" not in str(spec["containerEdits"])  # nothing claim-wide
+
+
+def allocate_requests(api: Any, name: str, devices: dict[str, str], sharing: list[dict[str, Any]]) -> Any:
+    """A claim with one request per device, allocated with one GpuConfig per request (config.requests: [r])."""
+    from kubernetes import client
+
+    from agent.claimconfig.config import API_VERSION
+    from agent.claims.types import ClaimRef
+
+    resource = client.ResourceV1Api(api)
+    requests = [{"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in devices]
+    created = resource.create_namespaced_resource_claim("default", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "spec": {"devices": {"requests": requests}}})  # fmt: skip
+    body = api.sanitize_for_serialization(created)
+    configs = [{"source": "FromClaim", "requests": [r], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": s}}} for r, s in zip(devices, sharing, strict=True)]
+    results = [{"request": r, "driver": DRIVER, "pool": NODE, "device": d} for r, d in devices.items()]
+    body["status"] = {"allocation": {
+        "devices": {"results": results, "config": configs},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}  # fmt: skip
+    resource.replace_namespaced_resource_claim_status(name, "default", body)
+    return ClaimRef("default", created.metadata.uid, name)

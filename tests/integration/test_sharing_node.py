@@ -192,12 +192,14 @@ def test_mps_claim_gets_its_daemon_exclusive_gpus_limits_and_cdi_edits(node: Nod
                            f"get_default_device_pinned_mem_limit {uuids[0]}",
                            f"get_default_device_pinned_mem_limit {uuids[1]}") == [str(pid), "50.0", "10240M", "4096M"]
     assert (node.state_dir / "mps" / "mps-1" / "log" / "control.log").exists()
-    # The containers get the pipe directory at NVIDIA's path, and /dev/shm; the spec stays valid CDI.
+    # The containers of each MPS device get the pipe directory at NVIDIA's path, and /dev/shm (with that device,
+    # not claim-wide); the spec stays valid CDI.
     spec = yaml.safe_load((node.cdi_root / cdi.spec_file_name("mps-1")).read_text())
-    edits = spec["containerEdits"]
-    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
-    assert {(m["hostPath"], m["containerPath"]) for m in edits["mounts"]} == {
-        (str(node.pipe("mps-1")), "/tmp/nvidia-mps"), ("/dev/shm", "/dev/shm")}
+    for edits in (d["containerEdits"] for d in spec["devices"]):
+        assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+        assert {(m["hostPath"], m["containerPath"]) for m in edits["mounts"]} == {
+            (str(node.pipe("mps-1")), "/tmp/nvidia-mps"), ("/dev/shm", "/dev/shm")}
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" not in spec["containerEdits"]["env"]
     assert list(cdi_validator(shared_dir).iter_errors(spec)) == []
     # Unprepare: quit, GPUs back to DEFAULT, directories gone.
     assert node.preparer.unprepare([ref]) == {"mps-1": ""}
