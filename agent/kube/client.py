@@ -6,6 +6,7 @@ client loads every typed model on import (the node agent's idle RSS was 99.9 MiB
 
 from __future__ import annotations
 
+import math
 import ssl
 import threading
 import time
@@ -69,7 +70,11 @@ class BearerToken:
     """A token from `read()`, read again once it is `max_age_s` old or after a 401: projected service-account
     tokens and exec plugins' tokens expire, and the file or plugin has the new one first. A token read because
     of a 401 and refused too is kept for `REFUSED_AGAIN_S`: a server that refuses every token must not make
-    each request run an exec plugin."""
+    each request run an exec plugin.
+
+    One thread reads while the others go on with the token they have: an exec plugin may take up to a minute,
+    and requests must not queue behind it. Only a request with no usable token (none read yet, or the current
+    one expired or refused) waits for the read."""
 
     REFUSED_AGAIN_S = 10.0
 
@@ -78,9 +83,11 @@ class BearerToken:
         CredentialsError when it cannot."""
         self._read = read
         self._max_age_s = max_age_s
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below; never held across `read()`
+        self._reading = threading.Lock()  # held by the one thread running `read()`
         self._token = ""
         self._stale_at = 0.0
+        self._expires: float | None = None
         self._read_at = 0.0
         self._refused = False  # the current token was refused: the next read is because of it
         self._read_for_refusal = False  # the current token was read because the one before it was refused
@@ -88,20 +95,87 @@ class BearerToken:
     def headers(self) -> Mapping[str, str]:
         with self._lock:
             now = time.time()
-            if now >= self._stale_at:
-                token, expires = self._read()
-                self._token, self._read_at = token, now
+            fresh = now < self._stale_at
+            usable = bool(self._token) and not self._refused and (self._expires is None or now < self._expires)
+            token = self._token
+        if fresh:
+            return {"Authorization": f"Bearer {token}"}
+        if usable and not self._reading.acquire(blocking=False):
+            return {"Authorization": f"Bearer {token}"}  # another thread is reading; this one still works
+        if not usable:
+            self._reading.acquire()  # nothing to send without it: wait for the thread reading, or read
+        try:
+            with self._lock:
+                if time.time() < self._stale_at:  # read by the thread this one waited for
+                    return {"Authorization": f"Bearer {self._token}"}
+            token, expires = self._read()
+            with self._lock:
+                now = time.time()
+                self._token, self._read_at, self._expires = token, now, expires
                 self._read_for_refusal, self._refused = self._refused, False
                 self._stale_at = now + self._max_age_s
                 if expires is not None:  # a minute's margin: a token must not expire in flight
                     self._stale_at = min(self._stale_at, expires - 60.0)
-            return {"Authorization": f"Bearer {self._token}"}
+                return {"Authorization": f"Bearer {token}"}
+        finally:
+            self._reading.release()
 
     def rejected(self) -> None:
         with self._lock:
             if self._read_for_refusal and time.time() - self._read_at < self.REFUSED_AGAIN_S:
                 return
             self._stale_at, self._refused = 0.0, True
+
+
+class RateLimiter:
+    """client-go's token bucket: `qps` requests a second on average, bursts of up to `burst`. `wait()` blocks
+    until the request may go. It keeps a busy writer (the arbiter's commit threads) from flooding the API
+    server, which answers a flood with 429s and slows every other client."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if qps <= 0 or burst < 1:
+            raise ValueError(f"a rate limit needs qps > 0 and burst >= 1, not {qps} and {burst}")
+        self.qps, self.burst = qps, burst
+        self._clock, self._sleep = clock, sleep
+        self._lock = threading.Lock()
+        self._tokens = float(burst)
+        self._at = clock()
+
+    def wait(self) -> None:
+        with self._lock:  # take a token now, possibly going negative: the debt is this caller's wait
+            now = self._clock()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.qps) - 1.0
+            self._at = now
+            owed = -self._tokens / self.qps if self._tokens < 0 else 0.0
+        if owed > 0:
+            self._sleep(owed)
+
+
+# A 429 (or a 503 during a server's start) with Retry-After is the server asking us to come back: client-go
+# waits the seconds it names and tries again, up to ten times; so do we, each wait capped so a bad header
+# cannot park a thread for long.
+RETRY_AFTER_ATTEMPTS = 10
+RETRY_AFTER_MAX_S = 10.0
+
+
+# urllib3's own retries: a failed connect or read, three times, as its default; never on a status (it would
+# sleep out any Retry-After uncapped, and only for methods it deems idempotent): request() does that itself
+_RETRIES = urllib3.Retry(3, redirect=False, respect_retry_after_header=False)
+
+
+def retry_after_seconds(response: urllib3.BaseHTTPResponse) -> float | None:
+    """The wait a 429 or 5xx response asks for (whole seconds, as the API server sends it), or None."""
+    if response.status != 429 and response.status < 500:
+        return None
+    value = response.headers.get("Retry-After")
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: the API server never sends one
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, RETRY_AFTER_MAX_S)
 
 
 @dataclass(frozen=True)
@@ -118,9 +192,12 @@ class Client:
     """Requests to one server through a pool of `pool_size` connections (thread-safe: the pool is)."""
 
     def __init__(self, server: Server, auth: Auth | None = None, *, pool_size: int = POOL_CONNECTIONS,
-                 timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
+                 timeout: tuple[float, float] = REQUEST_TIMEOUT, rate_limit: RateLimiter | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.server = server
         self.timeout = timeout
+        self.rate_limit = rate_limit
+        self._sleep = sleep
         self._auth = auth or StaticHeaders()
         tls: dict[str, Any] = {}
         if server.ssl_context is not None:
@@ -138,17 +215,27 @@ class Client:
         """One request; the response whatever its status. `timeout`: (connect, read) seconds, or one number
         for both together. `stream`: the body is left unread for the caller.
         `retries` False: no silent retry of a failed connect or read (the caller's deadline is one attempt).
+        A 429 or 5xx that names a Retry-After is tried again after that wait (with `retries`; a watch, which
+        streams, is not: its reflector starts over). Requests but watches pass the rate limit, when one is set.
         Raises urllib3's HTTPError or OSError when the server cannot be reached."""
         url = self.server.url + path + (f"?{urlencode(query)}" if query else "")
         limit = timeout or self.timeout
         # by name: Timeout's first positional parameter is `total`, which would cap a watch at the connect time
         deadline = urllib3.Timeout(total=limit) if isinstance(limit, float | int) else \
             urllib3.Timeout(connect=limit[0], read=limit[1])
-        response = self._pool.request(
-            method, url, body=body, headers={"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()},
-            timeout=deadline, preload_content=not stream,
-            retries=None if retries else False, redirect=False,
-        )
-        if response.status == 401:
-            self._auth.rejected()
-        return response
+        for attempt in range(1, RETRY_AFTER_ATTEMPTS + 1):
+            if self.rate_limit is not None and not stream:
+                self.rate_limit.wait()
+            response = self._pool.request(
+                method, url, body=body, headers={"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()},
+                timeout=deadline, preload_content=not stream,
+                retries=_RETRIES if retries else False, redirect=False,
+            )
+            if response.status == 401:
+                self._auth.rejected()
+            wait = retry_after_seconds(response) if retries and not stream else None
+            if wait is None or attempt == RETRY_AFTER_ATTEMPTS:
+                return response
+            response.release_conn()
+            self._sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns")

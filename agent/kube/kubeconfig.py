@@ -4,19 +4,24 @@ service account otherwise.
 A kubeconfig may name the server's CA and a client certificate by file (relative to the kubeconfig) or inline
 (base64), a bearer token inline or by file, a user name and password, or an exec plugin
 (client.authentication.k8s.io v1 or v1beta1: a token, refreshed when it expires or is refused, or a client
-certificate, read once at start). The legacy `auth-provider` plugins are refused with a clear error: kubectl
-itself dropped them for exec plugins.
+certificate, read once at start). Settings this client cannot honour are refused with a clear error, never
+ignored: the legacy `auth-provider` plugins (kubectl itself dropped them for exec plugins), impersonation
+(`as`, `as-uid`, `as-groups`, `as-user-extra`), `disable-compression` and an exec plugin's
+`provideClusterInfo`. A proxy comes from the cluster's `proxy-url`, else from HTTPS_PROXY/HTTP_PROXY and
+NO_PROXY as client-go reads them.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime
+import ipaddress
 import json
 import os
 import ssl
 import subprocess
 import tempfile
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -69,7 +74,44 @@ def in_cluster(root: Path = SERVICE_ACCOUNT, env: Mapping[str, str] = os.environ
             raise KubeconfigError(f"{needed} does not exist")
     host = f"[{host}]" if ":" in host else host
     context = ssl.create_default_context(cafile=str(ca_file))
-    return Client(Server(f"https://{host}:{port}", context), BearerToken(lambda: (_read_token(token_file), None)))
+    url = f"https://{host}:{port}"
+    return Client(Server(url, context, proxy_url=proxy_from_environment(url, env)),
+                  BearerToken(lambda: (_read_token(token_file), None)))
+
+
+def proxy_from_environment(url: str, env: Mapping[str, str] = os.environ) -> str | None:
+    """The proxy client-go would use for `url`: HTTPS_PROXY (or HTTP_PROXY for http) in either case, unless
+    NO_PROXY names the host (a domain suffix, an address, a CIDR range, or *)."""
+    proxies = {k.lower(): v for k, v in env.items() if k.lower() in ("https_proxy", "http_proxy", "no_proxy") and v}
+    scheme, _, rest = url.partition("://")
+    proxy = proxies.get(f"{scheme}_proxy")
+    if not proxy:
+        return None
+    host = rest.split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    if _bypassed(host, proxies.get("no_proxy", "")):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _bypassed(host: str, no_proxy: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in (e.strip() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        if address is not None and "/" in entry:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                continue
+        elif urllib.request.proxy_bypass_environment(host, {"no": entry}):
+            return True
+    return False
 
 
 def from_files(paths: list[Path]) -> Client:
@@ -113,6 +155,13 @@ def _client(cluster: Mapping[str, Any], cluster_base: Path, user: Mapping[str, A
         raise KubeconfigError(f"the cluster's server {url!r} is not an http(s) URL")
     if "auth-provider" in user:
         raise KubeconfigError("its user has an auth-provider, which is not supported: use an exec plugin")
+    for key in ("as", "as-uid", "as-groups", "as-user-extra"):
+        if user.get(key):
+            raise KubeconfigError(f"its user sets {key!r} (impersonation), which is not supported")
+    if cluster.get("disable-compression"):
+        raise KubeconfigError("its cluster sets disable-compression, which is not supported")
+    if isinstance(user.get("exec"), dict) and user["exec"].get("provideClusterInfo"):
+        raise KubeconfigError("its user's exec plugin asks for provideClusterInfo, which is not supported")
     cert, key, auth = _credentials(user, user_base)
     context = None
     if url.startswith("https://"):
@@ -125,7 +174,8 @@ def _client(cluster: Mapping[str, Any], cluster_base: Path, user: Mapping[str, A
             _load_client_certificate(context, cert, key)
     elif cert or key:
         raise KubeconfigError(f"a client certificate is given but the server {url} is not https")
-    server = Server(url, context, cluster.get("tls-server-name") or None, cluster.get("proxy-url") or None)
+    proxy = cluster.get("proxy-url") or proxy_from_environment(url)
+    server = Server(url, context, cluster.get("tls-server-name") or None, proxy)
     return Client(server, auth)
 
 
