@@ -21,7 +21,6 @@ import os
 import ssl
 import subprocess
 import tempfile
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,22 +93,30 @@ def proxy_from_environment(url: str, env: Mapping[str, str] = os.environ) -> str
 
 
 def _bypassed(host: str, no_proxy: str) -> bool:
+    """NO_PROXY as Go's httpproxy reads it: `*`; an address or CIDR range; `example.com` (it and its
+    subdomains) or `.example.com` (subdomains only); a `:port` on an entry is ignored here (one server)."""
     try:
-        address = ipaddress.ip_address(host)
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
     except ValueError:
         address = None
-    for entry in (e.strip() for e in no_proxy.split(",")):
-        if not entry:
-            continue
+    host = host.lower().rstrip(".")
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
         if entry == "*":
             return True
-        if address is not None and "/" in entry:
+        if not entry:
+            continue
+        if address is not None:
             try:
-                if address in ipaddress.ip_network(entry, strict=False):
+                if address in ipaddress.ip_network(entry.strip("[]"), strict=False):
                     return True
             except ValueError:
-                continue
-        elif urllib.request.proxy_bypass_environment(host, {"no": entry}):
+                pass
+            continue
+        name = entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry
+        if name.startswith("."):
+            if host.endswith(name):
+                return True
+        elif host == name or host.endswith(f".{name}"):
             return True
     return False
 
@@ -155,9 +162,9 @@ def _client(cluster: Mapping[str, Any], cluster_base: Path, user: Mapping[str, A
         raise KubeconfigError(f"the cluster's server {url!r} is not an http(s) URL")
     if "auth-provider" in user:
         raise KubeconfigError("its user has an auth-provider, which is not supported: use an exec plugin")
-    for key in ("as", "as-uid", "as-groups", "as-user-extra"):
-        if user.get(key):
-            raise KubeconfigError(f"its user sets {key!r} (impersonation), which is not supported")
+    for setting in ("as", "as-uid", "as-groups", "as-user-extra"):
+        if user.get(setting):
+            raise KubeconfigError(f"its user sets {setting!r} (impersonation), which is not supported")
     if cluster.get("disable-compression"):
         raise KubeconfigError("its cluster sets disable-compression, which is not supported")
     if isinstance(user.get("exec"), dict) and user["exec"].get("provideClusterInfo"):
