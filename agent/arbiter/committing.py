@@ -33,11 +33,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.allocation.allocator import Claim
+from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, GATE
 from agent.arbiter.reservation import (
     GangCoordinator,
     MemberPlacement,
     NodeClient,
+    Reservation,
     Unauthenticated,
     UnknownReservation,
 )
@@ -55,6 +57,7 @@ from agent.arbiter.world import (
     reservation_claim,
     reserved_for,
 )
+from agent.devices.names import InvalidDeviceName
 from agent.devices.shares import Capacity
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import POD_GROUPS, PODS, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH, Resource, Rest
@@ -71,6 +74,46 @@ class Outcome:
     committed: bool
     reason: str = ""
     writes: list[Write] = field(default_factory=list)
+    # the claim a node refused as written (a selector that does not compile, fails or costs too much) and the
+    # node's words: the claim's error, not the node's, so it waits until the claim changes
+    refused: tuple[Json, str] | None = None
+
+
+class InvalidClaim(ValueError):
+    """A node refused a Reserve for what the claim asks (INVALID_ARGUMENT): trying again cannot help."""
+
+
+class ClaimRefused(Exception):
+    """A Reserve refused for what its claim asks; `member` names the reservation member (pod key/claim)."""
+
+    def __init__(self, member: str, node: str, message: str) -> None:
+        super().__init__(f"node {node} refused claim {member}: {message}")
+        self.member, self.node, self.message = member, node, message
+
+
+class _ClaimErrors:
+    """A node's client whose Reserve raises ClaimRefused, naming the member, for a request the node called
+    invalid (a ValueError: InvalidClaim over gRPC); a device name the node answered badly is the node's fault."""
+
+    def __init__(self, node: str, client: NodeClient) -> None:
+        self._node, self._client = node, client
+
+    def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
+        try:
+            return self._client.reserve(gang_id, member, claim, ttl_seconds)
+        except InvalidDeviceName:
+            raise
+        except ValueError as e:
+            raise ClaimRefused(member, self._node, str(e)) from e
+
+    def confirm(self, reservation_id: str) -> Reservation:
+        return self._client.confirm(reservation_id)
+
+    def release(self, reservation_id: str = "", gang_id: str = "") -> int:
+        return self._client.release(reservation_id, gang_id)
+
+    def capacity(self) -> CapacitySummary:
+        return self._client.capacity()
 
 
 def _rfc3339(t: float) -> str:
@@ -160,19 +203,25 @@ class Committer:
             return Outcome(False, f"unsupported claim: {e}")
         t = time.perf_counter()
         clients = self._clients()
-        coordinator = GangCoordinator(clients)
-        held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
-        if reason and "does not fit" in reason:
-            # reservations of this gang left by an arbiter killed mid-commit hold devices until their TTL:
-            # only one arbiter commits a gang at a time, so they are stale; free them and try once more
-            for node in {p.node for p in placements}:
-                client = clients.get(node)
-                if client is not None:
-                    try:
-                        client.release(gang_id=gang_id)
-                    except (OSError, Unauthenticated, UnknownReservation):
-                        continue
+        coordinator = GangCoordinator({node: _ClaimErrors(node, c) for node, c in clients.items()})
+        try:
             held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+            if reason and "does not fit" in reason:
+                # reservations of this gang left by an arbiter killed mid-commit hold devices until their TTL:
+                # only one arbiter commits a gang at a time, so they are stale; free them and try once more
+                for node in {p.node for p in placements}:
+                    client = clients.get(node)
+                    if client is not None:
+                        try:
+                            client.release(gang_id=gang_id)
+                        except (OSError, Unauthenticated, UnknownReservation):
+                            continue
+                held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+        except ClaimRefused as e:  # what was reserved is released; the claim waits until it changes
+            self._add("reserve", t)
+            claim = to_write[e.member][1]
+            return Outcome(False, f"node {e.node} refused ResourceClaim {_claim_key(claim)}: {e.message}",
+                           refused=(claim, e.message))
         t = self._add("reserve", t)
         if reason:
             return Outcome(False, reason)

@@ -35,7 +35,7 @@ import grpc
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
-from agent.arbiter.committing import Committer, Outcome, Write
+from agent.arbiter.committing import Committer, InvalidClaim, Outcome, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
@@ -149,7 +149,13 @@ class PinnedClient:
         return self._connect()
 
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
-        return self._writing().reserve(gang_id, member, claim, ttl_seconds)
+        try:
+            return self._writing().reserve(gang_id, member, claim, ttl_seconds)
+        except NodeUnavailable as e:
+            cause = e.__cause__
+            if isinstance(cause, grpc.Call) and cause.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidClaim(cause.details() or str(e)) from e  # the claim's error, not the node's
+            raise
 
     def confirm(self, reservation_id: str) -> Reservation:
         return self._writing().confirm(reservation_id)
@@ -232,7 +238,8 @@ class Arbiter:
         self._informers = [self.pods, self.claims, self.pod_groups, self.queues, self.nodes, self.slices,
                            self.classes, self.taint_rules]
         # one write gate for the API and the nodes alike (a leader's Lease check: agent.kube.leader)
-        self.directory = NodeDirectory(token, fingerprint=self._fingerprint, write_gate=rest.write_gate)
+        self.directory = NodeDirectory(token, fingerprint=self._fingerprint,
+                                       write_gate=getattr(rest, "write_gate", None))  # tests may pass no Rest
         self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
                                     clock=clock)
         self._expected: list[Write] = []
@@ -245,6 +252,9 @@ class Arbiter:
         self._terminating: dict[str, str] = {}  # pod key -> uid: evicted, not yet seen terminating
         self._waits: dict[str, tuple[str, float]] = {}  # gang -> the wait reason last told, and when
         self._told: dict[str, str] = {}  # object left out of the snapshot -> the reason last told
+        # claim key -> (uid, resourceVersion, the node's words): a claim a node refused as written waits, told
+        # once, until it changes (a new resourceVersion, or a new claim of that name)
+        self._refused_claims: dict[str, tuple[str, str, str]] = {}
         self._queue_status: dict[str, Any] = {}
         self._status_written = -math.inf
         self._usage: dict[str, Accumulator] = {}  # per queue, advanced every cycle
@@ -380,7 +390,7 @@ class Arbiter:
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
                            queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
                            driver=self.config.driver, now=now, default_queue=self.config.default_queue,
-                           in_flight=in_flight, weighed=self._weighed)
+                           in_flight=in_flight, weighed=self._weighed, refused_claims=self._still_refused())
 
     # -- the fence ----------------------------------------------------------------------------------------
 
@@ -560,7 +570,7 @@ class Arbiter:
             if not self._tell(gang.pod_group, gang.namespace, gang.name, "Admitted", f"admitted: {placed}"):
                 for m, node in members:
                     self._event(m.pod, "Pod", "v1", "Admitted", f"admitted by the arbiter to node {node}")
-        else:
+        elif outcome.refused is None:  # a refused claim is told on the claim, and why its pods wait (_land)
             log.info("gang %s not committed: %s", gang.name, outcome.reason)
             self._tell_gang(gang, "NotAdmitted", outcome.reason, type_="Warning")
         self._changed.set()  # the next cycle takes in what it wrote
@@ -582,7 +592,29 @@ class Arbiter:
                 self._landed[job] = _Landed(flight.members, list(outcome.writes), deadline)
             else:  # rolled back: the next decision waits until the informers show its claims free again
                 report.refused[job] = outcome.reason
+                if outcome.refused is not None:
+                    self._refuse_claim(*outcome.refused)
                 self._expected.extend(outcome.writes)
+
+    def _refuse_claim(self, claim: Mapping[str, Any], message: str) -> None:
+        """Remember a claim a node refused as written, and say so once, on the claim (its pods are told why
+        they wait by the next cycle). It is not tried again until it changes."""
+        m = meta(claim)
+        key = f"{m.get('namespace')}/{m.get('name')}"
+        self._refused_claims[key] = (str(m.get("uid")), str(m.get("resourceVersion")), message)
+        log.warning("ResourceClaim %s refused by a node, not tried again until it changes: %s", key, message)
+        self._event(claim, "ResourceClaim", RESOURCE_CLAIMS.api_version, "InvalidClaim",
+                    f"a node refused this claim as written: {message}; the arbiter tries it again once the claim "
+                    "changes", type_="Warning")
+
+    def _still_refused(self) -> dict[str, str]:
+        """The refused claims not changed since (claim key -> the node's words); changed or gone, forgotten."""
+        for key, (uid, version, _) in list(self._refused_claims.items()):
+            ns, _, name = key.partition("/")
+            m = meta(self.claims.get(ns, name) or {})
+            if (str(m.get("uid")), str(m.get("resourceVersion"))) != (uid, version):
+                del self._refused_claims[key]
+        return {key: message for key, (_, _, message) in self._refused_claims.items()}
 
     def _unseen(self) -> dict[str, list[tuple[Member, str]]]:
         """The gangs placed by us that the informers do not show placed yet (under way, or landed and not seen),

@@ -710,12 +710,14 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
                 now: float, default_queue: str | None = DEFAULT_QUEUE,
-                in_flight: Mapping[str, str] | None = None, weighed: Mapping[str, float] | None = None) -> World:
+                in_flight: Mapping[str, str] | None = None, weighed: Mapping[str, float] | None = None,
+                refused_claims: Mapping[str, str] | None = None) -> World:
     """`in_flight`: pod key -> node, the members of gangs whose commit is still under way. They count as
     running there whatever part of the commit the informers show yet, so the cycle neither decides them again
     nor places anything on what they take; and they are no one's victims until the commit has landed.
     `weighed`: job -> when the caller's earlier snapshots first had it waiting (World.weighed of the last one);
-    a waiting job not in it is first seen `now`."""
+    a waiting job not in it is first seen `now`.
+    `refused_claims`: claim key -> why a node refused it as written; a pending pod with one waits, saying so."""
     slices = list(slices)  # read thrice: devices per node, what each device is worth, the shareable ones
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
@@ -802,6 +804,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                                         f"({', '.join(read.facts.missing)}) to be created from their templates")
             elif any(c is None for c in read.found):
                 waiting.setdefault(job, f"ResourceClaim of {name} not found")
+            for c in read.found:
+                problem = (refused_claims or {}).get(f"{ns}/{meta(c).get('name')}") if c is not None else None
+                if problem is not None:  # the claim's error: it waits until the claim changes
+                    waiting.setdefault(job, f"ResourceClaim {meta(c).get('name')} of {name} was refused as "
+                                            f"written: {problem}")
             # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
             nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
             if nodes_allowed is not None:
