@@ -35,6 +35,16 @@ class NodeMetrics:
             "Devices withheld from slices after a critical NVML event.",
             registry=self.registry,
         )
+        self.world_writable_driver_files = Gauge(
+            "gpu_dra_driver_files_world_writable",
+            "Driver libraries, binaries and firmware files every container mounts that any host user may write.",
+            registry=self.registry,
+        )
+        self.fenced_claim_records = Gauge(
+            "gpu_dra_fenced_claim_records",
+            "Claim checkpoint records that cannot be trusted: their claims fenced, their devices held.",
+            registry=self.registry,
+        )
         self.publish_errors = Counter(
             "gpu_dra_publish_errors_total", "Failed attempts to publish ResourceSlices.", registry=self.registry
         )

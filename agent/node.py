@@ -130,6 +130,7 @@ class NodeAgent:
             config.driver_root, config.host_driver_root, self._inventory.driver_version, config.nvidia_cdi_hook_path
         )
         log_setup(self.driver)
+        self.metrics.world_writable_driver_files.set(len(self.driver.files.world_writable))
         self.health = HealthSource()
         self._health_lock = threading.Lock()  # orders event updates against re-recording after discovery
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
@@ -171,6 +172,7 @@ class NodeAgent:
             share_mode=config.share_mode,
             dev_root=config.dev_root,
             notify=self._notify,
+            on_fenced=self.metrics.fenced_claim_records.set,
         )
         self.plugin: KubeletPlugin | None = None
         self.reservations: NodeReservations | None = None
@@ -207,6 +209,10 @@ class NodeAgent:
 
     def start(self) -> None:
         self._events = EventRecorder(self._rest, COMPONENT, self.config.node_name)  # before anything tells of claims
+        if writable := self.driver.files.world_writable:
+            self._notify(None, "Warning", "DriverFilesWorldWritable",
+                         f"{len(writable)} driver file(s) under {self.config.driver_root} that every container mounts "
+                         f"are writable by every user on the host: {', '.join(writable)}")  # fmt: skip
         recovery = self._preparer.recover()
         log.info("claim checkpoint ready", extra={"recovery": str(recovery)})
         self._record_health(self._inventory)

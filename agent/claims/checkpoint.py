@@ -15,10 +15,14 @@ On disk, one record per claim, so a prepare writes only its own claims whatever 
   Version 1 was one file for every claim (`<state-dir>/checkpoint.json`): it is read once, written out as
   records and removed (a crash before the removal repeats the same migration).
 - Checksummed over the canonical JSON of `data` (sorted keys), so re-encoding never changes it.
-- A corrupt record or file (bad JSON, bad checksum, bad shape, a directory in its place) raises
-  CheckpointCorrupt naming it, the reason and the remedy, and is left where it is: dropping it would forget
-  prepared claims whose devices are in use, so the agent refuses to prepare or unprepare until an operator
-  moves it aside (the kubelet then prepares the claim again). No record is an empty checkpoint.
+- A corrupt or stray record (bad JSON, bad checksum, bad shape, a newer version, a directory in its place, a
+  name other than its claim's) fences its claim alone (`FencedRecord`), and is left where it is: dropping it
+  would forget a prepared claim whose devices are in use. The devices it names, as far as they can be read,
+  stay held (no other claim is prepared on them); prepare and unprepare of that claim fail with the record's
+  path, the reason and the remedy; other claims go on. Once an operator moves it aside, the kubelet's retries
+  prepare or unprepare the claim as usual (the unprepare of a claim with no record removes its spec).
+  What cannot be told apart by claim (the version 1 file, `claims` not a directory, an unreadable generation
+  token) raises CheckpointCorrupt, failing every claim. No record is an empty checkpoint.
 - `nodeBootID` is the boot a record was written in; the state machine voids claims of another boot.
 - A device that prepare created (a MIG placement offered as a partitionable device) carries `dynamicMig`:
   the placement, written in the Started record before creating, and the instance ids once created. Only
@@ -113,10 +117,26 @@ class ClaimEntry:
     cdi_spec: Mapping[str, Any] | None = field(default=None, compare=False)  # kept to rewrite a lost file
 
 
+@dataclass(frozen=True)
+class FencedRecord:
+    """A claim record that cannot be trusted (see the module docstring): its claim is neither prepared nor
+    unprepared here, and the devices read from it stay held, until an operator moves it aside."""
+
+    uid: str  # as its file name says
+    path: str
+    reason: str  # the CheckpointCorrupt message: path, what is wrong, the remedy
+    devices: tuple[str, ...] = ()  # device names read from it regardless of its checksum; () when unreadable
+
+    def describe(self) -> str:
+        held = f"it holds {', '.join(self.devices)}" if self.devices else "the devices it holds cannot be read"
+        return f"the checkpoint record of claim {self.uid} cannot be trusted: {self.reason} ({held})"
+
+
 @dataclass
 class Checkpoint:
     boot_id: str
     claims: dict[str, ClaimEntry] = field(default_factory=dict)
+    fenced: dict[str, FencedRecord] = field(default_factory=dict)  # by claim uid (file name)
 
 
 # --- encoding -------------------------------------------------------------------------------------------
@@ -262,6 +282,35 @@ def read_boot_id() -> str:
 # --- the store ------------------------------------------------------------------------------------------
 
 
+def _salvaged_devices(raw: bytes | None) -> tuple[str, ...]:
+    """The device names a damaged record still shows (its checksum, version or shape aside), so they stay held."""
+    try:
+        devices = json.loads(raw or b"")["data"]["devices"]
+        return tuple(dict.fromkeys(str(d["deviceName"]) for d in devices if isinstance(d, dict) and
+                                   isinstance(d.get("deviceName"), str)))  # fmt: skip
+    except (ValueError, UnicodeDecodeError, LookupError, TypeError):
+        return ()
+
+
+def _read_record(path: Path) -> tuple[str, ClaimEntry] | FencedRecord | None:
+    """One record's boot id and claim; a FencedRecord when it cannot be trusted; None when it is gone."""
+    uid = path.name[: -len(_SUFFIX)]
+    raw = None
+    try:
+        if not path.exists() and not path.is_symlink():
+            return None  # removed meanwhile (a lock-free peek)
+        raw = _read(path)
+        record_boot, entry = decode_record(raw, str(path))
+    except CheckpointCorrupt as exc:
+        if raw is None and not path.exists() and not path.is_symlink():
+            return None
+        return FencedRecord(uid, str(path), str(exc), _salvaged_devices(raw))
+    if entry.uid != uid:  # a stray: whose claim it is cannot be trusted either
+        reason = f"{path}: holds claim {entry.uid}, not the one its name says; {REMEDY}"
+        return FencedRecord(uid, str(path), reason, tuple(dict.fromkeys(d.device_name for d in entry.devices)))
+    return record_boot, entry
+
+
 def _read(path: Path) -> bytes:
     """A checkpoint file's bytes; something else in its place is corrupt, not an OSError traceback."""
     try:
@@ -300,11 +349,13 @@ class CheckpointStore:
         return entry is not None and entry.state is ClaimState.COMPLETED
 
     def load(self) -> Checkpoint:
-        """Every claim recorded (a copy the caller may change and pass to `save`)."""
-        if self._saved is None or self._read_generation() != self._generation:
+        """Every claim recorded (a copy the caller may change and pass to `save`), and the fenced records."""
+        # While a record is fenced, every load reads the records again: an operator moving it aside writes no
+        # generation token.
+        if self._saved is None or self._saved.fenced or self._read_generation() != self._generation:
             self._generation = self._read_generation()
             self._saved = self._read_all()
-        return Checkpoint(self._saved.boot_id, dict(self._saved.claims))
+        return Checkpoint(self._saved.boot_id, dict(self._saved.claims), dict(self._saved.fenced))
 
     def peek(self) -> Checkpoint:
         """The claims of this boot recorded, read for a thread that may not hold the lock: nothing `load` keeps
@@ -312,21 +363,20 @@ class CheckpointStore:
         may be missed. Claims of an earlier boot are left out: a reboot released their devices."""
         boot = self.boot_id()
         claims: dict[str, ClaimEntry] = {}
+        fenced: dict[str, FencedRecord] = {}
         if self.legacy_path.is_file():
             with contextlib.suppress(FileNotFoundError):  # migrated meanwhile: its records are read below
                 legacy = decode_legacy(self.legacy_path.read_bytes(), str(self.legacy_path))
                 if legacy.boot_id == boot:
                     claims = dict(legacy.claims)
         for path in sorted(self.records.iterdir()) if self.records.is_dir() else ():
-            if not path.name.endswith(_SUFFIX):
-                continue
-            try:
-                record_boot, entry = decode_record(path.read_bytes(), str(path))
-            except FileNotFoundError:
-                continue  # unprepared meanwhile
-            if record_boot == boot:
-                claims[entry.uid] = entry
-        return Checkpoint(boot, claims)
+            if not path.name.endswith(_SUFFIX) or (read := _read_record(path)) is None:
+                continue  # not a record, or unprepared meanwhile
+            if isinstance(read, FencedRecord):
+                fenced[read.uid] = read
+            elif read[0] == boot:
+                claims[read[1].uid] = read[1]
+        return Checkpoint(boot, claims, fenced)
 
     def save(self, cp: Checkpoint) -> None:
         """Write the records of claims that changed since the last load or save and remove those of claims
@@ -342,7 +392,7 @@ class CheckpointStore:
             except BaseException:
                 self._saved = None  # some records may have changed: read them again next time
                 raise
-        self._saved = Checkpoint(cp.boot_id, dict(cp.claims))
+        self._saved = Checkpoint(cp.boot_id, dict(cp.claims), dict(saved.fenced))  # fenced records: never written
 
     def leftover_temps(self) -> list[Path]:
         return files.leftover_temps(self.records, "") + files.leftover_temps(self.state_dir, LEGACY_FILE + ".")
@@ -369,16 +419,18 @@ class CheckpointStore:
             claims, boots = dict(legacy.claims), {legacy.boot_id}
         if self.records.exists() and not self.records.is_dir():
             raise CheckpointCorrupt(f"{self.records} is not a directory; {REMEDY}")
+        fenced: dict[str, FencedRecord] = {}
         for path in sorted(self.records.iterdir()) if self.records.is_dir() else ():
-            if not path.name.endswith(_SUFFIX):
+            if not path.name.endswith(_SUFFIX) or (read := _read_record(path)) is None:
                 continue  # temp files (recovery removes them) and anything else that is no record
-            record_boot, entry = decode_record(_read(path), str(path))
-            if path.name != f"{entry.uid}{_SUFFIX}":
-                raise CheckpointCorrupt(f"{path}: holds claim {entry.uid}, not the one its name says; {REMEDY}")
+            if isinstance(read, FencedRecord):
+                fenced[read.uid] = read
+                continue
+            record_boot, entry = read
             claims[entry.uid] = entry
             boots.add(record_boot)
         # Records of another boot make the whole checkpoint that boot's, which the state machine voids.
-        return Checkpoint(next(iter(sorted(boots - {boot})), boot), claims)
+        return Checkpoint(next(iter(sorted(boots - {boot})), boot), claims, fenced)
 
     def _migrate(self) -> Checkpoint:
         """Version 1 -> records: write them all, then remove the old file (a crash in between redoes it)."""

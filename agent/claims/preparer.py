@@ -2,8 +2,8 @@
 
 It serialises batches with the node lock, taken only after the batch's claims are read from the API (all at
 once, within the call's deadline): the lock guards local state, not the network. Each claim's failure stays
-in that claim's result (a bad claim, an API error, an unexpected exception); only a failure of the node's own
-claim state (lock timeout, corrupt checkpoint, unwritable state dir) fails the whole batch, since no claim
+in that claim's result (a bad claim, an API error, an unexpected exception, its own record fenced); only a
+failure of the node's own claim state (lock timeout, unusable state dir) fails the whole batch, since no claim
 could be recorded then.
 """
 
@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.claims.cdi import CdiStore, MigCaps
-from agent.claims.checkpoint import CheckpointCorrupt, CheckpointStore, ClaimState, read_boot_id
+from agent.claims.checkpoint import (
+    Checkpoint,
+    CheckpointCorrupt,
+    CheckpointStore,
+    ClaimState,
+    FencedRecord,
+    read_boot_id,
+)
 from agent.claims.claim import ClaimError
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
 from agent.claims.mig import MigDevices
@@ -65,6 +72,7 @@ class ClaimPreparer:
         share_mode: ShareMode | None = None,
         dev_root: Path | None = None,
         notify: Notify = lambda claim, type_, reason, message: None,
+        on_fenced: Callable[[int], None] = lambda count: None,
     ) -> None:
         """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
         again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
@@ -72,12 +80,16 @@ class ClaimPreparer:
         "namespace/name", share)` names the arbiter's reservation for another claim holding the device (whole,
         for a share), "" for none
         (agent.arbiter.reservation.ReservationBook.reserved_for_other): prepare refuses such a device.
-        `notify` tells people what they should know of a prepared claim (agent.node makes Events of it)."""
+        `notify` tells people what they should know of a prepared claim, and of a fenced claim record
+        (agent.claims.checkpoint), once each (agent.node makes Events of it); `on_fenced` gets the number of
+        fenced records after each read (a metric)."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
         self.source = source
         self.notify = notify
+        self.on_fenced = on_fenced
+        self._told: set[FencedRecord] = set()  # fenced records already told of
         self.states = ClaimStates(
             node_name=node_name,
             driver_name=driver_name,
@@ -98,6 +110,7 @@ class ClaimPreparer:
         """Run once at startup, before serving the kubelet. Raises CheckpointCorrupt / LockTimeout."""
         with self.lock.hold():
             recovery = self.states.recover()
+            self._report_fenced(self.states.load())
         if recovery != Recovery():
             log.info("claim state repaired: %s", recovery)
         return recovery
@@ -115,7 +128,9 @@ class ClaimPreparer:
             try:
                 lock_wait = None if deadline is None else max(0.0, deadline - time.monotonic())
                 with self.lock.hold(lock_wait):
-                    results |= self.states.prepare(self.states.load(), valid, fetched)
+                    cp = self.states.load()
+                    self._report_fenced(cp)
+                    results |= self.states.prepare(cp, valid, fetched)
             except Exception as exc:
                 # The node's claim state is unusable (lock, checkpoint or state dir): every claim fails alike.
                 if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
@@ -139,6 +154,7 @@ class ClaimPreparer:
             try:
                 with self.lock.hold():
                     cp = self.states.load()
+                    self._report_fenced(cp)
                     held = {uid: [d.device_name for d in e.devices] for uid, e in cp.claims.items()}
                     errors |= self.states.unprepare(cp, [ref.uid for ref in valid])
             except Exception as exc:
@@ -151,6 +167,17 @@ class ClaimPreparer:
             if not errors.get(ref.uid):
                 _log_done("unprepared", ref, held.get(ref.uid, []), elapsed)
         return errors
+
+    def _report_fenced(self, cp: Checkpoint) -> None:
+        """The fenced records in the metric, and a Warning Event on the Node for each one not told of yet."""
+        self.on_fenced(len(cp.fenced))
+        self._told &= set(cp.fenced.values())  # one moved aside and damaged again is told again
+        for record in cp.fenced.values():
+            if record not in self._told:
+                self._told.add(record)
+                log.error("claim %s fenced: %s", record.uid, record.describe(), extra={"claim_uid": record.uid})
+                self.notify(None, "Warning", "ClaimRecordFenced", f"{record.describe()}; its claim is fenced, its "
+                            "devices held, other claims go on")  # fmt: skip
 
     def revive_dead_daemons(self) -> list[Revival]:
         """Start again the MPS daemons of prepared claims whose process is gone (the watch calls this often:

@@ -167,7 +167,7 @@ class ClaimStates:
             log.info("node rebooted (boot id %s -> %s): voiding %d claim(s)", cp.boot_id, self._boot_id, len(cp.claims))
             for uid in cp.claims:
                 self.specs.remove(uid)
-            cp = Checkpoint(self._boot_id)
+            cp = Checkpoint(self._boot_id, fenced=cp.fenced)  # a fenced record is no one's to void
             self.checkpoints.save(cp)
         return cp
 
@@ -299,6 +299,8 @@ class ClaimStates:
     ) -> tuple[ClaimEntry, list[CdiDevice], dict[str, DeviceConfig]]:
         """The claim's Completed entry, or a new Started one (added to `cp`, not saved yet) with its devices
         as the spec needs them. A Started entry's spec is left out while MIG devices are still to be made."""
+        if (fenced := cp.fenced.get(ref.uid)) is not None:
+            raise ClaimError(f"{fenced.describe()}; the claim is fenced until then")
         entry = cp.claims.get(ref.uid)
         if entry is not None and (entry.namespace, entry.name) != (ref.namespace, ref.name):
             # A UID names one claim for its whole life: another name for it is a confused or forged request,
@@ -367,6 +369,7 @@ class ClaimStates:
             if share_id:
                 self._check_share(ref, device, held, [p.checkpointed for p in planned], inventory)
             self._check_free(device, held)
+            self._check_unfenced(cp, device)
             holder = "" if device.admin_access else self.reserved(name, f"{ref.namespace}/{ref.name}", bool(share_id))
             if holder:
                 # the queue arbiter holds it for a gang it is committing: one holder per device (shares beside
@@ -549,6 +552,13 @@ class ClaimStates:
                 f"{other.namespace}/{other.name} (uid {other.uid}); {hint}"
             )
 
+    def _check_unfenced(self, cp: Checkpoint, device: CheckpointedDevice) -> None:
+        """Refuse a device that a fenced record names (its claim may still use it), unless admin access."""
+        wanted = names.canonical(device.device_name)
+        for fenced in cp.fenced.values():
+            if not device.admin_access and any(names.canonical(d) == wanted for d in fenced.devices):
+                raise ClaimError(f"device {device.device_name} stays held: {fenced.describe()}")
+
     # --- unprepare and repair -----------------------------------------------------------------------
 
     def unprepare(self, cp: Checkpoint, uids: Sequence[str]) -> dict[str, str]:
@@ -557,7 +567,10 @@ class ClaimStates:
 
         A claim holding MIG devices we created goes back to PrepareStarted first, then is rolled back: a
         crash at any point leaves an entry naming the devices, so they are never leaked. Returns an error
-        per claim ("" when unprepared); a device that cannot be destroyed (in use) keeps its claim."""
+        per claim ("" when unprepared); a device that cannot be destroyed (in use) keeps its claim. A claim
+        whose record is fenced (agent.claims.checkpoint) is not unprepared: what it holds cannot be known, so
+        its error names the record and the remedy, its spec, sharing and devices stay, and the kubelet's retry
+        after the record is moved aside unprepares it (spec removed, as for any claim without a record)."""
         try:
             return self._unprepare(cp, uids)
         finally:
@@ -565,7 +578,7 @@ class ClaimStates:
 
     def _unprepare(self, cp: Checkpoint, uids: Sequence[str]) -> dict[str, str]:
         known = [uid for uid in dict.fromkeys(uids) if uid in cp.claims]
-        errors = {}
+        errors = {uid: f"{cp.fenced[uid].describe()}; not unprepared until then" for uid in uids if uid in cp.fenced}
         for uid in list(known):  # sharing first, while the claim is still prepared (a failure keeps it so)
             try:
                 self._undo_sharing(uid)
@@ -689,8 +702,9 @@ class ClaimStates:
                 log.error("claim %s stays in PrepareStarted: %s", uid, exc)  # noqa: TRY400 (the cause is in it)
                 continue
             rolled_back.append(uid)
-        if self.sharing is not None:  # after rollbacks: stop daemons of claims gone, adopt the others'
-            adoption = self.sharing.reconcile({u for u, e in cp.claims.items() if e.state is ClaimState.COMPLETED})
+        if self.sharing is not None:  # after rollbacks: stop daemons of claims gone, adopt the others' (and fenced)
+            prepared = {u for u, e in cp.claims.items() if e.state is ClaimState.COMPLETED} | cp.fenced.keys()
+            adoption = self.sharing.reconcile(prepared)
             log.info("sharing reconciled", extra={"mps_adopted": adoption.adopted, "mps_restarted": adoption.restarted,
                                                    "sharing_undone": adoption.undone})  # fmt: skip
         restored = tuple(
@@ -700,7 +714,7 @@ class ClaimStates:
         )
         for uid in restored:
             self.specs.write(uid, cp.claims[uid].cdi_spec or {})
-        removed = tuple(sorted(self.specs.claim_uids() - cp.claims.keys()))
+        removed = tuple(sorted(self.specs.claim_uids() - cp.claims.keys() - cp.fenced.keys()))
         for uid in removed:
             self.specs.remove(uid)
         temps = self.specs.leftover_temps() + self.checkpoints.leftover_temps()
@@ -785,5 +799,6 @@ def _occupied(cp: Checkpoint, gpu: Gpu, inventory: Inventory, pending: Sequence[
 
 def holders(cp: Checkpoint) -> list[tuple[str, str]]:
     """(device, "namespace/name" of its claim) for every device a claim in the checkpoint holds (prepared, or
-    being prepared)."""
-    return [(d.device_name, f"{e.namespace}/{e.name}") for e in cp.claims.values() for d in e.devices]
+    being prepared), and those fenced records hold ("fenced claim <uid>")."""
+    held = [(d.device_name, f"{e.namespace}/{e.name}") for e in cp.claims.values() for d in e.devices]
+    return held + [(d, f"fenced claim {f.uid}") for f in cp.fenced.values() for d in f.devices]

@@ -7,6 +7,8 @@ a driver container, the `lib64/` of a driver folder such as /usr/local/nvidia); 
 PATH folders; the GSP firmware under the kernel's firmware folders; the IPC sockets that exist. Paths inside
 the root are resolved within it: an absolute symlink there points into the root, never at the agent's `/`.
 Nothing missing is an error; a root that holds another driver version than NVML's is (DriverVersionMismatch).
+A file whose path the hook's arguments cannot carry is left out, and world-writable files are named
+(`DriverFiles.left_out`, `.world_writable`), for the start-up warnings.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import re
 import stat
 import struct
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from agent.driver import elf, ldcache
-from agent.driver.files import BINARIES, SOCKETS, DriverFiles, File, Library, dev_link_name
+from agent.driver.files import BINARIES, SOCKETS, DriverFiles, File, Library, dev_link_name, unfit_name
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +153,29 @@ def discover(
         )
     release = kernel_release if kernel_release is not None else os.uname().release
     custom = firmware_class_path if firmware_class_path is not None else _firmware_class_path()
-    return DriverFiles(
+    binaries, firmware, sockets = _binaries(fs), _firmware(fs, version, release, custom), _sockets(fs)
+    left_out = [lib.path for lib in libraries if unfit_name(lib.path, lib.soname)]
+    left_out += [f.path for f in (*binaries, *firmware, *sockets) if unfit_name(f.path, f.source)]
+    files = DriverFiles(
         version=version,
-        libraries=libraries,
-        binaries=tuple(_binaries(fs)),
-        firmware=tuple(_firmware(fs, version, release, custom)),
-        sockets=tuple(_sockets(fs)),
+        libraries=tuple(lib for lib in libraries if lib.path not in left_out),
+        binaries=tuple(f for f in binaries if f.path not in left_out),
+        firmware=tuple(f for f in firmware if f.path not in left_out),
+        sockets=tuple(f for f in sockets if f.path not in left_out),
+        left_out=tuple(left_out),
     )
+    return replace(files, world_writable=tuple(_world_writable(fs, files)))
+
+
+def _world_writable(fs: DriverRootFs, files: DriverFiles) -> Iterator[str]:
+    """The libraries, binaries and firmware files (their real files) that any user on the host may write:
+    every container would run what such a user put there. Sockets are writable by design."""
+    for path in [lib.path for lib in files.libraries] + [f.source for f in (*files.binaries, *files.firmware)]:
+        try:
+            if os.stat(fs.host(path)).st_mode & stat.S_IWOTH:
+                yield path
+        except OSError:
+            continue
 
 
 def _library_paths(fs: DriverRootFs) -> Iterator[tuple[str, str]]:
@@ -249,10 +268,8 @@ def is_elf(path: Path) -> bool:
         return False
 
 
-def _binaries(fs: DriverRootFs) -> Iterator[File]:
-    for name in BINARIES:
-        if (found := find_binary(fs, name)) is not None:
-            yield found
+def _binaries(fs: DriverRootFs) -> list[File]:
+    return [found for name in BINARIES if (found := find_binary(fs, name)) is not None]
 
 
 def _firmware_class_path() -> str:
@@ -269,7 +286,11 @@ def firmware_dirs(release: str, custom: str) -> tuple[str, ...]:
     return tuple(d.strip("/") for d in dirs)
 
 
-def _firmware(fs: DriverRootFs, version: str, release: str, custom: str) -> Iterator[File]:
+def _firmware(fs: DriverRootFs, version: str, release: str, custom: str) -> list[File]:
+    return list(_firmware_files(fs, version, release, custom))
+
+
+def _firmware_files(fs: DriverRootFs, version: str, release: str, custom: str) -> Iterator[File]:
     seen: set[str] = set()
     for folder in firmware_dirs(release, custom):
         path = f"{folder}/nvidia/{version}"
@@ -283,7 +304,11 @@ def _firmware(fs: DriverRootFs, version: str, release: str, custom: str) -> Iter
                 yield File(f"{path}/{name}", real)
 
 
-def _sockets(fs: DriverRootFs) -> Iterable[File]:
+def _sockets(fs: DriverRootFs) -> list[File]:
+    return list(_socket_files(fs))
+
+
+def _socket_files(fs: DriverRootFs) -> Iterable[File]:
     for name in SOCKETS:
         for folder in SOCKET_DIRS:
             path = f"{folder}/{name}"

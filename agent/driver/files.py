@@ -71,6 +71,8 @@ class DriverFiles:
     binaries: tuple[File, ...] = ()
     firmware: tuple[File, ...] = ()
     sockets: tuple[File, ...] = ()
+    world_writable: tuple[str, ...] = ()  # mounted files anyone on the host may change (a warning, not left out)
+    left_out: tuple[str, ...] = ()  # files whose name `nvidia-cdi-hook` arguments cannot carry (`unfit_name`)
 
     @property
     def library_dirs(self) -> tuple[str, ...]:
@@ -79,6 +81,16 @@ class DriverFiles:
     @property
     def missing(self) -> tuple[str, ...]:
         return missing_names(self)
+
+
+# nvidia-cdi-hook takes `--link target::link` and `--folder path`, and splits a flag's value at commas (its
+# CLI's string slices): a path holding one of these would be cut into other paths, or end a line early.
+UNFIT_IN_HOOK_ARGS = ("::", ",", "\n", "\r")
+
+
+def unfit_name(*paths: str | None) -> bool:
+    """Whether any of `paths` holds something the hook's argument syntax cannot carry."""
+    return any(bad in p for p in paths if p for bad in UNFIT_IN_HOOK_ARGS)
 
 
 def library_stem(file_name: str) -> str:

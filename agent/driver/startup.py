@@ -40,7 +40,9 @@ def set_up(driver_root: Path, host_driver_root: str, version: str, hook_path: st
 
 
 def log_setup(setup: DriverSetup) -> None:
-    """One record of what the specs will carry, one warning naming what is missing, one for a missing hook."""
+    """One record of what the specs will carry, one warning naming what is missing, one for world-writable
+    files (agent.node also makes a Node Event and a metric of them), one for files left out, one for a
+    missing hook."""
     files = setup.files
     log.info(
         "driver %s files under %s (host path %s): %d libraries, %d binaries, %d firmware files, %d IPC sockets",
@@ -51,6 +53,16 @@ def log_setup(setup: DriverSetup) -> None:
         log.warning(
             "driver files not found under %s, so containers go without them: %s",
             setup.driver_root, ", ".join(files.missing),
+        )  # fmt: skip
+    if files.world_writable:
+        log.warning(
+            "driver files under %s are writable by every user on the host, and every container mounts them: %s; "
+            "make them writable by root alone", setup.driver_root, ", ".join(files.world_writable),
+        )  # fmt: skip
+    if files.left_out:
+        log.warning(
+            "driver files left out of the CDI specs, their names holding '::', ',' or a line break, which "
+            "nvidia-cdi-hook arguments cannot carry: %s", ", ".join(map(repr, files.left_out)),
         )  # fmt: skip
     if setup.hook is None:
         log.warning(

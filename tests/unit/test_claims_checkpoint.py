@@ -174,19 +174,26 @@ def test_a_failed_save_keeps_the_old_records_and_no_temp(
     assert records(tmp_path) == ["u1.json", "u2.json"]
 
 
-def test_a_corrupt_record_is_reported_with_its_path_and_the_remedy(tmp_path: pathlib.Path) -> None:
+def test_a_corrupt_record_is_fenced_with_its_path_the_remedy_and_the_devices_it_shows(tmp_path: pathlib.Path) -> None:
     store(tmp_path).save(sample())
     path = tmp_path / "claims" / "u1.json"
     path.write_bytes(path.read_bytes().replace(b"gpu-0", b"gpu-9"))
-    with pytest.raises(CheckpointCorrupt, match=f"{path}: checksum mismatch .* move it aside"):
-        store(tmp_path).load()
+    s = store(tmp_path)
+    cp = s.load()
+    assert set(cp.claims) == {"u2"}  # the other claim reads as ever
+    fenced = cp.fenced["u1"]
+    assert (fenced.path, fenced.devices) == (str(path), ("gpu-9",))
+    assert fenced.reason.startswith(f"{path}: checksum mismatch") and "move it aside" in fenced.reason
+    s.save(replace(cp, claims={}))  # a save never touches a fenced record
+    assert records(tmp_path) == ["u1.json"] and set(store(tmp_path).peek().fenced) == {"u1"}
 
 
-def test_a_record_under_another_claims_name_is_corrupt(tmp_path: pathlib.Path) -> None:
+def test_a_record_under_another_claims_name_is_fenced_under_its_name(tmp_path: pathlib.Path) -> None:
     store(tmp_path).save(sample())
     os.replace(tmp_path / "claims" / "u1.json", tmp_path / "claims" / "u9.json")
-    with pytest.raises(CheckpointCorrupt, match="holds claim u1, not the one its name says"):
-        store(tmp_path).load()
+    cp = store(tmp_path).load()
+    assert "holds claim u1, not the one its name says" in cp.fenced["u9"].reason
+    assert cp.fenced["u9"].devices == ("gpu-0",) and set(cp.claims) == {"u2"}
 
 
 def test_a_version_1_file_is_migrated_to_records(tmp_path: pathlib.Path) -> None:
@@ -230,9 +237,12 @@ def test_a_directory_where_a_checkpoint_file_belongs_is_one_sentence(tmp_path: p
         (tmp_path / "claims").write_text("not a directory")
     else:
         (tmp_path / where).mkdir(parents=True)
-    with pytest.raises(CheckpointCorrupt) as caught:
-        store(tmp_path).load()
-    message = str(caught.value)
+    if where == "claims/u1.json":  # one record: its claim alone is fenced
+        message = store(tmp_path).load().fenced["u1"].reason
+    else:
+        with pytest.raises(CheckpointCorrupt) as caught:
+            store(tmp_path).load()
+        message = str(caught.value)
     assert str(tmp_path / where) in message and "\n" not in message
     assert "directory" in message
 

@@ -385,20 +385,53 @@ def test_recover_repairs_every_kind_of_leftover(node: Node, monkeypatch: pytest.
     assert node.preparer().recover() == type(recovery)()  # nothing left to repair
 
 
-def test_a_corrupt_checkpoint_fails_every_claim_and_is_kept(node: Node) -> None:
-    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])
+def test_a_corrupt_record_fences_its_claim_alone_and_keeps_its_devices_held(node: Node) -> None:
+    # Tried: one prepared claim's record damaged (a flipped byte), then prepares and unprepares of it and of
+    # others. Before, every prepare and unprepare on the node failed with the checksum error.
+    ok(node.preparer().prepare([node.add(claim("uid-1"))])["uid-1"])  # gpu-0
+    ok(node.preparer().prepare([node.add(claim("uid-3", ["gpu-2"]))])["uid-3"])
     path = node.state_dir / "claims" / "uid-1.json"
-    damaged = path.read_bytes().replace(b"gpu-0", b"gpu-7")
+    damaged = path.read_bytes().replace(b"gpu-0", b"gpu-7")  # the salvaged device name is the damaged one
+    damaged = damaged.replace(b'"gpu-7","cdiDeviceIDs"', b'"gpu-0","cdiDeviceIDs"')  # only the id is hit
     path.write_bytes(damaged)
-    refs = [ClaimRef("default", "uid-1", "claim-uid-1"), node.add(claim("uid-2", ["gpu-1"]))]
-    results = node.preparer().prepare(refs)
-    assert all(f"{path}: checksum mismatch" in r.error for r in results.values())
-    # The refusal says what to do about it.
-    assert all("move it aside to reset (the kubelet prepares its claims again)" in r.error for r in results.values())
-    assert all("checksum mismatch" in e for e in node.preparer().unprepare(refs).values())
-    assert path.read_bytes() == damaged  # evidence kept; prepared claims not forgotten
-    path.rename(node.root / "aside.json")  # the remedy: the kubelet prepares uid-1 again
-    assert all(not r.error for r in node.preparer().prepare(refs).values())
+    told: list[tuple[Any, ...]] = []
+    fenced: list[int] = []
+    preparer = node.preparer()
+    preparer.notify = lambda *event: told.append(event)
+    preparer.on_fenced = fenced.append
+    one = ClaimRef("default", "uid-1", "claim-uid-1")
+    results = preparer.prepare([one, node.add(claim("uid-2", ["gpu-1"])), node.add(claim("uid-4", ["gpu-0"]))])
+    assert f"{path}: checksum mismatch" in results["uid-1"].error
+    assert "move it aside to reset (the kubelet prepares its claims again)" in results["uid-1"].error
+    assert "(it holds gpu-0); the claim is fenced until then" in results["uid-1"].error
+    ok(results["uid-2"])  # other claims go on
+    assert results["uid-4"].error.startswith("device gpu-0 stays held: the checkpoint record of claim uid-1 cannot")
+    errors = preparer.unprepare([one, ClaimRef("default", "uid-3", "claim-uid-3")])
+    assert errors["uid-3"] == "" and "checksum mismatch" in errors["uid-1"] and "not unprepared until then" in (
+        errors["uid-1"])
+    assert cdi.spec_file_name("uid-1") in node.spec_files()  # its containers may still need it
+    preparer.recover()  # a restart keeps it too
+    assert cdi.spec_file_name("uid-1") in node.spec_files()
+    assert path.read_bytes() == damaged  # evidence kept; the prepared claim not forgotten
+    assert [(t[0], t[1], t[2]) for t in told] == [(None, "Warning", "ClaimRecordFenced")]  # told once, on the Node
+    assert "cannot be trusted" in told[0][3] and fenced[-1] == 1
+    path.rename(node.root / "aside.json")  # the remedy: the kubelet's retries go through
+    assert preparer.unprepare([one]) == {"uid-1": ""}
+    assert cdi.spec_file_name("uid-1") not in node.spec_files()
+    ok(preparer.prepare([ClaimRef("default", "uid-4", "claim-uid-4")])["uid-4"])
+    assert fenced[-1] == 0
+
+
+@pytest.mark.parametrize("content", [b"\x00garbage", b"{}"], ids=["not-json", "no-data"])
+def test_a_stray_unreadable_record_fences_only_its_name(node: Node, content: bytes) -> None:
+    preparer = node.preparer()
+    (node.state_dir / "claims").mkdir(parents=True, exist_ok=True)
+    (node.state_dir / "claims" / "stray.json").write_bytes(content)
+    ok(preparer.prepare([node.add(claim("uid-1"))])["uid-1"])  # the devices it holds cannot be read: none held
+    error = preparer.prepare([node.add(claim("stray", ["gpu-1"]))])["stray"].error
+    assert "stray.json" in error and "the devices it holds cannot be read" in error
+    assert preparer.unprepare([ClaimRef("default", "uid-1", "claim-uid-1")]) == {"uid-1": ""}
+    assert node.preparer().holders() == []
 
 
 def _hold_lock(path: str, ready: Any, release: Any) -> None:

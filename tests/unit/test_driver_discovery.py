@@ -271,3 +271,32 @@ def test_the_drivers_elf_binary_wins_over_a_wrapper_script_earlier_in_the_folder
     assert smi.path == "usr/local/nvidia/bin/nvidia-smi"
     # with no ELF one anywhere, the first executable is still taken (the rest of the fake's are scripts)
     assert next(b for b in files.binaries if b.name == "nvidia-debugdump").path == "usr/bin/nvidia-debugdump"
+
+
+def test_world_writable_files_are_named_and_names_the_hook_cannot_carry_are_left_out(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tried: a library and a binary chmod o+w, and libraries named with '::', ',' and a newline. Before, all were
+    mounted without a word, and the odd names went into `--link a::b` arguments the hook splits differently."""
+    from agent.driver.startup import log_setup, set_up
+
+    root = fake_root(tmp_path)
+    files = discover(root, VERSION, kernel_release="6.1.0", firmware_class_path="")
+    cuda = next(lib for lib in files.libraries if lib.name.startswith("libcuda.so"))
+    (root / cuda.path).chmod(0o666)
+    (root / "usr/bin/nvidia-smi").chmod(0o777)
+    odd = ["libnvidia-odd::x.so", "libnvidia-odd,y.so", "libnvidia-odd\nz.so"]
+    for name in odd:
+        shutil.copy(root / cuda.path, root / cuda.directory / f"{name}.{VERSION}")
+    setup = set_up(root, "/", VERSION, None)
+    assert setup.files.world_writable == (cuda.path, "usr/bin/nvidia-smi")
+    assert sorted(setup.files.left_out) == sorted(f"{cuda.directory}/{n}.{VERSION}" for n in odd)
+    mounted = [m["containerPath"] for m in setup.edits["mounts"]]
+    assert f"/{cuda.path}" in mounted and "/usr/bin/nvidia-smi" in mounted  # still mounted: a warning, not a refusal
+    assert not any("odd" in p for p in mounted)
+    caplog.set_level("INFO")
+    log_setup(setup)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("writable by every user on the host" in w and cuda.path in w for w in warnings)
+    assert any("left out of the CDI specs" in w and "'" + f"{cuda.directory}/libnvidia-odd\\nz.so" in w
+               for w in warnings)  # fmt: skip
