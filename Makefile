@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# the test world (fakes, tests) is not in the product's wheel: the test venv finds it in the checkout
+	$(PY) -c 'import site, pathlib; pathlib.Path(site.getsitepackages()[0], "gpu_dra_agent_test_world.pth").write_text(str(pathlib.Path.cwd()) + "\n")'
 	touch $(STAMP)
 
 # The arbiter's core compiled with mypyc (native/compile.py): the same source run as C, its cycle about 1.6x
@@ -45,7 +47,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 demo: $(STAMP) $(COMPILED)
-	$(VENV)/bin/gpu-dra-agent demo
+	$(PY) -m fakes.demo
 
 proto: $(STAMP)
 	$(PY) proto/generate.py

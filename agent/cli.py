@@ -17,10 +17,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("agent.commands.node", "run the node agent: DRA kubelet plugin and ResourceSlice publisher"),
     "inventory": ("agent.commands.inventory", "print this node's GPU inventory"),
     "arbiter": ("agent.commands.arbiter", "run the queue arbiter: gangs admitted through the API, whole or not at all"),
-    "demo": ("agent.commands.demo", "run the whole driver against the embedded fakes"),
     "simulate": ("agent.commands.simulate", "run arbiter cycles on a cluster snapshot"),
     "replay-trace": ("agent.commands.replay_trace", "replay a GPU cluster trace under placement policies"),
 }
+
+# Libraries only some commands need, and the extra that installs them (the node agent and the arbiter need none)
+EXTRAS = {"numpy": "simulation", "jsonschema": "simulation"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +41,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            module = importlib.import_module(module_name)
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                extra = EXTRAS.get((exc.name or "").partition(".")[0])
+                if extra is None:
+                    raise
+                print(f"gpu-dra-agent {name}: needs {exc.name}, from the {extra!r} extra: "
+                      f"pip install 'gpu-dra-agent[{extra}]'", file=sys.stderr)
+                return 2
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
     args = parser.parse_args(raw)

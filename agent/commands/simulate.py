@@ -125,7 +125,11 @@ EXAMPLE = SCHEMA.with_name("example.json")
 
 def _check_schema(doc: object) -> None:
     """The snapshot format as documented (agent/arbiter/snapshot/snapshot.schema.json)."""
-    import jsonschema  # type: ignore[import-untyped]
+    try:
+        import jsonschema  # type: ignore[import-untyped]
+    except ModuleNotFoundError:
+        _fail("checking a snapshot needs jsonschema, from the 'simulation' extra: "
+              "pip install 'gpu-dra-agent[simulation]'")
 
     validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
     error = jsonschema.exceptions.best_match(validator.iter_errors(doc))

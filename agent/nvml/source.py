@@ -57,6 +57,18 @@ class NvmlSource:
         return discover(self.topology)
 
 
+def _fake_nvml() -> Any:
+    """The NVML fake: part of the test world (the checkout's `fakes`, or the image's test layer), never of the
+    product, so a node agent asked for it where it is not installed says so instead of failing on an import."""
+    try:
+        return importlib.import_module("fakes.nvml")  # only ever loaded when asked for
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("fakes", "fakes.nvml"):
+            raise
+        raise InvalidNvmlSpec("--nvml fake:<machine> needs the NVML fake, which is not installed: it belongs to the "
+                              "tests (a checkout's test venv, or the image's test layer); use --nvml real") from None
+
+
 @contextmanager
 def open_nvml(spec: str | NvmlSpec) -> Iterator[NvmlSource]:
     """Install the fake if asked, initialise NVML, and undo both on exit."""
@@ -64,7 +76,7 @@ def open_nvml(spec: str | NvmlSpec) -> Iterator[NvmlSource]:
     with ExitStack() as stack:
         fake = None
         if parsed.machine is not None:
-            fakes_nvml = importlib.import_module("fakes.nvml")  # only ever loaded when asked for
+            fakes_nvml = _fake_nvml()
             try:
                 fake = fakes_nvml.install(parsed.machine)
             except ValueError as exc:  # an unknown machine name: the flag is wrong

@@ -65,10 +65,10 @@ class Kubectl:
     ) -> Json:
         data = None if body is None else json.dumps(body).encode()
         # The scheme is checked in __init__: only http(s) reaches urlopen.
-        request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310
+        request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 result: Json = json.loads(response.read())
                 return result
         except urllib.error.HTTPError as e:

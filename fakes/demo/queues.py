@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.arbiter.names import GATE
-from agent.demo import report
 from agent.kube.rest import EVENTS, PODS, QUEUES, RESOURCE_CLAIMS
 from fakes.cluster import FakeCluster, wait_for
+from fakes.demo import report
 
 
 def _say(*lines: str) -> None:

@@ -1,10 +1,14 @@
-"""`gpu-dra-agent demo`: the driver end to end against the embedded fakes, in a temporary directory.
+"""`python -m fakes.demo` (`make demo`): the driver end to end against the fakes, in a temporary directory.
+
+The demo drives the product from the test world (the fakes stand in for GPUs, the API server, the kubelet and
+the scheduler), so it lives here and never ships in the product's wheel or image.
+
 
 API server fake, Nodes and DeviceClasses, the real node agent as a subprocess per fake machine, the kubelet
 fake, claims from daemonset/examples allocated by the fake scheduler and prepared through the kubelet, then
 unprepared, and the agents stopped with SIGTERM. Claims that cannot all fit at once run in rounds: what
 does not fit waits for the next round; what fits in no round is reported unsatisfiable. Then the queue scene
-(agent.demo.queues): a gang admitted across two nodes by the arbiter, a burst over quota, and a reclaim when
+(fakes.demo.queues): a gang admitted across two nodes by the arbiter, a burst over quota, and a reclaim when
 the other team arrives.
 """
 
@@ -23,21 +27,26 @@ from typing import Any
 
 import yaml
 
-import agent
 import fakes.apiserver
 from agent.claims import cdi
 from agent.claims.types import ClaimRef, PrepareResult
-from agent.demo import mig, report
-from agent.demo.kubectl import Json, Kubectl, KubectlError
-from agent.demo.node import DRIVER, DemoError, DemoNode
-from agent.demo.queues import run_queue_scene
-from agent.demo.shares import run_share_scene
+from fakes.demo import mig, report
+from fakes.demo.kubectl import Json, Kubectl, KubectlError
+from fakes.demo.node import DRIVER, DemoError, DemoNode
+from fakes.demo.queues import run_queue_scene
+from fakes.demo.shares import run_share_scene
 from fakes.kubelet import KubeletError
 from fakes.nvml.binaries import install_driver_root
 from fakes.scheduler import FakeScheduler, Unsatisfiable
 
 NAMESPACE = "default"
 DEFAULT_MACHINES = ("dgx-h100", "mixed-mig")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fakes.demo", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    manifests: Path = args.manifests or Path(agent.__file__).resolve().parent.parent / "daemonset"
+    manifests: Path = args.manifests or Path(__file__).resolve().parents[2] / "daemonset"
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-dra-demo-"))
     ok = False
     try:
@@ -65,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             Demo(stack, manifests, workdir, tuple(args.machine or DEFAULT_MACHINES), args.verbose).run()
         ok = True
     except (DemoError, KubectlError, KubeletError, OSError) as exc:
-        print(f"\ngpu-dra-agent demo: {exc}", file=sys.stderr)
+        print(f"\ndemo: {exc}", file=sys.stderr)
     finally:
         if ok and not args.keep and args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -104,7 +113,7 @@ class Demo:
         self.scheduler = FakeScheduler(server.rest())
         classes = self._apply_device_classes(kubectl)
         _say(
-            f"gpu-dra-agent demo (work directory {self.workdir})",
+            f"gpu-dra-agent, the demo (work directory {self.workdir})",
             "",
             self._heading("Cluster"),
             f"  API server fake  {server.url}",

@@ -11,10 +11,10 @@ import yaml
 
 from agent.claims import cdi
 from agent.claims.types import ClaimRef
-from agent.demo import report
-from agent.demo.kubectl import Json, Kubectl
-from agent.demo.node import DRIVER, DemoError, DemoNode
 from agent.devices import shares
+from fakes.demo import report
+from fakes.demo.kubectl import Json, Kubectl
+from fakes.demo.node import DRIVER, DemoError, DemoNode
 from fakes.scheduler import FakeScheduler
 
 NAMESPACE = "default"

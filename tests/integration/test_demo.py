@@ -1,4 +1,4 @@
-"""`gpu-dra-agent demo` end to end: real agent subprocesses, API server fake, kubelet fake, fake scheduler."""
+"""`make demo` (`python -m fakes.demo`) end to end: real agent subprocesses, API server, kubelet and scheduler fakes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.cli import main
+from fakes.demo.run import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "daemonset" / "examples"
 CLAIM_LINE = re.compile(r"^  (\S+)  \(node (\S+), uid (\S+)\)$", re.MULTILINE)
@@ -41,7 +41,7 @@ def assert_gone(pid: int) -> None:
 
 
 def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["demo"])
+    code = main([])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     sections = [int(n) for n in re.findall(r"^== (\d+)\. ", out, re.MULTILINE)]
@@ -97,7 +97,7 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
 
 
 def test_demo_on_dgx_h100_alone_calls_the_mig_claim_unsatisfiable(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["demo", "--machine", "dgx-h100"])
+    code = main(["--machine", "dgx-h100"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     assert re.search(r"mig-1g10gb: unsatisfiable: .*no matching device", out)
@@ -107,10 +107,10 @@ def test_demo_on_dgx_h100_alone_calls_the_mig_claim_unsatisfiable(capsys: pytest
 
 def test_demo_fails_cleanly_when_the_agent_cannot_start(capsys: pytest.CaptureFixture[str], short_dir: Path) -> None:
     # Tried: a machine the NVML fake does not know; the agent exits at once.
-    code = main(["demo", "--machine", "no-such-machine", "--workdir", str(short_dir)])
+    code = main(["--machine", "no-such-machine", "--workdir", str(short_dir)])
     captured = capsys.readouterr()
     assert code == 1
-    assert "gpu-dra-agent demo: the agent on node-0-no-such-machine exited" in captured.err
+    assert "demo: the agent on node-0-no-such-machine exited" in captured.err
     assert "no-such-machine" in (short_dir / "node-0-no-such-machine" / "agent.log").read_text()
     assert f"work directory kept: {short_dir}" in captured.out
 
@@ -118,6 +118,6 @@ def test_demo_fails_cleanly_when_the_agent_cannot_start(capsys: pytest.CaptureFi
 def test_demo_refuses_a_workdir_too_deep_for_unix_sockets(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Tried: a work directory whose socket paths would pass the 107-byte unix socket limit.
     deep = tmp_path / ("d" * 80)
-    code = main(["demo", "--machine", "dgx-h100", "--workdir", str(deep)])
+    code = main(["--machine", "dgx-h100", "--workdir", str(deep)])
     assert code == 1
     assert "too long for a unix socket" in capsys.readouterr().err
