@@ -21,6 +21,7 @@ import yaml
 
 from agent import files
 from agent.claims.types import uid_problem
+from agent.devices.names import InvalidDeviceName, parse_device_name
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,24 @@ def device_id(claim_uid: str, device_name: str, share_id: str = "") -> str:
 
 def cdi_name(claim_uid: str, device_name: str, share_id: str = "") -> str:
     return f"{claim_uid}-{device_name}" + (f"-{share_id}" if share_id else "")
+
+
+def device_names(spec: Mapping[str, Any], claim_uid: str) -> tuple[str, ...]:
+    """The DRA device names a claim's spec gives containers (its CDI names without the uid and any shareID)."""
+    found: dict[str, None] = {}
+    for device in spec.get("devices") or ():
+        name = str(device.get("name", "")) if isinstance(device, Mapping) else ""
+        if not name.startswith(f"{claim_uid}-"):
+            continue
+        parts = name[len(claim_uid) + 1 :].split("-")
+        for end in range(len(parts), 0, -1):  # the longest leading part that is a device name (a shareID follows)
+            try:
+                parse_device_name("-".join(parts[:end]))
+            except InvalidDeviceName:
+                continue
+            found["-".join(parts[:end])] = None
+            break
+    return tuple(found)
 
 
 # --- MIG capability device nodes ------------------------------------------------------------------------

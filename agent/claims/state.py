@@ -23,6 +23,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agent.claimconfig.config import (
     MIG_DEVICE_CONFIG,
     ConfigError,
@@ -169,7 +171,17 @@ class ClaimStates:
                 self.specs.remove(uid)
             cp = Checkpoint(self._boot_id, fenced=cp.fenced)  # a fenced record is no one's to void
             self.checkpoints.save(cp)
+        for uid, fenced in cp.fenced.items():
+            if not fenced.devices:  # nothing readable in it: the devices its CDI spec gives containers stay held
+                cp.fenced[uid] = replace(fenced, devices=self._spec_devices(uid))
         return cp
+
+    def _spec_devices(self, uid: str) -> tuple[str, ...]:
+        try:
+            spec = yaml.safe_load(self.specs.path(uid).read_text())
+        except (OSError, ValueError, yaml.YAMLError):  # no spec (or none readable), or a uid no file may have
+            return ()
+        return cdi.device_names(spec, uid) if isinstance(spec, dict) else ()
 
     # --- prepare ------------------------------------------------------------------------------------
 

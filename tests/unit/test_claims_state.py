@@ -422,6 +422,18 @@ def test_a_corrupt_record_fences_its_claim_alone_and_keeps_its_devices_held(node
     assert fenced[-1] == 0
 
 
+def test_an_unreadable_record_holds_the_devices_its_spec_names(node: Node) -> None:
+    # Tried: a prepared claim's record overwritten with garbage (nothing in it names a device). Its CDI spec
+    # still names them, and a share keeps its shareID out of the device name.
+    preparer = node.preparer()
+    ok(preparer.prepare([node.add(claim("uid-1", ["gpu-0", MIG0]))])["uid-1"])
+    (node.state_dir / "claims" / "uid-1.json").write_bytes(b"\x00garbage")
+    assert sorted(d for d, _ in node.preparer().holders()) == ["gpu-0", MIG0]
+    assert node.preparer().prepare([node.add(claim("uid-2", [MIG0]))])["uid-2"].error.startswith(
+        f"device {MIG0} stays held")
+    assert cdi.device_names({"devices": [{"name": "u-gpu-3-0b7c1a9e-1f2d-4c3b-9a8e-7d6c5b4a3f21"}]}, "u") == ("gpu-3",)
+
+
 @pytest.mark.parametrize("content", [b"\x00garbage", b"{}"], ids=["not-json", "no-data"])
 def test_a_stray_unreadable_record_fences_only_its_name(node: Node, content: bytes) -> None:
     preparer = node.preparer()
