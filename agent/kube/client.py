@@ -18,6 +18,8 @@ from urllib.parse import urlencode
 
 import urllib3
 
+from agent.kube import writegate
+
 # (connect, read) seconds for every call: a stalled API server must fail a prepare, not hang it while the
 # node lock is held.
 REQUEST_TIMEOUT = (5.0, 30.0)
@@ -208,6 +210,7 @@ class Client:
             urllib3.ProxyManager(server.proxy_url, maxsize=pool_size, **tls) if server.proxy_url
             else urllib3.PoolManager(maxsize=pool_size, **tls)
         )
+        writegate.install(self._pool)  # a gated write is checked again right before its bytes are sent
 
     def request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes | None = None,
                 headers: Mapping[str, str] | None = None, timeout: tuple[float, float] | float | None = None,

@@ -14,6 +14,7 @@ from typing import Any
 
 from urllib3.exceptions import HTTPError
 
+from agent.kube import writegate
 from agent.kube.client import Client
 from agent.kube.errors import ApiError, Gone, NotFound, call, translate
 
@@ -97,10 +98,12 @@ class Rest:
             headers["Content-Type"] = content_type
             payload = json.dumps(body).encode()
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
-        if method != "GET" and self.write_gate is not None:
-            self.write_gate()  # last, right before sending: the least time between the check and the write
-        response = call(lambda: self.client.request(method, path, query=params, body=payload, headers=headers,
-                                                    timeout=timeout, stream=stream, retries=self._retries))
+        gate = self.write_gate if method != "GET" else None
+        if gate is not None:
+            gate()  # refused before any work; checked again right before each send of its bytes (writegate)
+        with writegate.guarded(gate):
+            response = call(lambda: self.client.request(method, path, query=params, body=payload, headers=headers,
+                                                        timeout=timeout, stream=stream, retries=self._retries))
         if response.status >= 400:
             data = call(response.read) if stream else response.data
             response.release_conn()

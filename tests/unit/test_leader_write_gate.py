@@ -7,6 +7,7 @@ before the gate, a resumed leader sent its pending claim and pod writes after a 
 
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Any
 
@@ -120,3 +121,34 @@ def test_timings_that_would_let_two_leaders_write_are_refused(lease: float, rene
                                                               retry: float) -> None:
     with pytest.raises(ValueError, match="retry period .* < renew deadline .* < lease duration"):
         check_timings(lease, renew_deadline, retry)
+
+
+def test_a_write_that_waited_after_its_first_check_is_checked_again_before_its_bytes_leave() -> None:
+    """Between the client's check and the send a write may wait (the rate limiter, the GIL, a pause): the
+    gate is consulted again on the send, and a refusal there sends nothing (the connection is closed)."""
+    received = bytearray()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def serve() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                while chunk := connection.recv(65536):
+                    received.extend(chunk)
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        checks = []
+
+        def lost_while_waiting() -> None:  # the first check passes; by the send the Lease is gone
+            checks.append(1)
+            if len(checks) > 1:
+                raise NotLeading(0, "not writing: lost the Lease meanwhile")
+
+        rest = Rest(Client(Server(f"http://127.0.0.1:{port}")), retries=False).gated(lost_while_waiting)
+        with pytest.raises(NotLeading):
+            rest.patch(PODS, "ns", "pod", {"metadata": {"labels": {"x": "1"}}})
+        server.join(timeout=5)
+    assert len(checks) == 2 and bytes(received) == b""

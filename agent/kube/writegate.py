@@ -1,0 +1,72 @@
+"""The last check of a write before its bytes leave the process (agent.kube.rest's `write_gate`).
+
+Rest checks its write gate before a request; the request may then wait (the rate limiter, a Retry-After, the
+GIL behind the other threads) long enough for a paused leader to lose its Lease meanwhile. So the gate is
+checked again on every send of the request's bytes, right before the socket call, and a refused send closes
+the connection: the server never gets a whole request. What is left is a pause between that check and the
+socket call, a few bytecodes wide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+_local = threading.local()  # the gate of the request this thread is sending, if any
+
+
+@contextlib.contextmanager
+def guarded(gate: Callable[[], None] | None) -> Iterator[None]:
+    """Every send this thread makes inside the block passes `gate` first (None: no check)."""
+    previous = getattr(_local, "gate", None)
+    _local.gate = gate
+    try:
+        yield
+    finally:
+        _local.gate = previous
+
+
+def _send(connection: HTTPConnection, data: Any, send: Callable[[Any], None]) -> None:
+    gate: Callable[[], None] | None = getattr(_local, "gate", None)
+    sock = connection.sock
+    if gate is None:
+        send(data)
+        return
+    try:
+        gate()
+    except BaseException:
+        connection.close()  # whatever part of the request went out stays incomplete: the server drops it
+        raise
+    if sock is not None and isinstance(data, bytes | bytearray | memoryview):
+        sock.sendall(data)  # nothing between the check and the socket call
+    else:
+        send(data)
+
+
+class _GatedHTTPConnection(HTTPConnection):
+    def send(self, data: Any) -> None:
+        _send(self, data, super().send)
+
+
+class _GatedHTTPSConnection(HTTPSConnection):
+    def send(self, data: Any) -> None:
+        _send(self, data, super().send)
+
+
+class _GatedPool(HTTPConnectionPool):
+    ConnectionCls = _GatedHTTPConnection
+
+
+class _GatedTlsPool(HTTPSConnectionPool):
+    ConnectionCls = _GatedHTTPSConnection
+
+
+def install(manager: urllib3.PoolManager) -> None:
+    """Make `manager`'s connections consult the gate of `guarded` on every send."""
+    manager.pool_classes_by_scheme = {"http": _GatedPool, "https": _GatedTlsPool}
