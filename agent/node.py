@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.arbiter.names import ARBITER_USER, RESERVATION_AUDIENCE
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.sharing import ClaimSharing
 from agent.claims.state import holders
@@ -71,7 +72,8 @@ class NodeConfig:
     nvidia_cdi_hook_path: str | None = None  # host path of nvidia-cdi-hook; None: NVIDIA's install paths
     dev_root: Path = Path("/")  # where the host's /dev/nvidia* nodes are (the CDI specs' hostPath beneath it)
     reservation_address: str | None = None  # HOST:PORT for the arbiter's reservation API; None: not served
-    reservation_token: str = ""  # the bearer token the arbiter presents (required with an address)
+    reservation_audience: str = RESERVATION_AUDIENCE  # the arbiter's token is for it (TokenReview)
+    arbiter_user: str = ARBITER_USER  # the one user that may reserve devices
     node_ip: str | None = None  # advertised instead of 0.0.0.0
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
     mps_watch_interval_s: float = 2.0  # how often the MPS daemons of prepared claims are checked (their pids)
@@ -239,11 +241,14 @@ class NodeAgent:
         if self.config.reservation_address:
             # imported only when served: the allocator and its CEL library cost the daemon's start-up otherwise
             from agent.arbiter.node_service import NodeReservations
+            from agent.arbiter.reservation_auth import TokenReviewer
 
+            reviewer = TokenReviewer(self._rest, audience=self.config.reservation_audience,
+                                     username=self.config.arbiter_user)
             self.reservations = NodeReservations(
                 node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
                 prepared=self._preparer.holders,
-                unhealthy=lambda: list(self._unhealthy), token=self.config.reservation_token, rest=self._rest,
+                unhealthy=lambda: list(self._unhealthy), token=reviewer, rest=self._rest,
                 share_mode=self.config.share_mode,
             )
             self.reservations.start(self.config.reservation_address, self.config.node_ip)

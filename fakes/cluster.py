@@ -27,8 +27,9 @@ from typing import Any
 import yaml
 
 from agent.arbiter.controller import Arbiter, ArbiterConfig
-from agent.arbiter.names import GATE, QUEUE_LABEL
+from agent.arbiter.names import ARBITER_USER, GATE, QUEUE_LABEL, RESERVATION_AUDIENCE
 from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
+from agent.arbiter.reservation_auth import TokenFile, TokenReviewer
 from agent.devices.model import Inventory
 from agent.devices.shares import ShareMode
 from agent.kube.errors import ApiError, Conflict
@@ -56,6 +57,7 @@ DRIVER = "gpu.nvidia.com"
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
 DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
 NAMESPACES = Resource("", "v1", "namespaces", False)
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", True)
 
 _inventories: dict[str, Inventory] = {}
 
@@ -76,6 +78,22 @@ def _manifest(*names: str) -> list[dict[str, Any]]:
     raise FileNotFoundError(f"none of {names} under {DAEMONSET}")
 
 
+def arbiter_token(rest: Rest, expiration_s: int = 3600) -> str:
+    """A TokenRequest for the arbiter's ServiceAccount (created, with its namespace, when missing) for the node
+    agents' audience: what kubelet projects into the arbiter's pod."""
+    namespace, account = ARBITER_USER.split(":")[2:]
+    with contextlib.suppress(Conflict):
+        rest.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    with contextlib.suppress(Conflict):
+        rest.create(SERVICE_ACCOUNTS, namespace, {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                  "metadata": {"name": account}})
+    token_request = Resource("", "v1", f"serviceaccounts/{account}/token", True)  # a POST to the subresource
+    answer = rest.create(token_request, namespace, {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [RESERVATION_AUDIENCE], "expirationSeconds": expiration_s}})
+    return str(answer["status"]["token"])
+
+
 class FakeCluster:
     def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti",
                  apiserver_process: bool = False, kubeconfig: pathlib.Path | None = None,
@@ -87,9 +105,8 @@ class FakeCluster:
         `kubeconfig`: use that API server instead (the real control plane, whose kube-controller-manager and
         kube-scheduler do what the stand-ins do here: none is started); `make_node` creates a Ready Node there."""
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="arbiter-cluster-"))
-        self.token = secrets.token_urlsafe(24)
+        self.token = ""  # the arbiter's service-account token, once rotate_token() has asked for one
         self.token_file = self.root / "token"
-        self.token_file.write_text(self.token)
         self.kubeconfig = kubeconfig or self.root / "kubeconfig"
         self._process: subprocess.Popen[str] | None = None
         self.server: apiserver.ApiServer | None = None
@@ -113,6 +130,7 @@ class FakeCluster:
                 self.rest.create(CRDS, None, crd)
         wait_for(lambda: _served(self.rest, QUEUES), timeout=30, what="the Queue CRD to be served")
         self.rest.list(POD_GROUPS)  # served: fail here, not in the first gang
+        self.rotate_token()
         for klass in _manifest("deviceclasses.yaml"):
             with contextlib.suppress(Conflict):
                 self.rest.create(DEVICE_CLASSES, None, klass)
@@ -148,8 +166,10 @@ class FakeCluster:
         for s in build_resource_slices(self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"],
                                        share_mode=self.share_mode):
             self.rest.create(RESOURCE_SLICES, None, s)
+        # as the node agent checks the arbiter: its service-account token, through TokenReview
         agent = NodeReservations(node_name=name, driver=DRIVER, inventory=lambda: self.inventory,
-                                 prepared=lambda: (), unhealthy=lambda: (), token=self.token, rest=self.rest,
+                                 prepared=lambda: (), unhealthy=lambda: (), token=TokenReviewer(self.rest),
+                                 rest=self.rest,
                                  claims=self.node_claims, share_mode=self.share_mode)
         agent.start("127.0.0.1:0")
         self.agents[name] = agent
@@ -158,7 +178,7 @@ class FakeCluster:
     def arbiter(self, config: ArbiterConfig | None = None, *, start: bool = True,
                 clock: Callable[[], float] = time.time) -> Arbiter:
         """An arbiter in this process, running its cycles in a thread (stopped with the cluster)."""
-        arbiter = Arbiter(self.rest, self.token, config or ArbiterConfig(period_s=0.2),
+        arbiter = Arbiter(self.rest, TokenFile(self.token_file), config or ArbiterConfig(period_s=0.2),
                           recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"), clock=clock)
         arbiter.start()
         stop = threading.Event()
@@ -195,6 +215,15 @@ class FakeCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def rotate_token(self, expiration_s: int = 3600) -> str:
+        """A new token of the arbiter's service account in `token_file`, as kubelet rotates a projected token:
+        a new file in its place. The old token stays valid until it expires, as on a real cluster."""
+        self.token = arbiter_token(self.rest, expiration_s)
+        fresh = self.token_file.with_name(f".token-{secrets.token_hex(4)}")
+        fresh.write_text(self.token)
+        fresh.replace(self.token_file)
+        return self.token
 
     # -- workloads ----------------------------------------------------------------------------------------
 

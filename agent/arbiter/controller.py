@@ -174,7 +174,7 @@ class NodeDirectory:
     raise CertificateMismatch, a NodeUnavailable), and no token is sent to it. `write_gate`: the API client's
     (Rest.write_gate), consulted before every Reserve, Confirm and Release too."""
 
-    def __init__(self, token: str, timeout_s: float = 5.0,
+    def __init__(self, token: str | Callable[[], str], timeout_s: float = 5.0,
                  fingerprint: Callable[[str], str] = lambda node: "",
                  write_gate: Callable[[], None] | None = None) -> None:
         self._token = token
@@ -217,7 +217,7 @@ class NodeDirectory:
 
 
 class Arbiter:
-    def __init__(self, rest: Rest, token: str, config: ArbiterConfig = ArbiterConfig(), *,
+    def __init__(self, rest: Rest, token: str | Callable[[], str], config: ArbiterConfig = ArbiterConfig(), *,
                  metrics: ArbiterMetrics | None = None, recorder: EventRecorder | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config

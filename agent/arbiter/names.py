@@ -19,3 +19,7 @@ COMPONENT = "gpu-dra-arbiter"  # Events' reportingComponent and the Lease's name
 FENCE_TAINT = "scheduling.gpu-dra-agent.io/arbiter"
 FENCE_RULE = "gpu-dra-agent-arbiter"
 DEFAULT_QUEUE = "default"  # where a gated pod that names no queue waits (the arbiter creates it when missing)
+# the audience of the service-account token the arbiter presents to the node agents, and whose token it must
+# be (the node agents check both through TokenReview)
+RESERVATION_AUDIENCE = "gpu-dra-agent-reservations"
+ARBITER_USER = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent-arbiter"

@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 
@@ -36,8 +35,8 @@ from agent.allocation.fragmentation import MILLI
 from agent.allocation.selectors import CelSelectors
 from agent.arbiter import reservation_grpc
 from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
-from agent.arbiter.reservation import NodeAllocatorService, ReservationBook
-from agent.arbiter.selector_worker import WorkerSelectors
+from agent.arbiter.reservation import Authenticator, NodeAllocatorService, ReservationBook
+from agent.arbiter.selector_worker import MAX_ADMITTED, WorkerSelectors
 from agent.arbiter.world import Json, allocated_devices, allocated_shares, share_gpus
 from agent.devices.model import Inventory
 from agent.devices.names import gpu_device_name
@@ -51,6 +50,9 @@ log = logging.getLogger(__name__)
 HOLD_CONFIRMED_S = 60.0  # see ReservationBook: the claim is in the API before the arbiter confirms
 POOL_INDEX = "pool"
 CERTIFICATE_DAYS = 366  # the agent makes a new one at every start; a year outlives any one run
+SERVER_THREADS = 8
+# Reserves with selectors may hold MAX_ADMITTED threads; the rest answer Capacity, Confirm and Release
+assert MAX_ADMITTED <= SERVER_THREADS - 2
 
 
 def self_signed(node_name: str, host: str) -> tuple[bytes, bytes]:
@@ -89,21 +91,6 @@ def claim_pools(driver: str) -> Callable[[Json], Iterable[str]]:
     return lambda claim: {pool for pool, _ in allocated_devices(claim, driver)}
 
 
-class TokenFileError(ValueError):
-    """The token file is missing, unreadable or empty."""
-
-
-def read_token(path: str | Path) -> str:
-    """The shared bearer token: the file's content without surrounding whitespace; never empty."""
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise TokenFileError(f"cannot read the reservation token file {path}: {e.strerror or e}") from e
-    if not token:
-        raise TokenFileError(f"the reservation token file {path} is empty: anonymous reservations are not allowed")
-    return token
-
-
 def split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -123,9 +110,11 @@ class NodeReservations:
 
     def __init__(self, *, node_name: str, driver: str, inventory: Callable[[], Inventory],
                  prepared: Callable[[], Iterable[tuple[str, str]]], unhealthy: Callable[[], Iterable[str]],
-                 token: str, rest: Rest, clock: Callable[[], float] = time.time,
-                 claims: Informer | None = None, share_mode: ShareMode | None = None) -> None:
-        """`prepared`: (device, "namespace/name" of its claim) of every device prepared here. `claims`: an
+                 token: str | Authenticator, rest: Rest, clock: Callable[[], float] = time.time,
+                 claims: Informer | None = None, share_mode: ShareMode | None = None,
+                 selectors: WorkerSelectors | None = None) -> None:
+        """`token`: who may call (agent.arbiter.reservation_auth.TokenReviewer; a str: one shared token, for
+        tests). `prepared`: (device, "namespace/name" of its claim) of every device prepared here. `claims`: an
         informer shared by several nodes in one process (fakes), indexed with `claim_pools` and calling
         `claim_seen` of the nodes its claims name; by default the node watches claims itself. `share_mode`:
         the capacities the node publishes its GPUs with (`--consumable-shares`), what a share is counted of."""
@@ -139,7 +128,7 @@ class NodeReservations:
         self._own_claims = claims is None
         self._claims = claims or Informer(rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: claim_pools(driver)},
                                           on_event=lambda _type, claim: self.claim_seen(claim))
-        self._selectors = WorkerSelectors()
+        self._selectors = selectors or WorkerSelectors()
         self.book = ReservationBook(inventory, self.usage, Allocator(CelSelectors()), clock,
                                     lambda: uuid.uuid4().hex, hold_confirmed_s=HOLD_CONFIRMED_S,
                                     holders=self.holders, sharers=self.sharers, evaluator=self._selectors)
@@ -209,7 +198,7 @@ class NodeReservations:
         host, port = split_address(address)
         advertised_host = advertised(host, port, node_ip).rpartition(":")[0]
         key, self.certificate = self_signed(self.node_name, advertised_host)
-        server = grpc.server(futures.ThreadPoolExecutor(8, thread_name_prefix="reservations"),
+        server = grpc.server(futures.ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="reservations"),
                              interceptors=[reservation_grpc.TokenInterceptor(self.service)])
         reservation_grpc.add_to_server(self.service, server)
         self.port = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, self.certificate)]))

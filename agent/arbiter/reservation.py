@@ -4,7 +4,8 @@ Agent: a ReservationBook holds devices for gang members for a TTL over the pure 
 count as taken for every later fit; expired reservations free themselves; a confirmed one is held until
 released. It is also the one place that says who else holds a device (`_others`): Confirm re-checks that a
 reservation still holds all its devices, and prepare asks it before taking a device (`reserved_for_other`).
-NodeAllocatorService puts bearer-token authentication in front of it (no anonymous call).
+NodeAllocatorService puts authentication in front of it (no anonymous call): an Authenticator checks the
+bearer token (the node agent's asks the API server, agent.arbiter.reservation_auth; the simulator shares one).
 Arbiter: GangCoordinator reserves every member of a gang on its node, commits only when all are reserved,
 and otherwise releases everything it got: never a partial gang. InProcessClient is the direct-call
 transport the simulator uses; reservation_grpc.py carries the same calls over gRPC.
@@ -41,6 +42,11 @@ class Unauthenticated(Exception):
 
 class NodeUnavailable(ConnectionError):
     """The node's reservation service could not be reached or did not answer in time."""
+
+
+class NodeBusy(NodeUnavailable):
+    """The node refused a Reserve at once because as many as it takes are already evaluating selectors: the
+    node is busy, the claim is not wrong; try again later (RESOURCE_EXHAUSTED marked busy on the wire)."""
 
 
 class UnknownReservation(KeyError):
@@ -204,6 +210,10 @@ class ReservationBook:
                 timeout_s: float | None = None) -> Reservation:
         """Hold devices for one gang member; raises NoFit when the node cannot take it, ValueError for a bad
         request (a selector included) and TimeoutError when its selectors outlast `timeout_s`."""
+        if not gang_id:
+            raise ValueError("gang_id is empty: a reservation belongs to a gang, which releases it")
+        if not member:
+            raise ValueError("member is empty: a reservation holds devices for one claim, which it must name")
         if not 0 < ttl_seconds <= MAX_TTL_SECONDS:  # also NaN, which compares false both ways
             raise ValueError(f"ttl_seconds must be more than 0 and at most {MAX_TTL_SECONDS:g}, got {ttl_seconds}")
         check_claim(claim)
@@ -274,20 +284,38 @@ def token_matches(presented: str | None, expected: str) -> bool:
     return hmac.compare_digest(presented.encode(), expected.encode())
 
 
-class NodeAllocatorService:
-    """The authenticated node-side API; every transport calls this with the bearer token it received."""
+class Authenticator(Protocol):
+    """Says whether a bearer token may call the node's reservation API: raises Unauthenticated when not, and
+    NodeUnavailable when it cannot tell now (the API server did not answer a TokenReview)."""
 
-    def __init__(self, book: ReservationBook, token: str) -> None:
+    def authenticate(self, bearer: str | None) -> None: ...
+
+
+class SharedToken:
+    """An Authenticator for one fixed token: the simulator and tests, where no API server issues tokens."""
+
+    def __init__(self, token: str) -> None:
         if not token:
             raise ValueError("the node allocator needs a token: anonymous reservations are not allowed")
-        self.book = book
         self._token = token
 
     def authenticate(self, bearer: str | None) -> None:
-        """Raises Unauthenticated unless `bearer` is the token: every transport calls it before it reads
-        anything else of the request."""
         if not token_matches(bearer, self._token):
             raise Unauthenticated("missing or wrong bearer token")
+
+
+class NodeAllocatorService:
+    """The authenticated node-side API; every transport calls this with the bearer token it received."""
+
+    def __init__(self, book: ReservationBook, auth: str | Authenticator) -> None:
+        """`auth`: who may call (a str: that one shared token)."""
+        self.book = book
+        self._auth = SharedToken(auth) if isinstance(auth, str) else auth
+
+    def authenticate(self, bearer: str | None) -> None:
+        """Raises Unauthenticated unless `bearer` may call: every transport calls it before it reads anything
+        else of the request."""
+        self._auth.authenticate(bearer)
 
     def reserve(self, bearer: str | None, gang_id: str, member: str, claim: Claim,  # noqa: PLR0917
                 ttl_seconds: float, timeout_s: float | None = None) -> Reservation:
@@ -386,8 +414,9 @@ class GangCoordinator:
                 except NoFit as e:
                     reason = f"member {m.member} does not fit on {m.node}: {e}"
                     break
-        except (UnknownReservation, Unauthenticated, OSError) as e:
-            reason = f"{type(e).__name__}: {e}"
+                except (UnknownReservation, Unauthenticated, OSError) as e:
+                    reason = f"node {m.node}: {type(e).__name__}: {e}"
+                    break
         except BaseException:
             self.release_all(held)
             raise
@@ -398,6 +427,7 @@ class GangCoordinator:
 
     def confirm_all(self, held: Held) -> str:
         """Confirm every reservation ("" on success); on failure release all and say why."""
+        node = ""
         try:
             for member, (node, r) in list(held.items()):
                 self.nodes[node].confirm(r.id)
@@ -405,7 +435,7 @@ class GangCoordinator:
                 held[member] = (node, dataclasses.replace(r, confirmed=True))
         except (UnknownReservation, Unauthenticated, OSError) as e:
             self.release_all(held)
-            return f"{type(e).__name__}: {e}"
+            return f"node {node}: {type(e).__name__}: {e}"
         except BaseException:
             self.release_all(held)
             raise

@@ -1,11 +1,13 @@
 """The reservation protocol over gRPC (proto/arbiter.proto): a servicer for the agent, a client for the arbiter.
 
-The bearer token travels as metadata `authorization: Bearer <token>`, over TLS: the arbiter trusts exactly
-the certificate whose SHA-256 fingerprint the node published on its Node (`pinned_channel`), so the token
-never reaches a server without that certificate's key. The token is checked before the request is even
-parsed (`TokenInterceptor`). The servicer maps errors to codes: UNAUTHENTICATED, RESOURCE_EXHAUSTED (does not
-fit), NOT_FOUND (unknown or expired), FAILED_PRECONDITION (Confirm: another claim took a device),
-INVALID_ARGUMENT (a bad request or selector), DEADLINE_EXCEEDED (selectors outlasted the caller's deadline).
+The bearer token (the arbiter's service-account token) travels as metadata `authorization: Bearer <token>`,
+exactly once, over TLS: the arbiter trusts exactly the certificate whose SHA-256 fingerprint the node published
+on its Node (`pinned_channel`), so the token never reaches a server without that certificate's key. The token
+is checked before the request is even parsed (`TokenInterceptor`). The servicer maps errors to codes:
+UNAUTHENTICATED, RESOURCE_EXHAUSTED (does not fit; or, with trailing metadata `gpu-dra-agent-busy`, the node
+is busy evaluating other Reserves' selectors), NOT_FOUND (unknown or expired), FAILED_PRECONDITION (Confirm:
+another claim took a device), INVALID_ARGUMENT (a bad request or selector), DEADLINE_EXCEEDED (selectors
+outlasted the caller's deadline), UNAVAILABLE (the node cannot check the token now).
 """
 
 from __future__ import annotations
@@ -24,21 +26,32 @@ from agent.allocation.allocator import Claim, DeviceRequest, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.reservation import (
     NodeAllocatorService,
+    NodeBusy,
     NodeUnavailable,
     Reservation,
     ReservationLost,
     Unauthenticated,
     UnknownReservation,
+    claim_of,
 )
 from agent.devices.names import parse_device_name
 
 T = TypeVar("T")
 BEARER = "bearer "
+BUSY = "gpu-dra-agent-busy"  # trailing metadata on a RESOURCE_EXHAUSTED that means "busy", not "does not fit"
 
 
 def claim_from_pb(req: pb.ReserveRequest) -> Claim:
+    """The request as the allocator reads it; ValueError for one that asks for nothing it could mean. proto3
+    cannot tell a count of 0 from none: both are refused (the arbiter always sends the count)."""
+    if claim_of(req.member) is None:
+        raise ValueError(f"member must be <namespace>/<pod>/<claim>, the ResourceClaim the devices are for, not "
+                         f"{req.member!r}: a reservation tied to no claim would block every prepare of its devices")
+    for r in req.requests:
+        if r.count < 1:
+            raise ValueError(f"request {r.name!r}: count must be at least 1, got {r.count}")
     return Claim(
-        tuple(DeviceRequest(r.name, r.device_class, tuple(r.selectors), r.count or 1, r.gpu_milli or None)
+        tuple(DeviceRequest(r.name, r.device_class, tuple(r.selectors), r.count, r.gpu_milli or None)
               for r in req.requests),
         tuple(req.match_attributes),
     )
@@ -72,9 +85,13 @@ def reservation_from_pb(resp: pb.ReserveResponse, gang_id: str, member: str) -> 
 
 
 def _bearer(metadata: Any) -> str | None:
-    for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str) and value.lower().startswith(BEARER):
-            return value[len(BEARER):]
+    """The bearer token of the one `authorization` entry (None without one); Unauthenticated when there are
+    two or more: which one a proxy or the server's checks would read is not for the caller to choose."""
+    values = [value for key, value in metadata or () if key == "authorization"]
+    if len(values) > 1:
+        raise Unauthenticated(f"{len(values)} authorization headers: send exactly one")
+    if values and isinstance(values[0], str) and values[0].lower().startswith(BEARER):
+        return values[0][len(BEARER):]
     return None
 
 
@@ -85,16 +102,20 @@ class TokenInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, service: NodeAllocatorService) -> None:
         self._service = service
 
+    @staticmethod
+    def _deny(code: grpc.StatusCode, message: str) -> Any:
         def deny(_request: bytes, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            context.abort(code, message)
 
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)  # no deserializer: the bytes stay unread
+        return grpc.unary_unary_rpc_method_handler(deny)  # no deserializer: the bytes stay unread
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         try:
             self._service.authenticate(_bearer(handler_call_details.invocation_metadata))
-        except Unauthenticated:
-            return self._deny
+        except Unauthenticated as e:
+            return self._deny(grpc.StatusCode.UNAUTHENTICATED, str(e))
+        except NodeUnavailable as e:  # the token could not be checked now (TokenReview failed)
+            return self._deny(grpc.StatusCode.UNAVAILABLE, str(e))
         return continuation(handler_call_details)
 
 
@@ -109,6 +130,11 @@ class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
             return fn(bearer)
         except Unauthenticated as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+        except NodeBusy as e:
+            context.set_trailing_metadata(((BUSY, "selectors"),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except NodeUnavailable as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         except NoFit as e:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ReservationLost as e:
@@ -190,22 +216,31 @@ def trusting_channel(address: str, certificate_pem: str, server_name: str) -> gr
 
 
 class GrpcNodeClient:
-    """NodeClient over a gRPC channel: RESOURCE_EXHAUSTED -> NoFit, NOT_FOUND -> UnknownReservation,
-    FAILED_PRECONDITION -> ReservationLost, UNAUTHENTICATED -> Unauthenticated; any other failure
-    (unreachable, deadline, a TLS handshake refused) -> NodeUnavailable."""
+    """NodeClient over a gRPC channel: RESOURCE_EXHAUSTED -> NoFit (NodeBusy when marked busy), NOT_FOUND ->
+    UnknownReservation, FAILED_PRECONDITION -> ReservationLost, UNAUTHENTICATED -> Unauthenticated; any other
+    failure (unreachable, deadline, a TLS handshake refused) -> NodeUnavailable.
 
-    def __init__(self, channel: grpc.Channel, token: str, timeout_s: float = 5.0) -> None:
+    `token`: the bearer token, or what reads it anew for each call (a projected token rotates)."""
+
+    def __init__(self, channel: grpc.Channel, token: str | Callable[[], str], timeout_s: float = 5.0) -> None:
         self._stub = pb_grpc.NodeAllocatorStub(channel)
-        self._metadata = (("authorization", f"Bearer {token}"),)
+        self._token = token if callable(token) else lambda: token
         self._timeout = timeout_s
 
     def _rpc(self, method: Callable[..., T], request: object) -> T:
         try:
-            return method(request, metadata=self._metadata, timeout=self._timeout)
+            metadata = (("authorization", f"Bearer {self._token()}"),)
+        except (OSError, ValueError) as e:  # the token file is gone or empty: nothing is sent without it
+            raise Unauthenticated(f"no token to send: {e}") from e
+        try:
+            return method(request, metadata=metadata, timeout=self._timeout)
         except grpc.RpcError as e:
             code = e.code() if isinstance(e, grpc.Call) else None
             detail = e.details() if isinstance(e, grpc.Call) else str(e)
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                trailing = (e.trailing_metadata() or ()) if isinstance(e, grpc.Call) else ()
+                if any(key == BUSY for key, _ in trailing):
+                    raise NodeBusy(f"node busy, try again later: {detail}") from e
                 raise NoFit(detail) from e
             if code == grpc.StatusCode.NOT_FOUND:
                 raise UnknownReservation(detail) from e

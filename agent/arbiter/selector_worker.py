@@ -8,6 +8,11 @@ whole outlasts the caller's gRPC deadline. The first Reserve with a selector sta
 interpreter and the `cel` import); a few idle ones are kept after, and a killed or crashed one is replaced on
 the next call. Reserves without selectors (the arbiter's own requests, unless a claim has some) need none.
 
+Each Reserve here holds one of the server's threads while it evaluates or waits for a worker, so at most
+MAX_ADMITTED do (MAX_WORKERS evaluating, MAX_WAITING queued); the next is refused at once (NodeBusy:
+RESOURCE_EXHAUSTED marked busy) rather than queued: the server keeps threads below that bound free, and
+Capacity, Confirm and Release never wait behind costly selectors (issue 33, item 10).
+
 The budget stands in for kube-apiserver's cost limit (agent.allocation.cel.MAX_COST, 1,000,000 units per
 expression and device): on the development machine cel-rust runs one step of `[..].all(c, a + b + c >= 0)`
 (about 7 units in cel-go: the step, three identifiers, three operators) in ~0.87 us, so the limit is ~0.12 s of
@@ -30,11 +35,14 @@ from typing import IO, Any
 
 from agent.allocation.cel import MAX_COST, DeviceSelector, MissingAttribute, SelectorError, check_length
 from agent.allocation.selectors import EvaluatedSelectors, device_key
+from agent.arbiter.reservation import NodeBusy
 
 PER_EVALUATION_S = 0.25  # one selector on one device; see the module docstring
 MAX_CALL_S = 10.0  # all of one Reserve's selectors, when the caller set no deadline
 IDLE_WORKERS = 2
 MAX_WORKERS = 4  # evaluating at once; more Reserves wait for one (within their deadline)
+MAX_WAITING = 2  # Reserves waiting for a worker; past this they are refused at once
+MAX_ADMITTED = MAX_WORKERS + MAX_WAITING  # server threads a Reserve with selectors may hold
 MEMORY_LIMIT = 1 << 30  # a worker's address space: a selector building huge lists fails instead of swapping
 
 
@@ -90,7 +98,9 @@ class WorkerSelectors:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_WORKERS)
+        self._admitted = threading.BoundedSemaphore(MAX_ADMITTED)
         self._closed = False
+        self.refused = 0  # Reserves refused as busy since start
 
     def _started(self, deadline: float) -> _Worker:
         with self._lock:
@@ -123,19 +133,30 @@ class WorkerSelectors:
         for e in expressions:  # cheap, and the same refusal the API server gives, before any process work
             check_length(e)
         deadline = time.monotonic() + min(MAX_CALL_S, timeout_s if timeout_s is not None else MAX_CALL_S)
-        if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise SelectorTimeout("the deadline passed while waiting for a selector worker")
+        if not self._admitted.acquire(blocking=False):
+            with self._lock:
+                self.refused += 1
+            raise NodeBusy(f"{MAX_ADMITTED} Reserves with selectors are already being evaluated or waiting here")
         try:
-            worker = self._started(deadline)
-            ok = False
+            if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise SelectorTimeout("the deadline passed while waiting for a selector worker")
             try:
-                answers = self._run(worker, expressions, devices, deadline)
-                ok = True
-                return EvaluatedSelectors(answers)
+                return self._evaluate(expressions, devices, deadline)
             finally:
-                self._give_back(worker, ok=ok)
+                self._slots.release()
         finally:
-            self._slots.release()
+            self._admitted.release()
+
+    def _evaluate(self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
+                  deadline: float) -> EvaluatedSelectors:
+        worker = self._started(deadline)
+        ok = False
+        try:
+            answers = self._run(worker, expressions, devices, deadline)
+            ok = True
+            return EvaluatedSelectors(answers)
+        finally:
+            self._give_back(worker, ok=ok)
 
     def _run(self, worker: _Worker, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
              deadline: float) -> dict[tuple[str, str], bool | str]:

@@ -21,7 +21,8 @@ from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
 from agent.arbiter.names import COMPONENT, DEFAULT_QUEUE
-from agent.arbiter.node_service import TokenFileError, read_token, split_address
+from agent.arbiter.node_service import split_address
+from agent.arbiter.reservation_auth import TokenFile, TokenFileError
 from agent.commands.options import option, switch
 from agent.commands.signals import stop_on_signals
 from agent.kube.errors import ApiError
@@ -36,7 +37,8 @@ log = logging.getLogger("agent.arbiter")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
     option(p, "--reservation-token-file", env="RESERVATION_TOKEN_FILE", default="",
-           help="file holding the bearer token the node agents expect (required)")
+           help="the arbiter's service-account token for the node agents (a projected token, audience "
+                "gpu-dra-agent-reservations), read again whenever it changes (required)")
     switch(p, "--leader-elect", env="LEADER_ELECT", default=False,
            help="decide only while holding the Lease (run several replicas)")
     option(p, "--leader-elect-namespace", env="POD_NAMESPACE", default="gpu-dra-agent", help="namespace of the Lease")
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.usage_k_value) and args.usage_k_value >= 0):
         return _fail("--usage-k-value must be a number at or above 0")
     try:
-        token = read_token(args.reservation_token_file)
+        token = TokenFile(args.reservation_token_file)
+        token()  # there and not empty at start; read again whenever kubelet rotates it
         metrics_at = split_address(args.metrics_addr) if args.metrics_addr else None
     except (TokenFileError, ValueError) as exc:
         return _fail(str(exc).replace("--reservation-addr", "--metrics-addr"))

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent import logs
+from agent.arbiter.names import ARBITER_USER, RESERVATION_AUDIENCE
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.commands import preflight
 from agent.commands.options import SETTING_EXIT, STARTUP_EXIT, option, switch
@@ -77,8 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
            help="seconds between slice resyncs, positive")
     option(p, "--reservation-addr", env="RESERVATION_ADDR", default="",
            help="HOST:PORT to serve the arbiter's reservation API on, empty to disable")
-    option(p, "--reservation-token-file", env="RESERVATION_TOKEN_FILE", default="",
-           help="file holding the bearer token the arbiter presents")
+    option(p, "--reservation-audience", env="RESERVATION_AUDIENCE", default=RESERVATION_AUDIENCE,
+           help="the audience the arbiter's service-account token must be for (checked through TokenReview)")
+    option(p, "--arbiter-user", env="ARBITER_USER", default=ARBITER_USER,
+           help="the only user that may reserve devices: the arbiter's service account, "
+                "system:serviceaccount:NAMESPACE:NAME")
     option(p, "--mig-config-file", env="MIG_CONFIG_FILE",
            help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's")
     switch(p, "--mig-reconfigure", env="MIG_RECONFIGURE", default=True,
@@ -103,17 +107,18 @@ def _config(args: argparse.Namespace) -> NodeConfig:
     for flag, value in (("--metrics-addr", args.metrics_addr), ("--healthcheck-addr", args.healthcheck_addr)):
         if value:
             preflight.address(flag, value)
-    token = ""
     if args.reservation_addr:
-        from agent.arbiter.node_service import TokenFileError, read_token, split_address
+        from agent.arbiter.node_service import split_address
 
         try:
             split_address(args.reservation_addr)
-            if not args.reservation_token_file:
-                raise TokenFileError("--reservation-addr needs --reservation-token-file: no anonymous reservations")
-            token = read_token(args.reservation_token_file)
         except ValueError as exc:
             raise StartupError(str(exc)) from None
+        if not args.reservation_audience:
+            raise StartupError("--reservation-audience may not be empty: a token for any audience would do")
+        user = args.arbiter_user
+        if len(user.split(":")) != 4 or not user.startswith("system:serviceaccount:") or not all(user.split(":")):
+            raise StartupError(f"--arbiter-user must be system:serviceaccount:NAMESPACE:NAME, not {user!r}")
     try:
         share_mode = shares.parse_mode(args.consumable_shares)
     except shares.ShareError as exc:
@@ -149,7 +154,8 @@ def _config(args: argparse.Namespace) -> NodeConfig:
             else None
         ),
         reservation_address=args.reservation_addr or None,
-        reservation_token=token,
+        reservation_audience=args.reservation_audience,
+        arbiter_user=args.arbiter_user,
         node_ip=os.environ.get("NODE_IP") or None,  # advertised for a 0.0.0.0 --reservation-addr; no flag
         mig_configs=mig_configs,
     )

@@ -27,6 +27,7 @@ from .faults import Faults
 from .resources import Registry, ResourceType
 from .selectors import field_selector, label_selector
 from .store import Event, Store, namespace_of
+from .tokens import Tokens
 from .versions import KubernetesVersion, default_version
 
 _BODY_TYPES = ("application/json", "application/yaml", "application/json-patch+json",
@@ -67,6 +68,7 @@ class ApiServer:
         self.store = Store(self.registry, history)
         self.api = Api(self.registry, self.store, self.version, validate=validate)
         self.faults = Faults()
+        self.tokens = Tokens()  # service-account tokens: TokenRequest and TokenReview
         self._openapi_cache: dict[tuple[str, int], dict[str, Any]] = {}
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
@@ -269,6 +271,10 @@ class _Handler(BaseHTTPRequestHandler):
         if parts == ["apis"]:
             return 200, {"kind": "APIGroupList", "apiVersion": "v1",
                          "groups": [_group(g, vs) for g, vs in sorted(registry.groups().items())]}
+        if method == "POST" and (parts == ["apis", "authentication.k8s.io", "v1", "tokenreviews"] or (
+                parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 7 and parts[4:7:2] == ["serviceaccounts",
+                                                                                                  "token"])):
+            return self._tokens(parts, raw)
         if parts[:1] == ["api"] and len(parts) >= 2:
             group, version, rest = "", parts[1], parts[2:]
         elif parts[:1] == ["apis"] and len(parts) >= 2:
@@ -345,6 +351,14 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "DELETE" and not sub:
             return 200, api.delete(rt, ns, name, body)
         raise ApiError(405, f"{method} is not allowed on {path}")
+
+    def _tokens(self, parts: list[str], raw: bytes) -> tuple[int, Any]:
+        """TokenReview, or a TokenRequest for the ServiceAccount parts[5] in namespace parts[3]."""
+        body = parse_json(raw) if raw else None
+        if parts[1] == "authentication.k8s.io":
+            return 201, self.apiserver.tokens.review(body)
+        account = self.apiserver.api.get(self.apiserver.registry.find("ServiceAccount"), parts[3], parts[5])
+        return 201, self.apiserver.tokens.request(account, body)
 
     def _openapi(self, parts: list[str]) -> tuple[int, Any]:
         server = self.apiserver

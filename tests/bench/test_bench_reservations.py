@@ -62,7 +62,7 @@ def test_reserve_latency_over_tls_and_in_process() -> None:
             print(f"Reserve + Release of one GPU of 8, {ROUNDS} rounds:")
             for label, claim in CLAIMS.items():
                 def over_tls(claim: Claim = claim) -> None:
-                    client.reserve("g", "m", claim, 30)
+                    client.reserve("g", "ns/pod/m", claim, 30)
                     client.release(gang_id="g")
 
                 def in_process(claim: Claim = claim) -> None:

@@ -28,7 +28,7 @@ def node() -> Iterator[tuple[NodeAgent, fakes.apiserver.ApiServer]]:
         config = NodeConfig(
             node_name=NODE, driver_name=DRIVER, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
             state_dir=root / "state", resync_interval_s=3600, health_events=False,
-            reservation_address="127.0.0.1:0", reservation_token="t0ken", mig_configs=load_mig_configs(None),
+            reservation_address="127.0.0.1:0", mig_configs=load_mig_configs(None),
         )  # fmt: skip
         agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()

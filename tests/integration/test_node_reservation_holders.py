@@ -18,11 +18,10 @@ from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.kube.rest import NODES, Rest
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.source import open_nvml
-from fakes.cluster import wait_for
+from fakes.cluster import arbiter_token, wait_for
 from fakes.kubelet import FakeKubelet
 from tests.integration.test_node_support import DRIVER, NODE, allocate_claim, create_node, short_tmpdir
 
-TOKEN = "node-token"
 GPU0 = Claim((DeviceRequest("gpus", selectors=('device.attributes["gpu.nvidia.com"].index == 0',)),))
 
 
@@ -36,7 +35,7 @@ class Node:
     def client(self) -> tuple[Any, GrpcNodeClient]:
         annotations = self.rest.get(NODES, None, NODE)["metadata"]["annotations"]
         channel = pinned_channel(annotations[ADDRESS_ANNOTATION], annotations[FINGERPRINT_ANNOTATION], NODE)
-        return channel, GrpcNodeClient(channel, TOKEN)
+        return channel, GrpcNodeClient(channel, arbiter_token(self.rest))
 
 
 @pytest.fixture
@@ -47,7 +46,7 @@ def node() -> Iterator[Node]:
         create_node(api)
         config = NodeConfig(node_name=NODE, driver_name=DRIVER, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                             state_dir=root / "state", resync_interval_s=3600, health_events=False,
-                            reservation_address="127.0.0.1:0", reservation_token=TOKEN)
+                            reservation_address="127.0.0.1:0")
         agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()
         try:

@@ -16,8 +16,9 @@ import pytest
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
 from agent.arbiter.controller import NodeDirectory
 from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
-from agent.arbiter.node_service import NodeReservations, TokenFileError, read_token, split_address
+from agent.arbiter.node_service import NodeReservations, split_address
 from agent.arbiter.reservation import NodeUnavailable, ReservationLost, Unauthenticated
+from agent.arbiter.reservation_auth import TokenFileError, read_token
 from agent.arbiter.reservation_grpc import (
     CertificateMismatch,
     GrpcNodeClient,
@@ -92,14 +93,14 @@ def test_the_address_is_advertised_on_the_node_and_serves_reservations(
     address = rest.get(NODES, None, NODE)["metadata"]["annotations"][ADDRESS_ANNOTATION]
     assert address == f"127.0.0.1:{service.port}"
     with channel(rest, service) as ch:
-        r = GrpcNodeClient(ch, TOKEN).reserve("g", "m", gpus(4), 30)
+        r = GrpcNodeClient(ch, TOKEN).reserve("g", "ns/pod/m", gpus(4), 30)
         assert len(r.fit.devices["gpus"]) == 4
 
 
 def test_no_reservation_without_the_token(rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
     service, _ = node
     with channel(rest, service) as ch, pytest.raises(Unauthenticated):  # tried: a wrong token
-        GrpcNodeClient(ch, "not-the-token").reserve("g", "m", gpus(1), 30)
+        GrpcNodeClient(ch, "not-the-token").reserve("g", "ns/pod/m", gpus(1), 30)
     assert service.book.live() == []
 
 
@@ -113,13 +114,13 @@ def test_allocated_prepared_and_reserved_devices_are_all_taken(
     with channel(rest, service) as ch:
         client = GrpcNodeClient(ch, TOKEN)
         with pytest.raises(NoFit):  # tried: three GPUs where gpu-0 is allocated and gpu-3 prepared
-            client.reserve("g", "m", gpus(3), 30)
-        r = client.reserve("g", "m", gpus(2), 30)
+            client.reserve("g", "ns/pod/m", gpus(3), 30)
+        r = client.reserve("g", "ns/pod/m", gpus(2), 30)
         assert sorted(r.fit.devices["gpus"]) == ["gpu-1", "gpu-2"]
         with pytest.raises(NoFit):  # tried: one more GPU while gpu-1 and gpu-2 are reserved
-            client.reserve("h", "m", gpus(1), 30)
+            client.reserve("h", "ns/pod/m", gpus(1), 30)
         assert client.release(gang_id="g") == 1
-        assert len(client.reserve("h", "m", gpus(2), 30).fit.devices["gpus"]) == 2
+        assert len(client.reserve("h", "ns/pod/m", gpus(2), 30).fit.devices["gpus"]) == 2
 
 
 def test_a_confirmed_reservation_holds_until_its_claim_is_seen_then_the_claim_counts(
@@ -237,7 +238,7 @@ def test_a_man_in_the_middle_with_another_certificate_is_refused_and_never_sees_
     directory = NodeDirectory(TOKEN, fingerprint=lambda node: published)
     directory.addresses = {NODE: address}
     with pytest.raises(CertificateMismatch):
-        directory.clients()[NODE].reserve("g", "m", gpus(1), 30)
+        directory.clients()[NODE].reserve("g", "ns/pod/m", gpus(1), 30)
     # even a channel pinned to the real certificate (as if the first look had reached the real server) does
     # not complete its handshake with the impostor, so no call and no token is sent
     with trusting_channel(address, service.certificate.decode(), NODE) as ch, pytest.raises(NodeUnavailable):
@@ -297,7 +298,7 @@ def test_a_costly_selector_is_cut_off_and_never_blocks_capacity(
 
         def reserve() -> None:
             try:
-                client._rpc(client._stub.Reserve, claim_to_pb("g", "m", costly, 30))
+                client._rpc(client._stub.Reserve, claim_to_pb("g", "ns/pod/m", costly, 30))
             except grpc.RpcError as e:
                 errors.append(e)
             except Exception as e:  # the client maps codes; keep the grpc error for the assertion

@@ -42,16 +42,16 @@ def test_reserve_confirm_release_and_capacity_over_grpc(endpoint: tuple[str, Clo
     address, clock = endpoint
     with grpc.insecure_channel(address) as channel:
         client = GrpcNodeClient(channel, TOKEN)
-        r = client.reserve("g", "m0", Claim((DeviceRequest("gpus", count=3),)), 30)
+        r = client.reserve("g", "ns/pod/m0", Claim((DeviceRequest("gpus", count=3),)), 30)
         assert len(r.fit.devices["gpus"]) == 3 and r.expires_at == clock.now + 30
         assert client.capacity().free_gpus_by_model == {"NVIDIA H100 80GB HBM3": 1}
         with pytest.raises(NoFit):  # tried: two GPUs where one is left -> RESOURCE_EXHAUSTED
-            client.reserve("h", "m0", Claim((DeviceRequest("gpus", count=2),)), 30)
+            client.reserve("h", "ns/pod/m0", Claim((DeviceRequest("gpus", count=2),)), 30)
         client.confirm(r.id)
         assert client.release(gang_id="g") == 1
         with pytest.raises(UnknownReservation):  # tried: confirming a released reservation -> NOT_FOUND
             client.confirm(r.id)
-        shared = client.reserve("s", "m0", Claim((DeviceRequest("s", gpu_milli=250),)), 30)
+        shared = client.reserve("s", "ns/pod/m0", Claim((DeviceRequest("s", gpu_milli=250),)), 30)
         assert list(shared.fit.shared_milli.values()) == [250]
 
 
@@ -59,10 +59,10 @@ def test_gang_over_grpc_commits(endpoint: tuple[str, Clock]) -> None:
     address, _ = endpoint
     with grpc.insecure_channel(address) as channel:
         coord = GangCoordinator({"n1": GrpcNodeClient(channel, TOKEN)})
-        out = coord.place("g", [MemberPlacement("a", "n1", Claim((DeviceRequest("r", count=2),))),
-                                MemberPlacement("b", "n1", Claim((DeviceRequest("r", count=2),)))], 30)
+        out = coord.place("g", [MemberPlacement("ns/pod/a", "n1", Claim((DeviceRequest("r", count=2),))),
+                                MemberPlacement("ns/pod/b", "n1", Claim((DeviceRequest("r", count=2),)))], 30)
         assert out.committed
-        failed = coord.place("h", [MemberPlacement("a", "n1", Claim((DeviceRequest("r"),)))], 30)
+        failed = coord.place("h", [MemberPlacement("ns/pod/a", "n1", Claim((DeviceRequest("r"),)))], 30)
         assert not failed.committed
 
 
@@ -72,7 +72,7 @@ def test_calls_without_the_right_bearer_token_are_unauthenticated(
     address, _ = endpoint  # tried: no metadata, a wrong token, the token without the Bearer scheme
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.NodeAllocatorStub(channel)
-        req = pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=10,
+        req = pb.ReserveRequest(gang_id="g", member="ns/pod/m", ttl_seconds=10,
                                 requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)])
         with pytest.raises(grpc.RpcError) as err:
             stub.Reserve(req, metadata=metadata, timeout=5)
@@ -86,7 +86,7 @@ def test_bad_request_is_invalid_argument(endpoint: tuple[str, Clock]) -> None:
     address, _ = endpoint
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.NodeAllocatorStub(channel)
-        req = pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=10,
+        req = pb.ReserveRequest(gang_id="g", member="ns/pod/m", ttl_seconds=10,
                                 requests=[pb.DeviceRequest(name="r", device_class="tpu.example.com", count=1)])
         with pytest.raises(grpc.RpcError) as err:  # tried: an unknown device class
             stub.Reserve(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5)
@@ -101,9 +101,9 @@ def test_a_reserved_device_the_node_names_unlike_its_slices_is_refused() -> None
     # Tried: a node answering gpu-01 for gpu-1; committing it would allocate a device no slice publishes.
     answer = pb.ReserveResponse(reservation_id="r1", devices=[pb.ReservedDevice(request="r", device="gpu-01")])
     with pytest.raises(InvalidDeviceName, match="gpu-01"):
-        reservation_from_pb(answer, "g", "m0")
+        reservation_from_pb(answer, "g", "ns/pod/m0")
     good = pb.ReserveResponse(reservation_id="r1", devices=[pb.ReservedDevice(request="r", device="gpu-1")])
-    assert reservation_from_pb(good, "g", "m0").fit.devices == {"r": ("gpu-1",)}
+    assert reservation_from_pb(good, "g", "ns/pod/m0").fit.devices == {"r": ("gpu-1",)}
 
 
 @pytest.mark.parametrize("ttl", [float("nan"), float("inf"), -float("inf"), 0.0, -1.0, 1e9, 601.0])
@@ -112,20 +112,20 @@ def test_a_ttl_that_never_expires_or_is_absurd_is_invalid_argument(endpoint: tup
     address, _ = endpoint
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.NodeAllocatorStub(channel)
-        req = pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=ttl,
+        req = pb.ReserveRequest(gang_id="g", member="ns/pod/m", ttl_seconds=ttl,
                                 requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)])
         with pytest.raises(grpc.RpcError) as err:
             stub.Reserve(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "ttl_seconds must be more than 0 and at most 600" in (err.value.details() or "")
         # nothing is held: the whole node is still free
-        ok = pb.ReserveRequest(gang_id="g2", member="m", ttl_seconds=10,
+        ok = pb.ReserveRequest(gang_id="g2", member="ns/pod/m", ttl_seconds=10,
                                requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=4)])
         assert stub.Reserve(ok, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5).reservation_id
 
 
 def reserve_request(*requests: pb.DeviceRequest, ttl: float = 10) -> pb.ReserveRequest:
-    return pb.ReserveRequest(gang_id="g", member="m", ttl_seconds=ttl, requests=list(requests))
+    return pb.ReserveRequest(gang_id="g", member="ns/pod/m", ttl_seconds=ttl, requests=list(requests))
 
 
 GPU = "gpu.nvidia.com"
@@ -134,7 +134,7 @@ INVALID = {
     "negative count": reserve_request(pb.DeviceRequest(name="x", device_class=GPU, count=-1)),
     "unknown class": reserve_request(pb.DeviceRequest(name="x", device_class="tpu.example.com", count=1)),
     "NaN ttl": reserve_request(pb.DeviceRequest(name="x", device_class=GPU, count=1), ttl=float("nan")),
-    "bad selector": reserve_request(pb.DeviceRequest(name="x", device_class=GPU, selectors=["1/0 == 1"])),
+    "bad selector": reserve_request(pb.DeviceRequest(name="x", device_class=GPU, count=1, selectors=["1/0 == 1"])),
 }
 
 
