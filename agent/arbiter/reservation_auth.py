@@ -116,7 +116,8 @@ class TokenReviewer:
         """"" when the token is the arbiter's for our audience, otherwise why not."""
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                 "spec": {"token": token, "audiences": [self.audience]}}
-        self.reviews += 1
+        with self._lock:
+            self.reviews += 1
         try:
             status: dict[str, Any] = self._rest.create(TOKEN_REVIEWS, None, body).get("status") or {}
         except ApiError as e:
