@@ -10,6 +10,7 @@ revoke its tokens here (kube-apiserver would); `revoke` ends one, as deleting th
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -67,12 +68,14 @@ class Tokens:
         wanted = tuple(spec.get("audiences") or (API_AUDIENCE,))
         with self._lock:
             issued = self._issued.get(token)
-        status: dict[str, Any] = {"authenticated": False, "user": {}}
-        if issued is None or issued.expires <= time.time():
-            status["error"] = "[invalid bearer token, service account token has expired]" if issued else \
-                "[invalid bearer token, square/go-jose: error in cryptographic primitive]"
+        status: dict[str, Any] = {"user": {}}  # kube-apiserver leaves out `authenticated: false`
+        if issued is None:
+            status["error"] = "invalid bearer token"
+        elif issued.expires <= time.time():
+            status["error"] = "[invalid bearer token, service account token has expired]"
         elif not (shared := [a for a in wanted if a in issued.audiences]):
-            status["error"] = "[invalid bearer token, token audiences is invalid]"
+            status["error"] = (f"[invalid bearer token, token audiences {json.dumps(list(issued.audiences))} is "
+                               f"invalid for the target audiences {json.dumps(list(wanted))}]")
         else:
             namespace = issued.username.split(":")[2]
             status = {"authenticated": True, "audiences": shared,

@@ -106,8 +106,9 @@ def test_tokens_that_are_not_the_arbiters_for_this_audience_are_refused(
             f"system:serviceaccount:{namespace}:someone-else may not reserve devices here: only {ARBITER_USER} may"),
         "the arbiter's token for the API server": (
             token_of(rest, namespace, "gpu-dra-agent-arbiter", ["https://kubernetes.default.svc"]),
-            "the API server does not accept the token: [invalid bearer token, token audiences is invalid]"),
-        "a shared secret": ("s3cret-token", "the API server does not accept the token"),
+            'the API server does not accept the token: [invalid bearer token, token audiences '
+            '["https://kubernetes.default.svc"] is invalid for the target audiences ["gpu-dra-agent-reservations"]]'),
+        "a shared secret": ("s3cret-token", "the API server does not accept the token: invalid bearer token"),
     }
     for what, (token, why) in refusals.items():
         d = directory(rest, service, token)
