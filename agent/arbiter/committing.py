@@ -196,7 +196,8 @@ class Committer:
                             shared.append((member, claim))
                         continue
                     name = f"{member.key}/{meta(claim).get('name')}"
-                    req: Claim = reservation_claim(claim, on_node[node])
+                    choice = member.choices.get(str(meta(claim).get("name")))  # firstAvailable: as planned
+                    req: Claim = reservation_claim(claim, on_node[node], choice)
                     placements.append(MemberPlacement(name, node, req))
                     to_write[name] = (member, claim, node)
         except Unsupported as e:
@@ -229,10 +230,12 @@ class Committer:
 
         statuses: dict[str, Json] = {}
         try:
-            for name, (_, claim, node) in to_write.items():
+            for name, (member, claim, node) in to_write.items():
                 devices = held[name][1].fit.devices
+                choice = member.choices.get(str(meta(claim).get("name")))
                 statuses[name] = {"allocation": allocation_status(claim, node, self._driver, devices, classes,
-                                                                  shareable=shareable, share_id=_share_id)}
+                                                                  shareable=shareable, share_id=_share_id,
+                                                                  choice=choice)}
         except Unsupported as e:  # the slice changed under the reservation: nothing was written yet
             coordinator.release_all(held)
             return Outcome(False, f"unsupported claim: {e}")

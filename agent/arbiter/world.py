@@ -196,22 +196,55 @@ def share_milli(part: float) -> int:
     return min(MILLI - 1, max(1, math.ceil(part * MILLI)))
 
 
-def _chosen_requests(claim: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any] | None]]:
-    """(name, the request's `exactly` or else its first firstAvailable choice) of each request of the claim; a
-    subrequest is named `request/subrequest`, as allocation results name it. None: the request has neither."""
-    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
-        name, exact = str(r.get("name")), r.get("exactly")
-        if exact is None and r.get("firstAvailable"):
-            exact = r["firstAvailable"][0]
-            name = f"{name}/{exact.get('name')}"
-        yield name, exact
+Choice = tuple[int, ...]  # for each request of a claim, the index of its firstAvailable subrequest (0 otherwise)
+MAX_CHOICES = 64  # combinations of subrequests tried per claim; beyond them, the claim takes its first fitting one
 
 
-def share_requests(claim: Mapping[str, Any]) -> dict[str, dict[str, Fraction]]:
+def _options(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any] | None]]:
+    """What a request may be satisfied by, in order: its `exactly`, or each firstAvailable subrequest, named
+    `request/subrequest` as allocation results name it. [(name, None)]: it has neither."""
+    name = str(request.get("name"))
+    if request.get("exactly") is None and request.get("firstAvailable"):
+        return [(f"{name}/{sub.get('name')}", sub) for sub in request["firstAvailable"]]
+    return [(name, request.get("exactly"))]
+
+
+def _claim_requests(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    return ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
+
+
+def choices(claim: Mapping[str, Any]) -> Iterator[Choice]:
+    """The claim's combinations of subrequests in the order kube-scheduler's structured allocator tries them on a
+    node: depth-first over the requests in order, each request's subrequests in order (the first request's choice
+    changes last), at most MAX_CHOICES of them."""
+    sizes = [len(_options(r)) for r in _claim_requests(claim)]
+    choice = [0] * len(sizes)
+    for _ in range(MAX_CHOICES):
+        yield tuple(choice)
+        i = len(sizes) - 1
+        while i >= 0 and choice[i] + 1 >= sizes[i]:
+            choice[i] = 0
+            i -= 1
+        if i < 0:
+            return
+        choice[i] += 1
+
+
+def _chosen_requests(claim: Mapping[str, Any],
+                     choice: Choice | None = None) -> Iterator[tuple[str, Mapping[str, Any] | None]]:
+    """(name, the `exactly` or subrequest chosen) of each request of the claim; without a `choice`, each
+    request's first. None: the request has neither."""
+    for i, r in enumerate(_claim_requests(claim)):
+        options = _options(r)
+        pick = choice[i] if choice is not None and i < len(choice) and choice[i] < len(options) else 0
+        yield options[pick]
+
+
+def share_requests(claim: Mapping[str, Any], choice: Choice | None = None) -> dict[str, dict[str, Fraction]]:
     """Request name (as reservation_claim names it) -> its `capacity.requests`, for the requests that ask for a
     share of a device (consumable capacity)."""
     out = {}
-    for name, exact in _chosen_requests(claim):
+    for name, exact in _chosen_requests(claim, choice):
         try:
             wanted = requests_of((exact or {}).get("capacity"))
         except ShareError as e:
@@ -221,16 +254,18 @@ def share_requests(claim: Mapping[str, Any]) -> dict[str, dict[str, Fraction]]:
     return out
 
 
-def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str, Capacity]] = ()) -> Claim:
+def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str, Capacity]] = (),
+                      choice: Choice | None = None) -> Claim:
     """The allocator's view of a ResourceClaim's spec: `exactly` requests of our classes, ExactCount, with
-    their CEL selectors; constraints that span the whole claim. firstAvailable takes its first entry.
+    their CEL selectors; constraints that span the whole claim. A firstAvailable request takes the subrequest
+    `choice` names (without one, its first), named `request/subrequest`.
     A request for consumable capacity becomes a GPU fraction: the part of a GPU its share takes of the
     `shareable` devices (their capacities) it may land on (the largest, so it fits wherever the node puts it)."""
     shareable = list(shareable)
-    wanted = share_requests(claim)
+    wanted = share_requests(claim, choice)
     devices = (claim.get("spec") or {}).get("devices") or {}
     requests = []
-    for name, exact in _chosen_requests(claim):
+    for name, exact in _chosen_requests(claim, choice):
         if exact is None:
             raise Unsupported(f"request {name!r} has neither exactly nor firstAvailable")
         klass = exact.get("deviceClassName")
@@ -317,7 +352,7 @@ def share_gpus(consumed: Mapping[str, Any], capacity: Mapping[str, float] | None
 
 def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, str], float],
                capacities: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
-               share_devices: ShareDevices | None = None) -> float:
+               share_devices: ShareDevices | None = None, *, choice: Choice | None = None) -> float:
     """GPUs a claim counts toward its queue: once allocated, what was allocated (a firstAvailable claim its
     chosen subrequest, a MIG device its share of a GPU, a consumable-capacity share the part of the GPU it
     consumed: nine 8Gi shares of a 79.6 GiB H100 are 72/79.6 of a GPU); before, what it asks for
@@ -334,9 +369,38 @@ def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, 
             else:
                 total += worth.get(key, 1.0)
         return total
-    if share_devices:  # what a share would take depends on the devices published now
-        return requested_gpus(reservation_claim(claim, share_devices.values()))
+    if share_devices or choice:  # what a share would take depends on the devices published now
+        return requested_gpus(reservation_claim(claim, (share_devices or {}).values(), choice))
     return _asked_gpus(claim)
+
+
+Room = Sequence[tuple[float, int]]  # each node a pod may run on: (whole GPUs, MIG devices) it has for a claim
+
+
+def choose(claim: Mapping[str, Any], now: Room, ever: Room) -> Choice | None:
+    """The subrequests a firstAvailable claim is planned with (None: it has no firstAvailable request). As
+    kube-scheduler: on a node the first combination that fits wins, and it prefers the node where an earlier
+    one fits (its DynamicResources Score). So the first combination that fits some node's free devices `now`;
+    if none does, the first that fits some node at all (`ever`: its devices when empty), which the gang then
+    waits or reclaims for; if none ever fits, the first. Whole GPUs and MIG devices are counted; selectors are
+    the node's to check at Reserve."""
+    if not any(r.get("exactly") is None and r.get("firstAvailable") for r in _claim_requests(claim)):
+        return None
+    first: Choice | None = None
+    asks: list[tuple[Choice, float, int]] = []
+    for choice in choices(claim):
+        try:
+            wanted = reservation_claim(claim, (), choice)
+        except Unsupported:
+            continue
+        first = choice if first is None else first
+        mig = sum(r.count for r in wanted.requests if r.device_class == MIG_CLASS)
+        asks.append((choice, requested_gpus(wanted) - mig, mig))
+    for room in (now, ever):
+        for choice, gpus, mig in asks:
+            if any(gpus <= free_gpus + 1e-9 and mig <= free_mig for free_gpus, free_mig in room):
+                return choice
+    return first
 
 
 # Values read from one version of an object, by (uid, resourceVersion): a version never changes, and reading
@@ -406,14 +470,14 @@ def allocated_shares(claim: Mapping[str, Any], driver: str) -> list[tuple[str, s
 
 def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices: Mapping[str, Sequence[str]],
                       classes: Mapping[str, Mapping[str, Any]], *, shareable: ShareDevices | None = None,
-                      share_id: Callable[[], str] | None = None) -> Json:
+                      share_id: Callable[[], str] | None = None, choice: Choice | None = None) -> Json:
     """`status.allocation` for devices a node reserved, as kube-scheduler writes it: results naming driver,
     pool (the node's pool is named after the node) and device; the class's then the claim's opaque configs;
     a nodeSelector for exactly that node. A request for consumable capacity gets a share: a fresh `shareID`
     (`share_id()`) and the `consumedCapacity` upstream's request policy rounds it to on that device
     (Unsupported when the device is not published for sharing, or cannot serve the share)."""
     spec_devices = (claim.get("spec") or {}).get("devices") or {}
-    wanted = share_requests(claim)
+    wanted = share_requests(claim, choice)
     results: list[Json] = []
     for request, names in devices.items():
         for d in names:
@@ -430,10 +494,10 @@ def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices:
             results.append(result)
     requested = {r.split("/")[0] for r in devices}
     config: list[Json] = []
-    for r in spec_devices.get("requests") or ():
-        klass = classes.get(str((r.get("exactly") or (r.get("firstAvailable") or [{}])[0]).get("deviceClassName")))
+    for name, chosen in _chosen_requests(claim, choice):  # the class of the subrequest chosen, as upstream
+        klass = classes.get(str((chosen or {}).get("deviceClassName")))
         for c in ((klass or {}).get("spec") or {}).get("config") or ():
-            config.append({"source": "FromClass", "requests": [r["name"]], **c})
+            config.append({"source": "FromClass", "requests": [name], **c})
     for c in spec_devices.get("config") or ():
         reqs = [x for x in c.get("requests") or () if x.split("/")[0] in requested]
         entry = {"source": "FromClaim", **{k: v for k, v in c.items() if k != "requests"}}
@@ -461,6 +525,8 @@ class Member:
     pod: Json
     claims: list[Json]  # its ResourceClaims, in pod order
     node: str | None = None  # where it holds devices (running or releasing)
+    # claim name -> the firstAvailable subrequests it is planned, reserved and allocated with (choose)
+    choices: dict[str, Choice] = field(default_factory=dict)
 
 
 @dataclass
@@ -580,6 +646,28 @@ def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str,
         if _pool_of(spec)[1] == newest[pool] and spec.get("nodeName") and _kind(d) == "gpu":
             out.setdefault(str(spec["nodeName"]), set()).add(device)
     return out
+
+
+def _device_room(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], driver: str,
+                 nodes: Iterable[str]) -> dict[str, tuple[tuple[float, int], tuple[float, int]]]:
+    """node -> ((whole GPUs, MIG devices) no claim holds, (whole GPUs, MIG devices) published), of the newest
+    generation of each node's pool."""
+    newest: dict[str, int] = {}
+    for spec, _key, _d in _published(slices, driver):
+        name, generation = _pool_of(spec)
+        newest[name] = max(newest.get(name, 0), generation)
+    held = {key for c in claims if is_allocated(c) for key in allocated_devices(c, driver)}
+    out = {n: [0, 0, 0, 0] for n in nodes}  # free GPUs, free MIG, GPUs, MIG
+    for spec, key, d in _published(slices, driver):
+        counts = out.get(str(spec.get("nodeName")))
+        kind = _kind(d)
+        if counts is None or _pool_of(spec)[1] != newest[key[0]] or kind not in ("gpu", "mig"):
+            continue
+        column = 0 if kind == "gpu" else 1
+        counts[column + 2] += 1
+        if key not in held:
+            counts[column] += 1
+    return {n: ((float(c[0]), c[1]), (float(c[2]), c[3])) for n, c in out.items()}
 
 
 def _pool_of(spec: Mapping[str, Any]) -> tuple[str, int]:
@@ -905,6 +993,14 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
     exact: dict[str, float] = {}
     first_seen: dict[str, float] = {}  # waiting job -> when first seen waiting (World.weighed)
+    room: dict[str, tuple[tuple[float, int], tuple[float, int]]] = {}  # node -> devices free now, and when empty
+
+    def rooms(nodes: frozenset[str] | None) -> tuple[Room, Room]:
+        """What the nodes (None: every managed one) have for a firstAvailable claim (choose), now and empty."""
+        if not room:
+            room.update(_device_room(slices, claims_by_key.values(), driver, known_nodes))
+        picked = [room[n] for n in (known_nodes if nodes is None else nodes & known_nodes)]
+        return [now for now, _ in picked], [ever for _, ever in picked]
     for job, gang in sorted(gangs.items()):
         if job in left_out:
             continue
@@ -924,7 +1020,13 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                     ref = f"{meta(c).get('namespace')}/{meta(c).get('name')}"
                     if ref not in counted:
                         counted.add(ref)
-                        gpus += claim_gpus(c, driver, worth, capacities, shareable)
+                        choice = None
+                        if status == "Pending" and not is_allocated(c):
+                            nodes_now, nodes_ever = rooms(allowed.get(key))
+                            choice = choose(c, nodes_now, nodes_ever)
+                            if choice is not None:
+                                member.choices[str(meta(c).get("name"))] = choice
+                        gpus += claim_gpus(c, driver, worth, capacities, shareable, choice=choice)
             except Unsupported as e:
                 unsupported = f"{key}: {e}"
                 gpus = 0

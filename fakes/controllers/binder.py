@@ -41,6 +41,19 @@ def _take(taken: Taken, node: str, asked: Mapping[str, float]) -> None:
         on_node[resource] = on_node.get(resource, 0.0) + amount
 
 
+def _subrequest_score(claims: Sequence[Json], allocations: Mapping[str, Json]) -> int:
+    """kube-scheduler's computeScore: for each subrequest allocated, 8 (the most a list may have) less its index."""
+    score = 0
+    for c in claims:
+        allocation = allocations.get(c["metadata"]["name"]) or (c.get("status") or {}).get("allocation") or {}
+        chosen = {r.get("request") for r in (allocation.get("devices") or {}).get("results") or ()}
+        for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or ():
+            for i, sub in enumerate(r.get("firstAvailable") or ()):
+                if f"{r.get('name')}/{sub.get('name')}" in chosen:
+                    score += 8 - i
+    return score
+
+
 def _has_room(node: Json, asked: Mapping[str, float], taken: Taken) -> bool:
     """NodeResourcesFit: what the pods bound there ask, and this one, within the node's allocatable."""
     free, used = allocatable(node), taken.get(node["metadata"]["name"], {})
@@ -119,6 +132,11 @@ class Binder:
             return 0
         nodes = sorted(self._nodes.items(), key=lambda n: n["metadata"]["name"])
         asked = pod_requests(pod)
+        # kube-scheduler's DynamicResources Score prefers the node where a prioritized list's earlier subrequest
+        # fits (computeScore); without such a claim the first node that fits is taken
+        prioritized = any(r.get("firstAvailable") for c in claims if not (c.get("status") or {}).get("allocation")
+                          for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or ())
+        best: tuple[int, str, dict[str, Json]] | None = None
         for node in nodes:
             if refusal(pod, node) is not None or not _has_room(node, asked, taken):
                 continue
@@ -128,11 +146,18 @@ class Binder:
             allocations = self._allocate(claims, node["metadata"]["name"])
             if allocations is None:
                 continue
-            self._pre_bind(pod, claims, allocations)
-            self._bind(pod, node["metadata"]["name"])
-            _take(taken, node["metadata"]["name"], asked)
-            return 1
-        return 0
+            score = _subrequest_score(claims, allocations)
+            if best is None or score > best[0]:
+                best = (score, node["metadata"]["name"], allocations)
+            if not prioritized:
+                break
+        if best is None:
+            return 0
+        _, name, allocations = best
+        self._pre_bind(pod, claims, allocations)
+        self._bind(pod, name)
+        _take(taken, name, asked)
+        return 1
 
     def _allocate(self, claims: Sequence[Json], node: str) -> dict[str, Json] | None:
         pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
