@@ -95,7 +95,7 @@ def _run(cluster: FakeCluster, *, arbiter: bool) -> dict[str, list[str]]:
     chosen = {}
     for pod, _ in PODS_IN_ORDER:
         _pod(cluster, pod, arbiter=arbiter)
-        chosen[pod] = wait_for(lambda p=pod: _results(cluster, p), timeout=90, interval=0.2,  # type: ignore[misc]
+        chosen[pod] = wait_for(lambda p=pod: _results(cluster, p), timeout=90, interval=0.2,
                                what=f"{pod} bound with its claim allocated")
     return chosen
 
