@@ -893,8 +893,8 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             elif any(c is None for c in read.found):
                 waiting.setdefault(job, f"ResourceClaim of {name} not found")
             for c in read.found:
-                problem = (refused_claims or {}).get(f"{ns}/{meta(c).get('name')}") if c is not None else None
-                if problem is not None:  # the claim's error: it waits until the claim changes
+                problem = None if c is None else (refused_claims or {}).get(f"{ns}/{meta(c).get('name')}")
+                if c is not None and problem is not None:  # the claim's error: it waits until the claim changes
                     waiting.setdefault(job, f"ResourceClaim {meta(c).get('name')} of {name} was refused as "
                                             f"written: {problem}")
             # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
