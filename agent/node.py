@@ -77,6 +77,10 @@ class NodeConfig:
     node_ip: str | None = None  # advertised instead of 0.0.0.0
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
     mps_watch_interval_s: float = 2.0  # how often the MPS daemons of prepared claims are checked (their pids)
+    # where the arbiter's Lease is: while no arbiter holds it, one node agent tells the pods that wait for it
+    # (agent.arbiter.absence); None: never
+    arbiter_namespace: str | None = None
+    absent_arbiter_period_s: float = 60.0
 
 
 class MeasuredPreparer:
@@ -260,6 +264,12 @@ class NodeAgent:
             self._monitor.start()
         self._spawn("health-publish", self._health_publish_loop)
         self._spawn("mps-watch", self._mps_watch_loop)
+        if self.config.arbiter_namespace:
+            from agent.arbiter.absence import AbsenceTeller
+
+            teller = AbsenceTeller(self._rest, self.config.arbiter_namespace, self.config.node_name, self._events,
+                                   period_s=self.config.absent_arbiter_period_s)
+            self._spawn("absent-arbiter", lambda: teller.run(self._stop))
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
             if labels is not None:

@@ -44,7 +44,8 @@ def _left_out(unserved: Mapping[str, tuple[int, str]], reason: str, *, placed_on
     for why, nodes in causes.items():
         gpus = sum(unserved[n][0] for n in nodes)
         names = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-        hint = (" (their node agents run without --reservation-addr; the arbiter overlay sets it)"
+        hint = (" (their node agents run without --reservation-addr, which the arbiter overlay sets; to leave the "
+                "arbiter, run gpu-dra-agent arbiter --uninstall)"
                 if why == NO_RESERVATIONS else "")
         told.append(f"{len(nodes)} node(s) with {gpus} GPUs {why}{hint}: {names}")
     if not placed_on:

@@ -826,11 +826,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     managed: list[Json] = []
     unserved: dict[str, tuple[int, str]] = {}  # told to the gangs that wait for GPUs (waiting.py)
     for n in nodes:
-        node_name = str(meta(n).get("name"))
+        host = str(meta(n).get("name"))
         if _managed(n, devices):
             managed.append(n)
-        elif node_name in devices:
-            unserved[node_name] = (len(devices[node_name]), _unserved(n))
+        elif host in devices:
+            unserved[host] = (len(devices[host]), _unserved(n))
     rules = NodeRules(managed)
     gangs: dict[str, Gang] = {}
     members: dict[str, Member] = {}

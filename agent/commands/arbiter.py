@@ -36,6 +36,10 @@ log = logging.getLogger("agent.arbiter")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
+    p.add_argument("--uninstall", action="store_true",
+                   help="hand the pods that wait for the arbiter to kube-scheduler, then exit: delete the arbiter's "
+                        "Deployment, its admission gate policy, its fence (DeviceTaintRule) and its Lease, and "
+                        "ungate the waiting pods (Queues stay); run with an admin --kubeconfig")
     option(p, "--reservation-token-file", env="RESERVATION_TOKEN_FILE", default="",
            help="the arbiter's service-account token for the node agents (a projected token, audience "
                 "gpu-dra-agent-reservations), read again whenever it changes (required)")
@@ -106,6 +110,8 @@ def _stop_when(lost: threading.Event, stop: threading.Event) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
+    if args.uninstall:
+        return _uninstall(args)
     if not args.reservation_token_file:
         return _fail("--reservation-token-file is required: node agents refuse anonymous reservations")
     for flag, value in (("--reservation-ttl", args.reservation_ttl), ("--period", args.period)):
@@ -186,4 +192,19 @@ def run(args: argparse.Namespace) -> int:
             elector.release()
     if elector is not None and elector.lost.is_set():
         return 1  # lost the Lease: exit so the Deployment restarts us as a standby
+    return 0
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    from agent.arbiter.uninstall import StillRunning, uninstall
+    from agent.commands.options import SettingError, StartupFailure
+
+    try:
+        rest = connect(args.kubeconfig)
+    except KubeconfigError as exc:
+        raise SettingError(str(exc)) from exc
+    try:
+        uninstall(rest, args.leader_elect_namespace)
+    except (StillRunning, ApiError) as exc:
+        raise StartupFailure(str(exc)) from exc
     return 0

@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--arbiter-user", env="ARBITER_USER", default=ARBITER_USER,
            help="the only user that may reserve devices: the arbiter's service account, "
                 "system:serviceaccount:NAMESPACE:NAME")
+    option(p, "--arbiter-namespace", env="POD_NAMESPACE", default="gpu-dra-agent",
+           help="namespace of the queue arbiter's Lease: while no arbiter holds it, one node agent tells the pods "
+                "that wait for it, in an Event; empty: never")
     option(p, "--mig-config-file", env="MIG_CONFIG_FILE",
            help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's")
     switch(p, "--mig-reconfigure", env="MIG_RECONFIGURE", default=True,
@@ -158,6 +161,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         arbiter_user=args.arbiter_user,
         node_ip=os.environ.get("NODE_IP") or None,  # advertised for a 0.0.0.0 --reservation-addr; no flag
         mig_configs=mig_configs,
+        arbiter_namespace=args.arbiter_namespace or None,
     )
 
 

@@ -574,7 +574,8 @@ def test_a_gang_is_told_that_nodes_publishing_gpus_serve_no_reservations() -> No
                     slices=[s for _, s in built], driver=DRIVER, now=NOW)
     reason = wait_reasons(w.snapshot, run_cycle(w.snapshot), w.unserved)["team-a/pod/p"]
     assert reason == ("no node the arbiter may place on: 2 node(s) with 16 GPUs serve no reservations (their "
-                      "node agents run without --reservation-addr; the arbiter overlay sets it): n0, n1")
+                      "node agents run without --reservation-addr, which the arbiter overlay sets; to leave the "
+                      "arbiter, run gpu-dra-agent arbiter --uninstall): n0, n1")
     assert "0 GPUs on 0 node(s)" not in reason
     # with one node serving, the gang that does not fit is told of the other, after the cluster's numbers
     built[0][0]["metadata"]["annotations"][ADDRESS_ANNOTATION] = "n0:7000"
@@ -584,4 +585,5 @@ def test_a_gang_is_told_that_nodes_publishing_gpus_serve_no_reservations() -> No
     reason = wait_reasons(w.snapshot, run_cycle(w.snapshot), w.unserved)["team-a/pod/p"]
     assert reason.startswith("no fit: the gang needs 12 GPUs") and "8 GPUs on 1 node(s)" in reason
     assert reason.endswith("; left out, 1 node(s) with 8 GPUs serve no reservations (their node agents run "
-                           "without --reservation-addr; the arbiter overlay sets it): n1")
+                           "without --reservation-addr, which the arbiter overlay sets; to leave the arbiter, run "
+                           "gpu-dra-agent arbiter --uninstall): n1")

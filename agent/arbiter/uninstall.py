@@ -1,0 +1,119 @@
+"""`gpu-dra-agent arbiter --uninstall`: hand the pods that wait for the arbiter back to kube-scheduler.
+
+Removed, in the order that lets nothing put them back: the arbiter's Deployment (a running arbiter restores
+its fence), then, once no arbiter holds the Lease, the admission policy that gates new pods, the fence (the
+DeviceTaintRule), the scheduling gate of every waiting pod, and the Lease (the node agents then stop telling
+pods about an absent arbiter). The Queues, their CRD and the arbiter's RBAC stay: `kubectl apply -k
+daemonset/overlays/arbiter` installs it again with the same Queues. An arbiter that still holds the Lease after
+`wait_s` (one run outside the Deployment) stops it with nothing else removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from agent.arbiter.names import COMPONENT, FENCE_RULE, GATE
+from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, Json, Resource, Rest
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT = "gpu-dra-agent-arbiter"  # daemonset/overlays/arbiter/arbiter.yaml
+GATE_POLICY = "gpu-dra-agent-arbiter-gate"  # daemonset/overlays/arbiter/admission-gate.yaml
+DEPLOYMENTS = Resource("apps", "v1", "deployments", True)
+# v1 from Kubernetes 1.36; the README tells 1.34-1.35 users to apply the policy as v1beta1
+GATE_POLICIES = tuple(
+    (kind, Resource("admissionregistration.k8s.io", version, plural, False))
+    for version in ("v1", "v1beta1")
+    for kind, plural in (("MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings"),
+                         ("MutatingAdmissionPolicy", "mutatingadmissionpolicies")))
+
+
+class StillRunning(Exception):
+    """An arbiter still holds the Lease: removing the fence now would only see it put back."""
+
+
+def _held(lease: Json | None, observed: dict[str, float], now: float) -> str | None:
+    """The holder while the Lease is held: its record changed within its duration, by our clock (client-go's
+    rule: the holder's clock is not ours)."""
+    spec = (lease or {}).get("spec") or {}
+    holder = str(spec.get("holderIdentity") or "")
+    if not holder:
+        return None
+    record = f"{holder}@{spec.get('renewTime')}"
+    if record not in observed:
+        observed.clear()
+        observed[record] = now
+    return holder if now - observed[record] < float(spec.get("leaseDurationSeconds") or 15) else None
+
+
+def _delete(rest: Rest, resource: Resource, namespace: str | None, name: str) -> bool:
+    """True when it was there; a resource the server does not serve is not there."""
+    try:
+        rest.delete(resource, namespace, name)
+    except NotFound:
+        return False
+    return True
+
+
+def _ungate(rest: Rest, pod: Json) -> bool:
+    """Remove our gate, nothing else, from one pod; re-read on a conflict. False when it is gone or ungated."""
+    m = pod.get("metadata") or {}
+    namespace, name = str(m.get("namespace")), str(m.get("name"))
+    for _ in range(5):
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        if not any(g.get("name") == GATE for g in gates):
+            return False
+        rest_gates = [g for g in gates if g.get("name") != GATE]
+        try:
+            rest.patch(PODS, namespace, name, {
+                "metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
+                "spec": {"schedulingGates": rest_gates or None}})
+            return True
+        except Conflict:
+            try:
+                pod = rest.get(PODS, namespace, name)
+            except NotFound:
+                return False
+    raise ApiError(409, f"pod {namespace}/{name} kept changing; run --uninstall again")
+
+
+def uninstall(rest: Rest, namespace: str, *, wait_s: float = 60.0, say: Callable[[str], None] = print,
+              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Remove the arbiter's hold on pods (module doc); says each step; returns the number of pods ungated.
+    Raises StillRunning when an arbiter keeps the Lease, ApiError when the API server refuses a step (each step
+    can be run again: --uninstall is idempotent)."""
+    if _delete(rest, DEPLOYMENTS, namespace, DEPLOYMENT):
+        say(f"deleted Deployment {namespace}/{DEPLOYMENT}")
+    observed: dict[str, float] = {}
+    deadline = clock() + wait_s
+    while True:
+        try:
+            lease: Json | None = rest.get(LEASES, namespace, COMPONENT)
+        except NotFound:
+            lease = None
+        holder = _held(lease, observed, clock())
+        if holder is None:
+            break
+        if clock() >= deadline:
+            raise StillRunning(
+                f"an arbiter ({holder}) still holds the Lease {namespace}/{COMPONENT} {wait_s:g} s after its "
+                f"Deployment was deleted; stop it (it puts the fence back), then run --uninstall again")
+        sleep(1.0)
+    for kind, resource in GATE_POLICIES:
+        if _delete(rest, resource, None, GATE_POLICY):
+            say(f"deleted {kind} {GATE_POLICY} ({resource.api_version}): new pods are not gated")
+    if _delete(rest, DEVICE_TAINT_RULES, None, FENCE_RULE):
+        say(f"deleted DeviceTaintRule {FENCE_RULE}: kube-scheduler allocates the driver's devices again")
+    ungated = 0
+    for pod in rest.list(PODS).get("items") or []:
+        if _ungate(rest, pod):
+            ungated += 1
+            say(f"ungated pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}")
+    if _delete(rest, LEASES, namespace, COMPONENT):
+        say(f"deleted Lease {namespace}/{COMPONENT}")
+    say(f"{ungated} pod(s) handed to kube-scheduler; the Queues and the arbiter's RBAC stay "
+        f"(kubectl apply -k daemonset/overlays/arbiter installs the arbiter again)")
+    return ungated
