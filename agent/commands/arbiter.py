@@ -36,10 +36,10 @@ log = logging.getLogger("agent.arbiter")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
-    p.add_argument("--uninstall", action="store_true",
-                   help="hand the pods that wait for the arbiter to kube-scheduler, then exit: delete the arbiter's "
-                        "Deployment, its admission gate policy, its fence (DeviceTaintRule) and its Lease, and "
-                        "ungate the waiting pods (Queues stay); run with an admin --kubeconfig")
+    switch(p, "--uninstall", env="UNINSTALL", default=False,
+           help="hand the pods that wait for the arbiter to kube-scheduler, then exit: delete the arbiter's "
+                "Deployment, its admission gate policy, its fence (DeviceTaintRule) and its Lease, and ungate the "
+                "waiting pods (Queues stay); run with an admin --kubeconfig")
     option(p, "--reservation-token-file", env="RESERVATION_TOKEN_FILE", default="",
            help="the arbiter's service-account token for the node agents (a projected token, audience "
                 "gpu-dra-agent-reservations), read again whenever it changes (required)")
