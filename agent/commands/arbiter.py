@@ -11,10 +11,9 @@ import logging
 import math
 import os
 import socket
-import sys
 import threading
 import uuid
-from typing import cast
+from typing import NoReturn, cast
 
 from agent import logs
 from agent.arbiter.controller import Arbiter, ArbiterConfig
@@ -23,8 +22,9 @@ from agent.arbiter.metrics import ArbiterMetrics
 from agent.arbiter.names import COMPONENT, DEFAULT_QUEUE
 from agent.arbiter.node_service import split_address
 from agent.arbiter.reservation_auth import TokenFile, TokenFileError
-from agent.commands.options import option, switch
+from agent.commands.options import SettingError, StartupFailure, option, switch
 from agent.commands.signals import stop_on_signals
+from agent.kube.client import RateLimiter
 from agent.kube.errors import ApiError
 from agent.kube.events import EventRecorder
 from agent.kube.kubeconfig import KubeconfigError, connect
@@ -55,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--leader-elect-retry-period", env="LEADER_ELECT_RETRY_PERIOD", type=float, default=2.0,
            metavar="SECONDS", help="seconds between attempts to acquire or renew the Lease")
     option(p, "--metrics-addr", env="METRICS_ADDR", default=":9401", help="Prometheus [host]:port, empty to disable")
+    # kube-scheduler's flag names; the arbiter's commit writers must not flood the API server in a burst
+    option(p, "--kube-api-qps", env="KUBE_API_QPS", type=float, default=500.0,
+           help="requests a second to the API server, on average (watches excepted)")
+    option(p, "--kube-api-burst", env="KUBE_API_BURST", type=int, default=1000,
+           help="requests allowed at once above --kube-api-qps")
     option(p, "--driver-name", env="DRIVER_NAME", default="gpu.nvidia.com", help="DRA driver name")
     option(p, "--reservation-ttl", env="RESERVATION_TTL", type=float, default=30.0, metavar="SECONDS",
            help="seconds a node holds an unconfirmed reservation")
@@ -98,9 +103,8 @@ def warn_without_gate_policy(rest: Rest) -> bool:
     return True
 
 
-def _fail(message: str) -> int:
-    print(f"gpu-dra-agent arbiter: {message}", file=sys.stderr)
-    return 2
+def _fail(message: str) -> NoReturn:
+    raise SettingError(message)
 
 
 def _stop_when(lost: threading.Event, stop: threading.Event) -> None:
@@ -138,10 +142,14 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     stop_on_signals(stop.set, log)
+    if not args.kube_api_qps > 0 or args.kube_api_burst < 1:  # not nan, not zero
+        return _fail(f"--kube-api-qps must be above 0 and --kube-api-burst at least 1, not {args.kube_api_qps} "
+                     f"and {args.kube_api_burst}")
     try:
         rest = connect(args.kubeconfig)
     except KubeconfigError as exc:
         return _fail(str(exc))
+    rest.client.rate_limit = RateLimiter(args.kube_api_qps, args.kube_api_burst)
     warn_without_gate_policy(rest)
     identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"  # unique, and says which process
     metrics = None
@@ -178,8 +186,7 @@ def run(args: argparse.Namespace) -> int:
             threading.Thread(target=_stop_when, args=(elector.lost, stop), daemon=True).start()
         arbiter.run(stop)
     except ApiError as exc:
-        print(f"gpu-dra-agent arbiter: {exc}", file=sys.stderr)
-        return 1
+        raise StartupFailure(str(exc)) from exc
     finally:
         arbiter.stop()
         # what an operator (or the benchmark) asks after a run: how much it decided and where the time went

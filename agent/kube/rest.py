@@ -191,19 +191,32 @@ class Rest:
         if opened is not None:
             opened(response)
         try:
-            buffer = b""
-            for chunk in response.stream(64 * 1024, decode_content=False):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield _event(json.loads(line))
-            if buffer.strip():
-                yield _event(json.loads(buffer))
+            for line in _lines(response.stream(64 * 1024, decode_content=False)):
+                yield _event(json.loads(line))
         except (OSError, HTTPError) as exc:
             raise ApiError(0, f"watch of {resource.plural} broke: {exc}") from exc
         finally:
             response.release_conn()
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The non-blank lines of a stream of chunks. Each chunk is split once and only an unfinished line is
+    carried over: a burst of thousands of events in one read costs linear time, not a copy of the rest of the
+    buffer per line."""
+    partial: list[bytes] = []
+    for chunk in chunks:
+        *complete, rest = chunk.split(b"\n")
+        if complete:
+            first = b"".join([*partial, complete[0]])
+            partial = []
+            for line in (first, *complete[1:]):
+                if line.strip():
+                    yield line
+        if rest:
+            partial.append(rest)
+    last = b"".join(partial)
+    if last.strip():
+        yield last
 
 
 def _event(raw: Json) -> WatchEvent:
