@@ -19,6 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import cel
+from cel import stdlib
+
+from agent import quantity
 
 from .errors import ApiError
 from .patch import json_patch
@@ -81,8 +84,27 @@ def untyped(expression: str) -> str:
     return "".join(out)
 
 
+# Kubernetes' CEL libraries the shipped policies use, where the `cel` package lacks them: strings' join and
+# substring, and quantities (a quantity stays its text here).
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "join": stdlib.join,
+    "substring": stdlib.substring,
+    "isQuantity": lambda text: isinstance(text, str) and _is_quantity(text),
+    "quantity": lambda text: str(quantity.parse(text)),
+    "isGreaterThan": lambda a, b: quantity.parse(a) > quantity.parse(b),
+}
+
+
+def _is_quantity(text: str) -> bool:
+    try:
+        quantity.parse(text)
+    except quantity.QuantityError:
+        return False
+    return text == text.strip()  # kube-apiserver's parser takes no surrounding blanks
+
+
 def _evaluate(expression: str, context: Obj) -> Any:
-    ctx = cel.Context()
+    ctx = cel.Context(functions=_FUNCTIONS)
     for name, value in context.items():
         ctx.add_variable(name, value)
     try:

@@ -403,6 +403,8 @@ class Api:
         drop_disabled_fields(rt.group, rt.kind, obj, old, self.gates)
         if rt.group == "resource.k8s.io" and rt.builtin:
             defaults.apply(rt.kind, obj)
+        if rt.group == "admissionregistration.k8s.io" and rt.kind in defaults.POLICY_KINDS:
+            defaults.admission_policy(obj)
         operation = "CREATE" if old is None else "UPDATE"
         namespace = obj["metadata"].get("namespace", "")
         mutated = self.admission.mutate(rt, operation, subresource, obj, old, namespace)

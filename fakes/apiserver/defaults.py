@@ -2,7 +2,9 @@
 
 From pkg/apis/resource/v1/defaults.go (1.37): a request's `allocationMode` defaults to ExactCount and, in
 that mode, `count` to 1 (for `exactly` and for each `firstAvailable` subrequest); a device taint's
-`timeAdded` to the time of the write, in whole seconds.
+`timeAdded` to the time of the write, in whole seconds. And from pkg/apis/admissionregistration/v1/defaults.go:
+an admission policy's matchConstraints get matchPolicy Equivalent, empty namespace and object selectors, and each
+resource rule scope "*" (so a manifest that leaves them out differs from the stored policy, as on a real server).
 """
 
 from __future__ import annotations
@@ -55,3 +57,20 @@ def apply(kind: str, obj: dict[str, Any]) -> None:
                 _taint(taint)
     elif kind == "DeviceTaintRule":
         _taint(spec.get("taint"))
+
+
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy")
+
+
+def admission_policy(obj: dict[str, Any]) -> None:
+    """Fill in the defaults of a Validating- or MutatingAdmissionPolicy in place."""
+    spec = obj.get("spec")
+    constraints = spec.get("matchConstraints") if isinstance(spec, dict) else None
+    if not isinstance(constraints, dict):
+        return
+    constraints.setdefault("matchPolicy", "Equivalent")
+    constraints.setdefault("namespaceSelector", {})
+    constraints.setdefault("objectSelector", {})
+    for rule in constraints.get("resourceRules") or ():
+        if isinstance(rule, dict):
+            rule.setdefault("scope", "*")

@@ -101,7 +101,8 @@ def _collection(doc: dict[str, Any]) -> str:
     group_version = doc["apiVersion"]
     prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-              "ClusterRoleBinding": "clusterrolebindings", "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+              "ClusterRoleBinding": "clusterrolebindings", "Role": "roles", "RoleBinding": "rolebindings",
+              "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
               "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[doc["kind"]]  # fmt: skip
     namespace = doc["metadata"].get("namespace")
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"

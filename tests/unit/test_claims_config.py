@@ -119,78 +119,78 @@ def test_mig_config_allows_time_slicing_without_interval_and_mps() -> None:
     assert cfg == MigDeviceConfig(Mps(active_thread_percentage=10))
 
 
-@pytest.mark.parametrize(
-    ("params", "error"),
-    [
-        # unknown fields, at every level
-        (gpu_config(shareing={}), r"parameters: unknown field\(s\) 'shareing'"),
-        (gpu_config(sharing={"strategy": "MPS", "extra": 1}), r"sharing: unknown field\(s\) 'extra'"),
-        (
-            gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short", "x": 1}}),
-            r"sharing.timeSlicingConfig: unknown field\(s\) 'x'",
-        ),
-        (
-            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"activeThreads": 5}}),
-            r"sharing.mpsConfig: unknown field\(s\) 'activeThreads'",
-        ),
-        # MIG devices cannot set a time-slice interval
-        (
-            mig_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
-            r"unknown field\(s\) 'timeSlicingConfig'",
-        ),
-        # wrong api version or kind
-        ({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}, "apiVersion: want"),
-        ({"apiVersion": API_VERSION, "kind": "VfioDeviceConfig"}, "kind: 'VfioDeviceConfig' is not"),
-        ({"kind": "GpuConfig"}, "apiVersion"),
-        ("GpuConfig", "parameters: want an object"),
-        # strategies and intervals
-        (gpu_config(sharing={}), "sharing.strategy: required"),
-        (gpu_config(sharing={"strategy": "Exclusive"}), "'Exclusive' is not TimeSlicing or MPS"),
-        (
-            gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "VeryLong"}}),
-            "interval: 'VeryLong' is not one of Default, Short, Medium, Long",
-        ),
-        (
-            gpu_config(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
-            "mpsConfig: not allowed with strategy TimeSlicing",
-        ),
-        (
-            gpu_config(sharing={"strategy": "MPS", "timeSlicingConfig": {}}),
-            "timeSlicingConfig: not allowed with strategy MPS",
-        ),
-        # MPS values
-        (
-            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
-            "0 is outside 1..100",
-        ),
-        (
-            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
-            "101 is outside 1..100",
-        ),
-        (
-            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "50"}}),
-            "want an integer",
-        ),
-        (
-            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10GB"}}),
-            "defaultPinnedDeviceMemoryLimit: '10GB' is not a quantity",
-        ),
-        (
-            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "-1Gi"}}),
-            "must be positive",
-        ),
-        (
-            gpu_config(
-                sharing={"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"first": "1Gi"}}}
-            ),
-            "key must be a device index or a GPU-/MIG- UUID",
-        ),
-        (
-            gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": ["1Gi"]}}),
-            "want a map",
-        ),
-    ],
-)
+# What the node refuses at prepare; tests/integration/test_claim_config_policy.py has kube-apiserver refuse each
+# at create, with the same words.
+BAD_CONFIGS: list[tuple[object, str]] = [
+    # unknown fields, at every level
+    (gpu_config(shareing={}), r"parameters: unknown field\(s\) 'shareing'"),
+    (gpu_config(sharing={"strategy": "MPS", "extra": 1}), r"sharing: unknown field\(s\) 'extra'"),
+    (
+        gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short", "x": 1}}),
+        r"sharing.timeSlicingConfig: unknown field\(s\) 'x'",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"activeThreads": 5}}),
+        r"sharing.mpsConfig: unknown field\(s\) 'activeThreads'",
+    ),
+    # MIG devices cannot set a time-slice interval
+    (
+        mig_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
+        r"unknown field\(s\) 'timeSlicingConfig'",
+    ),
+    # wrong api version or kind
+    ({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}, "apiVersion: want"),
+    ({"apiVersion": API_VERSION, "kind": "VfioDeviceConfig"}, "kind: 'VfioDeviceConfig' is not"),
+    ({"kind": "GpuConfig"}, "apiVersion"),
+    ("GpuConfig", "parameters: want an object"),
+    # strategies and intervals
+    (gpu_config(sharing={}), "sharing.strategy: required"),
+    (gpu_config(sharing={"strategy": "Exclusive"}), "'Exclusive' is not TimeSlicing or MPS"),
+    (
+        gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "VeryLong"}}),
+        "interval: 'VeryLong' is not one of Default, Short, Medium, Long",
+    ),
+    (
+        gpu_config(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
+        "mpsConfig: not allowed with strategy TimeSlicing",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "timeSlicingConfig": {}}),
+        "timeSlicingConfig: not allowed with strategy MPS",
+    ),
+    # MPS values
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+        "0 is outside 1..100",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 101}}),
+        "101 is outside 1..100",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "50"}}),
+        "want an integer",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10GB"}}),
+        "defaultPinnedDeviceMemoryLimit: '10GB' is not a quantity",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "-1Gi"}}),
+        "must be positive",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"first": "1Gi"}}}),
+        "key must be a device index or a GPU-/MIG- UUID",
+    ),
+    (
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": ["1Gi"]}}),
+        "want a map",
+    ),
+]
+
+
+@pytest.mark.parametrize(("params", "error"), BAD_CONFIGS)
 def test_bad_configs_are_rejected_with_the_field_named(params: object, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         parse_config(params)

@@ -193,7 +193,7 @@ def test_dockerfile_runs_the_node_agent_with_the_arbiter_core_compiled() -> None
 def admit(operation: str, *, username: str = AGENT_SA, token_node: str | None = "node-a",
           new_node: str | None = None, old_node: str | None = None) -> bool:
     """Run the policy as kube-apiserver would for one request; True when the request is allowed."""
-    policy = one("ValidatingAdmissionPolicy")["spec"]
+    policy = one("ValidatingAdmissionPolicy", "gpu-dra-agent-own-node-slices")["spec"]
     extra = {"authentication.kubernetes.io/node-name": [token_node]} if token_node else {}
     env: dict[str, Any] = {
         "request": {"operation": operation, "userInfo": {"username": username, "extra": extra}},
