@@ -111,6 +111,7 @@ class FabricInfo:
 
     cluster_uuid: str
     clique_id: int
+    degraded: bool = False  # the fabric manager reports degraded bandwidth (healthMask DEGRADED_BW)
 
     @property
     def domain_id(self) -> str:

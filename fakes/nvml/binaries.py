@@ -14,8 +14,25 @@ import sys
 from fakes.nvml.driver_files import VERSION, install_driver_files
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BINARIES = {"nvidia-smi": "fakes.nvml.smi", "nvidia-cuda-mps-control": "fakes.nvml.mps"}
+BINARIES = {"nvidia-smi": "fakes.nvml.smi", "nvidia-cuda-mps-control": "fakes.nvml.mps",
+            "nvidia-imex": "fakes.nvml.imex", "nvidia-imex-ctl": "fakes.nvml.imexctl"}
 BIN_DIR = "usr/bin"
+# The character devices the NVIDIA kernel modules register, as /proc/devices lists them (majors vary by host):
+# `<root>/proc/devices` stands in for the host's /proc/devices (the agent's --proc-devices).
+PROC_DEVICES = "proc/devices"
+IMEX_CHANNELS_MAJOR = 234
+_PROC_DEVICES_TEXT = f"""Character devices:
+  1 mem
+  4 /dev/vc/0
+195 nvidia-frontend
+{IMEX_CHANNELS_MAJOR} nvidia-caps-imex-channels
+236 nvidia-caps
+237 nvidia-uvm
+508 nvidia-nvswitch
+
+Block devices:
+  8 sd
+"""
 
 
 def install_driver_root(
@@ -37,4 +54,7 @@ def install_driver_root(
             "sys.exit(main())\n"
         )
         path.chmod(0o755)
+    proc_devices = pathlib.Path(root) / PROC_DEVICES
+    proc_devices.parent.mkdir(parents=True, exist_ok=True)
+    proc_devices.write_text(_PROC_DEVICES_TEXT)
     return bin_dir

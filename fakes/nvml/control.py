@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import types
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import pynvml as N
 
 from fakes.nvml import persist
-from fakes.nvml.library import FakeLibrary
+from fakes.nvml.library import FakeLibrary, fabric_of
 from fakes.nvml.machines import Machine, get_machine
 from fakes.nvml.state import ALL_INSTANCES, FakeGpu, Process
 
@@ -62,6 +63,27 @@ class FakeNvml:
             if xid is not None:
                 self.inject_xid(gpu_index, xid)
             self._gpu(gpu_index).lost = True
+
+    def set_fabric(self, gpu_index: int | None = None, *, state: int | None = None, status: int | None = None,
+                   clique_id: int | None = None, degraded: bool | None = None) -> None:
+        """Change what the fabric manager reports for one GPU, or every GPU (None): registration `state`
+        (NVML_GPU_FABRIC_STATE_*), `status` (an NVML return code), the `clique_id` (a repartitioned rack), or a
+        degraded bandwidth (healthMask DEGRADED_BW). Another process sees it through the state file."""
+        with self.library.mutation():
+            for gpu in self.library.gpus if gpu_index is None else [self._gpu(gpu_index)]:
+                current = gpu.fabric or fabric_of(self.machine)
+                if current is None:
+                    raise ValueError(f"{self.machine.name} has no multi-node NVLink fabric")
+                mask = current.health_mask
+                if degraded is not None:
+                    shift = N.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+                    value = (N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if degraded
+                             else N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE)
+                    mask = (mask & ~(0b11 << shift)) | (value << shift)
+                gpu.fabric = replace(current, state=current.state if state is None else state,
+                                     status=current.status if status is None else status,
+                                     clique_id=current.clique_id if clique_id is None else clique_id,
+                                     health_mask=mask)
 
     def set_processes(self, gpu_index: int, processes: Iterable[tuple[int, int]],
                       gpu_instance_id: int | None = None, compute_instance_id: int | None = None,

@@ -20,7 +20,7 @@ from fakes.nvml import cabi as C
 from fakes.nvml import persist
 from fakes.nvml.machines import Machine
 from fakes.nvml.products import BRAND_NVIDIA, Profile
-from fakes.nvml.state import ALL_INSTANCES, ComputeInstance, FakeGpu, GpuInstance, NvmlFail
+from fakes.nvml.state import ALL_INSTANCES, ComputeInstance, FabricState, FakeGpu, GpuInstance, NvmlFail
 
 MAX_MIG_DEVICES = 7
 SUPPORTED_EVENTS = (
@@ -452,13 +452,17 @@ class FakeLibrary:
     # --- fabric ---------------------------------------------------------------------------------------
 
     def _fabric(self, h: Any, info: Any) -> None:
-        self._gpu(h)
-        fabric = self.machine.fabric
+        gpu = self._gpu(h)
+        fabric = gpu.fabric or fabric_of(self.machine)
         if fabric is None:
             raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
         info.clusterUuid[:] = list(fabric.cluster_uuid)
-        C.fill(info, status=fabric.status, cliqueId=fabric.clique_id, state=fabric.state, healthMask=0,
-               healthSummary=1)
+        degraded = (fabric.health_mask >> N.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0b11 == (
+            N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE)
+        summary = (N.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY if degraded
+                   else N.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+        C.fill(info, status=fabric.status, cliqueId=fabric.clique_id, state=fabric.state,
+               healthMask=fabric.health_mask, healthSummary=summary)
 
     def nvmlDeviceGetGpuFabricInfo(self, h: Any, ref: Any) -> None:
         self._fabric(h, C.target(ref))
@@ -798,3 +802,9 @@ def _fill_pci(info: Any, bus_id: str, pci_device_id: int) -> None:
     C.fill(info, busIdLegacy=f"{domain:04X}:{bus:02X}:{device:02X}.0".encode(), domain=domain, bus=bus,
            device=device, pciDeviceId=pci_device_id, pciSubSystemId=0x16C110DE if pci_device_id else 0,
            busId=f"{domain:08X}:{bus:02X}:{device:02X}.0".encode())
+
+
+def fabric_of(machine: Machine) -> FabricState | None:
+    """The fabric registration a machine profile starts with (None: no multi-node NVLink)."""
+    f = machine.fabric
+    return None if f is None else FabricState(f.cluster_uuid, f.clique_id, f.state, f.status)

@@ -116,6 +116,27 @@ _HALVES = [0, 0, 0, 0, 1, 1, 1, 1]
 # The GPU Operator's `all-balanced` for H100-80GB, in the order mig-parted creates it (largest first).
 ALL_BALANCED_H100_80GB = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
 
+# A GB200 NVL72 rack: 18 compute trays ("nodes") of 4 GPUs, every GPU on the rack's NVLink switches, all in one
+# fabric (one cluster UUID) and, until a test repartitions it (FakeNvml.set_fabric), one clique.
+NVL72_NODES = 18
+NVL72_CLUSTER_UUID = deterministic_uuid4("gb200-nvl72/rack-0").bytes
+NVL72_CLIQUE_ID = 1
+_GB200_DOMAINS = [0x0008, 0x0009, 0x0018, 0x0019]  # each GPU in a PCI domain of its own, as on a compute tray
+
+
+def nvl72_node(index: int) -> Machine:
+    """Node `index` (0-17) of the fake GB200 NVL72 rack: machine `gb200-nvl72-node<NN>`, GPU UUIDs its own."""
+    gpus = tuple(
+        GpuSpec(P.GB200, 0x01, minor=i, numa_node=i // 2, pcie_switch=i, domain=domain,
+                nvlinks=tuple(NvLink(bus_id(0x10 + link % 9, domain=0x0100), NVLINK_TO_SWITCH, 0x22A310DE)
+                              for link in range(P.GB200.nvlinks)))
+        for i, domain in enumerate(_GB200_DOMAINS)
+    )
+    return Machine(f"gb200-nvl72-node{index:02d}",
+                   f"GB200 NVL72 compute tray {index} of 18: 4x GB200 on the rack's NVLink fabric (one clique)",
+                   gpus, fabric=Fabric(NVL72_CLUSTER_UUID, clique_id=NVL72_CLIQUE_ID))
+
+
 MACHINES: dict[str, Machine] = {
     m.name: m
     for m in [
@@ -179,6 +200,7 @@ MACHINES: dict[str, Machine] = {
             "2x L40S (Ada, not MIG-capable, no NVLink)",
             _direct(P.L40S, [0x4A, 0xCA], {}, numa=[0, 1]),
         ),
+        *(nvl72_node(i) for i in range(NVL72_NODES)),
     ]
 }
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fakes.nvml.state import ComputeInstance, FakeGpu, GpuInstance, Process
+from fakes.nvml.state import ComputeInstance, FabricState, FakeGpu, GpuInstance, Process
 
 FORMAT_VERSION = 1
 ENV = "FAKE_NVML_STATE"
@@ -130,6 +130,9 @@ def _dump_gpu(gpu: FakeGpu) -> dict[str, Any]:
         "timeslice": gpu.timeslice,
         "lost": gpu.lost,
         "serial": gpu._serial,
+        **({"fabric": {"clusterUuid": gpu.fabric.cluster_uuid.hex(), "cliqueId": gpu.fabric.clique_id,
+                       "state": gpu.fabric.state, "status": gpu.fabric.status,
+                       "healthMask": gpu.fabric.health_mask}} if gpu.fabric is not None else {}),
         "gpuInstances": [
             {
                 "id": gi.id,
@@ -173,6 +176,10 @@ def _load_gpu(gpu: FakeGpu, row: dict[str, Any]) -> None:
     gpu.mig_current, gpu.mig_pending = int(row["migMode"]["current"]), int(row["migMode"]["pending"])
     gpu.compute_mode, gpu.timeslice = int(row["computeMode"]), int(row["timeslice"])
     gpu.lost, gpu._serial = bool(row["lost"]), int(row["serial"])
+    fabric = row.get("fabric")  # absent: the machine profile's
+    gpu.fabric = None if fabric is None else FabricState(
+        bytes.fromhex(fabric["clusterUuid"]), int(fabric["cliqueId"]), int(fabric["state"]), int(fabric["status"]),
+        int(fabric["healthMask"]))
     profiles = {p.id: p for p in gpu.product.profiles}
     instances: dict[int, GpuInstance] = {}
     for gi_row in row["gpuInstances"]:

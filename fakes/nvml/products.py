@@ -11,7 +11,7 @@ from typing import Any
 _DATA = pathlib.Path(__file__).parent / "data" / "mig-profiles.json"
 
 # NVML enum values (nvmlDeviceArchitecture_t, nvmlBrandType_t)
-ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER = 7, 8, 9
+ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER, ARCH_BLACKWELL = 7, 8, 9, 10
 BRAND_NVIDIA = 14
 
 
@@ -130,3 +130,5 @@ H100_NVL = _mig("NVIDIA H100 NVL", 0x232110DE, ARCH_HOPPER, (9, 0), 95830, 12, "
 H200_SXM5 = _mig("NVIDIA H200", 0x233510DE, ARCH_HOPPER, (9, 0), 143771, 18, "H200-141GB")
 GH200_96GB = _mig("NVIDIA GH200 480GB", 0x234210DE, ARCH_HOPPER, (9, 0), 97871, 18, "GH200-96GB")
 L40S = Product("NVIDIA L40S", 0x26B910DE, ARCH_ADA, (8, 9), 46068, 0)  # not MIG-capable
+# GB200's MIG profiles are not in data/mig-profiles.json: the fake offers it without MIG (multi-node NVLink tests).
+GB200 = Product("NVIDIA GB200", 0x294110DE, ARCH_BLACKWELL, (10, 0), 189471, 18)

@@ -158,6 +158,17 @@ class GpuInstance:
         return [s for s in profile.placements() if used.isdisjoint(range(s, s + profile.slices))]
 
 
+@dataclass(frozen=True)
+class FabricState:
+    """One GPU's multi-node NVLink fabric registration: what the fabric manager reports for it."""
+
+    cluster_uuid: bytes  # 16 bytes; all zero: NVLink-capable but not multi-node
+    clique_id: int
+    state: int = N.NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = N.NVML_SUCCESS
+    health_mask: int = 0  # nvmlGpuFabricInfo healthMask bits (e.g. DEGRADED_BW_TRUE)
+
+
 class FakeGpu:
     """One physical GPU of the fake machine."""
 
@@ -172,6 +183,8 @@ class FakeGpu:
         self.compute_mode = N.NVML_COMPUTEMODE_DEFAULT
         self.timeslice = TIMESLICE_DEFAULT  # `nvidia-smi compute-policy --set-timeslice` (0..3)
         self.lost = False
+        # The fabric as GetGpuFabricInfoV reports it; None: the machine profile's (a test can break it mid-job)
+        self.fabric: FabricState | None = None
         self.processes: list[Process] = []
         self.gpu_instances: dict[int, GpuInstance] = {}
         self._serial = 0
