@@ -18,6 +18,8 @@ from typing import Any
 
 from agent import quantity
 
+from . import selector_cel
+
 Causes = list[tuple[str, str]]
 
 MAX_DEVICES_PER_SLICE = 128
@@ -384,8 +386,8 @@ def _exact(where: str, request: dict[str, Any]) -> Causes:
     for name, value in ((request.get("capacity") or {}).get("requests") or {}).items():
         if (why := qualified_name(name)):
             out.append((f"{where}.capacity.requests[{name}]", why))
-        if (amount := _quantity(value)) is None or amount < 0:
-            out.append((f"{where}.capacity.requests[{name}]", "must be a non-negative quantity"))
+        if _quantity(value) is None:  # a negative one is taken, as by kube-apiserver 1.37 (the node refuses it)
+            out.append((f"{where}.capacity.requests[{name}]", "must be a quantity"))
     return out
 
 
@@ -399,6 +401,8 @@ def _selectors(where: str, selectors: list[dict[str, Any]]) -> Causes:
             out.append((f"{where}[{i}].cel.expression", "required"))
         elif len(expression) > MAX_CEL_LENGTH:
             out.append((f"{where}[{i}].cel.expression", f"must be at most {MAX_CEL_LENGTH} characters"))
+        else:
+            out += selector_cel.causes(f"{where}[{i}].cel.expression", expression)
     return out
 
 
