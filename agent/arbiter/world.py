@@ -1031,9 +1031,10 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
                 unsupported = f"{key}: {e}"
                 gpus = 0
             except (AttributeError, KeyError, TypeError, ValueError) as e:  # a malformed claim: reported, not fatal
-                bad = Invalid("ResourceClaim", c, f"the arbiter cannot read this claim: {e!r}")
+                malformed = c or {}
+                bad = Invalid("ResourceClaim", malformed, f"the arbiter cannot read this claim: {e!r}")
                 invalid[bad.key] = bad
-                unsupported = f"{key}: ResourceClaim {meta(c).get('name')} is malformed"
+                unsupported = f"{key}: ResourceClaim {meta(malformed).get('name')} is malformed"
                 gpus = 0
             facts = _facts(member.pod)
             cpu, mem = facts.cpu, facts.mem

@@ -236,7 +236,7 @@ def test_a_commit_interrupted_after_its_claims_is_finished_by_the_next_arbiter(c
     first = cluster.arbiter(start=False)
     wait_for(lambda: all(claims_by_pod(cluster).get(f"train-{i}") for i in range(2)), what="claims generated")
 
-    def crash(self: Committer, pod: Any, node: str) -> Any:
+    def crash(self: Committer, pod: Any, node: str, decided_at: float) -> Any:
         raise _Crash("killed between the claims and the pods")
 
     original = Committer.ungate
