@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("agent.commands.node", "run the node agent: DRA kubelet plugin and ResourceSlice publisher"),
     "inventory": ("agent.commands.inventory", "print this node's GPU inventory"),
     "arbiter": ("agent.commands.arbiter", "run the queue arbiter: gangs admitted through the API, whole or not at all"),
+    "compute-domain-controller": ("agent.commands.compute_domain_controller",
+                                  "run the ComputeDomain controller: channel claim templates and domain status"),
     "simulate": ("agent.commands.simulate", "run arbiter cycles on a cluster snapshot"),
     "replay-trace": ("agent.commands.replay_trace", "replay a GPU cluster trace under placement policies"),
 }

@@ -1,326 +1,488 @@
-"""The simulator's nodes: every round's newly bound gangs are committed through the reservation protocol.
+"""Committing an admitted gang through the nodes and the API, whole or not at all.
 
-The arbiter decides who goes where; each node's local allocator, behind an authenticated NodeAllocatorService,
-must then reserve concrete devices. A gang stays bound only when every member is reserved on its node
-(GangCoordinator: reserve all, confirm all, or release all). A gang a node refuses goes back to pending
-(action "keep", the reason in `CommitStats.refused_pods`): that only happens when the arbiter's view of a node
-and the node's own disagree (a GPU gone unhealthy, a node unreachable, a wrong token). A pod holds its devices
-until it stops running (evicted, released); pods already running in the snapshot hold theirs from the start.
+1. Reserve: each member claim on the node the arbiter chose (the node's local allocator picks the devices).
+2. Write each claim as kube-scheduler's DRA plugin does in PreBind: first the finalizer
+   `resource.kubernetes.io/delete-protection` (metadata update), then `status.allocation` (results,
+   nodeSelector for that node) together with `reservedFor` (the pod), every write conditional on the
+   resourceVersion read.
+3. Confirm every reservation: a node that let one expire meanwhile may have given its devices away.
+4. Ungate each pod: its required node affinity narrowed to its node (the only change a gated pod's affinity
+   allows), the arbiter's gate removed, the admission time annotated. Meanwhile mark the gang's PodGroup
+   scheduled (condition `PodGroupInitiallyScheduled`, worded as kube-scheduler words it): in 1.37
+   kube-scheduler schedules a PodGroup's ungated pods as one group and writes that condition inside its
+   scheduling loop, one API round trip per group before it takes up the next; finding it written, it writes
+   nothing and goes on.
 
-Which GPUs: the snapshot records GPU indices for fractional pods only, so each round the arbiter places running
-whole-GPU pods afresh and may name other GPUs than a node really gave them. Each round therefore maps the
-arbiter's GPU indices onto the node's (the same use per GPU, identity wherever both views agree) and asks the
-node for exactly the mapped devices first; only when it cannot give them does its allocator choose freely. A
-fractional pod's `gpuIndex` is then the GPU the node reserved, and the next round starts from it.
+Any failure before step 4 deallocates the claims written and releases every reservation: no partial gang
+holds devices, in the API or on a node. Once every claim is written and confirmed the gang is committed;
+a failure while ungating is finished by the next cycle (`recover`), which completes gangs whose gated pods
+all hold their claims and rolls back the others (a crash between steps 2 and 4).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import itertools
+import copy
+import logging
+import threading
+import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from agent.allocation.allocator import Allocator, Claim, DeviceRequest
-from agent.allocation.catalog import DRIVER, NodeUsage
-from agent.allocation.fragmentation import MILLI
-from agent.allocation.selectors import CelSelectors
-from agent.arbiter.core.cycle import CycleResult, PodDecision
-from agent.arbiter.core.model import NodeSpec, PodSpec
+from agent.allocation.allocator import Claim
+from agent.allocation.capacity import CapacitySummary
+from agent.arbiter.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, GATE
 from agent.arbiter.reservation import (
-    Clock,
     GangCoordinator,
-    InProcessClient,
     MemberPlacement,
-    NodeAllocatorService,
     NodeClient,
-    ReservationBook,
+    Reservation,
+    Unauthenticated,
+    UnknownReservation,
 )
-from agent.devices.model import Gpu, Inventory
-from agent.devices.names import gpu_device_name
-from agent.devices.topology import assign_nvlink_domains
+from agent.arbiter.world import (
+    Gang,
+    Json,
+    Member,
+    ShareDevices,
+    Unsupported,
+    allocated_node,
+    allocation_status,
+    is_allocated,
+    is_gated,
+    meta,
+    reservation_claim,
+    reserved_for,
+)
+from agent.devices.names import InvalidDeviceName
+from agent.devices.shares import Capacity
+from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.rest import POD_GROUPS, PODS, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH, Resource, Rest
 
-DEFAULT_TTL_SECONDS = 30.0
-Connect = Callable[[NodeAllocatorService, str], NodeClient]  # (service, the shared token) -> the arbiter's client
+log = logging.getLogger(__name__)
 
+Write = tuple[Resource, str, str, str]  # what was written: (resource, namespace, name, resourceVersion)
 
-# --- the synthetic node ----------------------------------------------------------------------------------
-
-
-def node_inventory(spec: NodeSpec) -> Inventory:
-    """An inventory of `spec.gpus` GPUs of `spec.gpu_model`, NVLinked as `spec.nvlink_domains` says (a GPU
-    listed in no domain is a domain of its own), as discovery would report it. It depends on the node's shape
-    only, so nodes alike share one (and the allocator's per-inventory caches)."""
-    return _shaped_inventory(spec.gpus, spec.gpu_model or "GPU", spec.nvlink_domains)
-
-
-@functools.lru_cache(maxsize=256)
-def _shaped_inventory(count: int, model: str, nvlink_domains: tuple[tuple[int, ...], ...]) -> Inventory:
-    bus = [f"{i >> 8:04x}:{i & 0xFF:02x}:00.0" for i in range(count)]
-    peers: dict[int, tuple[str, ...]] = {}
-    for domain in nvlink_domains:
-        for i in domain:
-            peers[i] = tuple(bus[j] for j in domain if j != i)
-    gpus = [
-        Gpu(index=i, minor=i, uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000", product_name=model, brand="Nvidia",
-            architecture="", cuda_compute_capability="", memory_bytes=0, pci_bus_id=bus[i], pci_device_id=0,
-            nvlink_peers=peers.get(i, ()))
-        for i in range(count)
-    ]
-    stamped, domains = assign_nvlink_domains(gpus)
-    return Inventory(driver_version="", cuda_driver_version="", gpus=stamped, nvlink_domains=domains)
-
-
-@dataclass(frozen=True)
-class Holding:
-    """What one pod holds on a node: GPU indices, milli-GPUs on each, and its reservation ("" for a pod that was
-    running before the simulation, whose devices count as allocated)."""
-
-    gpus: tuple[int, ...]
-    milli: int
-    reservation: str = ""
-
-
-class SimulatedNode:
-    """One snapshot node as its agent sees it: an inventory, what pods hold, and the reservation service."""
-
-    def __init__(self, spec: NodeSpec, allocator: Allocator, clock: Clock, token: str,
-                 new_id: Callable[[], str]) -> None:
-        self.spec = spec
-        self.inventory = node_inventory(spec)
-        self.index_of = {gpu_device_name(g.minor): g.index for g in self.inventory.gpus}  # device name -> index
-        self.holdings: dict[str, Holding] = {}  # pod -> what it holds
-        self.unhealthy: set[int] = set()  # GPUs the node's allocator must not give out (the arbiter cannot know)
-        self._usage: NodeUsage | None = None
-        self.book = ReservationBook(lambda: self.inventory, self.usage, allocator, clock, new_id)
-        self.service = NodeAllocatorService(self.book, token)
-
-    def usage(self) -> NodeUsage:
-        """Devices taken outside the book: pods running before the simulation, unhealthy GPUs."""
-        if self._usage is None:
-            whole: set[str] = set()
-            shared: dict[str, int] = {}
-            for h in self.holdings.values():
-                if h.reservation:
-                    continue  # the book counts it
-                for g in h.gpus:
-                    if h.milli >= MILLI:
-                        whole.add(gpu_device_name(g))
-                    else:
-                        shared[gpu_device_name(g)] = shared.get(gpu_device_name(g), 0) + h.milli
-            unhealthy = frozenset(gpu_device_name(g) for g in self.unhealthy)
-            self._usage = NodeUsage(allocated=frozenset(whole), unhealthy=unhealthy, shared_milli=shared)
-        return self._usage
-
-    def mark_unhealthy(self, index: int) -> None:
-        self.unhealthy.add(index)
-        self._usage = None
-
-    def hold(self, pod: str, holding: Holding) -> None:
-        self.holdings[pod] = holding
-        if not holding.reservation:
-            self._usage = None
-
-    def drop(self, pod: str) -> Holding:
-        holding = self.holdings.pop(pod)
-        if not holding.reservation:
-            self._usage = None
-        return holding
-
-    def index_map(self, seats: Mapping[str, Holding]) -> dict[int, int]:
-        """The arbiter's GPU index -> this node's, given where the arbiter seats the pods holding devices here
-        (`seats`): each pod's GPUs onto the ones it really holds, free GPUs onto free ones (themselves first)."""
-        mapping: dict[int, int] = {}
-        for pod, seat in seats.items():
-            held = self.holdings.get(pod)
-            if held is not None:
-                mapping.update(zip(sorted(seat.gpus), sorted(held.gpus), strict=False))
-        taken = set(mapping.values())
-        free_here = [g for g in range(self.spec.gpus) if g not in taken]
-        unmapped = [g for g in range(self.spec.gpus) if g not in mapping]
-        both = set(free_here) & set(unmapped)
-        mapping.update((g, g) for g in both)
-        mapping.update(zip((g for g in unmapped if g not in both), (g for g in free_here if g not in both),
-                           strict=False))
-        return mapping
-
-
-# --- pinning requests to the arbiter's GPUs ----------------------------------------------------------------
-
-
-def index_selector(indices: Iterable[int]) -> str:
-    """A DRA CEL selector for the GPUs with these indices."""
-    return f'device.attributes["{DRIVER}"].index in [{", ".join(str(i) for i in sorted(indices))}]'
-
-
-class PinningSelectors:
-    """CEL selectors, with the ones `index_selector` writes answered without running CEL (same meaning, far
-    cheaper: the simulator pins every request it commits)."""
-
-    def __init__(self, fallback: CelSelectors | None = None) -> None:
-        self._fallback = fallback or CelSelectors()
-        self._pins: dict[str, frozenset[int]] = {}
-
-    def pin(self, indices: Iterable[int]) -> str:
-        pinned = frozenset(indices)  # read once: `indices` may be an iterator
-        expression = index_selector(pinned)
-        self._pins.setdefault(expression, pinned)
-        return expression
-
-    def matches(self, expression: str, device: Mapping[str, Any]) -> bool:
-        pinned = self._pins.get(expression)
-        if pinned is None:
-            return self._fallback.matches(expression, device)
-        index = device["attributes"].get(DRIVER, {}).get("index")
-        return index in pinned
-
-
-def member_claim(pod: PodSpec, pin: tuple[int, ...] | None, selectors: PinningSelectors) -> Claim:
-    """What a pod asks its node for: `gpus` whole GPUs, or a fraction of one; pinned to `pin` when given."""
-    pinned = (selectors.pin(pin),) if pin is not None else ()
-    if pod.fractional:
-        return Claim((DeviceRequest("gpu", selectors=pinned, gpu_milli=pod.gpu_milli),))
-    return Claim((DeviceRequest("gpus", selectors=pinned, count=pod.gpu_milli // MILLI),))
-
-
-# --- the commit step --------------------------------------------------------------------------------------
+SCHEDULED = "PodGroupInitiallyScheduled"  # kube-scheduler's PodGroup condition, True once the group was placed
 
 
 @dataclass
-class CommitStats:
-    committed: int = 0  # gangs whose every member was reserved and confirmed
-    released: int = 0  # reservations freed because their pod stopped running
-    refused: int = 0  # gangs a node refused: their pods went back to pending
-    relocated: int = 0  # gangs the nodes could not seat on the GPUs the arbiter named (placed on others)
-    refused_pods: dict[str, str] = field(default_factory=dict)  # pod -> why, for the last round
-    seconds: list[float] = field(default_factory=list)  # per round
+class Outcome:
+    committed: bool
+    reason: str = ""
+    writes: list[Write] = field(default_factory=list)
+    # the claim a node refused as written (a selector that does not compile, fails or costs too much) and the
+    # node's words: the claim's error, not the node's, so it waits until the claim changes
+    refused: tuple[Json, str] | None = None
 
 
-def _holding_at_start(d: PodDecision) -> bool:
-    """The pod held devices when the round began (running or releasing; evicted this round)."""
-    return d.node is not None and d.action in ("keep", "evict")
+class InvalidClaim(ValueError):
+    """A node refused a Reserve for what the claim asks (INVALID_ARGUMENT): trying again cannot help."""
 
 
-def _milli(pod: PodSpec) -> int:
-    """Milli-GPUs the pod holds on each of its GPUs."""
-    return pod.gpu_milli if pod.fractional else MILLI
+class ClaimRefused(Exception):
+    """A Reserve refused for what its claim asks; `member` names the reservation member (pod key/claim)."""
+
+    def __init__(self, member: str, node: str, message: str) -> None:
+        super().__init__(f"node {node} refused claim {member}: {message}")
+        self.member, self.node, self.message = member, node, message
 
 
-class ReservationCommit:
-    """`simulate`'s commit hook: call it with each round's CycleResult; it returns the decisions as they turned
-    out. One SimulatedNode per snapshot node, built when a gang first binds there; one token shared by the
-    arbiter and every node (`connect` builds the arbiter's client to a node: tests give it a wrong token)."""
+class _ClaimErrors:
+    """A node's client whose Reserve raises ClaimRefused, naming the member, for a request the node called
+    invalid (a ValueError: InvalidClaim over gRPC); a device name the node answered badly is the node's fault."""
 
-    def __init__(self, nodes: Sequence[NodeSpec], clock: Clock, token: str, *,
-                 ttl_seconds: float = DEFAULT_TTL_SECONDS, new_id: Callable[[], str] | None = None,
-                 connect: Connect = InProcessClient) -> None:
-        if ttl_seconds <= 0:
-            raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
-        self._specs = {n.name: n for n in nodes}
-        self._clock = clock
-        self._token = token
+    def __init__(self, node: str, client: NodeClient) -> None:
+        self._node, self._client = node, client
+
+    def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
+        try:
+            return self._client.reserve(gang_id, member, claim, ttl_seconds)
+        except InvalidDeviceName:
+            raise
+        except ValueError as e:
+            raise ClaimRefused(member, self._node, str(e)) from e
+
+    def confirm(self, reservation_id: str) -> Reservation:
+        return self._client.confirm(reservation_id)
+
+    def release(self, reservation_id: str = "", gang_id: str = "") -> int:
+        return self._client.release(reservation_id, gang_id)
+
+    def capacity(self) -> CapacitySummary:
+        return self._client.capacity()
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rfc3339_milli(t: float) -> str:
+    """To the millisecond: the admission time is compared with times within the same second (evict.same_burst)."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def narrowed(pod: Json, node: str, now: float) -> Json:
+    """The pod ungated for `node`: each required node-affinity term gains `metadata.name In [node]` (or one
+    such term is added), the arbiter's gate is removed and the admission time annotated."""
+    out = copy.deepcopy(pod)
+    spec = out["spec"]
+    field_req = {"key": "metadata.name", "operator": "In", "values": [node]}
+    required = (spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        terms = [{}]
+    for term in terms:
+        fields = term.setdefault("matchFields", [])
+        if field_req not in fields:
+            fields.append(field_req)
+    required["nodeSelectorTerms"] = terms
+    spec["schedulingGates"] = [g for g in spec.get("schedulingGates") or () if g.get("name") != GATE]
+    if not spec["schedulingGates"]:
+        del spec["schedulingGates"]
+    out["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = _rfc3339_milli(now)
+    return out
+
+
+class Committer:
+    def __init__(self, rest: Rest, driver: str, clients: Callable[[], Mapping[str, NodeClient]], *,
+                 ttl_seconds: float, clock: Callable[[], float]) -> None:
+        self._rest = rest
+        self._driver = driver
+        self._clients = clients
         self._ttl = ttl_seconds
-        counter = itertools.count(1)
-        self._new_id = new_id or (lambda: f"r{next(counter)}")
-        self._connect = connect
-        self.selectors = PinningSelectors()
-        self._allocator = Allocator(self.selectors)  # the nodes' own default device choice
-        self.nodes: dict[str, SimulatedNode] = {}
-        self._clients: dict[str, NodeClient] = {}
-        self._coordinator = GangCoordinator(self._clients)
-        self._round = 0
-        self.stats = CommitStats()
+        self._clock = clock
+        self.timings: dict[str, float] = {}  # seconds per step over all commits (summed over parallel commits)
+        self._io = futures.ThreadPoolExecutor(64, thread_name_prefix="commit-io")  # a gang's writes at once
+        self._timings_lock = threading.Lock()
 
-    def node(self, name: str) -> SimulatedNode:
-        """The simulated node `name`, built on first use (its pods' holdings are adopted by the next round)."""
-        built = self.nodes.get(name)
-        if built is None:
-            built = self.nodes[name] = SimulatedNode(self._specs[name], self._allocator, self._clock,
-                                                     self._token, self._new_id)
-            self._clients[name] = self._connect(built.service, self._token)
-        return built
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
 
-    def __call__(self, result: CycleResult) -> CycleResult:
-        start = self._clock()
-        self._round += 1
-        self.stats.refused_pods = {}
-        specs = {p.name: p for j in result.before.jobs for p in j.pods}
-        pods = dict(result.pods)
-        gangs: dict[str, list[str]] = {}
-        for job in result.before.jobs:
-            bound = [p.name for p in job.pods if pods[p.name].action == "bind"]
-            if bound:
-                gangs[job.name] = bound
-        touched = {pods[p].node for bound in gangs.values() for p in bound if specs[p].gpu_milli > 0}
-        maps = self._sync({n for n in touched if n is not None}, pods, specs)
-        for job_name, bound in gangs.items():
-            self._commit_gang(job_name, bound, pods, specs, maps)
-        self._release_stopped(pods)
-        self.stats.seconds.append(self._clock() - start)
-        return dataclasses.replace(result, pods=pods)
+    def _add(self, step: str, since: float) -> float:
+        now = time.perf_counter()
+        with self._timings_lock:
+            self.timings[step] = self.timings.get(step, 0.0) + now - since
+        return now
 
-    def _sync(self, touched: set[str], pods: Mapping[str, PodDecision],
-              specs: Mapping[str, PodSpec]) -> dict[str, dict[int, int]]:
-        """Build the touched nodes (adopting pods running there) and map the arbiter's GPU indices to theirs."""
-        seats: dict[str, dict[str, Holding]] = {n: {} for n in touched}
-        for name, d in pods.items():
-            if d.node in seats and _holding_at_start(d) and specs[name].gpu_milli > 0:
-                seats[d.node][name] = Holding(d.gpus, _milli(specs[name]))
-        maps = {}
-        for name, here in seats.items():
-            node = self.node(name)
-            for pod, seat in here.items():
-                if pod not in node.holdings:
-                    node.hold(pod, seat)  # running before the simulation: held where the arbiter seats it
-            maps[name] = node.index_map(here)
-        return maps
+    # -- commit ---------------------------------------------------------------------------------------
 
-    def _commit_gang(self, job: str, bound: list[str], pods: dict[str, PodDecision],
-                     specs: Mapping[str, PodSpec], maps: Mapping[str, Mapping[int, int]]) -> None:
-        members = [p for p in bound if specs[p].gpu_milli > 0]
-        if not members:
-            return  # CPU-only pods reserve nothing
-        gang_id = f"{job}#{self._round}"
+    def commit(self, gang_id: str, members: Sequence[tuple[Member, str]],
+               classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices | None = None,
+               pod_group: Json | None = None, *, decided_at: float | None = None) -> Outcome:
+        """Reserve every member's claims on its node, write the allocations, confirm, ungate, marking `pod_group`
+        (the gang's PodGroup, if it has one) scheduled meanwhile. `shareable`: the devices published for sharing
+        (World.shareable), where a request for consumable capacity takes a share of a GPU: the node books its
+        fraction, the claim records the share as kube-scheduler does."""
+        shareable = shareable or {}
+        placements: list[MemberPlacement] = []
+        to_write: dict[str, tuple[Member, Json, str]] = {}  # reservation member -> (pod, claim, node)
+        shared: list[tuple[Member, Json]] = []  # allocated already (by someone else): only reservedFor added
+        on_node: dict[str, list[Mapping[str, Capacity]]] = {}  # node -> its shareable devices' capacities
+        for _, node in members:
+            on_node.setdefault(node, [])
+        for (pool, _), caps in shareable.items():
+            if pool in on_node:
+                on_node[pool].append(caps)
+        try:
+            for member, node in members:
+                for claim in member.claims:
+                    if is_allocated(claim):
+                        if not reserved_for(claim, member.pod):
+                            shared.append((member, claim))
+                        continue
+                    name = f"{member.key}/{meta(claim).get('name')}"
+                    choice = member.choices.get(str(meta(claim).get("name")))  # firstAvailable: as planned
+                    req: Claim = reservation_claim(claim, on_node[node], choice)
+                    placements.append(MemberPlacement(name, node, req))
+                    to_write[name] = (member, claim, node)
+        except Unsupported as e:
+            return Outcome(False, f"unsupported claim: {e}")
+        t = time.perf_counter()
+        clients = self._clients()
+        coordinator = GangCoordinator({node: _ClaimErrors(node, c) for node, c in clients.items()})
+        try:
+            held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+            if reason and "does not fit" in reason:
+                # reservations of this gang left by an arbiter killed mid-commit hold devices until their TTL:
+                # only one arbiter commits a gang at a time, so they are stale; free them and try once more
+                for node in {p.node for p in placements}:
+                    client = clients.get(node)
+                    if client is not None:
+                        try:
+                            client.release(gang_id=gang_id)
+                        except (OSError, Unauthenticated, UnknownReservation):
+                            continue
+                held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+        except ClaimRefused as e:  # what was reserved is released; the claim waits until it changes
+            self._add("reserve", t)
+            claim = to_write[e.member][1]
+            return Outcome(False, f"node {e.node} refused ResourceClaim {_claim_key(claim)}: {e.message}",
+                           refused=(claim, e.message))
+        t = self._add("reserve", t)
+        if reason:
+            return Outcome(False, reason)
+        outcome = Outcome(True)
 
-        def placements(pinned: bool) -> list[MemberPlacement]:
-            out = []
-            for p in members:
-                d = pods[p]
-                assert d.node is not None
-                pin = tuple(maps[d.node].get(g, g) for g in d.gpus) if pinned else None
-                out.append(MemberPlacement(p, d.node, member_claim(specs[p], pin, self.selectors)))
-            return out
+        statuses: dict[str, Json] = {}
+        try:
+            for name, (member, claim, node) in to_write.items():
+                devices = held[name][1].fit.devices
+                choice = member.choices.get(str(meta(claim).get("name")))
+                statuses[name] = {"allocation": allocation_status(claim, node, self._driver, devices, classes,
+                                                                  shareable=shareable, share_id=_share_id,
+                                                                  choice=choice)}
+        except Unsupported as e:  # the slice changed under the reservation: nothing was written yet
+            coordinator.release_all(held)
+            return Outcome(False, f"unsupported claim: {e}")
 
-        outcome = self._coordinator.place(gang_id, placements(pinned=True), self._ttl)
-        if not outcome.committed:
-            retry = self._coordinator.place(gang_id, placements(pinned=False), self._ttl)
-            if retry.committed:
-                self.stats.relocated += 1
-                outcome = retry
-        if not outcome.committed:
-            self.stats.refused += 1
-            for p in bound:
-                pods[p] = PodDecision("pending", None, "keep")
-                self.stats.refused_pods[p] = outcome.reason
+        def write(name: str) -> Json:
+            member, claim, _ = to_write[name]
+            return self._write_claim(claim, member.pod, statuses[name], outcome)
+
+        # the members' claims at once (each claim's two writes stay in order): a gang's commit then takes the
+        # time of one claim's writes, not of all of them in a row
+        written, error = self._each(write, list(to_write), distinct=[_claim_key(c) for _, c, _ in to_write.values()])
+        try:
+            if error is not None:
+                raise error
+            for member, claim in shared:  # one claim may be shared by several members: in order
+                written.append(self._write_claim(claim, member.pod, {}, outcome))
+        except ApiError as e:
+            coordinator.release_all(held)
+            self.deallocate(written, [m.pod for m, _ in members])
+            return Outcome(False, f"writing claims failed: {e}")
+        t = self._add("write claims", t)
+        reason = coordinator.confirm_all(held)
+        t = self._add("confirm", t)
+        if reason:
+            self.deallocate(written, [m.pod for m, _ in members])
+            return Outcome(False, f"a node could not confirm: {reason}")
+        # an ungated pod the arbiter caught stays as it is: its claims' nodeSelector leads kube-scheduler there
+        gated = [(member, node) for member, node in members if is_gated(member.pod)]
+        # the PodGroup marked while its pods are ungated: kube-scheduler's informers lag the writes, so the
+        # mark is there before it takes the group up, as a rule (if not, it writes the mark itself)
+        marking = self._io.submit(self.mark_scheduled, pod_group) if pod_group is not None and gated else None
+        ungated, error = self._each(lambda mn: self.ungate(mn[0].pod, mn[1], decided_at), gated,
+                                    distinct=[m.key for m, _ in gated])
+        if marking is not None:
+            marking.result()
+        outcome.writes.extend(ungated)
+        if error is not None:  # committed: the next cycle's recovery ungates the rest
+            log.warning("ungating a pod of %s failed (the next cycle retries): %s", gang_id, error)
+        self._add("ungate", t)
+        return outcome
+
+    def mark_scheduled(self, pod_group: Json) -> None:
+        """Write the condition kube-scheduler would write once it has placed the group, word for word (True,
+        reason Scheduled, no message, this generation): equal to its own, it is not written again. Best effort:
+        without it kube-scheduler writes it itself, only later."""
+        m = meta(pod_group)
+        condition = {"type": SCHEDULED, "status": "True", "reason": "Scheduled", "message": "",
+                     "observedGeneration": m.get("generation")}
+        held = scheduled_condition(pod_group)
+        if held is not None and all(held.get(k) == v for k, v in condition.items()):
             return
-        self.stats.committed += 1
-        for p, (node_name, r) in outcome.reservations.items():
-            node = self.nodes[node_name]
-            gpus = tuple(sorted(node.index_of[dev] for dev in r.fit.all_devices))
-            spec = specs[p]
-            node.hold(p, Holding(gpus, _milli(spec), r.id))
-            d = pods[p]
-            if gpus != d.gpus:
-                pods[p] = dataclasses.replace(d, gpus=gpus, gpu_index=gpus[0] if spec.fractional else None)
+        condition["lastTransitionTime"] = _rfc3339(self._clock())
+        try:  # a strategic merge: the conditions are merged by type, the others (DisruptionTarget) kept
+            self._rest.patch(POD_GROUPS, str(m.get("namespace")), str(m.get("name")),
+                             {"status": {"conditions": [condition]}}, content_type=STRATEGIC_MERGE_PATCH,
+                             subresource="status")
+        except ApiError as e:
+            log.warning("could not mark PodGroup %s/%s scheduled (kube-scheduler will): %s", m.get("namespace"),
+                        m.get("name"), e)
 
-    def _release_stopped(self, pods: Mapping[str, PodDecision]) -> None:
-        """A pod that will not be running next round gives its devices back (its reservation released)."""
-        for name, node in self.nodes.items():
-            stopped = [p for p in node.holdings if pods[p].outcome != "running"]
-            for p in stopped:
-                holding = node.drop(p)
-                if holding.reservation:
-                    self._clients[name].release(reservation_id=holding.reservation)
-                    self.stats.released += 1
+    def _each(self, fn: Callable[[Any], Any], items: Sequence[Any], *, distinct: Sequence[str]
+              ) -> tuple[list[Any], ApiError | None]:
+        """`fn` on every item, at once when the items touch distinct objects (else in order); the results of
+        those that succeeded and the first ApiError."""
+        if len(items) < 2 or len(set(distinct)) < len(distinct):
+            calls = [_call(fn, item) for item in items]
+        else:
+            calls = list(self._io.map(lambda item: _call(fn, item), items))
+        results = [r for r, e in calls if e is None]
+        errors = [e for _, e in calls if e is not None]
+        return results, (errors[0] if errors else None)
+
+    def _write_claim(self, claim: Json, pod: Json, status: Json, outcome: Outcome) -> Json:
+        """Finalizer, then allocation (when given) and reservedFor the pod; returns the claim as written."""
+        current = claim
+        finalizers = list(meta(current).get("finalizers") or ())
+        if DELETE_PROTECTION not in finalizers:
+            body = copy.deepcopy(current)
+            body["metadata"]["finalizers"] = [*finalizers, DELETE_PROTECTION]
+            body.setdefault("kind", "ResourceClaim")
+            current = self._rest.replace(RESOURCE_CLAIMS, body)
+        body = copy.deepcopy(current)
+        body.setdefault("kind", "ResourceClaim")
+        new_status = body.setdefault("status", {})
+        new_status.update(status)
+        pm = meta(pod)
+        new_status["reservedFor"] = [*(new_status.get("reservedFor") or ()),
+                                     {"resource": "pods", "name": pm.get("name"), "uid": pm.get("uid")}]
+        written = self._rest.replace(RESOURCE_CLAIMS, body, "status")
+        m = meta(written)
+        outcome.writes.append((RESOURCE_CLAIMS, str(m.get("namespace")), str(m.get("name")),
+                               str(m.get("resourceVersion"))))
+        return written
+
+    # -- undo -----------------------------------------------------------------------------------------
+
+    def deallocate(self, claims: Iterable[Json], pods: Iterable[Json]) -> list[Write]:
+        """Take back what the arbiter wrote into these claims for these pods: drop the pods from reservedFor;
+        a claim reserved for nobody else is deallocated and its finalizer removed (what kube-controller-manager
+        does once the last consumer is gone). Best effort: a claim that changed meanwhile is left to the next
+        cycle's recovery."""
+        uids = {meta(p).get("uid") for p in pods}
+        writes: list[Write] = []
+        for claim in claims:
+            m = meta(claim)
+            ns, name = str(m.get("namespace")), str(m.get("name"))
+            for _ in range(3):
+                try:
+                    fresh = self._rest.get(RESOURCE_CLAIMS, ns, name)
+                    status = fresh.setdefault("status", {})
+                    others = [r for r in status.get("reservedFor") or () if r.get("uid") not in uids]
+                    status["reservedFor"] = others
+                    if not others:
+                        status.pop("allocation", None)
+                    fresh.setdefault("kind", "ResourceClaim")
+                    fresh = self._rest.replace(RESOURCE_CLAIMS, fresh, "status")
+                    finalizers = list(meta(fresh).get("finalizers") or ())
+                    if not others and DELETE_PROTECTION in finalizers:
+                        fresh["metadata"]["finalizers"] = [f for f in finalizers if f != DELETE_PROTECTION]
+                        fresh = self._rest.replace(RESOURCE_CLAIMS, fresh)
+                    writes.append((RESOURCE_CLAIMS, ns, name, str(meta(fresh).get("resourceVersion"))))
+                    break
+                except Conflict:
+                    continue
+                except NotFound:
+                    break
+                except ApiError as e:
+                    log.warning("could not deallocate claim %s/%s (recovery retries): %s", ns, name, e)
+                    break
+        return writes
+
+    def ungate(self, pod: Json, node: str, decided_at: float | None = None) -> Write:
+        """`decided_at`: the deciding cycle's time, annotated as the admission (else now): a gang first seen
+        waiting after that cycle was not weighed by it, however long the commit took (evict.same_burst)."""
+        m = meta(pod)
+        ns, name = str(m.get("namespace")), str(m.get("name"))
+        current = pod
+        for attempt in range(3):
+            body = narrowed(current, node, self._clock() if decided_at is None else decided_at)
+            body.setdefault("kind", "Pod")
+            try:
+                written = self._rest.replace(PODS, body)
+                return (PODS, ns, name, str(meta(written).get("resourceVersion")))
+            except Conflict:
+                if attempt == 2:
+                    raise
+                current = self._rest.get(PODS, ns, name)
+                if not is_gated(current):
+                    return (PODS, ns, name, str(meta(current).get("resourceVersion")))
+        raise AssertionError("unreachable")
+
+    def release_gate(self, pod: Json) -> Write:
+        """Remove the arbiter's gate from a pod that is not the arbiter's (the admission policy gates every pod
+        with claims; these have none of our classes), changing nothing else."""
+        m = meta(pod)
+        ns, name = str(m.get("namespace")), str(m.get("name"))
+        body = copy.deepcopy(pod)
+        body.setdefault("kind", "Pod")
+        body["spec"]["schedulingGates"] = [g for g in body["spec"].get("schedulingGates") or ()
+                                           if g.get("name") != GATE]
+        written = self._rest.replace(PODS, body)
+        return (PODS, ns, name, str(meta(written).get("resourceVersion")))
+
+    # -- recovery -------------------------------------------------------------------------------------
+
+    def _reserve_again(self, member: Member) -> list[Write]:
+        """Put an admitted pod back in `reservedFor` of its claims when kube-scheduler took it out. After a
+        failed binding attempt kube-scheduler's DRA Unreserve removes the pod from every allocated claim
+        reserved for it, ours included; 1.37 fails such attempts on its own when it tries a PodGroup before all
+        its pods are ungated, and its next attempt was seen refused writing the reservation back (from a stale
+        copy), the devices allocated to no one. So an admitted pod, ungated, unbound, not terminating, whose
+        allocated claims are reserved for no one, gets the reservation its PreBind would write."""
+        pod = member.pod
+        m = meta(pod)
+        if is_gated(pod) or (pod.get("spec") or {}).get("nodeName") or m.get("deletionTimestamp") \
+                or ADMITTED_ANNOTATION not in (m.get("annotations") or {}):
+            return []
+        given = Outcome(True)
+        for claim in member.claims:
+            if not is_allocated(claim) or (claim.get("status") or {}).get("reservedFor"):
+                continue
+            try:
+                self._write_claim(claim, pod, {}, given)
+            except ApiError as e:  # changed meanwhile, or gone: the next cycle looks again
+                log.warning("could not reserve claim %s again for %s: %s", _claim_key(claim), member.key, e)
+                continue
+            log.warning("kube-scheduler took %s out of the reservedFor of claim %s (a failed binding attempt): "
+                        "put back", member.key, _claim_key(claim))
+        return given.writes
+
+    def recover(self, gangs: Iterable[Gang]) -> tuple[list[Write], list[str]]:
+        """Finish or undo commits a previous cycle (or leader) left half done. A gated pod whose claims are
+        all allocated and reserved for it was committed; one holding only some was interrupted. A gang is
+        completed (its committed pods ungated) when none of its pods was interrupted and its committed and
+        running pods reach minCount; otherwise its committed claims are deallocated. Returns the writes
+        and the gangs completed. Also gives back the reservations kube-scheduler took from admitted pods
+        (`_reserve_again`)."""
+        writes: list[Write] = []
+        completed: list[str] = []
+        for gang in gangs:
+            for member in gang.members.values():
+                writes.extend(self._reserve_again(member))
+            gated = [m for m in gang.members.values() if is_gated(m.pod) and not meta(m.pod).get("deletionTimestamp")]
+            holding = [(m, [c for c in m.claims if is_allocated(c) and reserved_for(c, m.pod)]) for m in gated]
+            holding = [(m, held) for m, held in holding if held]
+            if not holding:
+                continue
+            committed = [(m, held) for m, held in holding if len(held) == len(m.claims)]
+            running = sum(1 for m in gang.members.values() if not is_gated(m.pod) and m.node is not None)
+            nodes = {m.key: _node_of(held) for m, held in committed}
+            if len(committed) == len(holding) and len(committed) + running >= gang.min_member \
+                    and all(nodes.values()):
+                for m, _ in committed:
+                    try:
+                        writes.append(self.ungate(m.pod, str(nodes[m.key])))
+                    except ApiError as e:
+                        log.warning("recovery could not ungate %s: %s", m.key, e)
+                completed.append(gang.name)
+                continue
+            log.info("rolling back the interrupted commit of %s", gang.name)
+            for m, held in holding:
+                writes.extend(self.deallocate(held, [m.pod]))
+        return writes, completed
+
+
+def scheduled_condition(pod_group: Json) -> Json | None:
+    """The PodGroup's `PodGroupInitiallyScheduled` condition, if it has one."""
+    return next((c for c in (pod_group.get("status") or {}).get("conditions") or () if c.get("type") == SCHEDULED),
+                None)
+
+
+def _call(fn: Callable[[Any], Any], item: Any) -> tuple[Any, ApiError | None]:
+    try:
+        return fn(item), None
+    except ApiError as e:
+        return None, e
+
+
+def _share_id() -> str:
+    """A share's `shareID`: a fresh RFC 4122 uuid in lowercase, as kube-scheduler makes it."""
+    return str(uuid.uuid4())
+
+
+def _claim_key(claim: Json) -> str:
+    return f"{meta(claim).get('namespace')}/{meta(claim).get('name')}"
+
+
+def _node_of(claims: Sequence[Json]) -> str | None:
+    nodes = {allocated_node(c) for c in claims}
+    return nodes.pop() if len(nodes) == 1 else None

@@ -1,0 +1,77 @@
+"""`gpu-dra-agent compute-domain-controller`: the ComputeDomain controller (agent.computedomain.controller).
+
+With --leader-elect (the Deployment's setting) only the holder of the Lease gpu-dra-compute-domains writes; it
+exits when it loses the Lease, so the Deployment starts it again as a standby."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import socket
+import threading
+import uuid
+
+from agent import logs
+from agent.commands.options import SettingError, StartupFailure, option, switch
+from agent.commands.signals import stop_on_signals
+from agent.computedomain.controller import COMPONENT, ComputeDomainController
+from agent.kube.errors import ApiError
+from agent.kube.events import EventRecorder
+from agent.kube.kubeconfig import KubeconfigError, connect
+from agent.kube.leader import LeaderElector
+
+log = logging.getLogger("agent.compute_domain_controller")
+LEASE = "gpu-dra-compute-domains"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
+    option(p, "--period", env="PERIOD", type=float, default=10.0, metavar="SECONDS",
+           help="seconds between passes over every ComputeDomain (changes are handled at once)")
+    switch(p, "--leader-elect", env="LEADER_ELECT", default=True,
+           help="only the holder of the Lease gpu-dra-compute-domains writes (run two replicas)")
+    option(p, "--leader-elect-namespace", env="POD_NAMESPACE", default="gpu-dra-agent", help="namespace of the Lease")
+    option(p, "--log-format", env="LOG_FORMAT", default="text", choices=logs.FORMATS, help="json or text")
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_format)
+    if not (math.isfinite(args.period) and args.period > 0):
+        raise SettingError(f"--period must be a positive number of seconds, not {args.period}")
+    try:
+        rest = connect(args.kubeconfig)
+    except KubeconfigError as exc:
+        raise SettingError(str(exc)) from exc
+    stop = threading.Event()
+    stop_on_signals(stop.set, log)
+    identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    elector = None
+    if args.leader_elect:
+        elector = LeaderElector(rest, args.leader_elect_namespace, LEASE, identity)
+        rest = rest.gated(elector.check_leading)  # no write leaves a process that may have lost the Lease
+        threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
+        while not elector.leading.wait(0.5):
+            if stop.is_set():
+                return 0
+        lost = elector.lost
+
+        def stop_when_lost() -> None:
+            lost.wait()
+            stop.set()
+
+        threading.Thread(target=stop_when_lost, name="lease-lost", daemon=True).start()
+    controller = ComputeDomainController(rest, period_s=args.period,
+                                         recorder=EventRecorder(rest, COMPONENT, identity))
+    try:
+        controller.start()
+        log.info("compute-domain controller running", extra={"identity": identity})
+        controller.run(stop)
+    except ApiError as exc:
+        raise StartupFailure(str(exc)) from exc
+    finally:
+        controller.stop()
+        if elector is not None and not elector.lost.is_set():
+            elector.release()
+    return 1 if elector is not None and elector.lost.is_set() else 0

@@ -1,0 +1,108 @@
+"""ComputeDomains on the API fake with many nodes of a fake GB200 NVL72 rack (fakes.computedomains): the
+controller makes the channel template, each node's compute-domain plugin prepares channels over its real kubelet
+sockets and runs one IMEX daemon per domain (the fake nvidia-imex), and status.nodes follows."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import yaml
+
+from agent.computedomain.controller import COMPUTE_DOMAINS as COMPUTE_DOMAINS_RESOURCE
+from agent.computedomain.model import READY
+from agent.kube.errors import NotFound
+from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES
+from fakes.computedomains import NvlRack
+from tests.integration.test_node_support import short_tmpdir
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-imex"
+NS = "mnnvl"
+
+
+def domain_doc(name: str, nodes: int, template: str, mode: str | None = None) -> dict:
+    channel: dict = {"resourceClaimTemplate": {"name": template}}
+    if mode:
+        channel["allocationMode"] = mode
+    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain", "metadata": {"name": name},
+            "spec": {"numNodes": nodes, "channel": channel}}
+
+
+def worker(name: str, template: str, gpus: int) -> dict:
+    """A worker of a multi-node job: `gpus` GPUs through the device-plugin-style resource (the DeviceClass maps
+    nvidia.com/gpu), and the domain's channel, as NVIDIA's nvbandwidth job asks for them."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"job": "train"}},
+            "spec": {"containers": [{"name": "main", "image": "trainer:1", "resources": {
+                "limits": {"nvidia.com/gpu": str(gpus)}, "claims": [{"name": "channel"}]}}],
+                "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": template}]}}
+
+
+@pytest.fixture
+def rack():
+    with short_tmpdir("nvl-") as root, NvlRack(root, nodes=5) as rack:
+        yield rack
+
+
+def test_a_four_node_domain_job_of_16_gpus_gets_one_channel_per_pod_and_a_daemon_per_node(rack: NvlRack) -> None:
+    rack.apply([domain_doc("train", 4, "train-channel")], NS)
+    # the controller makes the template the domain names: one channel request, the domain's UID as config
+    template = rack.wait_for(lambda: _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "train-channel"), what="template")
+    uid = rack.domain(NS, "train")["metadata"]["uid"]
+    params = template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert params == {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
+                      "domainID": uid, "allocationMode": "Single"}
+    assert template["metadata"]["ownerReferences"][0]["uid"] == uid
+
+    rack.apply([worker(f"train-{i}", "train-channel", 4) for i in range(4)], NS)
+    rack.wait_for(lambda: all(_running(rack, f"train-{i}") for i in range(4)), timeout=90,
+                  what="the four workers to start")
+    nodes = [rack.pod_node(NS, f"train-{i}") for i in range(4)]
+    assert len({n.name for n in nodes if n}) == 4  # 4 GPUs a node: one worker each, 16 GPUs in all
+    addresses = sorted(n.address for n in nodes if n)
+    for node in nodes:
+        assert node is not None
+        assert node.channel_nodes() == ["channel0"]  # exactly one channel on each node
+        spec = yaml.safe_load((node.cdi_root / node.cdi_specs()[0]).read_text())
+        device_nodes = [n for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+        assert [(n["path"], n["major"], n["minor"]) for n in device_nodes] == [
+            ("/dev/nvidia-caps-imex-channels/channel0", 234, 0)]
+        assert device_nodes[0]["hostPath"] == str(node.dev_root / "dev/nvidia-caps-imex-channels/channel0")
+        # every node's daemon config names exactly the four nodes, and that is what its daemon loaded
+        rack.wait_for(lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses, timeout=30,
+                      what=f"{node.name}'s daemon to load the four peers")
+    idle = next(n for n in rack.nodes if n not in nodes)
+    assert idle.daemon_nodes() == {} and idle.channel_nodes() == []
+
+    domain = rack.wait_for(lambda: _ready(rack, "train"), timeout=30, what="the domain to be Ready")
+    entries = domain["status"]["nodes"]
+    assert sorted(e["ipAddress"] for e in entries) == addresses
+    assert sorted(e["index"] for e in entries) == [0, 1, 2, 3]
+    assert {e["status"] for e in entries} == {READY} and len({e["cliqueID"] for e in entries}) == 1
+
+    # deleting the job tears down the daemons and the channels; deleting the domain, its template
+    for i in range(4):
+        rack.rest.delete(PODS, NS, f"train-{i}")
+    rack.wait_for(lambda: all(not n.channel_nodes() and not n.cdi_specs() and not n.daemon_nodes()
+                              for n in rack.nodes), timeout=60, what="channels and daemons to go")
+    assert rack.domain(NS, "train")["status"].get("nodes", []) == []
+    rack.rest.delete(COMPUTE_DOMAINS_RESOURCE, NS, "train")
+    rack.wait_for(lambda: _get(rack, COMPUTE_DOMAINS_RESOURCE, NS, "train") is None
+                  and _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "train-channel") is None, timeout=30,
+                  what="the domain and its template to go")
+
+
+def _get(rack: NvlRack, resource, namespace: str, name: str):
+    try:
+        return rack.rest.get(resource, namespace, name)
+    except NotFound:
+        return None
+
+
+def _running(rack: NvlRack, name: str) -> bool:
+    pod = _get(rack, PODS, NS, name)
+    return bool(pod and (pod.get("status") or {}).get("phase") == "Running")
+
+
+def _ready(rack: NvlRack, name: str):
+    domain = rack.domain(NS, name)
+    return domain if (domain.get("status") or {}).get("status") == READY else None
