@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.arbiter.names import COMPONENT, FENCE_RULE, GATE
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.leader import LeaderElector
 from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, RESOURCE_CLAIMS, Json, Rest
+from agent.names import COMPONENT, FENCE_RULE, GATE
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.arbiter.names import ARBITER_USER, RESERVATION_AUDIENCE
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.sharing import ClaimSharing
 from agent.claims.state import holders
@@ -37,6 +36,7 @@ from agent.metrics import NodeMetrics
 from agent.migconfig.reconciler import MigReconciler, NodeHooks
 from agent.migconfig.reset import reset_gpu
 from agent.migconfig.spec import MigConfigs
+from agent.names import ARBITER_USER, RESERVATION_AUDIENCE
 from agent.nvml.health import HealthMonitor, device_taint, parent_gpu_name, with_gpus_kept, without_devices
 from agent.nvml.migctl import MigControl
 from agent.nvml.migmode import MigReconfiguration
@@ -48,7 +48,8 @@ from agent.slices.publisher import Publisher, PublishResult
 from agent.slices.versions import LATEST, SliceRules, rules_for
 
 if TYPE_CHECKING:
-    from agent.arbiter.node_service import NodeReservations
+    from agent.computedomain.plugin import ComputeDomainPlugin
+    from agent.reservation.node_service import NodeReservations
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,14 @@ class NodeConfig:
     mig_configs: MigConfigs | None = None  # follow the nvidia.com/mig.config label with these; None: ignore it
     mps_watch_interval_s: float = 2.0  # how often the MPS daemons of prepared claims are checked (their pids)
     # where the arbiter's Lease is: while no arbiter holds it, one node agent tells the pods that wait for it
-    # (agent.arbiter.absence); None: never
+    # (agent.absent_arbiter); None: never
     arbiter_namespace: str | None = None
     absent_arbiter_period_s: float = 60.0
+    # --compute-domains: also serve compute-domain.nvidia.com (IMEX channels, the domains' IMEX daemons)
+    compute_domains: bool = False
+    imex_address: str = ""  # where this node's IMEX daemons listen (the pod's IP): status.nodes[].ipAddress
+    proc_devices: Path = Path("/proc/devices")  # its nvidia-caps-imex-channels line: the channels' major
+    imex_channel_count: int = 2048
 
 
 class MeasuredPreparer:
@@ -181,6 +187,7 @@ class NodeAgent:
             on_fenced=self.metrics.fenced_claim_records.set,
         )
         self.plugin: KubeletPlugin | None = None
+        self.compute_domains: ComputeDomainPlugin | None = None
         self.reservations: NodeReservations | None = None
         self._threads: list[threading.Thread] = []
         self._mig: MigReconciler | None = None
@@ -242,10 +249,13 @@ class NodeAgent:
             liveness_address=self.config.liveness_address,
         )
         self.plugin.start()
+        if self.config.compute_domains:
+            self.compute_domains = self._compute_domain_plugin()
+            self.compute_domains.start(self._node_uid)
         if self.config.reservation_address:
             # imported only when served: the allocator and its CEL library cost the daemon's start-up otherwise
-            from agent.arbiter.node_service import NodeReservations
-            from agent.arbiter.reservation_auth import TokenReviewer
+            from agent.reservation.auth import TokenReviewer
+            from agent.reservation.node_service import NodeReservations
 
             reviewer = TokenReviewer(self._rest, audience=self.config.reservation_audience,
                                      username=self.config.arbiter_user)
@@ -265,7 +275,7 @@ class NodeAgent:
         self._spawn("health-publish", self._health_publish_loop)
         self._spawn("mps-watch", self._mps_watch_loop)
         if self.config.arbiter_namespace:
-            from agent.arbiter.absence import AbsenceTeller
+            from agent.absent_arbiter import AbsenceTeller
 
             teller = AbsenceTeller(self._rest, self.config.arbiter_namespace, self.config.node_name, self._events,
                                    period_s=self.config.absent_arbiter_period_s)
@@ -300,6 +310,8 @@ class NodeAgent:
             self._monitor.stop()  # before the NVML session closes
         if self.plugin is not None:
             self.plugin.stop()
+        if self.compute_domains is not None:
+            self.compute_domains.stop()
         if self.reservations is not None:
             self.reservations.stop()
         for t in self._threads:
@@ -308,6 +320,20 @@ class NodeAgent:
         log.info("node agent stopped")
 
     # --- internals -------------------------------------------------------------------------------------
+
+    def _compute_domain_plugin(self) -> ComputeDomainPlugin:
+        """The second driver, for this node's fabric clique (none: it publishes nothing and prepares nothing)."""
+        from agent.computedomain.channels import clique_of
+        from agent.computedomain.plugin import ComputeDomainPlugin, ComputeDomainSettings, read_boot_id
+
+        c = self.config
+        settings = ComputeDomainSettings(
+            node_name=c.node_name, kubelet_root=c.kubelet_root, cdi_root=c.cdi_root, state_dir=c.state_dir,
+            driver_root=c.driver_root, ip_address=c.imex_address, dev_root=c.dev_root, proc_devices=c.proc_devices,
+            channel_count=c.imex_channel_count)
+        clique = clique_of([g.fabric.domain_id if g.fabric else None for g in self._inventory.gpus])
+        return ComputeDomainPlugin(settings, self._rest, clique, read_boot_id())
+
 
     def _notify(self, claim: ClaimRef | None, type_: str, reason: str, message: str) -> None:
         """An Event on the claim, or on this Node for None (from the claim code, under the node lock: queued)."""

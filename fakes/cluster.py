@@ -7,7 +7,7 @@ machine, and the stand-ins for kube-controller-manager and kube-scheduler (fakes
         cluster.gang("team-a", "train", pods=2, gpus=8)
         arbiter = cluster.arbiter()            # in-process; or run `gpu-dra-agent arbiter --kubeconfig ...`
 
-A node here is the agent's reservation side (agent.arbiter.node_service over the real local allocator) and
+A node here is the agent's reservation side (agent.reservation.node_service over the real local allocator) and
 its published ResourceSlices; kubelet and prepare are not involved (tests of the node agent cover them).
 """
 
@@ -27,9 +27,6 @@ from typing import Any
 import yaml
 
 from agent.arbiter.controller import Arbiter, ArbiterConfig
-from agent.arbiter.names import ARBITER_USER, GATE, QUEUE_LABEL, RESERVATION_AUDIENCE
-from agent.arbiter.node_service import POOL_INDEX, NodeReservations, claim_pools
-from agent.arbiter.reservation_auth import TokenFile, TokenReviewer
 from agent.devices.model import Inventory
 from agent.devices.shares import ShareMode
 from agent.kube.errors import ApiError, Conflict
@@ -47,7 +44,10 @@ from agent.kube.rest import (
     Resource,
     Rest,
 )
+from agent.names import ARBITER_USER, GATE, QUEUE_LABEL, RESERVATION_AUDIENCE
 from agent.nvml.source import open_nvml
+from agent.reservation.auth import TokenFile, TokenReviewer
+from agent.reservation.node_service import POOL_INDEX, NodeReservations, claim_pools
 from agent.slices.build import build_resource_slices
 from fakes import apiserver
 from fakes.controllers.runner import Controllers

@@ -4,8 +4,10 @@ isort:skip_file
 Reservation protocol between the queue arbiter and each node's local allocator, over TLS: the arbiter trusts
 only the certificate whose SHA-256 the node publishes in its Node annotation
 scheduling.gpu-dra-agent.io/reservation-certificate-sha256.
-Every call carries gRPC metadata `authorization: Bearer <token>`; without the right token: UNAUTHENTICATED,
-whatever the request.
+Every call carries gRPC metadata `authorization: Bearer <token>` exactly once, the token being the arbiter's
+service-account token for the audience gpu-dra-agent-reservations (checked by TokenReview); without it, or
+with two such entries: UNAUTHENTICATED, whatever the request. RESOURCE_EXHAUSTED with the trailing metadata
+`gpu-dra-agent-busy` means the node is busy with other Reserves' selectors: try again later.
 """
 
 from collections import abc as _abc
@@ -36,6 +38,7 @@ class DeviceRequest(_message.Message):
     device_class: _builtins.str
     """gpu.nvidia.com or mig.nvidia.com"""
     count: _builtins.int
+    """at least 1: 0 (proto3 cannot tell it from none) is INVALID_ARGUMENT"""
     gpu_milli: _builtins.int
     """1..999: a share of one GPU; 0: whole devices"""
     @_builtins.property
@@ -70,11 +73,13 @@ class ReserveRequest(_message.Message):
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
     gang_id: _builtins.str
     member: _builtins.str
-    """`<namespace>/<pod>/<claim>`: the ResourceClaim the arbiter writes these devices into"""
+    """`<namespace>/<pod>/<claim>`: the ResourceClaim the arbiter writes these devices into;"""
     ttl_seconds: _builtins.float
     @_builtins.property
     def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceRequest]:
-        """names unique; selectors within kube-apiserver's DRA limits"""
+        """anything else is INVALID_ARGUMENT
+        names unique; selectors within kube-apiserver's DRA limits
+        """
 
     @_builtins.property
     def match_attributes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:

@@ -4,8 +4,10 @@ isort:skip_file
 Reservation protocol between the queue arbiter and each node's local allocator, over TLS: the arbiter trusts
 only the certificate whose SHA-256 the node publishes in its Node annotation
 scheduling.gpu-dra-agent.io/reservation-certificate-sha256.
-Every call carries gRPC metadata `authorization: Bearer <token>`; without the right token: UNAUTHENTICATED,
-whatever the request.
+Every call carries gRPC metadata `authorization: Bearer <token>` exactly once, the token being the arbiter's
+service-account token for the audience gpu-dra-agent-reservations (checked by TokenReview); without it, or
+with two such entries: UNAUTHENTICATED, whatever the request. RESOURCE_EXHAUSTED with the trailing metadata
+`gpu-dra-agent-busy` means the node is busy with other Reserves' selectors: try again later.
 """
 
 from agent._proto import arbiter_pb2 as _arbiter_pb2

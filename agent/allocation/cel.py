@@ -38,7 +38,7 @@ _SEMVER = re.compile(
 # = 10 * 1024 characters, checked before compiling; CELSelectorExpressionMaxCost = 1000000 cost units, both the
 # worst-case estimate validation allows (pkg/apis/resource/validation: "too complex, exceeds cost limit") and
 # the runtime limit (k8s.io/dynamic-resource-allocation/cel compile.go: cel.CostLimit(...)). The `cel` package
-# counts no cost; agent.arbiter.selector_worker bounds evaluation by time instead (DESIGN.md, issue 17).
+# counts no cost; agent.reservation.selector_worker bounds evaluation by time instead (DESIGN.md, issue 17).
 MAX_EXPRESSION_LENGTH = 10 * 1024
 MAX_COST = 1_000_000
 _STRING_LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")

@@ -45,7 +45,7 @@ def device_key(device: Mapping[str, Any]) -> str:
 
 
 class EvaluatedSelectors:
-    """A SelectorEngine over answers computed before the fit (agent.arbiter.selector_worker): per expression
+    """A SelectorEngine over answers computed before the fit (agent.reservation.selector_worker): per expression
     and device key, True/False, or the SelectorError message of a selector that failed on that device. A
     device not evaluated (the inventory changed since) does not match."""
 

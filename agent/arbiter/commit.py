@@ -34,15 +34,6 @@ from typing import Any
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
-from agent.arbiter.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, GATE
-from agent.arbiter.reservation import (
-    GangCoordinator,
-    MemberPlacement,
-    NodeClient,
-    Reservation,
-    Unauthenticated,
-    UnknownReservation,
-)
 from agent.arbiter.world import (
     Gang,
     Json,
@@ -61,6 +52,15 @@ from agent.devices.names import InvalidDeviceName
 from agent.devices.shares import Capacity
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import POD_GROUPS, PODS, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH, Resource, Rest
+from agent.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, GATE
+from agent.reservation.protocol import (
+    GangCoordinator,
+    MemberPlacement,
+    NodeClient,
+    Reservation,
+    Unauthenticated,
+    UnknownReservation,
+)
 
 log = logging.getLogger(__name__)
 

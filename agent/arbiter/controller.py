@@ -4,7 +4,7 @@ Each cycle: wait until the informers show the previous cycle's writes; build the
 (agent.arbiter.world); finish or undo any commit a previous cycle or leader left half done; run the core
 (fair shares, allocate, consolidate, reclaim, preempt); evict victims through the Eviction API (the pod's
 grace period applies; the core spares victims inside their queue's min-runtime); commit each gang the core
-bound (agent.arbiter.committing); say with Events why gangs wait; write Queue status; record metrics.
+bound (agent.arbiter.commit); say with Events why gangs wait; write Queue status; record metrics.
 
 The arbiter is the only allocator of its driver's devices: it keeps the DeviceTaintRule of agent.arbiter.fence
 in place (kube-scheduler allocates no tainted device) and commits only once that rule has been in force for
@@ -35,17 +35,14 @@ import grpc
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
-from agent.arbiter.committing import Committer, InvalidClaim, Outcome, Write
+from agent.arbiter.commit import Committer, InvalidClaim, Outcome, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
 from agent.arbiter.fence import default_queue, fence_rule, fences
 from agent.arbiter.metrics import ArbiterMetrics, cycle_values
-from agent.arbiter.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
 from agent.arbiter.queue_status import STRANDED, queue_statuses, stranded_reasons
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
-from agent.arbiter.reservation import NodeClient, NodeUnavailable, Reservation
-from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.arbiter.waiting import wait_reasons
 from agent.arbiter.world import Gang, Member, ShareDevices, World, build_world, meta, parse_time
 from agent.kube.errors import ApiError, NotFound
@@ -62,6 +59,9 @@ from agent.kube.rest import (
     RESOURCE_SLICES,
     Rest,
 )
+from agent.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
+from agent.reservation.protocol import NodeClient, NodeUnavailable, Reservation
+from agent.reservation.transport import GrpcNodeClient, pinned_channel
 
 log = logging.getLogger(__name__)
 WAIT_REFRESH_S = 30.0  # a wait reason whose numbers changed is told again at most this often

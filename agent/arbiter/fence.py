@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.arbiter.names import FENCE_RULE, FENCE_TAINT
+from agent.names import FENCE_RULE, FENCE_TAINT
 
 EFFECT = "NoSchedule"
 

@@ -44,7 +44,11 @@ from agent.arbiter.core.model import (
     PodStatus,
     Snapshot,
 )
-from agent.arbiter.names import (
+from agent.arbiter.node_rules import NodeRules, rules_key
+from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
+from agent.arbiter.waiting import NO_RESERVATIONS
+from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
+from agent.names import (
     ADDRESS_ANNOTATION,
     ADMITTED_ANNOTATION,
     DEFAULT_QUEUE,
@@ -52,10 +56,6 @@ from agent.arbiter.names import (
     GATE,
     QUEUE_LABEL,
 )
-from agent.arbiter.node_rules import NodeRules, rules_key
-from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
-from agent.arbiter.waiting import NO_RESERVATIONS
-from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
 from agent.quantity import QuantityError, parse
 
 Json = dict[str, Any]

@@ -79,7 +79,7 @@ class ClaimPreparer:
         TimeSlicing and MPS configs on the node (None: they are checked, not applied). `reserved(device,
         "namespace/name", share)` names the arbiter's reservation for another claim holding the device (whole,
         for a share), "" for none
-        (agent.arbiter.reservation.ReservationBook.reserved_for_other): prepare refuses such a device.
+        (agent.reservation.protocol.ReservationBook.reserved_for_other): prepare refuses such a device.
         `notify` tells people what they should know of a prepared claim, and of a fenced claim record
         (agent.claims.checkpoint), once each (agent.node makes Events of it); `on_fenced` gets the number of
         fenced records after each read (a metric)."""

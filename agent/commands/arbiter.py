@@ -19,9 +19,6 @@ from agent import logs
 from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
-from agent.arbiter.names import COMPONENT, DEFAULT_QUEUE
-from agent.arbiter.node_service import split_address
-from agent.arbiter.reservation_auth import TokenFile, TokenFileError
 from agent.commands.options import SettingError, StartupFailure, option, switch
 from agent.commands.signals import stop_on_signals
 from agent.kube.client import RateLimiter
@@ -30,6 +27,9 @@ from agent.kube.events import EventRecorder
 from agent.kube.kubeconfig import KubeconfigError, connect
 from agent.kube.leader import LeaderElector, check_timings
 from agent.kube.rest import Rest
+from agent.names import COMPONENT, DEFAULT_QUEUE
+from agent.reservation.auth import TokenFile, TokenFileError
+from agent.reservation.node_service import split_address
 
 log = logging.getLogger("agent.arbiter")
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent import logs
-from agent.arbiter.names import ARBITER_USER, RESERVATION_AUDIENCE
 from agent.claims.checkpoint import CheckpointCorrupt
 from agent.commands import preflight
 from agent.commands.options import SETTING_EXIT, STARTUP_EXIT, option, switch
@@ -22,6 +21,7 @@ from agent.kube.kubeconfig import KubeconfigError, connect
 from agent.kubelet.sockets import SocketError
 from agent.migconfig.files import load_mig_configs
 from agent.migconfig.spec import InvalidMigConfig
+from agent.names import ARBITER_USER, RESERVATION_AUDIENCE
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.errors import NvmlError
 from agent.nvml.source import InvalidNvmlSpec, open_nvml
@@ -90,6 +90,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
            help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's")
     switch(p, "--mig-reconfigure", env="MIG_RECONFIGURE", default=True,
            help="apply the MIG config the node label nvidia.com/mig.config names")
+    switch(p, "--compute-domains", env="COMPUTE_DOMAINS", default=False,
+           help="also serve compute-domain.nvidia.com: IMEX channels for NVIDIA's ComputeDomains on nodes in a "
+                "multi-node NVLink fabric clique, and their IMEX daemons (nvidia-imex from the driver root)")
+    option(p, "--imex-address", env="POD_IP", default="",
+           help="the IP address this node's IMEX daemons listen on and peers reach (the DaemonSet: the pod's IP)")
+    option(p, "--proc-devices", env="PROC_DEVICES", default="/proc/devices",
+           help="the kernel's device list, whose nvidia-caps-imex-channels line gives the IMEX channels' major")
+    option(p, "--imex-channel-count", env="IMEX_CHANNEL_COUNT", type=int, default=2048,
+           help="IMEX channels of the node (the driver's NVreg_ImexChannelCount): what allocationMode All injects")
 
 
 def _xids(text: str) -> frozenset[int]:
@@ -111,7 +120,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         if value:
             preflight.address(flag, value)
     if args.reservation_addr:
-        from agent.arbiter.node_service import split_address
+        from agent.reservation.node_service import split_address
 
         try:
             split_address(args.reservation_addr)
@@ -135,7 +144,21 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
     except InvalidMigConfig as exc:
         raise StartupError(str(exc)) from None
+    if args.compute_domains:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(args.imex_address)
+        except ValueError:
+            raise StartupError(f"--compute-domains needs --imex-address (or POD_IP), an IP address, not "
+                               f"{args.imex_address!r}") from None
+        if not 1 <= args.imex_channel_count <= 1 << 20:
+            raise StartupError(f"--imex-channel-count must be between 1 and 1048576, not {args.imex_channel_count}")
     return NodeConfig(
+        compute_domains=args.compute_domains,
+        imex_address=args.imex_address,
+        proc_devices=Path(args.proc_devices),
+        imex_channel_count=args.imex_channel_count,
         node_name=preflight.dns_subdomain("--node-name", args.node_name),
         driver_name=driver_name,
         kubelet_root=Path(args.kubelet_root),

@@ -22,7 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
 from agent.allocation.fragmentation import RequestMix
-from agent.allocation.replay import (
+from agent.commands.options import SettingError
+from agent.simulation.replay import (
     PAPER_SEEDS,
     TIE_REGIMES,
     TraceNode,
@@ -31,8 +32,7 @@ from agent.allocation.replay import (
     replay_run,
     typical_mix,
 )
-from agent.allocation.trace_policies import TracePod, baseline_policies
-from agent.commands.options import SettingError
+from agent.simulation.trace_policies import TracePod, baseline_policies
 
 T = TypeVar("T")
 

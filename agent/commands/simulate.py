@@ -2,7 +2,7 @@
 
 Reading the file and the clock happen here; the decisions are agent.arbiter.core's. Unless --no-reservations,
 each round's bound gangs are then committed through the reservation protocol to in-process node allocators
-(agent.arbiter.commit): a gang a node refuses is reported pending, with the node's reason as "refused".
+(agent.simulation.nodes): a gang a node refuses is reported pending, with the node's reason as "refused".
 """
 
 from __future__ import annotations
@@ -15,24 +15,17 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agent.arbiter.commit import ReservationCommit
-from agent.arbiter.core.cycle import (
-    ACTIONS,
-    DEFAULT_ACTIONS,
-    Simulation,
-    fair_share_in_units,
-    gc_paused,
-    simulate,
-    unknown_actions,
-)
+from agent.arbiter.core.cycle import ACTIONS, DEFAULT_ACTIONS, fair_share_in_units, gc_paused, unknown_actions
 from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
 from agent.commands.options import SettingError
+from agent.simulation.nodes import ReservationCommit
+from agent.simulation.rounds import Simulation, simulate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("snapshot", metavar="SNAPSHOT.json",
-                        help="cluster snapshot: nodes, queues, jobs; the format is agent/arbiter/snapshot/"
-                             "snapshot.schema.json, an example agent/arbiter/snapshot/example.json")
+                        help="cluster snapshot: nodes, queues, jobs; the format is agent/simulation/snapshot/"
+                             "snapshot.schema.json, an example agent/simulation/snapshot/example.json")
     parser.add_argument(
         "--actions",
         default=",".join(DEFAULT_ACTIONS),
@@ -119,12 +112,12 @@ def reservations_summary(commit: ReservationCommit | None) -> dict[str, Any]:
             "commitSeconds": [round(t, 6) for t in s.seconds]}
 
 
-SCHEMA = Path(__file__).resolve().parents[1] / "arbiter" / "snapshot" / "snapshot.schema.json"
+SCHEMA = Path(__file__).resolve().parents[1] / "simulation" / "snapshot" / "snapshot.schema.json"
 EXAMPLE = SCHEMA.with_name("example.json")
 
 
 def _check_schema(doc: object) -> None:
-    """The snapshot format as documented (agent/arbiter/snapshot/snapshot.schema.json)."""
+    """The snapshot format as documented (agent/simulation/snapshot/snapshot.schema.json)."""
     try:
         import jsonschema  # type: ignore[import-untyped]
     except ModuleNotFoundError:

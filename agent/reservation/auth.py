@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.arbiter.names import ARBITER_USER, RESERVATION_AUDIENCE
-from agent.arbiter.reservation import NodeUnavailable, Unauthenticated
 from agent.kube.errors import ApiError
 from agent.kube.rest import Resource, Rest
+from agent.names import ARBITER_USER, RESERVATION_AUDIENCE
+from agent.reservation.protocol import NodeUnavailable, Unauthenticated
 
 AUDIENCE = RESERVATION_AUDIENCE
 TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", False)
@@ -72,7 +72,7 @@ class TokenFile:
 
 
 class TokenReviewer:
-    """An Authenticator (agent.arbiter.reservation): a bearer token is accepted when the API server says it is
+    """An Authenticator (agent.reservation.protocol): a bearer token is accepted when the API server says it is
     valid for `audience` and names `username`. Answers are cached by the token's SHA-256 (accepted for
     ACCEPTED_TTL_S, refused for REFUSED_TTL_S, at most CACHE_ENTRIES, oldest out first); a TokenReview that
     fails (the API server unreachable, or refusing us) is not cached and raises NodeUnavailable."""

@@ -33,10 +33,6 @@ from agent.allocation.allocator import Allocator
 from agent.allocation.catalog import NodeUsage
 from agent.allocation.fragmentation import MILLI
 from agent.allocation.selectors import CelSelectors
-from agent.arbiter import reservation_grpc
-from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
-from agent.arbiter.reservation import Authenticator, NodeAllocatorService, ReservationBook
-from agent.arbiter.selector_worker import MAX_ADMITTED, WorkerSelectors
 from agent.arbiter.world import Json, allocated_devices, allocated_shares, share_gpus
 from agent.devices.model import Inventory
 from agent.devices.names import gpu_device_name
@@ -44,6 +40,10 @@ from agent.devices.shares import ShareMode, capacities
 from agent.kube.errors import ApiError
 from agent.kube.informer import Informer
 from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
+from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
+from agent.reservation import transport as reservation_grpc
+from agent.reservation.protocol import Authenticator, NodeAllocatorService, ReservationBook
+from agent.reservation.selector_worker import MAX_ADMITTED, WorkerSelectors
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class NodeReservations:
                  token: str | Authenticator, rest: Rest, clock: Callable[[], float] = time.time,
                  claims: Informer | None = None, share_mode: ShareMode | None = None,
                  selectors: WorkerSelectors | None = None) -> None:
-        """`token`: who may call (agent.arbiter.reservation_auth.TokenReviewer; a str: one shared token, for
+        """`token`: who may call (agent.reservation.auth.TokenReviewer; a str: one shared token, for
         tests). `prepared`: (device, "namespace/name" of its claim) of every device prepared here. `claims`: an
         informer shared by several nodes in one process (fakes), indexed with `claim_pools` and calling
         `claim_seen` of the nodes its claims name; by default the node watches claims itself. `share_mode`:

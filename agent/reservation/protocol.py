@@ -5,7 +5,7 @@ count as taken for every later fit; expired reservations free themselves; a conf
 released. It is also the one place that says who else holds a device (`_others`): Confirm re-checks that a
 reservation still holds all its devices, and prepare asks it before taking a device (`reserved_for_other`).
 NodeAllocatorService puts authentication in front of it (no anonymous call): an Authenticator checks the
-bearer token (the node agent's asks the API server, agent.arbiter.reservation_auth; the simulator shares one).
+bearer token (the node agent's asks the API server, agent.reservation.auth; the simulator shares one).
 Arbiter: GangCoordinator reserves every member of a gang on its node, commits only when all are reserved,
 and otherwise releases everything it got: never a partial gang. InProcessClient is the direct-call
 transport the simulator uses; reservation_grpc.py carries the same calls over gRPC.

@@ -3,7 +3,7 @@
 The `cel` package counts no cost, and its `execute` holds the GIL until it returns: one selector with nested
 comprehensions ran 67.8 s inside the agent and stalled every other call, Capacity included. So the node agent
 evaluates a Reserve's selectors here, before its fit and outside the book's lock, in a child process
-(`python -m agent.arbiter.selector_worker`) that it kills when one evaluation outlasts its budget or the
+(`python -m agent.reservation.selector_worker`) that it kills when one evaluation outlasts its budget or the
 whole outlasts the caller's gRPC deadline. The first Reserve with a selector starts a worker (~0.4 s: an
 interpreter and the `cel` import); a few idle ones are kept after, and a killed or crashed one is replaced on
 the next call. Reserves without selectors (the arbiter's own requests, unless a claim has some) need none.
@@ -35,7 +35,7 @@ from typing import IO, Any
 
 from agent.allocation.cel import MAX_COST, DeviceSelector, MissingAttribute, SelectorError, check_length
 from agent.allocation.selectors import EvaluatedSelectors, device_key
-from agent.arbiter.reservation import NodeBusy
+from agent.reservation.protocol import NodeBusy
 
 PER_EVALUATION_S = 0.25  # one selector on one device; see the module docstring
 MAX_CALL_S = 10.0  # all of one Reserve's selectors, when the caller set no deadline
@@ -53,7 +53,7 @@ class SelectorTimeout(TimeoutError):
 class _Worker:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.arbiter.selector_worker"],
+            [sys.executable, "-m", "agent.reservation.selector_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
         )
         self._buf = b""

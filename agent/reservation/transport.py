@@ -24,7 +24,8 @@ from agent._proto import arbiter_pb2 as pb
 from agent._proto import arbiter_pb2_grpc as pb_grpc
 from agent.allocation.allocator import Claim, DeviceRequest, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary
-from agent.arbiter.reservation import (
+from agent.devices.names import parse_device_name
+from agent.reservation.protocol import (
     NodeAllocatorService,
     NodeBusy,
     NodeUnavailable,
@@ -34,7 +35,6 @@ from agent.arbiter.reservation import (
     UnknownReservation,
     claim_of,
 )
-from agent.devices.names import parse_device_name
 
 T = TypeVar("T")
 BEARER = "bearer "

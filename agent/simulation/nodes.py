@@ -29,7 +29,10 @@ from agent.allocation.fragmentation import MILLI
 from agent.allocation.selectors import CelSelectors
 from agent.arbiter.core.cycle import CycleResult, PodDecision
 from agent.arbiter.core.model import NodeSpec, PodSpec
-from agent.arbiter.reservation import (
+from agent.devices.model import Gpu, Inventory
+from agent.devices.names import gpu_device_name
+from agent.devices.topology import assign_nvlink_domains
+from agent.reservation.protocol import (
     Clock,
     GangCoordinator,
     InProcessClient,
@@ -38,9 +41,6 @@ from agent.arbiter.reservation import (
     NodeClient,
     ReservationBook,
 )
-from agent.devices.model import Gpu, Inventory
-from agent.devices.names import gpu_device_name
-from agent.devices.topology import assign_nvlink_domains
 
 DEFAULT_TTL_SECONDS = 30.0
 Connect = Callable[[NodeAllocatorService, str], NodeClient]  # (service, the shared token) -> the arbiter's client

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.allocation.fragmentation import MILLI, RequestKind, RequestMix
-from agent.allocation.trace_policies import NodeView, Policy, TracePod, baseline_policies, fits
+from agent.simulation.trace_policies import NodeView, Policy, TracePod, baseline_policies, fits
 
 WORKLOAD_SCALE = 1.3
 TIE_REGIMES = ("fixed", "random")

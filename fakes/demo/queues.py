@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.arbiter.names import GATE
 from agent.kube.rest import EVENTS, PODS, QUEUES, RESOURCE_CLAIMS
+from agent.names import GATE
 from fakes.cluster import FakeCluster, wait_for
 from fakes.demo import report
 

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from agent.arbiter.commit import ReservationCommit
-from agent.arbiter.core.cycle import DEFAULT_ACTIONS, simulate
+from agent.arbiter.core.cycle import DEFAULT_ACTIONS
+from agent.simulation.nodes import ReservationCommit
+from agent.simulation.rounds import simulate
 from tests.bench.test_bench_arbiter_scale import synthetic
 
 

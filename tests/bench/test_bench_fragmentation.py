@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from agent.allocation.replay import PAPER_SEEDS, parse_nodes, parse_pods, replay
 from agent.commands.replay_trace import ALL_POLICIES, _read_csv
+from agent.simulation.replay import PAPER_SEEDS, parse_nodes, parse_pods, replay
 
 PAPER = {"random": 13.75, "dotprod": 9.45, "clustering": 8.42, "packing": 8.20, "bestfit": 7.09, "fgd": 4.77}
 

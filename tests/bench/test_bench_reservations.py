@@ -14,11 +14,11 @@ import fakes.apiserver
 from agent.allocation.allocator import Allocator, Claim, DeviceRequest
 from agent.allocation.catalog import NodeUsage
 from agent.allocation.selectors import CelSelectors
-from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
-from agent.arbiter.node_service import NodeReservations
-from agent.arbiter.reservation import ReservationBook
-from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.kube.rest import NODES
+from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
+from agent.reservation.node_service import NodeReservations
+from agent.reservation.protocol import ReservationBook
+from agent.reservation.transport import GrpcNodeClient, pinned_channel
 from tests.unit.test_allocation_allocator import gpu, inventory
 
 ROUNDS = 300

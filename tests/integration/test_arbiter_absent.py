@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 import fakes.apiserver
-from agent.arbiter.absence import ABSENCE_LEASE, REASON, AbsenceTeller, arbiter_absence
-from agent.arbiter.names import COMPONENT, FENCE_RULE, GATE
+from agent.absent_arbiter import ABSENCE_LEASE, REASON, AbsenceTeller, arbiter_absence
 from agent.kube.errors import Conflict, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.rest import DEVICE_TAINT_RULES, EVENTS, LEASES, PODS, RESOURCE_CLAIMS, Resource, Rest
+from agent.names import COMPONENT, FENCE_RULE, GATE
 from tests.integration.conftest import Cluster
 
 NS = "gpu-dra-agent"

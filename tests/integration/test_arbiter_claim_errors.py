@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.names import GATE
-from agent.arbiter.reservation import NodeAllocatorService
 from agent.kube.rest import EVENTS, RESOURCE_CLAIMS
+from agent.names import GATE
+from agent.reservation.protocol import NodeAllocatorService
 from fakes.cluster import FakeCluster, wait_for
 
 pytestmark = pytest.mark.slow

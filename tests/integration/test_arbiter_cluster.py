@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.committing import Committer, scheduled_condition
+from agent.arbiter.commit import Committer, scheduled_condition
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.names import DELETE_PROTECTION, GATE, QUEUE_LABEL
 from agent.kube.errors import ApiError
 from agent.kube.rest import EVENTS, POD_GROUPS, PODS, QUEUES, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH
+from agent.names import DELETE_PROTECTION, GATE, QUEUE_LABEL
 from fakes.cluster import FakeCluster, wait_for
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.arbiter.controller import ArbiterConfig
 from agent.arbiter.metrics import DOUBLE_ALLOCATED, ArbiterMetrics
-from agent.arbiter.names import FENCE_RULE, FENCE_TAINT
 from agent.kube.rest import DEVICE_TAINT_RULES, RESOURCE_CLAIMS
+from agent.names import FENCE_RULE, FENCE_TAINT
 from fakes.cluster import DRIVER, FakeCluster, wait_for
 from tests.integration import coexistence
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.names import GATE, QUEUE_LABEL
 from agent.kube.errors import Conflict
 from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+from agent.names import GATE, QUEUE_LABEL
 from fakes.cluster import FakeCluster, wait_for
 from tests.integration import coexistence
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.arbiter.names import GATE, QUEUE_LABEL
 from agent.kube.rest import QUEUES, Resource
+from agent.names import GATE, QUEUE_LABEL
 
 DAEMONSET = pathlib.Path(__file__).resolve().parents[2] / "daemonset"  # tests/integration/ -> repo
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.names import GATE
 from agent.kube.rest import NODES, PODS, STRATEGIC_MERGE_PATCH
+from agent.names import GATE
 from fakes.cluster import FakeCluster, wait_for
 from tests.integration import coexistence
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.names import GATE, QUEUE_LABEL
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.types import ClaimRef
 from agent.devices.shares import ShareMode
 from agent.kube.claims import KubeClaimSource
 from agent.kube.rest import PODS, QUEUES, RESOURCE_CLAIMS
+from agent.names import GATE, QUEUE_LABEL
 from fakes.cluster import FakeCluster, wait_for
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.names import GATE
 from agent.kube.rest import QUEUES
+from agent.names import GATE
 from fakes.cluster import FakeCluster, wait_for
 
 pytestmark = pytest.mark.slow

@@ -149,7 +149,7 @@ def test_hostile_prepare_and_unprepare_requests_stay_per_claim(
             assert stray == set(), f"files outside the CDI root and state dir: {stray}"
             assert files_under(root.parent / f"{root.name}-outside") == outside_before
             for path in files_under(root / "cdi"):
-                assert path.name.startswith(cdi.spec_file_name("")[: -len(".yaml")]), path
+                assert path.name.startswith(cdi.spec_file_name("").removesuffix(cdi.SUFFIX)), path
 
         # Still serving: a good claim on a free GPU prepares and unprepares.
         good = pb.Claim(namespace="default", uid="good-uid", name="good")

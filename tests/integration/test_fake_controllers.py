@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.names import DELETE_PROTECTION
 from agent.kube.errors import NotFound
 from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+from agent.names import DELETE_PROTECTION
 from fakes.cluster import FakeCluster, wait_for
 from fakes.controllers.resourceclaims import ResourceClaimController
 

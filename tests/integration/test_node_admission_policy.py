@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from agent.migconfig.reconciler import CONFIG_LABEL, STATE_LABEL
+from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.test_slice_admission_policy import (
     ACCOUNT,

@@ -12,12 +12,12 @@ import pytest
 
 import fakes.apiserver
 from agent.allocation.allocator import Claim, DeviceRequest
-from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
-from agent.arbiter.reservation import ReservationLost
-from agent.arbiter.reservation_grpc import GrpcNodeClient, pinned_channel
 from agent.kube.rest import NODES, Rest
+from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from agent.node import NodeAgent, NodeConfig
 from agent.nvml.source import open_nvml
+from agent.reservation.protocol import ReservationLost
+from agent.reservation.transport import GrpcNodeClient, pinned_channel
 from fakes.cluster import arbiter_token, wait_for
 from fakes.kubelet import FakeKubelet
 from tests.integration.test_node_support import DRIVER, NODE, allocate_claim, create_node, short_tmpdir

@@ -15,11 +15,12 @@ import pytest
 
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
 from agent.arbiter.controller import NodeDirectory
-from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
-from agent.arbiter.node_service import NodeReservations, split_address
-from agent.arbiter.reservation import NodeUnavailable, ReservationLost, Unauthenticated
-from agent.arbiter.reservation_auth import TokenFileError, read_token
-from agent.arbiter.reservation_grpc import (
+from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
+from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
+from agent.reservation.auth import TokenFileError, read_token
+from agent.reservation.node_service import NodeReservations, split_address
+from agent.reservation.protocol import NodeUnavailable, ReservationLost, Unauthenticated
+from agent.reservation.transport import (
     CertificateMismatch,
     GrpcNodeClient,
     claim_to_pb,
@@ -27,7 +28,6 @@ from agent.arbiter.reservation_grpc import (
     pinned_channel,
     trusting_channel,
 )
-from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
 from tests.unit.test_allocation_allocator import gpu, inventory
 from tests.unit.test_reservation_book import TOKEN
 
@@ -187,9 +187,9 @@ class Recorder(grpc.ServerInterceptor):  # type: ignore[type-arg]
 @pytest.fixture
 def impostor() -> Iterator[tuple[str, Recorder]]:
     """A reservation server with a certificate of its own (same node name), recording what it is sent."""
-    from agent.arbiter.node_service import self_signed
-    from agent.arbiter.reservation import NodeAllocatorService
-    from agent.arbiter.reservation_grpc import add_to_server
+    from agent.reservation.node_service import self_signed
+    from agent.reservation.protocol import NodeAllocatorService
+    from agent.reservation.transport import add_to_server
     from tests.unit.test_reservation_book import book
 
     key, cert = self_signed(NODE, "127.0.0.1")
@@ -319,7 +319,7 @@ def test_a_costly_selector_is_cut_off_and_never_blocks_capacity(
 
 
 def test_a_costly_selector_stops_at_the_callers_deadline() -> None:
-    from agent.arbiter.selector_worker import SelectorTimeout, WorkerSelectors
+    from agent.reservation.selector_worker import SelectorTimeout, WorkerSelectors
 
     selectors = WorkerSelectors(per_evaluation_s=600)  # only the deadline can stop it
     try:
@@ -335,7 +335,7 @@ def test_a_costly_selector_stops_at_the_callers_deadline() -> None:
 
 
 def test_a_selector_worker_killed_while_idle_is_replaced() -> None:
-    from agent.arbiter.selector_worker import WorkerSelectors
+    from agent.reservation.selector_worker import WorkerSelectors
 
     device = {"driver": DRIVER, "attributes": {}, "capacity": {}}
     selectors = WorkerSelectors()

@@ -225,4 +225,4 @@ def cdi_id(ref: ClaimRef, device: str) -> str:
 
 
 def cdi_file(cdi_root: pathlib.Path, ref: ClaimRef) -> pathlib.Path:
-    return cdi_root / f"k8s.gpu.nvidia.com-claim_{ref.uid}.yaml"
+    return cdi_root / f"k8s.gpu.nvidia.com-claim_{ref.uid}.json"

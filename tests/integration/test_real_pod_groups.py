@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent.arbiter.committing import Committer, scheduled_condition
+from agent.arbiter.commit import Committer, scheduled_condition
 from agent.kube.rest import POD_GROUPS, PODS, Rest
 from fakes.cluster import wait_for
 

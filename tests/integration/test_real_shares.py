@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from agent.arbiter.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION, QUEUE_LABEL
 from agent.arbiter.world import build_world
 from agent.claims import cdi
 from agent.claims.types import ClaimRef
+from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION, QUEUE_LABEL
 from fakes.kubelet import FakeKubelet
 from fakes.scheduler import allocate
 from tests.controlplane.cluster import ControlPlane, reset, wait_for

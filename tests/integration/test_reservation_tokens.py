@@ -14,11 +14,11 @@ import pytest
 
 from agent.allocation.allocator import Claim, DeviceRequest
 from agent.arbiter.controller import NodeDirectory
-from agent.arbiter.names import ARBITER_USER, FINGERPRINT_ANNOTATION, RESERVATION_AUDIENCE
-from agent.arbiter.node_service import NodeReservations
-from agent.arbiter.reservation import NodeUnavailable, Unauthenticated
-from agent.arbiter.reservation_auth import TokenFile, TokenFileError, TokenReviewer
 from agent.kube.rest import NODES, Resource, Rest
+from agent.names import ARBITER_USER, FINGERPRINT_ANNOTATION, RESERVATION_AUDIENCE
+from agent.reservation.auth import TokenFile, TokenFileError, TokenReviewer
+from agent.reservation.node_service import NodeReservations
+from agent.reservation.protocol import NodeUnavailable, Unauthenticated
 from fakes.cluster import arbiter_token
 from tests.unit.test_allocation_allocator import gpu, inventory
 

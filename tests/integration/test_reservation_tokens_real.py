@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.arbiter.names import ARBITER_USER, RESERVATION_AUDIENCE
-from agent.arbiter.reservation import NodeUnavailable, Unauthenticated
-from agent.arbiter.reservation_auth import TokenReviewer
 from agent.kube.rest import Rest
+from agent.names import ARBITER_USER, RESERVATION_AUDIENCE
+from agent.reservation.auth import TokenReviewer
+from agent.reservation.protocol import NodeUnavailable, Unauthenticated
 from tests.controlplane.cluster import ControlPlane
 
 pytestmark = pytest.mark.controlplane

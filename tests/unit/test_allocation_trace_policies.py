@@ -17,8 +17,8 @@ from agent.allocation.fragmentation import (
     fragmentation,
     packed_fgd_score,
 )
-from agent.allocation.replay import TraceNode, build_workload, parse_pods, replay_once, typical_mix
-from agent.allocation.trace_policies import (
+from agent.simulation.replay import TraceNode, build_workload, parse_pods, replay_once, typical_mix
+from agent.simulation.trace_policies import (
     BestFitPolicy,
     ClusteringPolicy,
     DotProdPolicy,

@@ -280,7 +280,7 @@ def test_preempt_takes_the_cheapest_victims_first() -> None:
 
 
 def test_rounds_turn_pipelined_pods_into_running_ones() -> None:
-    from agent.arbiter.core.cycle import simulate
+    from agent.simulation.rounds import simulate
 
     jobs = [gang("low", "q", 4, node="n", priority=10), gang("high", "q", 4, priority=60, created=T1)]
     sim = simulate(parse_snapshot(doc([node("n", 4)], [queue("q")], jobs)), ["allocate", "preempt"], 2,

@@ -10,11 +10,12 @@ import pytest
 from agent.allocation.allocator import Claim, DeviceRequest
 from agent.allocation.catalog import NodeUsage, candidates
 from agent.allocation.selectors import CelSelectors
-from agent.arbiter.commit import PinningSelectors, ReservationCommit, node_inventory
-from agent.arbiter.core.cycle import run_cycle, simulate
+from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.model import NodeSpec, Snapshot
 from agent.arbiter.core.snapshot import parse_snapshot
-from agent.arbiter.reservation import InProcessClient, NodeAllocatorService, Reservation, Unauthenticated
+from agent.reservation.protocol import InProcessClient, NodeAllocatorService, Reservation, Unauthenticated
+from agent.simulation.nodes import PinningSelectors, ReservationCommit, node_inventory
+from agent.simulation.rounds import simulate
 from tests.unit.test_arbiter_support import doc, gang, job, node, pod, queue
 
 TOKEN = "t0ken"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.arbiter.committing import narrowed
+from agent.arbiter.commit import narrowed
 from agent.arbiter.core.cycle import run_cycle
-from agent.arbiter.names import ADMITTED_ANNOTATION
 from agent.arbiter.world import build_world, parse_time
+from agent.names import ADMITTED_ANNOTATION
 from tests.unit.test_arbiter_world import DRIVER, claim, node, pod, queue
 
 SECOND = "2027-01-15T08:00:00"  # the victims' admission and the reclaimer's creation fall in this second

@@ -9,7 +9,6 @@ import pytest
 
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import go_duration as parse_duration
-from agent.arbiter.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, FINGERPRINT_ANNOTATION, GATE, QUEUE_LABEL
 from agent.arbiter.world import (
     Unsupported,
     allocation_status,
@@ -17,6 +16,7 @@ from agent.arbiter.world import (
     parse_time,
     reservation_claim,
 )
+from agent.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, FINGERPRINT_ANNOTATION, GATE, QUEUE_LABEL
 
 DRIVER = "gpu.nvidia.com"
 NOW = 1_800_000_000.0

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from agent.arbiter.controller import NodeDirectory, PinnedClient
-from agent.arbiter.reservation import NodeUnavailable
 from agent.kube.client import Client, Server
 from agent.kube.errors import ApiError, NotFound, NotLeading
 from agent.kube.leader import LeaderElector, check_timings
 from agent.kube.rest import LEASES, PODS, Rest
+from agent.reservation.protocol import NodeUnavailable
 
 UNREACHABLE = "http://127.0.0.1:1"  # a request the gate lets through fails to connect (status 0), not NotLeading
 

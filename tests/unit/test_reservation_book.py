@@ -11,7 +11,7 @@ import pytest
 from agent.allocation.allocator import Allocator, Claim, DeviceRequest, NoFit
 from agent.allocation.catalog import NodeUsage
 from agent.allocation.selectors import CelSelectors
-from agent.arbiter.reservation import (
+from agent.reservation.protocol import (
     GangCoordinator,
     InProcessClient,
     MemberPlacement,

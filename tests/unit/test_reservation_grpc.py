@@ -12,14 +12,14 @@ import pytest
 from agent._proto import arbiter_pb2 as pb
 from agent._proto import arbiter_pb2_grpc as pb_grpc
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
-from agent.arbiter.reservation import (
+from agent.reservation.protocol import (
     GangCoordinator,
     MemberPlacement,
     NodeAllocatorService,
     ReservationLost,
     UnknownReservation,
 )
-from agent.arbiter.reservation_grpc import GrpcNodeClient, TokenInterceptor, add_to_server
+from agent.reservation.transport import GrpcNodeClient, TokenInterceptor, add_to_server
 from tests.unit.test_reservation_book import TOKEN, Clock, book
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -95,8 +95,8 @@ def test_bad_request_is_invalid_argument(endpoint: tuple[str, Clock]) -> None:
 
 
 def test_a_reserved_device_the_node_names_unlike_its_slices_is_refused() -> None:
-    from agent.arbiter.reservation_grpc import reservation_from_pb
     from agent.devices.names import InvalidDeviceName
+    from agent.reservation.transport import reservation_from_pb
 
     # Tried: a node answering gpu-01 for gpu-1; committing it would allocate a device no slice publishes.
     answer = pb.ReserveResponse(reservation_id="r1", devices=[pb.ReservedDevice(request="r", device="gpu-01")])

@@ -15,11 +15,11 @@ from agent.allocation.allocator import Allocator, Claim, DeviceRequest, NoFit
 from agent.allocation.catalog import NodeUsage
 from agent.allocation.cel import SelectorError
 from agent.allocation.selectors import CelSelectors
-from agent.arbiter.reservation import ReservationBook, ReservationLost, UnknownReservation, claim_of
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.source import StaticClaimSource
 from agent.claims.types import ClaimRef
+from agent.reservation.protocol import ReservationBook, ReservationLost, UnknownReservation, claim_of
 from tests.unit.test_allocation_allocator import gpu, inventory
 from tests.unit.test_claims_support import DRIVER, NODE, claim
 from tests.unit.test_claims_support import inventory as claims_inventory

@@ -19,8 +19,8 @@ from agent._proto import arbiter_pb2_grpc as pb_grpc
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
 from agent.allocation.capacity import CapacitySummary
 from agent.allocation.selectors import EvaluatedSelectors, device_key
-from agent.arbiter.node_service import SERVER_THREADS
-from agent.arbiter.reservation import (
+from agent.reservation.node_service import SERVER_THREADS
+from agent.reservation.protocol import (
     GangCoordinator,
     MemberPlacement,
     NodeAllocatorService,
@@ -29,8 +29,8 @@ from agent.arbiter.reservation import (
     Reservation,
     Unauthenticated,
 )
-from agent.arbiter.reservation_grpc import GrpcNodeClient, TokenInterceptor, add_to_server
-from agent.arbiter.selector_worker import MAX_ADMITTED, MAX_WORKERS, WorkerSelectors
+from agent.reservation.selector_worker import MAX_ADMITTED, MAX_WORKERS, WorkerSelectors
+from agent.reservation.transport import GrpcNodeClient, TokenInterceptor, add_to_server
 from tests.unit.test_reservation_book import TOKEN, book
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)

@@ -39,7 +39,7 @@ def test_the_wheel_holds_agent_alone(wheel: zipfile.ZipFile) -> None:
 def test_the_wheel_carries_what_the_agent_reads_at_run_time(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
     assert "agent/py.typed" in names
-    assert "agent/arbiter/snapshot/snapshot.schema.json" in names
+    assert "agent/simulation/snapshot/snapshot.schema.json" in names
     assert any(n.startswith("agent/_proto/") and n.endswith("_pb2.py") for n in names)
 
 

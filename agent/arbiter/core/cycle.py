@@ -102,15 +102,6 @@ class CycleResult:
         return _next_snapshot(self.before, self.pods)
 
 
-@dataclass(frozen=True, slots=True)
-class Simulation:
-    last: CycleResult
-    cycle_seconds: tuple[float, ...]
-    # each round's moves (every action but "keep": pod names by action), so what an early round did (an
-    # eviction, a pipeline) is not hidden behind the last round's "keep"
-    moves: tuple[dict[str, tuple[str, ...]], ...] = ()
-
-
 def unknown_actions(actions: Sequence[str]) -> list[str]:
     return [a for a in actions if a not in ACTIONS]
 
@@ -136,37 +127,6 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def simulate(
-    snapshot: Snapshot, actions: Sequence[str], rounds: int, clock: Callable[[], float],
-    commit: Callable[[CycleResult], CycleResult] | None = None,
-) -> Simulation:
-    """`rounds` cycles (at least one), each timed with `clock` (seconds, monotonic). `commit`, when given,
-    carries out each cycle's decisions (outside the timed cycle) and returns them as they turned out: the next
-    round starts from its result."""
-    seconds: list[float] = []
-    moves: list[dict[str, tuple[str, ...]]] = []
-    result: CycleResult | None = None
-    for _ in range(max(1, rounds)):
-        if result is not None:
-            snapshot = result.next  # between rounds the world moves on
-        start = clock()
-        result = run_cycle(snapshot, actions)
-        seconds.append(clock() - start)
-        if commit is not None:
-            result = commit(result)
-        moves.append(_moves(result))
-    assert result is not None
-    return Simulation(last=result, cycle_seconds=tuple(seconds), moves=tuple(moves))
-
-
-def _moves(result: CycleResult) -> dict[str, tuple[str, ...]]:
-    by_action: dict[str, list[str]] = {}
-    for name, decision in result.pods.items():
-        if decision.action != "keep":
-            by_action.setdefault(decision.action, []).append(name)
-    return {action: tuple(sorted(names)) for action, names in sorted(by_action.items())}
 
 
 def fair_share_in_units(share: Vector) -> dict[str, float]:
@@ -270,5 +230,4 @@ def _next_snapshot(snapshot: Snapshot, pods: dict[str, PodDecision]) -> Snapshot
     return replace(snapshot, jobs=tuple(advance_job(j) for j in snapshot.jobs))
 
 
-__all__ = ["ACTIONS", "DEFAULT_ACTIONS", "CycleResult", "PodDecision", "Simulation", "gc_paused", "run_cycle",
-           "simulate"]
+__all__ = ["ACTIONS", "DEFAULT_ACTIONS", "CycleResult", "PodDecision", "gc_paused", "run_cycle"]
