@@ -177,3 +177,11 @@ def claim_spec(claim_uid: str, devices: Mapping[str, Sequence[int]], major: int,
 
 def channels_for(config: ChannelConfig, channel_count: int) -> tuple[int, ...]:
     return tuple(range(channel_count)) if config.allocation_mode == ALL else (0,)
+
+
+def clique_of(fabrics: Sequence[str | None]) -> str | None:
+    """The node's fabric clique from its GPUs' (`<clusterUuid>.<cliqueId>`, None for a GPU not attached): only
+    when every GPU is attached and all name the same clique; otherwise the node serves no IMEX channels."""
+    if not fabrics or any(f is None for f in fabrics) or len(set(fabrics)) != 1:
+        return None
+    return fabrics[0]

@@ -90,6 +90,8 @@ class ComputeDomainPlugin:
                                 indexers={UID_INDEX: lambda o: [str((o.get("metadata") or {}).get("uid"))]})
         self.kubelet: KubeletPlugin | None = None
         self._major: int | None = None
+        self._node_uid: str | None = None
+        self.published = False
 
     # --- life ------------------------------------------------------------------------------------------
 
@@ -97,7 +99,11 @@ class ComputeDomainPlugin:
         self.domains.start()
         self.domains.wait_synced(30)
         self.recover()
-        self.publish(node_uid)
+        self._node_uid = node_uid
+        try:
+            self.publish(node_uid)
+        except ApiError as exc:  # the supervisor publishes again; the kubelet is served meanwhile
+            log.warning("publishing the compute-domain slice failed, retrying: %s", exc)
         self.kubelet = KubeletPlugin(DRIVER, self.settings.kubelet_root, self)
         self.kubelet.start()
         self._thread = threading.Thread(target=self._supervise, name="imex-daemons", daemon=True)
@@ -132,6 +138,7 @@ class ComputeDomainPlugin:
                 with contextlib.suppress(NotFound):
                     self._rest.delete(RESOURCE_SLICES, None, name)
             log.info("compute domains: this node's GPUs are in no fabric clique; no IMEX channels published")
+            self.published = True
             return
         generation = int(((current or {}).get("spec") or {}).get("pool", {}).get("generation", 0))
         want = channels.resource_slice(self.settings.node_name, node_uid, generation)
@@ -142,6 +149,7 @@ class ComputeDomainPlugin:
             want = channels.resource_slice(self.settings.node_name, node_uid, generation + 1)
             want["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             self._rest.replace(RESOURCE_SLICES, want)
+        self.published = True
         log.info("compute domains: IMEX channels published", extra={"clique": self.clique_id})
 
     # --- the kubelet's calls -----------------------------------------------------------------------------
@@ -413,6 +421,9 @@ class ComputeDomainPlugin:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if not self.published:
+                with contextlib.suppress(ApiError):
+                    self.publish(self._node_uid)
             with self._lock:
                 for uid, daemon in list(self.daemons.items()):
                     try:
