@@ -7,10 +7,11 @@
 
 Every transition is saved before the next side effect, so a crash anywhere leaves a state that `recover`
 (or the next prepare of the claim) repairs: no spec without a Completed entry, no Completed entry
-without its spec, no MIG device the agent created that no entry mentions. A claim allocated a MIG
-placement that does not exist yet (a partitionable device) gets it created after its Started entry,
-which names the placement, is saved; the last claim holding such a device destroys it. MIG devices an
-operator made are never destroyed. Callers hold the node lock (agent.claims.preparer does).
+without its spec, no MIG device the agent created that no entry mentions. A claim whose only side effect
+is its spec goes from (absent) to PrepareCompleted in one save (`_acts_beyond_spec` says why that is safe).
+A claim allocated a MIG placement that does not exist yet (a partitionable device) gets it created after
+its Started entry, which names the placement, is saved; the last claim holding such a device destroys it.
+MIG devices an operator made are never destroyed. Callers hold the node lock (agent.claims.preparer does).
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from agent.claimconfig.config import (
     MIG_DEVICE_CONFIG,
@@ -178,8 +177,8 @@ class ClaimStates:
 
     def _spec_devices(self, uid: str) -> tuple[str, ...]:
         try:
-            spec = yaml.safe_load(self.specs.path(uid).read_text())
-        except (OSError, ValueError, yaml.YAMLError):  # no spec (or none readable), or a uid no file may have
+            spec = self.specs.read(uid)
+        except (OSError, ValueError):  # no spec (or none readable), or a uid no file may have
             return ()
         return cdi.device_names(spec, uid) if isinstance(spec, dict) else ()
 
@@ -191,7 +190,8 @@ class ClaimStates:
         """Prepare a batch. `claims` holds each claim as read from the API before the node lock was taken
         (or why it could not be read); a claim left out was Completed when the caller looked. Each claim's
         failure is its own result; the checkpoint is saved twice per batch (all Started, then all
-        Completed), not per claim, because every save costs fsyncs."""
+        Completed), not per claim, because every save costs fsyncs; the Started save only where a claim
+        does more than write its spec (`_acts_beyond_spec`)."""
         try:
             return self._prepare(cp, refs, claims)
         finally:
@@ -221,7 +221,8 @@ class ClaimStates:
         if not started:
             return results
 
-        self.checkpoints.save(cp)  # every Started entry (with the placements to create) is on disk first
+        if any(_acts_beyond_spec(entry, configs, self.sharing is not None) for entry, _, configs in started.values()):
+            self.checkpoints.save(cp)  # every Started entry (with the placements to create) is on disk first
         for begun, devices, configs in started.values():
             try:
                 self._switch_mig_modes(begun)
@@ -734,6 +735,26 @@ class ClaimStates:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return Recovery(tuple(rolled_back), restored, removed, len(temps))
+
+
+def _acts_beyond_spec(entry: ClaimEntry, configs: Mapping[str, DeviceConfig], sharing_applied: bool) -> bool:
+    """Whether preparing the claim changes anything on the node besides writing its CDI spec: a MIG device to
+    create, a MIG mode to switch, a TimeSlicing or MPS config to apply (`sharing_applied`: this agent applies
+    them).
+
+    Only such a claim needs its Started record on disk before prepare goes on; for the others (most claims)
+    the record would cost two fsyncs and a rename and protect nothing, because:
+    - the spec is their only side effect, and recovery already removes a spec no Completed record owns (and
+      the next prepare of the claim replaces it), which is what rolling back their Started record would do;
+    - a spec without a Completed record is inert: the kubelet names a claim's CDI devices to the runtime only
+      after its prepare succeeded, which is after the Completed record is durable;
+    - nothing else reads a Started record in flight: its devices are held in memory, under the node lock,
+      which every other reader that decides on them (a second agent, reservations, a MIG change) takes first.
+    So a crash (kill -9 or power loss) at any point leaves no device prepared for a claim without a durable
+    Completed record of it: before that record, at most an inert spec that recovery removes."""
+    if any(_to_create(d) or d.mig_mode_switched for d in entry.devices):
+        return True
+    return sharing_applied and any(config.shared for config in configs.values())
 
 
 def _consumed(device: CheckpointedDevice) -> dict[str, Fraction]:

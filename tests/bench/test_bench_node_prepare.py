@@ -2,7 +2,8 @@
 the real ClaimPreparer (checkpoint fsyncs, CDI files), NodePrepareResources + NodeUnprepareResources from the
 kubelet fake over the real unix socket; and the time from start to the first ResourceSlice.
 
-Opt-in: `make bench`. Prints numbers; the target is p99 under 10 ms for a 1-GPU prepare+unprepare cycle.
+Opt-in: `make bench`. Prints p50/p99 for a 1-GPU claim, a MIG device and an 8-GPU claim; the target (issue 37)
+is a prepare p99 under 5 ms for the 1-GPU claim on an idle 2-core VM, state on its ext4 disk.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from kubernetes import client
 
 import fakes.apiserver
 from agent.claims.types import ClaimRef
@@ -48,7 +50,6 @@ def _tmpfs_outside_dev() -> str:
 
 
 STORAGE = {"disk": "/tmp", "tmpfs": _tmpfs_outside_dev()}
-TARGET_P99_MS = 10.0
 STARTS = 3
 
 
@@ -69,52 +70,80 @@ def server() -> Iterator[fakes.apiserver.ApiServer]:
         yield srv
 
 
+# The three claims measured: (node, its fake machine, the devices of the claim or "mig" for the first MIG device
+# the node publishes).
+CASES = {
+    "1-GPU claim": (NODE, MACHINE, ["gpu-0"]),
+    "MIG device": ("node-mig", "fake:mixed-mig", ["mig"]),
+    "8-GPU claim": (NODE, MACHINE, [f"gpu-{i}" for i in range(8)]),
+}
+# Prepare p50/p99 in ms before issue 37 (YAML specs, four fsyncs a prepare): this bench, state on disk, on the
+# same 2-core VM back to back with the change while other work shared it (the idle-est of three runs). The
+# issue's own figure, on an idle VM of this kind: prepare+unprepare of a 1-GPU claim p50 7.7 ms, p99 11.9 ms.
+BEFORE_PREPARE_MS: dict[str, tuple[float, float]] = {}
+TARGET_PREPARE_P99_MS = 5.0
+
+
+def first_mig_device(server: fakes.apiserver.ApiServer, node: str) -> str:
+    for s in server.store.objects("ResourceSlice"):
+        if s["spec"].get("nodeName") == node:
+            found = [d["name"] for d in s["spec"].get("devices") or () if "-mig-" in d["name"]]
+            if found:
+                return str(sorted(found)[0])
+    raise AssertionError(f"node {node} publishes no MIG device")
+
+
 @pytest.mark.bench
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("storage", sorted(STORAGE))
-@pytest.mark.parametrize("batch", [1, 8])
-def test_bench_node_prepare_unprepare(server: fakes.apiserver.ApiServer, batch: int, storage: str) -> None:
+@pytest.mark.parametrize("case", list(CASES))
+def test_bench_node_prepare_unprepare(server: fakes.apiserver.ApiServer, case: str, storage: str) -> None:
     if not STORAGE[storage] or not pathlib.Path(STORAGE[storage]).is_dir():
         pytest.skip(f"no {storage} here outside /dev (the agent refuses a state dir on /dev)")
+    node, machine, devices = CASES[case]
     api = server.api_client()
-    refs = [allocate_claim(api, f"bench-{batch}-{storage}-{i}", [f"gpu-{i}"]) for i in range(batch)]
+    if node != NODE:
+        client.CoreV1Api(api).create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     with short_tmpdir("nbench-", STORAGE[storage]) as root:
         # the specs carry a driver's files and hooks, as on a GPU node (issue 19)
         driver_root = install_driver_root(root / "driver-root").parents[1]
         (driver_root / "usr/bin/nvidia-cdi-hook").write_text("#!/bin/sh\n")
         (driver_root / "usr/bin/nvidia-cdi-hook").chmod(0o755)
-        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"),
+        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), node=node, machine=machine,
                         extra_args=("--driver-root", str(driver_root)))  # fmt: skip
         with running(daemon), FakeKubelet(daemon.kubelet_root) as kubelet:
             kubelet.wait_for_driver(DRIVER)
+            if devices == ["mig"]:
+                devices = [first_mig_device(server, node)]
+            refs = [allocate_claim(api, f"bench-{len(devices)}-{storage}-{node}", devices, pool=node)]
             for _ in range(WARMUP):
-                cycle(kubelet, refs)
-            prepare, unprepare, total = [], [], []
+                cycle(kubelet, refs, len(devices))
+            prepare, unprepare = [], []
             for _ in range(CYCLES):
-                p, u = cycle(kubelet, refs)
+                p, u = cycle(kubelet, refs, len(devices))
                 prepare.append(p)
                 unprepare.append(u)
-                total.append(p + u)
             assert daemon.terminate() == 0
-    p99 = percentile(total, 99)
-    verdict = ("meets" if p99 < TARGET_P99_MS else "MISSES") + f" the {TARGET_P99_MS:.0f} ms p99 target"
+    p99 = percentile(prepare, 99)
+    before = BEFORE_PREPARE_MS.get(case)
+    was = f"  (before: p50 {before[0]:.2f} ms, p99 {before[1]:.2f} ms)" if before else ""
+    verdict = ("meets" if p99 < TARGET_PREPARE_P99_MS else "MISSES") + f" the {TARGET_PREPARE_P99_MS:.0f} ms p99 target"
     print(
-        f"\nnode daemon, {batch}-claim batch (1 GPU each), specs with a fake driver root's files and hooks, "
-        f"state and CDI on {storage} ({STORAGE[storage]}), "
-        f"{CYCLES} cycles over the unix socket:\n"
-        f"  prepare+unprepare {summary(total)}" + (f"  ({verdict})" if batch == 1 else "") + "\n"
-        f"  prepare           {summary(prepare)}\n"
-        f"  unprepare         {summary(unprepare)}"
+        f"\nnode daemon, {case} ({', '.join(devices)}), specs with a fake driver root's files and hooks, "
+        f"state and CDI on {storage} ({STORAGE[storage]}), {CYCLES} cycles over the unix socket:\n"
+        f"  prepare           {summary(prepare)}{was}  ({verdict})\n"
+        f"  unprepare         {summary(unprepare)}\n"
+        f"  prepare+unprepare {summary([p + u for p, u in zip(prepare, unprepare, strict=True)])}"
     )
 
 
-def cycle(kubelet: FakeKubelet, refs: list[ClaimRef]) -> tuple[float, float]:
+def cycle(kubelet: FakeKubelet, refs: list[ClaimRef], devices: int = 1) -> tuple[float, float]:
     start = time.perf_counter()
     prepared = kubelet.prepare(DRIVER, refs)
     middle = time.perf_counter()
     unprepared = kubelet.unprepare(DRIVER, refs)
     end = time.perf_counter()
-    assert all(r.error == "" and len(r.devices) == 1 for r in prepared.values()), prepared
+    assert all(r.error == "" and len(r.devices) == devices for r in prepared.values()), prepared
     assert set(unprepared.values()) == {""}, unprepared
     return (middle - start) * 1000, (end - middle) * 1000
 
@@ -130,8 +159,6 @@ def wait_for_slice(server: fakes.apiserver.ApiServer, daemon: Daemon, timeout: f
 
 
 def delete_slices(server: fakes.apiserver.ApiServer) -> None:
-    from kubernetes import client
-
     client.ResourceV1Api(server.api_client()).delete_collection_resource_slice()
     assert not server.store.objects("ResourceSlice")
 

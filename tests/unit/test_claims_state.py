@@ -6,7 +6,7 @@ import json
 import multiprocessing
 import pathlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -96,8 +96,8 @@ def test_prepare_a_gpu(node: Node, shared_dir: pathlib.Path) -> None:
         PreparedDevice(("train",), NODE, "gpu-0", ("k8s.gpu.nvidia.com/claim=uid-1-gpu-0",)),
         PreparedDevice(("train",), NODE, "gpu-2", ("k8s.gpu.nvidia.com/claim=uid-1-gpu-2",)),
     )
-    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.yaml"}
-    spec = yaml.safe_load((node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-1.yaml").read_text())
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.json"}
+    spec = yaml.safe_load((node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-1.json").read_text())
     assert cdi_validator(shared_dir).is_valid(spec)
     assert [d["name"] for d in spec["devices"]] == ["uid-1-gpu-0", "uid-1-gpu-2"]
     assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
@@ -107,7 +107,7 @@ def test_prepare_a_mig_device_adds_its_capability_nodes(node: Node) -> None:
     ref = node.add(claim("uid-m", [MIG0], request="mig"))
     [device] = ok(node.preparer().prepare([ref])["uid-m"])
     assert device.device_name == MIG0
-    spec = yaml.safe_load((node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-m.yaml").read_text())
+    spec = yaml.safe_load((node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-m.json").read_text())
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     gi, ci = cdi.default_mig_minor(4, 9), cdi.default_mig_minor(4, 9, 0)
     assert nodes == ["/dev/nvidia4", f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{ci}"]
@@ -119,7 +119,7 @@ def test_a_dev_root_puts_every_node_of_the_spec_beneath_it(node: Node) -> None:
     node.dev_root = node.root / "devroot"
     ref = node.add(claim("uid-d", [MIG0], request="mig"))
     ok(node.preparer().prepare([ref])["uid-d"])
-    path = node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-d.yaml"
+    path = node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-d.json"
     first = yaml.safe_load(path.read_text())
     nodes = [*first["containerEdits"]["deviceNodes"], *first["devices"][0]["containerEdits"]["deviceNodes"]]
     assert nodes and all(n["hostPath"] == f"{node.dev_root}{n['path']}" for n in nodes)
@@ -142,34 +142,111 @@ def test_a_completed_claim_whose_spec_vanished_gets_it_back(node: Node) -> None:
     ref = node.add(claim("uid-1"))
     preparer = node.preparer()
     first = preparer.prepare([ref])
-    (node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-1.yaml").unlink()
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_uid-1.json").unlink()
     assert preparer.prepare([ref]) == first
-    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.yaml"}
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.json"}
 
 
-def crash_after_started(monkeypatch: pytest.MonkeyPatch, preparer: ClaimPreparer) -> None:
-    """The next prepare saves its Started entries, writes specs, then dies before saving Completed."""
-    saves = iter([preparer.states.checkpoints.save])
+def crash_before_completed(monkeypatch: pytest.MonkeyPatch, preparer: ClaimPreparer) -> list[dict[str, ClaimState]]:
+    """The next prepare dies at its Completed save (the last save of the batch; any before it happen): returns
+    the states each save was asked to write."""
+    store = preparer.states.checkpoints
+    real_save = store.save
+    asked: list[dict[str, ClaimState]] = []
 
-    def save_then_crash(cp: Any) -> None:
-        next(saves, crash)(cp)
+    def save(cp: Any) -> None:
+        asked.append({uid: e.state for uid, e in cp.claims.items()})
+        if any(state is ClaimState.COMPLETED and uid not in store.load().claims for uid, state in asked[-1].items()):
+            raise RuntimeError("killed before PrepareCompleted")
+        real_save(cp)
 
-    def crash(cp: Any) -> None:
-        raise RuntimeError("killed before PrepareCompleted")
-
-    monkeypatch.setattr(preparer.states.checkpoints, "save", save_then_crash)
+    monkeypatch.setattr(store, "save", save)
+    return asked
 
 
-def test_a_started_claim_is_rolled_back_and_redone(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+def left_started(node: Node, uid: str) -> None:
+    """Turn the claim's Completed record into a Started one, as a crash of a prepare that saved its Started
+    record (a claim creating MIG devices, or an agent before issue 37) leaves it."""
+    store = CheckpointStore(node.state_dir, lambda: node.boot)
+    cp = store.load()
+    cp.claims[uid] = replace(cp.claims[uid], state=ClaimState.STARTED)
+    store.save(cp)
+
+
+def test_a_started_claim_is_rolled_back_and_redone(node: Node) -> None:
     ref = node.add(claim("uid-1"))
     preparer = node.preparer()
-    crash_after_started(monkeypatch, preparer)
-    assert "killed" in preparer.prepare([ref])["uid-1"].error
-    monkeypatch.undo()
+    assert ok(preparer.prepare([ref])["uid-1"])
+    left_started(node, "uid-1")
     assert node.checkpoint() == {"uid-1": ClaimState.STARTED}
     assert ok(node.preparer().prepare([ref])["uid-1"])
     assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
-    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.yaml"}
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-1.json"}
+
+
+def test_a_claim_whose_spec_is_its_only_side_effect_is_saved_once(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tried: a plain 1-GPU prepare, counting checkpoint saves; then a crash at that save. Before issue 37 the
+    # prepare saved a PrepareStarted record first (two fsyncs more) that protected nothing a spec-only claim has.
+    ref = node.add(claim("uid-1"))
+    preparer = node.preparer()
+    asked = crash_before_completed(monkeypatch, preparer)
+    assert "killed before PrepareCompleted" in preparer.prepare([ref])["uid-1"].error
+    assert asked == [{"uid-1": ClaimState.COMPLETED}]  # no Started record was written
+    monkeypatch.undo()
+    # What the crash leaves: a spec no record owns, which the kubelet never named to a runtime (the prepare
+    # failed) and which recovery removes; the retry prepares the claim as if nothing had happened.
+    assert node.checkpoint() == {} and node.spec_files() == {cdi.spec_file_name("uid-1")}
+    assert node.preparer().recover().removed_specs == ("uid-1",)
+    assert node.spec_files() == set()
+    assert ok(node.preparer().prepare([ref])["uid-1"])
+    assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
+
+
+class RecordingSharing:
+    """A ClaimSharing stand-in that notes which records are on disk when a claim's sharing is applied."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.on_disk_at_apply: dict[str, ClaimState] = {}
+
+    def apply(self, uid: str, devices: Any, configs: Any, inventory: Any, spec: Any) -> Any:
+        self.on_disk_at_apply = self.node.checkpoint()
+        return spec
+
+    def undo(self, uid: str) -> None:
+        pass
+
+
+def test_a_claim_applying_sharing_has_its_started_record_on_disk_first(node: Node) -> None:
+    # Tried: a TimeSlicing claim on an agent that applies sharing; the sharing is a side effect beyond the spec,
+    # so its Started record must be durable before it (recovery undoes what the record names).
+    sharing = RecordingSharing(node)
+    preparer = node.preparer()
+    preparer.states.sharing = sharing  # type: ignore[assignment]
+    ref = node.add(claim("ts", ["gpu-0"], configs=[opaque(sharing={"strategy": "TimeSlicing"})]))
+    assert ok(preparer.prepare([ref])["ts"])
+    assert sharing.on_disk_at_apply == {"ts": ClaimState.STARTED}
+    assert node.checkpoint() == {"ts": ClaimState.COMPLETED}
+
+
+def test_an_older_agents_yaml_spec_is_kept_by_recovery_and_removed_at_unprepare(node: Node) -> None:
+    # Tried: the upgrade from an agent that wrote YAML specs, with one claim prepared by it and a stray spec it
+    # leaked. Before issue 37's fix, the new agent looked only for its own name: recovery would write a second
+    # spec beside the old one (CDI refuses a device two files define) and unprepare would leave the old one.
+    prepared, leaked = node.add(claim("old")), node.add(claim("leaked-old", ["gpu-1"]))
+    ok(node.preparer().prepare([prepared])["old"])
+    json_spec = node.cdi_root / cdi.spec_file_name("old")
+    yaml_spec = json_spec.with_suffix(".yaml")
+    yaml_spec.write_text(yaml.safe_dump(json.loads(json_spec.read_text()), sort_keys=False))  # as the old agent
+    json_spec.unlink()
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_leaked-old.yaml").write_text("cdiVersion: 0.3.0\n")
+    recovery = node.preparer().recover()  # the new agent starts
+    assert recovery.restored_specs == () and recovery.removed_specs == ("leaked-old",)
+    assert node.spec_files() == {yaml_spec.name}
+    assert ok(node.preparer().prepare([prepared])["old"])  # the kubelet's re-prepare: the old spec serves
+    assert node.spec_files() == {yaml_spec.name}
+    assert node.preparer().unprepare([prepared, leaked]) == {"old": "", "leaked-old": ""}
+    assert node.spec_files() == set() and node.checkpoint() == {}
 
 
 def test_a_failed_prepare_leaves_nothing_behind(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,7 +273,7 @@ def test_a_failed_prepare_leaves_nothing_behind(node: Node, monkeypatch: pytest.
     results = preparer.prepare([ref, other])
     assert results["uid-1"].error and ok(results["uid-2"])
     assert node.checkpoint() == {"uid-2": ClaimState.COMPLETED}
-    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-2.yaml"}
+    assert node.spec_files() == {"k8s.gpu.nvidia.com-claim_uid-2.json"}
 
 
 def test_unprepare_removes_spec_and_entry(node: Node) -> None:
@@ -355,14 +432,17 @@ def test_recover_repairs_every_kind_of_leftover(node: Node, monkeypatch: pytest.
     preparer = node.preparer()
     ok(preparer.prepare([node.add(claim("done", ["gpu-0"]))])["done"])
     ok(preparer.prepare([node.add(claim("lost-spec", ["gpu-1"]))])["lost-spec"])
-    (node.cdi_root / "k8s.gpu.nvidia.com-claim_lost-spec.yaml").unlink()
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_lost-spec.json").unlink()
     # a Started claim with its spec written (crash before Completed)
-    crash_after_started(monkeypatch, preparer)
-    assert preparer.prepare([node.add(claim("half", ["gpu-2"]))])["half"].error
+    ok(preparer.prepare([node.add(claim("half", ["gpu-2"]))])["half"])
+    left_started(node, "half")
+    # a crash before Completed of a claim whose spec is its only side effect: a spec and no record
+    crash_before_completed(monkeypatch, preparer)
+    assert preparer.prepare([node.add(claim("no-record", ["gpu-3"]))])["no-record"].error
     monkeypatch.undo()
-    # a leaked spec with no claim, a temp file from a torn write, and another vendor's spec
+    # leaked specs with no claim (one an older agent's YAML), a temp file from a torn write, another vendor's spec
     (node.cdi_root / "k8s.gpu.nvidia.com-claim_leaked.yaml").write_text("cdiVersion: 0.3.0\n")
-    (node.cdi_root / "k8s.gpu.nvidia.com-claim_x.yaml.abc.tmp").write_text("")
+    (node.cdi_root / "k8s.gpu.nvidia.com-claim_x.json.abc.tmp").write_text("")
     (node.state_dir / "checkpoint.json.abc.tmp").write_text("")
     (node.cdi_root / "vendor-gpu.yaml").write_text("")
     assert node.checkpoint() == {
@@ -374,11 +454,11 @@ def test_recover_repairs_every_kind_of_leftover(node: Node, monkeypatch: pytest.
     recovery = node.preparer().recover()
     assert recovery.rolled_back == ("half",)
     assert recovery.restored_specs == ("lost-spec",)
-    assert recovery.removed_specs == ("leaked",)
+    assert recovery.removed_specs == ("leaked", "no-record")
     assert recovery.removed_temps == 2
     assert node.spec_files() == {
-        "k8s.gpu.nvidia.com-claim_done.yaml",
-        "k8s.gpu.nvidia.com-claim_lost-spec.yaml",
+        "k8s.gpu.nvidia.com-claim_done.json",
+        "k8s.gpu.nvidia.com-claim_lost-spec.json",
         "vendor-gpu.yaml",
     }
     assert node.checkpoint() == {"done": ClaimState.COMPLETED, "lost-spec": ClaimState.COMPLETED}

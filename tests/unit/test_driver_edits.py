@@ -3,9 +3,8 @@ and whole claim specs carrying them that validate against the CDI schema at the 
 
 from __future__ import annotations
 
+import json
 import pathlib
-
-import yaml
 
 from agent.claims import cdi
 from agent.claims.cdi import CdiDevice, CdiStore
@@ -83,7 +82,7 @@ def test_a_claim_spec_written_with_the_driver_edits_is_complete_and_valid(
     store = CdiStore(tmp_path / "cdi", edits)
     uid = "7e57e2f0-1111-2222-3333-444455556666"
     own = cdi.claim_spec(uid, [CdiDevice("gpu-0", "GPU-0", cdi.gpu_device_nodes(0))], "node-a", "gpu.nvidia.com")
-    spec = yaml.safe_load(store.write(uid, own).read_text())
+    spec = json.loads(store.write(uid, own).read_text())  # JSON, as CDI reads it
     assert "mounts" not in own["containerEdits"]  # the checkpoint keeps only the claim's own part
     assert [e for e in cdi_validator(shared_dir).iter_errors(spec)] == []
     assert spec["cdiVersion"] == "0.5.0" == cdi.minimum_version(spec)  # a digit-led device name needs 0.5.0
