@@ -17,14 +17,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.leader import LeaderElector
-from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, RESOURCE_CLAIMS, Json, Rest
+from agent.jsontypes import Json
+from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, RESOURCE_CLAIMS, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
+from agent.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -34,26 +35,13 @@ REFRESH_S = 1800.0  # a pod still waiting is told again, before its Event expire
 BATCH = 200  # pods told per period at most: a thousand waiting pods are told over five periods, not at once
 
 
-def _stamp(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _time(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def arbiter_absence(lease: Mapping[str, Any] | None, now: float, where: str) -> str | None:
     """Why no arbiter runs, in words, from its Lease as read (None: not found); None while one holds it.
     A Lease renewed within twice its duration counts as held (the clocks of two machines may differ)."""
     if lease is None:
         return f"the arbiter's Lease {where} does not exist (no arbiter runs, or it was removed)"
     spec = lease.get("spec") or {}
-    renewed = _time(spec.get("renewTime"))
+    renewed = parse_rfc3339(spec.get("renewTime"))
     duration = float(spec.get("leaseDurationSeconds") or 15)
     holder = str(spec.get("holderIdentity") or "")
     if holder and renewed is not None and now - renewed <= 2 * duration:
@@ -61,8 +49,8 @@ def arbiter_absence(lease: Mapping[str, Any] | None, now: float, where: str) -> 
     if renewed is None:
         return f"no arbiter has renewed its Lease {where}"
     if not holder:
-        return f"the last arbiter gave up its Lease {where} at {_stamp(renewed)} and none has taken it since"
-    return f"no arbiter has renewed its Lease {where} since {_stamp(renewed)} (last held by {holder})"
+        return f"the last arbiter gave up its Lease {where} at {rfc3339(renewed)} and none has taken it since"
+    return f"no arbiter has renewed its Lease {where} since {rfc3339(renewed)} (last held by {holder})"
 
 
 def waiting_pods(pods: Iterable[Json], claims: Iterable[Json], *, fenced: bool) -> list[tuple[Json, str]]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from datetime import UTC, datetime
+
+from agent.times import rfc3339
 
 FORMATS = ("json", "text")
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
@@ -23,7 +24,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": rfc3339(record.created, 3),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

@@ -22,6 +22,7 @@ from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
 from agent.devices.shares import ShareMode
 from agent.driver.startup import log_setup, set_up
+from agent.jsontypes import Json
 from agent.kube.claims import KubeClaimSource, allocated_in_pool
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
@@ -43,7 +44,7 @@ from agent.nvml.migmode import MigReconfiguration
 from agent.nvml.source import NvmlSource
 from agent.sharing.commands import DriverRoot, SubprocessRunner
 from agent.sharing.control import SharingControl
-from agent.slices.build import Json, pool_content
+from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
 from agent.slices.versions import LATEST, SliceRules, rules_for
 

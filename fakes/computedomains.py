@@ -21,19 +21,26 @@ import logging
 import pathlib
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import fakes.nvml as fake_nvml
 from agent.claims.types import ClaimRef
-from agent.computedomain.controller import COMPUTE_DOMAINS, ComputeDomainController
+from agent.computedomain.channels import clique_of
+from agent.computedomain.controller import COMPONENT, COMPUTE_DOMAINS, ComputeDomainController
 from agent.computedomain.model import DRIVER
 from agent.computedomain.plugin import ComputeDomainPlugin, ComputeDomainSettings
+from agent.devices.model import Inventory
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.events import EventRecorder
 from agent.kube.kubeconfig import connect
 from agent.kube.rest import NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource, Rest
+from agent.nvml.discovery import discover
+from agent.nvml.session import nvml_session
 from agent.slices.build import build_resource_slices
 from fakes import apiserver
-from fakes.cluster import CRDS, DAEMONSET, DEVICE_CLASSES, NAMESPACES, machine_inventory, wait_for
 from fakes.controllers.runner import Controllers
 from fakes.kubelet import FakeKubelet, KubeletError
 from fakes.nvml import persist
@@ -44,8 +51,23 @@ from fakes.nvml.machines import nvl72_node
 log = logging.getLogger(__name__)
 
 GPU_DRIVER = "gpu.nvidia.com"
+DAEMONSET = pathlib.Path(__file__).resolve().parent.parent / "daemonset"
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
+NAMESPACES = Resource("", "v1", "namespaces", False)
 OVERLAY = DAEMONSET / "overlays" / "compute-domains"
-Json = dict[str, Any]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "") -> Any:
+    """Poll until `check()` is truthy; returns its value or raises TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or check}")
+        time.sleep(interval)
 
 
 def _documents(path: pathlib.Path) -> list[Json]:
@@ -160,6 +182,11 @@ class RackNode:
         self.kubelet = FakeKubelet(self.kubelet_root, timeout=30.0)
         self.pods = NodeKubelet(rack.rest, self.name, self.kubelet)
 
+    def inventory(self) -> Inventory:
+        """What the node agent discovers on this node now (its fake GPUs' state, fabric included)."""
+        with fake_nvml.install(self.machine, self.gpu_state), nvml_session():
+            return discover()
+
     def start_plugin(self, rest: Rest, node_uid: str, clique: str | None) -> None:
         self.plugin = ComputeDomainPlugin(self.settings, rest, clique, boot_id="fake-boot")
         self.plugin.start(node_uid)
@@ -194,8 +221,10 @@ def _registered(kubelet: FakeKubelet) -> bool:
 
 class NvlRack:
     def __init__(self, root: pathlib.Path | None = None, nodes: int = 4, *, channel_count: int = 2048,
-                 kubeconfig: pathlib.Path | None = None) -> None:
+                 kubeconfig: pathlib.Path | None = None, cliques: Mapping[int, int] | None = None) -> None:
+        """`cliques`: node index -> clique ID, for a rack partitioned into several NVLink cliques (default: one)."""
         self.root = pathlib.Path(root or tempfile.mkdtemp(prefix="nvl72-"))
+        self.cliques = dict(cliques or {})
         self.channel_count = channel_count
         self.server: apiserver.ApiServer | None = None
         if kubeconfig is not None:
@@ -213,11 +242,15 @@ class NvlRack:
             for klass in _documents(path):
                 with contextlib.suppress(Conflict):
                     self.rest.create(DEVICE_CLASSES, None, klass)
+        with contextlib.suppress(Conflict):
+            self.rest.create(CRDS, None, MPI_JOB_CRD)
+        self.mpi_operator = True  # the stand-in makes MPIJobs' worker pods (NVIDIA's nvbandwidth test is one)
         self.nodes = [RackNode(self, i) for i in range(nodes)]
         for node in self.nodes:
             self._add_node(node)
         self.stop = threading.Event()
-        self.controller = ComputeDomainController(self.rest, period_s=0.5).start()
+        self.controller = ComputeDomainController(self.rest, period_s=0.5,
+                                                  recorder=EventRecorder(self.rest, COMPONENT, "rack")).start()
         self._threads = [threading.Thread(target=self.controller.run, args=(self.stop,), daemon=True,
                                           name="cd-controller"),
                          threading.Thread(target=self._kubelets, daemon=True, name="rack-kubelets")]
@@ -233,14 +266,19 @@ class NvlRack:
                           "conditions": [{"type": "Ready", "status": "True"}],
                           "addresses": [{"type": "InternalIP", "address": node.address}]}
         self.rest.replace(NODES, body, "status")
-        inventory = machine_inventory(node.machine.name)
+        if node.index in self.cliques:
+            node.fake.set_fabric(None, clique_id=self.cliques[node.index])
+        inventory = node.inventory()
         for s in build_resource_slices(inventory, node.name, GPU_DRIVER, node_uid=body["metadata"]["uid"]):
             self.rest.create(RESOURCE_SLICES, None, s)
-        clique = inventory.gpus[0].fabric.domain_id if inventory.gpus[0].fabric else None
+        clique = clique_of([g.fabric.domain_id if g.fabric else None for g in inventory.gpus])
         node.start_plugin(self.rest, body["metadata"]["uid"], clique)
 
     def _kubelets(self) -> None:
         while not self.stop.wait(0.2):
+            if self.mpi_operator:
+                with contextlib.suppress(ApiError):
+                    mpi_workers(self.rest)
             for node in self.nodes:
                 try:
                     node.pods.sync()
@@ -295,7 +333,43 @@ class NvlRack:
         self.close()
 
 
-_KINDS = {"Pod": PODS, "ComputeDomain": COMPUTE_DOMAINS, "Namespace": NAMESPACES,
+MPI_JOBS = Resource("kubeflow.org", "v2beta1", "mpijobs", True)
+# Kubeflow's MPIJob as far as the stand-in reads it (the real CRD's schema is the MPI operator's; not checked here)
+MPI_JOB_CRD: Json = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "mpijobs.kubeflow.org"},
+    "spec": {"group": "kubeflow.org", "scope": "Namespaced",
+             "names": {"kind": "MPIJob", "listKind": "MPIJobList", "plural": "mpijobs", "singular": "mpijob"},
+             "versions": [{"name": "v2beta1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def mpi_workers(rest: Rest) -> int:
+    """The MPI operator's first step for each MPIJob: its Worker pods, `<job>-worker-<i>`, from the Worker
+    template, owned by the job (deleted with it). The launcher, which the operator creates once the workers are
+    ready (launcherCreationPolicy WaitForWorkersReady) and which runs mpirun, is not made: nothing runs here."""
+    made = 0
+    for job in rest.list(MPI_JOBS)["items"]:
+        meta = job["metadata"]
+        if meta.get("deletionTimestamp"):
+            continue
+        worker = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get("Worker") or {}
+        template = worker.get("template") or {}
+        for i in range(int(worker.get("replicas") or 0)):
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {**(template.get("metadata") or {}), "name": f"{meta['name']}-worker-{i}",
+                                "ownerReferences": [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                                                     "name": meta["name"], "uid": meta["uid"], "controller": True}]},
+                   "spec": template.get("spec") or {}}
+            with contextlib.suppress(Conflict):
+                rest.create(PODS, meta["namespace"], pod)
+                made += 1
+    return made
+
+
+_KINDS = {"MPIJob": MPI_JOBS, "Pod": PODS, "ComputeDomain": COMPUTE_DOMAINS, "Namespace": NAMESPACES,
           "ResourceClaimTemplate": Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True),
           "ResourceClaim": RESOURCE_CLAIMS}
 

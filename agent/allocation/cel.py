@@ -23,8 +23,8 @@ from typing import Any
 import cel
 
 from agent import quantity
+from agent.jsontypes import Json
 
-Json = dict[str, Any]
 QUANTITY = "__quantity__"
 SEMVER = "__semver__"
 

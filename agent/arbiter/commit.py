@@ -29,14 +29,12 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.world import (
     Gang,
-    Json,
     Member,
     ShareDevices,
     Unsupported,
@@ -50,6 +48,7 @@ from agent.arbiter.world import (
 )
 from agent.devices.names import InvalidDeviceName
 from agent.devices.shares import Capacity
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import POD_GROUPS, PODS, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH, Resource, Rest
 from agent.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, GATE
@@ -61,6 +60,7 @@ from agent.reservation.protocol import (
     Unauthenticated,
     UnknownReservation,
 )
+from agent.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +116,6 @@ class _ClaimErrors:
         return self._client.capacity()
 
 
-def _rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _rfc3339_milli(t: float) -> str:
-    """To the millisecond: the admission time is compared with times within the same second (evict.same_burst)."""
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def narrowed(pod: Json, node: str, now: float) -> Json:
     """The pod ungated for `node`: each required node-affinity term gains `metadata.name In [node]` (or one
     such term is added), the arbiter's gate is removed and the admission time annotated."""
@@ -144,7 +135,8 @@ def narrowed(pod: Json, node: str, now: float) -> Json:
     spec["schedulingGates"] = [g for g in spec.get("schedulingGates") or () if g.get("name") != GATE]
     if not spec["schedulingGates"]:
         del spec["schedulingGates"]
-    out["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = _rfc3339_milli(now)
+    # To the millisecond: it is compared with times within the same second (evict.same_burst).
+    out["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = rfc3339(now, 3)
     return out
 
 
@@ -287,7 +279,7 @@ class Committer:
         held = scheduled_condition(pod_group)
         if held is not None and all(held.get(k) == v for k, v in condition.items()):
             return
-        condition["lastTransitionTime"] = _rfc3339(self._clock())
+        condition["lastTransitionTime"] = rfc3339(self._clock())
         try:  # a strategic merge: the conditions are merged by type, the others (DisruptionTarget) kept
             self._rest.patch(POD_GROUPS, str(m.get("namespace")), str(m.get("name")),
                              {"status": {"conditions": [condition]}}, content_type=STRATEGIC_MERGE_PATCH,

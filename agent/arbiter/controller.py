@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -44,7 +43,7 @@ from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.queue_status import STRANDED, queue_statuses, stranded_reasons
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import Gang, Member, ShareDevices, World, build_world, meta, parse_time
+from agent.arbiter.world import Gang, Member, ShareDevices, World, build_world, meta
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer, start_all
@@ -62,6 +61,7 @@ from agent.kube.rest import (
 from agent.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
 from agent.reservation.protocol import NodeClient, NodeUnavailable, Reservation
 from agent.reservation.transport import GrpcNodeClient, pinned_channel
+from agent.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 WAIT_REFRESH_S = 30.0  # a wait reason whose numbers changed is told again at most this often
@@ -414,7 +414,7 @@ class Arbiter:
         if fences(rule, self.config.driver):
             if self._fenced_since is None:
                 m = meta(rule or {})
-                born = parse_time(m.get("creationTimestamp")) if int(m.get("generation") or 1) == 1 else None
+                born = parse_rfc3339(m.get("creationTimestamp")) if int(m.get("generation") or 1) == 1 else None
                 self._fenced_since = born if born is not None else now
             return
         self._fenced_since = None
@@ -743,7 +743,7 @@ class Arbiter:
     def _condition(self, name: str, kind: str, status: str, now: float, *, reason: str,
                    message: str) -> dict[str, str]:
         """A condition of the Queue; its lastTransitionTime moves only when its status does."""
-        since = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        since = rfc3339(now)
         current = ((self.queues.get("", name) or {}).get("status") or {}).get("conditions") or ()
         for c in current:
             if isinstance(c, dict) and c.get("type") == kind and c.get("status") == status:

@@ -9,11 +9,11 @@ most every `PERSIST_EVERY_S` so a cycle a second does not mean a write a second.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from agent.arbiter.core.model import MILLI, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
+from agent.times import parse_rfc3339, rfc3339
 
 PERSIST_EVERY_S = 60.0
 _KEYS = ("gpu", "cpu", "memory")
@@ -59,19 +59,15 @@ def from_status(status: Mapping[str, Any] | None) -> Accumulator:
     if not isinstance(state, Mapping):
         return Accumulator()
     used, possible = _vector(state.get("used")), _vector(state.get("possible"))
-    try:
-        at = datetime.fromisoformat(str(state.get("updatedAt")).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return Accumulator()
-    if used is None or possible is None:
+    at = parse_rfc3339(state.get("updatedAt"))
+    if at is None or used is None or possible is None:
         return Accumulator()
     return Accumulator(used, possible, at)
 
 
 def to_status(acc: Accumulator) -> dict[str, Any]:
-    at = datetime.fromtimestamp(acc.at or 0.0, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"used": dict(zip(_KEYS, acc.used, strict=True)), "possible": dict(zip(_KEYS, acc.possible, strict=True)),
-            "updatedAt": at}
+            "updatedAt": rfc3339(acc.at or 0.0)}
 
 
 def shown(acc: Accumulator) -> dict[str, float]:

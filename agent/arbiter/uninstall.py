@@ -14,8 +14,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, Json, Resource, Rest
+from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, Resource, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
 
 log = logging.getLogger(__name__)

@@ -132,7 +132,8 @@ def config_for(request: str, device_name: str, configs: Sequence[tuple[tuple[str
     for requests, config in reversed(configs):
         if request in requests:
             if not isinstance(config, wanted):
-                raise ConfigError(f"cannot apply {type(config).__name__} to request {request!r} ({device_name})")
+                given = CHANNEL_CONFIG if isinstance(config, ChannelConfig) else DAEMON_CONFIG
+                raise ConfigError(f"cannot apply {given} to request {request!r} ({device_name})")
             return config
         if not requests and isinstance(config, wanted):
             return config
@@ -145,7 +146,7 @@ def config_for(request: str, device_name: str, configs: Sequence[tuple[tuple[str
 
 
 def spec_file_name(claim_uid: str) -> str:
-    return f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.yaml"
+    return f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"  # JSON, as the GPU claims' specs: All has 2048 nodes
 
 
 def cdi_device_id(claim_uid: str, device_name: str) -> str:

@@ -76,7 +76,7 @@ class CheckpointStore:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointCorrupt(
                 f"{self.path} cannot be read ({exc}); the channel claims it records are unknown: remove it after "
-                "removing the CDI specs k8s.compute-domain.nvidia.com-claim_*.yaml, and restart the agent") from exc
+                "removing the CDI specs k8s.compute-domain.nvidia.com-claim_*.json, and restart the agent") from exc
         if data.get("bootID") != self.boot_id:
             return Checkpoint(self.boot_id), bool(claims)
         return Checkpoint(self.boot_id, claims), False

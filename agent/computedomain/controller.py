@@ -24,10 +24,11 @@ from typing import Any
 
 from agent.computedomain import model, templates
 from agent.computedomain.model import FINALIZER, ComputeDomain, InvalidComputeDomain
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer
-from agent.kube.rest import RESOURCE_CLAIM_TEMPLATES, Json, Resource, Rest
+from agent.kube.rest import RESOURCE_CLAIM_TEMPLATES, Resource, Rest
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.jsontypes import Json
+
 GROUP = "resource.nvidia.com"
 VERSION = "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -27,7 +29,6 @@ READY, NOT_READY = "Ready", "NotReady"
 SINGLE, ALL = "Single", "All"
 MAX_NODES_PER_CLIQUE = 18  # an NVL72 rack: the most nodes one IMEX domain spans (NVIDIA's maxNodesPerIMEXDomain)
 
-Json = dict[str, Any]
 
 
 class InvalidComputeDomain(ValueError):

@@ -16,6 +16,7 @@ node's entry. One domain per node at a time: channel-0 is one device, as in NVID
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import stat
@@ -25,8 +26,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from agent import files
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult, ref_problem
@@ -38,17 +37,17 @@ from agent.computedomain.checkpoint import PreparedDevice as RecordedDevice
 from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.daemon import IMEX, IMEX_CTL, DaemonError, DomainDaemon, stop_leftovers
 from agent.computedomain.model import DRIVER, ComputeDomain, InvalidComputeDomain
+from agent.jsontypes import Json
 from agent.kube.claims import KubeClaimSource
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.informer import Informer
-from agent.kube.rest import RESOURCE_SLICES, Json, Rest
+from agent.kube.rest import RESOURCE_SLICES, Rest
 from agent.kubelet.plugin import KubeletPlugin
 from agent.sharing.commands import DriverRoot, NotRun
 
 log = logging.getLogger(__name__)
 
 UID_INDEX = "uid"
-_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 @dataclass(frozen=True)
@@ -291,8 +290,7 @@ class ComputeDomainPlugin:
                "COMPUTE_DOMAIN_NAMESPACE": domain.namespace, "CLIQUE_ID": self.clique_id or ""}
         spec = channels.claim_spec(ref.uid, devices, major, str(self.settings.dev_root), env)
         self.settings.cdi_root.mkdir(parents=True, exist_ok=True)
-        text = yaml.dump(spec, Dumper=_DUMPER, sort_keys=False)  # All: 2048 device nodes, the C dumper's job
-        files.write_atomic(self._spec_path(ref.uid), text.encode(), durable=False)
+        files.write_atomic(self._spec_path(ref.uid), json.dumps(spec).encode(), durable=False)
         record = self._checkpoint.claims[ref.uid].completed(tuple(recorded))
         self._save(ref.uid, record)
         log.info("channel claim prepared", extra={"claim": f"{ref.namespace}/{ref.name}", "claim_uid": ref.uid,
@@ -335,8 +333,8 @@ class ComputeDomainPlugin:
             specs = 0
             if self.settings.cdi_root.is_dir():
                 for path in self.settings.cdi_root.iterdir():
-                    uid = path.name.removeprefix(prefix).removesuffix(".yaml")
-                    if path.name.startswith(prefix) and path.name.endswith(".yaml") and uid not in checkpoint.claims:
+                    uid = path.name.removeprefix(prefix).removesuffix(".json")
+                    if path.name.startswith(prefix) and path.name.endswith(".json") and uid not in checkpoint.claims:
                         files.remove(path)
                         specs += 1
                 for temp in files.leftover_temps(self.settings.cdi_root, prefix):

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from agent.computedomain import model
 from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.model import ComputeDomain, DomainNode
+from agent.jsontypes import Json
 from agent.kube.errors import Conflict, NotFound
-from agent.kube.rest import Json, Rest
+from agent.kube.rest import Rest
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 10

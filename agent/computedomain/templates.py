@@ -7,8 +7,6 @@ so deleting the domain deletes it (the controller also deletes it itself, and re
 
 from __future__ import annotations
 
-from typing import Any
-
 from agent.computedomain.channels import CHANNEL_CONFIG
 from agent.computedomain.model import (
     API_VERSION,
@@ -20,8 +18,8 @@ from agent.computedomain.model import (
     TARGET_LABEL,
     ComputeDomain,
 )
+from agent.jsontypes import Json
 
-Json = dict[str, Any]
 WORKLOAD = "workload"
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from agent.jsontypes import Json
 from agent.quantity import QuantityError, format_bytes, parse
 
 MIB = 1 << 20
@@ -31,7 +32,6 @@ SHARES = "shares"
 MAX_CLIENTS = 48  # MPS client contexts a Volta-or-later GPU serves at once (NVIDIA's MPS documentation)
 MODES = ("disabled", "memory", "unlimited", "<N>")
 
-Json = dict[str, Any]
 
 
 class ShareError(ValueError):

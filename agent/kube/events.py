@@ -13,17 +13,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from agent.kube.errors import ApiError
 from agent.kube.rest import EVENTS, Rest
+from agent.times import rfc3339
 
 log = logging.getLogger(__name__)
-
-
-def _now(clock: Callable[[], float]) -> str:
-    return datetime.fromtimestamp(clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
@@ -71,7 +67,7 @@ class EventRecorder:
         namespace = str(meta.get("namespace") or "default")
         digest = hashlib.sha256(f"{meta.get('uid')}/{reason}/{message}".encode()).hexdigest()[:10]
         name = f"{meta.get('name')}.{digest}"
-        now = _now(self._clock)
+        now = rfc3339(self._clock())
         with self._lock:
             count = self._counts.get(name, 0) + 1
             self._counts[name] = count

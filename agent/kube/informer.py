@@ -15,9 +15,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError
 from agent.kube.reflector import Backoff, Reflector
-from agent.kube.rest import Json, Resource, Rest
+from agent.kube.rest import Resource, Rest
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ NO_PROXY as client-go reads them.
 from __future__ import annotations
 
 import base64
-import datetime
 import ipaddress
 import json
 import os
@@ -29,6 +28,7 @@ import yaml
 
 from agent.kube.client import Auth, BearerToken, Client, CredentialsError, Server, StaticHeaders
 from agent.kube.rest import Rest
+from agent.times import parse_rfc3339
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 EXEC_TIMEOUT_S = 60.0
@@ -254,7 +254,10 @@ class _ExecPlugin:
         credential, self._first = self._first or self.run(), None
         status = credential.get("status") or {}
         expiry = status.get("expirationTimestamp")
-        expires = datetime.datetime.fromisoformat(str(expiry).replace("Z", "+00:00")).timestamp() if expiry else None
+        expires = parse_rfc3339(expiry) if expiry else None
+        if expiry and expires is None:
+            raise KubeconfigError(f"exec plugin {self.command!r} gave an expirationTimestamp that is not RFC 3339: "
+                                  f"{str(expiry)[:64]!r}")
         return str(status.get("token") or ""), expires
 
 

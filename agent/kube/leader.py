@@ -18,22 +18,13 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound, NotLeading
-from agent.kube.rest import LEASES, Json, Rest
+from agent.kube.rest import LEASES, Rest
+from agent.times import rfc3339
 
 log = logging.getLogger(__name__)
-
-
-def _micro_time(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: str | None) -> float:
-    if not text:
-        return 0.0
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def check_timings(lease_duration: float, renew_deadline: float, retry_period: float) -> None:
@@ -69,8 +60,9 @@ class LeaderElector:
         except NotFound:
             lease = None
         # rounded up: a standby waits at least as long as this leader keeps writing
+        stamp = rfc3339(now, 6)  # metav1.MicroTime
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": math.ceil(self.lease_duration),
-                "acquireTime": _micro_time(now), "renewTime": _micro_time(now), "leaseTransitions": 0}
+                "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 0}
         if lease is None:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}

@@ -6,13 +6,13 @@ Events are core/v1 Events on the Node in namespace `default`, as the kubelet wri
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 from typing import Any
 
 from agent.kube.errors import ApiError
 from agent.kube.rest import EVENTS, NODES, Rest
+from agent.times import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class NodeStatus:
     def event(self, event_type: str, reason: str, message: str) -> None:
         """Record an Event on the Node; a failure is logged, never raised (the Event is for people, the
         work goes on)."""
-        now = datetime.datetime.now(datetime.UTC)
+        now = rfc3339(time.time())
         involved = {"apiVersion": "v1", "kind": "Node", "name": self.node_name}
         if self._node_uid:
             involved["uid"] = self._node_uid
@@ -57,8 +57,8 @@ class NodeStatus:
             "source": {"component": COMPONENT, "host": self.node_name},
             "reportingComponent": COMPONENT,
             "reportingInstance": self.node_name,
-            "firstTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "lastTimestamp": now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
             "count": 1,
         }
         try:

@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from agent.jsontypes import Json
 from agent.kube.errors import NotFound
 from agent.kube.reflector import Backoff, Reflector
-from agent.kube.rest import NODES, Json, Rest
+from agent.kube.rest import NODES, Rest
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Gone, NotFound
-from agent.kube.rest import Json, Resource, Rest
+from agent.kube.rest import Resource, Rest
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,10 @@ from typing import Any
 
 from urllib3.exceptions import HTTPError
 
+from agent.jsontypes import Json
 from agent.kube import writegate
 from agent.kube.client import Client
 from agent.kube.errors import ApiError, Gone, NotFound, call, translate
-
-Json = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"  # built-in kinds: lists merged by their key

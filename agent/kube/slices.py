@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+from agent.jsontypes import Json
 from agent.kube.errors import NotFound
 from agent.kube.reflector import Reflector
-from agent.kube.rest import RESOURCE_SLICES, Json, Rest
+from agent.kube.rest import RESOURCE_SLICES, Rest
 
 
 class SliceApi:

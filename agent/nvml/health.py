@@ -21,8 +21,9 @@ import pynvml
 
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import InvalidDeviceName, MigName, gpu_device_name, parse_device_name
+from agent.jsontypes import Json
 from agent.nvml.errors import FunctionMissing, GpuLost, NvmlError, Timeout, nvml_errors
-from agent.slices.taints import Json, gpu_lost_taint, xid_taint
+from agent.slices.taints import gpu_lost_taint, xid_taint
 
 log = logging.getLogger(__name__)
 

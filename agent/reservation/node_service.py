@@ -33,7 +33,8 @@ from agent.allocation.allocator import Allocator
 from agent.allocation.catalog import NodeUsage
 from agent.allocation.fragmentation import MILLI
 from agent.allocation.selectors import CelSelectors
-from agent.arbiter.world import Json, allocated_devices, allocated_shares, share_gpus
+from agent.arbiter.world import allocated_devices, allocated_shares, share_gpus
+from agent.jsontypes import Json
 from agent.devices.model import Inventory
 from agent.devices.names import gpu_device_name
 from agent.devices.shares import ShareMode, capacities

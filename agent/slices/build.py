@@ -12,15 +12,13 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from agent.devices import deliverable, shares
 from agent.devices.model import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from agent.devices.names import gpu_device_name, mig_device_name
+from agent.jsontypes import Json
 from agent.quantity import format_bytes
 from agent.slices.versions import LATEST, SliceRules
-
-Json = dict[str, Any]
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 API_VERSION = "resource.k8s.io/v1"

@@ -12,18 +12,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol
 
 from agent import quantity
 from agent.devices.model import Inventory
 from agent.devices.shares import Policy, ShareMode
+from agent.jsontypes import Json
 from agent.kube import nodes
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import Rest
 from agent.kube.slices import SliceApi
-from agent.slices.build import DEFAULT_DRIVER, Json, SliceContent, Taints, pool_content, resource_slices
+from agent.slices.build import DEFAULT_DRIVER, SliceContent, Taints, pool_content, resource_slices
 from agent.slices.versions import LATEST, SliceRules, rules_for
+from agent.times import parse_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -387,8 +388,8 @@ def _canonical(spec: Json) -> Json:
             if "requestPolicy" in capacity:  # exact values, validValues too
                 capacity["requestPolicy"] = Policy.from_json(capacity["requestPolicy"])
         for taint in device.get("taints", []):  # RFC 3339 either way: "...Z" or "...+00:00" (the client's)
-            if "timeAdded" in taint:
-                taint["timeAdded"] = datetime.fromisoformat(str(taint["timeAdded"]).replace("Z", "+00:00"))
+            if (at := parse_rfc3339(taint.get("timeAdded"))) is not None:
+                taint["timeAdded"] = at
         for use in device.get("consumesCounters", []):
             numbers(use.get("counters", {}))
     for counter_set in spec.get("sharedCounters", []):

@@ -6,19 +6,12 @@ Pure: the time is passed in.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
-
-Json = dict[str, Any]
+from agent.jsontypes import Json
+from agent.times import rfc3339
 
 NO_SCHEDULE = "NoSchedule"
 XID_KEY = "xid"
 GPU_LOST_KEY = "gpu-lost"
-
-
-def rfc3339(unix_seconds: float) -> str:
-    """metav1.Time's wire form: whole seconds, UTC, `Z`."""
-    return datetime.fromtimestamp(int(unix_seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def xid_taint(driver: str, xid: int, since: float) -> Json:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from agent.arbiter.node_rules import refusal, selector_allows
 from agent.arbiter.world import allocatable, pod_requests
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.informer import Informer, Key, key_of
 from agent.kube.rest import RESOURCE_CLAIMS, Rest
@@ -29,7 +29,6 @@ from fakes.scheduler.allocator import Unsatisfiable, allocate, with_rule_taints
 log = logging.getLogger(__name__)
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
-Json = dict[str, Any]
 
 
 Taken = dict[str, dict[str, float]]  # node -> what the pods bound there ask of it (pod_requests, summed)

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.informer import Informer
 from agent.kube.rest import PODS, RESOURCE_CLAIMS, Rest
@@ -26,7 +27,6 @@ log = logging.getLogger(__name__)
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
-Json = dict[str, Any]
 
 
 def is_pod_done(pod: Mapping[str, Any]) -> bool:

@@ -10,9 +10,8 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
 
-Json = dict[str, Any]
+from agent.jsontypes import Json
 
 # kind -> (API path prefix, plural, namespaced) for what the demo touches.
 _RESOURCES = {

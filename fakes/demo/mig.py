@@ -7,9 +7,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from agent.jsontypes import Json
 from agent.migconfig.reconciler import CONFIG_LABEL, STATE_LABEL
 from fakes.demo import report
-from fakes.demo.kubectl import Json, Kubectl
+from fakes.demo.kubectl import Kubectl
 from fakes.demo.node import DemoError
 
 END_STATES = ("success", "failed", "rebooting")

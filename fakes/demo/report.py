@@ -7,8 +7,6 @@ from typing import Any
 
 from agent.claims.types import PrepareResult
 
-Json = dict[str, Any]
-
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "  ") -> list[str]:
     rows = [list(header), *(list(r) for r in rows)]

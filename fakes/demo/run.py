@@ -30,8 +30,9 @@ import yaml
 import fakes.apiserver
 from agent.claims import cdi
 from agent.claims.types import ClaimRef, PrepareResult
+from agent.jsontypes import Json
 from fakes.demo import mig, report
-from fakes.demo.kubectl import Json, Kubectl, KubectlError
+from fakes.demo.kubectl import Kubectl, KubectlError
 from fakes.demo.node import DRIVER, DemoError, DemoNode
 from fakes.demo.queues import run_queue_scene
 from fakes.demo.shares import run_share_scene

@@ -12,8 +12,9 @@ import yaml
 from agent.claims import cdi
 from agent.claims.types import ClaimRef
 from agent.devices import shares
+from agent.jsontypes import Json
 from fakes.demo import report
-from fakes.demo.kubectl import Json, Kubectl
+from fakes.demo.kubectl import Kubectl
 from fakes.demo.node import DRIVER, DemoError, DemoNode
 from fakes.scheduler import FakeScheduler
 

@@ -22,8 +22,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.allocation.cel import DeviceSelector, Json, SelectorError, device_variable
+from agent.allocation.cel import DeviceSelector, SelectorError, device_variable
 from agent.devices import shares
+from agent.jsontypes import Json
 
 # The allocator gives up after this many placement attempts rather than search forever (kube-scheduler
 # bounds the same search with a time limit).

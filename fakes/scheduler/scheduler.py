@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.allocation.cel import Json
+from agent.jsontypes import Json
 from agent.kube.rest import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource, Rest
 from fakes.scheduler import extended
 from fakes.scheduler.allocator import allocate

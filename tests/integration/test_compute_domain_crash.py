@@ -23,8 +23,7 @@ from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.model import DRIVER
 from agent.computedomain.plugin import read_boot_id
 from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
-from fakes.cluster import CRDS, NAMESPACES, wait_for
-from fakes.computedomains import OVERLAY, _documents
+from fakes.computedomains import CRDS, NAMESPACES, OVERLAY, _documents, wait_for
 from fakes.kubelet import FakeKubelet, KubeletError, Retry
 from fakes.nvml import persist
 from tests.integration.test_node_support import Daemon, short_tmpdir

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pathlib
 
+import pynvml as N
 import pytest
 import yaml
 
 from agent.computedomain.controller import COMPUTE_DOMAINS as COMPUTE_DOMAINS_RESOURCE
 from agent.computedomain.model import READY
 from agent.kube.errors import NotFound
-from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES
+from agent.kube.rest import EVENTS, PODS, RESOURCE_CLAIM_TEMPLATES
 from fakes.computedomains import NvlRack
 from tests.integration.test_node_support import short_tmpdir
 
@@ -84,7 +85,8 @@ def test_a_four_node_domain_job_of_16_gpus_gets_one_channel_per_pod_and_a_daemon
         rack.rest.delete(PODS, NS, f"train-{i}")
     rack.wait_for(lambda: all(not n.channel_nodes() and not n.cdi_specs() and not n.daemon_nodes()
                               for n in rack.nodes), timeout=60, what="channels and daemons to go")
-    assert rack.domain(NS, "train")["status"].get("nodes", []) == []
+    rack.wait_for(lambda: rack.domain(NS, "train")["status"].get("nodes", []) == [], timeout=30,
+                  what="every node to leave status.nodes")
     rack.rest.delete(COMPUTE_DOMAINS_RESOURCE, NS, "train")
     rack.wait_for(lambda: _get(rack, COMPUTE_DOMAINS_RESOURCE, NS, "train") is None
                   and _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "train-channel") is None, timeout=30,
@@ -106,3 +108,102 @@ def _running(rack: NvlRack, name: str) -> bool:
 def _ready(rack: NvlRack, name: str):
     domain = rack.domain(NS, name)
     return domain if (domain.get("status") or {}).get("status") == READY else None
+
+
+def nvidia_spec(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((FIXTURES / name).read_text()) if d]
+
+
+@pytest.mark.parametrize("spec, channels", [("channel-injection.yaml", ["channel0"]),
+                                             ("channel-injection-all.yaml", [f"channel{i}" for i in range(2048)])])
+def test_nvidias_channel_injection_specs_apply_unchanged(rack: NvlRack, spec: str, channels: list[str]) -> None:
+    docs = nvidia_spec(spec)
+    pod = next(d for d in docs if d["kind"] == "Pod")["metadata"]["name"]
+    rack.apply(docs, NS)
+    rack.wait_for(lambda: _running(rack, pod), timeout=90, what=f"{pod} to start")
+    node = rack.pod_node(NS, pod)
+    assert node is not None
+    assert node.channel_nodes() == sorted(channels)
+    spec_doc = yaml.safe_load((node.cdi_root / node.cdi_specs()[0]).read_text())
+    injected = [n["path"] for d in spec_doc["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    assert sorted(injected) == sorted(f"/dev/nvidia-caps-imex-channels/{c}" for c in channels)
+    rack.rest.delete(PODS, NS, pod)
+    rack.wait_for(lambda: not node.channel_nodes() and not node.cdi_specs() and not node.daemon_nodes(),
+                  timeout=60, what="the channels and the daemon to go")
+
+
+def test_nvidias_nvbandwidth_job_applies_unchanged(rack: NvlRack) -> None:
+    """The MPIJob's four workers (2 GPUs each through nvidia.com/gpu, one channel) land on four nodes; each sees
+    one channel and every daemon spans the four. The MPI operator is a stand-in that makes the workers only."""
+    rack.apply(nvidia_spec("nvbandwidth-test-job.yaml"), NS)
+    workers = [f"nvbandwidth-test-worker-{i}" for i in range(4)]
+    rack.wait_for(lambda: all(_running(rack, w) for w in workers), timeout=120, what="the workers to start")
+    nodes = [rack.pod_node(NS, w) for w in workers]
+    assert len({n.name for n in nodes if n}) == 4
+    uid = rack.domain(NS, "nvbandwidth-test-compute-domain")["metadata"]["uid"]
+    addresses = sorted(n.address for n in nodes if n)
+    for node in nodes:
+        assert node is not None and node.channel_nodes() == ["channel0"]
+        rack.wait_for(lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses, timeout=30,
+                      what=f"{node.name}'s daemon to span the four workers")
+    rack.wait_for(lambda: _ready(rack, "nvbandwidth-test-compute-domain"), timeout=30, what="Ready")
+
+
+def test_nodes_in_different_cliques_never_share_a_daemon_config() -> None:
+    with short_tmpdir("nvl-") as root, NvlRack(root, nodes=4, cliques={2: 2, 3: 2}) as rack:
+        rack.apply([domain_doc("split", 4, "split-channel")], NS)
+        rack.wait_for(lambda: _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "split-channel"), what="template")
+        pods = []
+        for i, node in enumerate(rack.nodes):
+            pod = worker(f"split-{i}", "split-channel", 4)
+            pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+            pods.append(pod)
+        rack.apply(pods, NS)
+        rack.wait_for(lambda: all(_running(rack, f"split-{i}") for i in range(4)), timeout=90, what="workers")
+        uid = rack.domain(NS, "split")["metadata"]["uid"]
+        first, second = rack.nodes[:2], rack.nodes[2:]
+        for group in (first, second):
+            peers = sorted(n.address for n in group)
+            for node in group:
+                rack.wait_for(lambda node=node, peers=peers: sorted(node.daemon_nodes().get(uid, [])) == peers,
+                              timeout=30, what=f"{node.name}'s daemon to list its clique only")
+        entries = rack.wait_for(lambda: _ready(rack, "split"), timeout=30, what="Ready")["status"]["nodes"]
+        by_clique: dict[str, list[int]] = {}
+        for e in entries:
+            by_clique.setdefault(e["cliqueID"], []).append(e["index"])
+        assert sorted(sorted(v) for v in by_clique.values()) == [[0, 1], [0, 1]]  # (cliqueID, index) unique
+
+
+def test_a_fabric_broken_mid_job_makes_the_domain_not_ready(rack: NvlRack) -> None:
+    rack.apply([domain_doc("fragile", 2, "fragile-channel"),
+                worker("fragile-0", "fragile-channel", 4), worker("fragile-1", "fragile-channel", 4)], NS)
+    rack.wait_for(lambda: _ready(rack, "fragile"), timeout=90, what="the domain to be Ready")
+    node = rack.pod_node(NS, "fragile-0")
+    assert node is not None
+    node.fake.set_fabric(0, state=N.NVML_GPU_FABRIC_STATE_NOT_STARTED)  # the node drops out of the fabric
+    domain = rack.wait_for(lambda: _not_ready(rack, "fragile"), timeout=30, what="the domain to be NotReady")
+    assert {e["name"]: e["status"] for e in domain["status"]["nodes"]}[node.name] == "NotReady"
+    node.fake.set_fabric(0, state=N.NVML_GPU_FABRIC_STATE_COMPLETED)
+    rack.wait_for(lambda: _ready(rack, "fragile"), timeout=30, what="the domain to be Ready again")
+
+
+def test_a_template_name_taken_by_something_else_is_left_alone_and_told(rack: NvlRack) -> None:
+    rack.namespace(NS)
+    theirs = rack.rest.create(RESOURCE_CLAIM_TEMPLATES, NS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "taken"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+    rack.apply([domain_doc("clash", 1, "taken")], NS)
+    event = rack.wait_for(lambda: next((e for e in rack.rest.list(EVENTS, NS)["items"]
+                                        if e.get("reason") == "ResourceClaimTemplateTaken"), None),
+                          timeout=30, what="a Warning Event on the domain")
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "clash"
+    assert rack.rest.get(RESOURCE_CLAIM_TEMPLATES, NS, "taken")["metadata"]["uid"] == theirs["metadata"]["uid"]
+    rack.rest.delete(COMPUTE_DOMAINS_RESOURCE, NS, "clash")
+    rack.wait_for(lambda: _get(rack, COMPUTE_DOMAINS_RESOURCE, NS, "clash") is None, timeout=30, what="deletion")
+    assert _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "taken") is not None  # not the domain's: never deleted
+
+
+def _not_ready(rack: NvlRack, name: str):
+    domain = rack.domain(NS, name)
+    return domain if (domain.get("status") or {}).get("status") == "NotReady" else None

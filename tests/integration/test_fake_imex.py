@@ -13,7 +13,7 @@ import time
 import pynvml as N
 
 import fakes.nvml as fake_nvml
-from fakes.cluster import wait_for
+from fakes.computedomains import wait_for
 from fakes.nvml import persist
 from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.imex import status_path

@@ -9,8 +9,9 @@ from typing import Any
 
 from agent.arbiter.commit import narrowed
 from agent.arbiter.core.cycle import run_cycle
-from agent.arbiter.world import build_world, parse_time
+from agent.arbiter.world import build_world
 from agent.names import ADMITTED_ANNOTATION
+from agent.times import parse_rfc3339 as parse_time
 from tests.unit.test_arbiter_world import DRIVER, claim, node, pod, queue
 
 SECOND = "2027-01-15T08:00:00"  # the victims' admission and the reclaimer's creation fall in this second

@@ -13,10 +13,10 @@ from agent.arbiter.world import (
     Unsupported,
     allocation_status,
     build_world,
-    parse_time,
     reservation_claim,
 )
 from agent.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, FINGERPRINT_ANNOTATION, GATE, QUEUE_LABEL
+from agent.times import parse_rfc3339 as parse_time
 
 DRIVER = "gpu.nvidia.com"
 NOW = 1_800_000_000.0

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from agent.slices.build import build_resource_slices
-from agent.slices.taints import gpu_lost_taint, rfc3339, xid_taint
+from agent.slices.taints import gpu_lost_taint, xid_taint
 from agent.slices.versions import LATEST, RULES, UnknownServerVersion, parse_version, rules_for
+from agent.times import rfc3339
 from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_inventory
 from tests.unit.upstream_slice_rules import VERSIONS, pool_errors, slice_errors
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any, cast
 
 from agent.arbiter.core.model import (
@@ -32,6 +31,7 @@ from agent.arbiter.core.model import (
     Snapshot,
 )
 from agent.arbiter.core.usage import UsageSample, queue_usage
+from agent.times import parse_rfc3339
 
 _STATUSES = ("Running", "Pending", "Releasing")
 # Caps that keep a typo from costing minutes and gigabytes: a node's GPUs are modelled one by one.
@@ -417,13 +417,10 @@ def _labels(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
 def _timestamp(value: object, where: str, key: str = "createdAt") -> float:
     if not isinstance(value, str):
         raise SnapshotError(f"{where} needs {key} as an RFC 3339 timestamp.")
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise SnapshotError(f"{where} has a malformed {key} {value!r} (want RFC 3339).") from None
-    if parsed.tzinfo is None or "T" not in value.upper():
+    parsed = parse_rfc3339(value)
+    if parsed is None:
         raise SnapshotError(f"{where} has a malformed {key} {value!r} (want RFC 3339 with a time zone).")
-    return parsed.timestamp()
+    return parsed
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
