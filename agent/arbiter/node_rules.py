@@ -10,8 +10,8 @@ with its GPUs allocated. The rules, worded and counted as kube-scheduler reports
   matching (a term with no requirement matches nothing; `matchFields` knows `metadata.name` alone; `Gt`/`Lt`
   compare integers, a value that is not one never matches).
 - TaintToleration: every NoSchedule and NoExecute taint of the node tolerated (PreferNoSchedule only scores).
-  A toleration matches on effect (empty: any), key (empty with `Exists`: any) and value (`Equal`, the
-  default) or not (`Exists`). `Gt`/`Lt` tolerations are behind an alpha gate that is off by default, and
+  A toleration matches on effect (empty: any), key (empty: any; validation allows that with `Exists` only)
+  and value (`Equal`, the default) or not (`Exists`), as core/v1 Toleration.ToleratesTaint does. `Gt`/`Lt` tolerations are behind an alpha gate that is off by default, and
   tolerate nothing, as there.
 """
 
@@ -81,6 +81,7 @@ def _affinity_allows(pod: Json, node: Json) -> bool:
 
 
 def tolerates(toleration: Json, taint: Json) -> bool:
+    """core/v1 Toleration.ToleratesTaint; DRA's DeviceToleration matches alike (resourceclaim.ToleratesTaint)."""
     effect, key = toleration.get("effect") or "", toleration.get("key") or ""
     if effect and effect != taint.get("effect"):
         return False

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.allocation.cel import DeviceSelector, SelectorError, device_variable
+from agent.arbiter.node_rules import tolerates
 from agent.devices import shares
 from agent.jsontypes import Json
 
@@ -312,20 +313,12 @@ def _has_room(alt: Alternative, device: Candidate, taken: Sequence[Mapping[str, 
 
 def _taints_tolerated(taints: Iterable[Mapping[str, Any]], tolerations: Sequence[Mapping[str, Any]]) -> bool:
     """A device with a NoSchedule or NoExecute taint is allocated only to a request tolerating it (effect None
-    only informs), as the structured allocator does with DRADeviceTaints."""
+    only informs), as the structured allocator does with DRADeviceTaints. A DeviceToleration matches as a pod's
+    toleration does (resourceclaim.ToleratesTaint is a copy of core/v1's), so the arbiter's rule serves."""
     return all(
-        t.get("effect") not in ("NoSchedule", "NoExecute") or any(_tolerates(x, t) for x in tolerations)
+        t.get("effect") not in ("NoSchedule", "NoExecute") or any(tolerates(x, t) for x in tolerations)
         for t in taints
     )
-
-
-def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    """DeviceToleration semantics: empty effect matches every effect; Exists with no key matches every taint."""
-    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-        return False
-    if toleration.get("operator", "Equal") == "Exists":
-        return not toleration.get("key") or toleration["key"] == taint.get("key")
-    return toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", "")
 
 
 def _place(search: _Search, index: int) -> bool:

@@ -61,6 +61,8 @@ NO_SCHEDULE = {"key": "dedicated", "value": "train", "effect": "NoSchedule"}
     ({"key": "dedicated", "value": "serve"}, False),
     ({"key": "dedicated", "operator": "Exists"}, True),
     ({"operator": "Exists"}, True),  # no key, Exists: every taint
+    ({"operator": "Equal", "value": "train"}, True),  # no key, Equal: every key with that value (as upstream)
+    ({"value": "serve", "effect": "NoSchedule"}, False),
     ({"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}, False),
     ({"key": "other", "operator": "Exists"}, False),
     ({"key": "dedicated", "operator": "Gt", "value": "1"}, False),  # behind an alpha gate, off by default

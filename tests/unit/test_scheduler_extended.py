@@ -100,3 +100,7 @@ def test_tainted_devices_are_allocated_only_to_requests_that_tolerate_them() -> 
         {"key": "gpu.nvidia.com/xid", "operator": "Equal", "value": "48"}]  # another Xid: not tolerated
     with pytest.raises(Unsatisfiable):
         allocate(claim, slices, CLASSES)
+    # No key with Equal: any key with that value, as resourceclaim.ToleratesTaint reads it (the fake once
+    # wanted the key empty too, and refused this claim).
+    claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [{"operator": "Equal", "value": "79"}]
+    assert len(allocate(claim, slices, CLASSES)["devices"]["results"]) == 2
