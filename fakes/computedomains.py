@@ -221,8 +221,12 @@ def _registered(kubelet: FakeKubelet) -> bool:
 
 class NvlRack:
     def __init__(self, root: pathlib.Path | None = None, nodes: int = 4, *, channel_count: int = 2048,
-                 kubeconfig: pathlib.Path | None = None, cliques: Mapping[int, int] | None = None) -> None:
-        """`cliques`: node index -> clique ID, for a rack partitioned into several NVLink cliques (default: one)."""
+                 kubeconfig: pathlib.Path | None = None, cliques: Mapping[int, int] | None = None,
+                 make_node: Callable[[str], Json] | None = None) -> None:
+        """`cliques`: node index -> clique ID, for a rack partitioned into several NVLink cliques (default: one).
+        `kubeconfig`: a real API server, whose kube-scheduler and kube-controller-manager do what the stand-ins do
+        here (none is started); `make_node(name)` creates a Ready Node there."""
+        self._make_node = make_node
         self.root = pathlib.Path(root or tempfile.mkdtemp(prefix="nvl72-"))
         self.cliques = dict(cliques or {})
         self.channel_count = channel_count
@@ -259,13 +263,7 @@ class NvlRack:
             t.start()
 
     def _add_node(self, node: RackNode) -> None:
-        body = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node.name, "labels": {"kubernetes.io/hostname": node.name}}})
-        body["status"] = {"allocatable": {"cpu": "144", "memory": "800Gi", "pods": "110"},
-                          "capacity": {"cpu": "144", "memory": "800Gi", "pods": "110"},
-                          "conditions": [{"type": "Ready", "status": "True"}],
-                          "addresses": [{"type": "InternalIP", "address": node.address}]}
-        self.rest.replace(NODES, body, "status")
+        body = self._make_node(node.name) if self._make_node is not None else self._create_node(node)
         if node.index in self.cliques:
             node.fake.set_fabric(None, clique_id=self.cliques[node.index])
         inventory = node.inventory()
@@ -273,6 +271,15 @@ class NvlRack:
             self.rest.create(RESOURCE_SLICES, None, s)
         clique = clique_of([g.fabric.domain_id if g.fabric else None for g in inventory.gpus])
         node.start_plugin(self.rest, body["metadata"]["uid"], clique)
+
+    def _create_node(self, node: RackNode) -> Json:
+        body = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": node.name, "labels": {"kubernetes.io/hostname": node.name}}})
+        body["status"] = {"allocatable": {"cpu": "144", "memory": "800Gi", "pods": "110"},
+                          "capacity": {"cpu": "144", "memory": "800Gi", "pods": "110"},
+                          "conditions": [{"type": "Ready", "status": "True"}],
+                          "addresses": [{"type": "InternalIP", "address": node.address}]}
+        return self.rest.replace(NODES, body, "status")
 
     def _kubelets(self) -> None:
         while not self.stop.wait(0.2):
