@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agent.allocation.catalog import (
@@ -250,11 +249,6 @@ class Allocator:
             in_use = sum(shape.gpu_free) < total or bool(usage.taken - usage.unhealthy)
             return packed_fgd_score(drop, self.mix.total_weight, in_use, shares_gpu=bool(shared) and not taken)
         return 1 - sum(after) / total
-
-
-def best_node(fits: Sequence[tuple[str, Fit]]) -> tuple[str, Fit] | None:
-    """The node with the highest score; equal scores go to the smallest node name (stable)."""
-    return max(sorted(fits, key=lambda nf: nf[0]), key=lambda nf: nf[1].score, default=None)
 
 
 def _value_key(value: object) -> str:

@@ -1,23 +1,17 @@
-"""Where prepare reads ResourceClaims from. The daemon uses agent.kube.claims.KubeClaimSource; tests and
-offline tools use the in-memory or file-backed sources here."""
+"""Where prepare reads ResourceClaims from (the daemon's is agent.kube.claims.KubeClaimSource), and the read of
+a batch's claims within the kubelet's deadline."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from agent.claims.types import ClaimRef
 
 # The longest any one read may take when the caller has no deadline (the kubelet always sets one).
 MAX_READ_SECONDS = 30.0
-
-
-class ClaimNotFound(LookupError):
-    """No claim of that namespace and name."""
 
 
 class ClaimSource(Protocol):
@@ -56,34 +50,3 @@ def read_claims(
             break
     late = ReadTimeout(f"no answer from the API server within the call's deadline ({budget:.1f}s)")
     return {ref.uid: results.get(ref.uid, late) for ref in refs}
-
-
-class StaticClaimSource:
-    """Claims held in memory, keyed by (namespace, name)."""
-
-    def __init__(self, claims: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> None:
-        self.claims: dict[tuple[str, str], Mapping[str, Any]] = dict(claims or {})
-
-    def put(self, claim: Mapping[str, Any]) -> None:
-        meta = claim["metadata"]
-        self.claims[(meta["namespace"], meta["name"])] = claim
-
-    def get(self, namespace: str, name: str, timeout: float | None = None) -> Mapping[str, Any]:
-        try:
-            return self.claims[(namespace, name)]
-        except KeyError:
-            raise ClaimNotFound(f"resourceclaims {namespace}/{name} not found") from None
-
-
-class FileClaimSource:
-    """Claims stored as `<root>/<namespace>/<name>.json`."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-
-    def get(self, namespace: str, name: str, timeout: float | None = None) -> Mapping[str, Any]:
-        try:
-            claim: Mapping[str, Any] = json.loads((self.root / namespace / f"{name}.json").read_text())
-        except FileNotFoundError:
-            raise ClaimNotFound(f"resourceclaims {namespace}/{name} not found") from None
-        return claim

@@ -182,8 +182,5 @@ class Inventory:
     def gpu(self, minor: int) -> Gpu | None:
         return self._by_minor.get(minor)
 
-    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
-        return next((g for g in self.gpus if g.uuid == uuid), None)
-
     def mig_devices_of(self, parent_minor: int) -> tuple[MigDevice, ...]:
         return tuple(m for m in self.mig_devices if m.parent_minor == parent_minor)

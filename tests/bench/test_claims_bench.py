@@ -15,9 +15,9 @@ import pytest
 
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
-from agent.claims.source import StaticClaimSource
 from agent.claims.types import ClaimRef
 from agent.devices.model import Inventory
+from tests.claim_sources import StaticClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim, gpu, inventory
 
 CYCLES = int(os.environ.get("CLAIMS_BENCH_CYCLES", "1000"))

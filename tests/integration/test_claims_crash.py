@@ -24,8 +24,8 @@ import yaml
 from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore, ClaimState
 from agent.claims.preparer import ClaimPreparer
-from agent.claims.source import FileClaimSource
 from agent.claims.types import ClaimRef
+from tests.claim_sources import FileClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim, inventory
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -24,9 +24,9 @@ from agent._proto.kubelet import dra_v1_pb2_grpc as pb_grpc
 from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore, ClaimState
 from agent.claims.preparer import ClaimPreparer
-from agent.claims.source import StaticClaimSource
 from agent.devices.names import canonical
 from agent.kubelet import KubeletPlugin
+from tests.claim_sources import StaticClaimSource
 from tests.unit.test_claims_support import API_VERSION, DRIVER, NODE, claim, inventory
 
 EXAMPLES = int(os.environ.get("CLAIMS_FUZZ_EXAMPLES", "30"))

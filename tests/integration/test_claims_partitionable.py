@@ -17,13 +17,13 @@ import pytest
 
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
-from agent.claims.source import StaticClaimSource
 from agent.claims.types import ClaimRef
 from agent.devices.model import Inventory
 from agent.devices.names import GpuName, parse_device_name
 from agent.nvml.migctl import MigControl
 from agent.nvml.source import NvmlSource, open_nvml
 from agent.slices.build import pool_content
+from tests.claim_sources import StaticClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim
 
 

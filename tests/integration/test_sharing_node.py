@@ -25,7 +25,6 @@ from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore
 from agent.claims.preparer import ClaimPreparer
 from agent.claims.sharing import ClaimSharing
-from agent.claims.source import FileClaimSource
 from agent.claims.types import ClaimRef
 from agent.devices.model import ComputeMode, Inventory
 from agent.nvml.source import NvmlSource, open_nvml
@@ -36,6 +35,7 @@ from fakes.kubelet import FakeKubelet
 from fakes.nvml import persist
 from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.mps import PID_FILE
+from tests.claim_sources import FileClaimSource
 from tests.integration.test_node_support import Daemon, create_node, running, short_tmpdir
 from tests.unit.test_claims_support import DRIVER, NODE, cdi_validator, claim, opaque
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.allocation.allocator import Allocator, Claim, DeviceRequest, NoFit, Policy, best_node
+from agent.allocation.allocator import Allocator, Claim, DeviceRequest, NoFit, Policy
 from agent.allocation.capacity import summarize
 from agent.allocation.catalog import MIG_CLASS, NodeUsage
 from agent.allocation.selectors import CelSelectors, SelectorError
@@ -160,7 +160,7 @@ def test_mig_placement_keeps_the_most_future_placements() -> None:
     assert sorted(whole_gpu.devices["r"]) == ["gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4"]
 
 
-def test_capacity_summary_and_best_node() -> None:
+def test_capacity_summary_and_binpack_scores_the_fuller_node_higher() -> None:
     mig = gpu(8, "C", "NVIDIA A100-SXM4-40GB", 40, mig=True)
     inv = inventory(*EIGHT.gpus, mig)
     s = summarize(inv, NodeUsage(allocated=frozenset({"gpu-0"}), shared_milli={"gpu-1": 250}))
@@ -170,7 +170,7 @@ def test_capacity_summary_and_best_node() -> None:
     assert s.free_gpu_milli == 6000 + 750
     full = ALLOC.allocate(EIGHT, NodeUsage(allocated=frozenset({"gpu-0", "gpu-1"})), one())
     empty = ALLOC.allocate(EIGHT, NodeUsage(), one())
-    assert best_node([("b", empty), ("a", full)]) == ("a", full)  # binpack: the fuller node
+    assert full.score > empty.score
 
 
 def test_fgd_policy_prefers_a_node_in_use_over_an_empty_one() -> None:
@@ -178,7 +178,6 @@ def test_fgd_policy_prefers_a_node_in_use_over_an_empty_one() -> None:
     used = fgd.allocate(EIGHT, NodeUsage(allocated=frozenset({"gpu-0"})), one())
     empty = fgd.allocate(EIGHT, NodeUsage(), one())
     assert used.score > empty.score
-    assert best_node([("a-empty", empty), ("b-used", used)]) == ("b-used", used)
 
 
 def test_match_attribute_works_on_int_and_version_attributes_too() -> None:

@@ -30,10 +30,10 @@ from agent.claims.checkpoint import (
 )
 from agent.claims.mig import MigDevices
 from agent.claims.preparer import ClaimPreparer
-from agent.claims.source import StaticClaimSource
 from agent.claims.types import ClaimRef, PrepareResult
 from agent.devices.model import Inventory
 from agent.nvml.source import open_nvml
+from tests.claim_sources import StaticClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim, opaque
 
 FREE_1G = "gpu-2-mig-1g10gb-19-3"  # a free placement on GPU 2

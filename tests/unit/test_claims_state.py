@@ -16,8 +16,8 @@ from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore, ClaimState
 from agent.claims.lock import NodeLock
 from agent.claims.preparer import ClaimPreparer
-from agent.claims.source import StaticClaimSource
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
+from tests.claim_sources import StaticClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim, inventory, opaque
 
 MIG0 = "gpu-4-mig-1g10gb-19-0"

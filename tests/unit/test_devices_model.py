@@ -33,13 +33,11 @@ def mig(parent: Gpu, start: int) -> MigDevice:
     )
 
 
-def test_inventory_finds_gpus_by_minor_and_uuid() -> None:
+def test_inventory_finds_gpus_by_minor() -> None:
     gpus = (gpu(0), gpu(1), gpu(5, index=2))
     inv = Inventory("550.54.15", "12.4", gpus=gpus)
     assert inv.gpu(5) is gpus[2]
     assert inv.gpu(2) is None  # index 2 is minor 5: lookups are by minor
-    assert inv.gpu_by_uuid("GPU-00000001") is gpus[1]
-    assert inv.gpu_by_uuid("GPU-missing") is None
 
 
 def test_inventory_lists_mig_devices_of_one_parent() -> None:

@@ -17,9 +17,9 @@ from agent.allocation.cel import SelectorError
 from agent.allocation.selectors import CelSelectors
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
-from agent.claims.source import StaticClaimSource
 from agent.claims.types import ClaimRef
 from agent.reservation.protocol import ReservationBook, ReservationLost, UnknownReservation, claim_of
+from tests.claim_sources import StaticClaimSource
 from tests.unit.test_allocation_allocator import gpu, inventory
 from tests.unit.test_claims_support import DRIVER, NODE, claim
 from tests.unit.test_claims_support import inventory as claims_inventory

@@ -13,7 +13,7 @@ two numbers per queue and resource and fold each interval in as it passes.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.arbiter.core.model import QueueSpec, Vector
@@ -94,16 +94,3 @@ class Accumulator:
         return (_ratio(self.used[0], self.possible[0]), _ratio(self.used[1], self.possible[1]),
                 _ratio(self.used[2], self.possible[2]))
 
-
-def rolled_up(usage: Mapping[str, Vector], queues: Sequence[QueueSpec]) -> dict[str, Vector]:
-    """Leaf usage summed into every ancestor (a parent's usage is its subtree's)."""
-    parents = {q.name: q.parent for q in queues}
-    out: dict[str, list[float]] = {}
-    for leaf, u in usage.items():
-        name: str | None = leaf
-        while name is not None:
-            total = out.setdefault(name, [0.0, 0.0, 0.0])
-            for r in range(3):
-                total[r] += u[r]
-            name = parents.get(name)
-    return {name: (v[0], v[1], v[2]) for name, v in out.items()}
