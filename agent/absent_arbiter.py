@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.leader import LeaderElector
-from agent.jsontypes import Json
 from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, RESOURCE_CLAIMS, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
+from agent.objects.read import claim_is_ours, claim_names, is_allocated
 from agent.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ def waiting_pods(pods: Iterable[Json], claims: Iterable[Json], *, fenced: bool) 
     """The pods that wait for the arbiter, each with how: gated (they carry its scheduling gate), or, while
     the fence stands, unbound and ungated with a claim of the driver's classes nobody allocated (kube-scheduler
     may not allocate it)."""
-    from agent.arbiter.world import claim_is_ours, claim_names, is_allocated
-
     by_key = {f"{(c.get('metadata') or {}).get('namespace')}/{(c.get('metadata') or {}).get('name')}": c
               for c in claims}
     out: list[tuple[Json, str]] = []

@@ -33,25 +33,15 @@ from typing import Any
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
-from agent.arbiter.world import (
-    Gang,
-    Member,
-    ShareDevices,
-    Unsupported,
-    allocated_node,
-    allocation_status,
-    is_allocated,
-    is_gated,
-    meta,
-    reservation_claim,
-    reserved_for,
-)
+from agent.arbiter.world import Gang, Member
 from agent.devices.names import InvalidDeviceName
 from agent.devices.shares import Capacity
 from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import POD_GROUPS, PODS, RESOURCE_CLAIMS, STRATEGIC_MERGE_PATCH, Resource, Rest
 from agent.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, GATE
+from agent.objects.read import ShareDevices, allocated_node, is_allocated, is_gated, meta, reserved_for
+from agent.objects.write import Unsupported, allocation_status, reservation_claim
 from agent.reservation.protocol import (
     GangCoordinator,
     MemberPlacement,
@@ -198,8 +188,8 @@ class Committer:
         clients = self._clients()
         coordinator = GangCoordinator({node: _ClaimErrors(node, c) for node, c in clients.items()})
         try:
-            held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
-            if reason and "does not fit" in reason:
+            held, refused = coordinator.reserve_all(gang_id, placements, self._ttl)
+            if refused is not None and refused.kind == "no-fit":
                 # reservations of this gang left by an arbiter killed mid-commit hold devices until their TTL:
                 # only one arbiter commits a gang at a time, so they are stale; free them and try once more
                 for node in {p.node for p in placements}:
@@ -209,15 +199,15 @@ class Committer:
                             client.release(gang_id=gang_id)
                         except (OSError, Unauthenticated, UnknownReservation):
                             continue
-                held, reason = coordinator.reserve_all(gang_id, placements, self._ttl)
+                held, refused = coordinator.reserve_all(gang_id, placements, self._ttl)
         except ClaimRefused as e:  # what was reserved is released; the claim waits until it changes
             self._add("reserve", t)
             claim = to_write[e.member][1]
             return Outcome(False, f"node {e.node} refused ResourceClaim {_claim_key(claim)}: {e.message}",
                            refused=(claim, e.message))
         t = self._add("reserve", t)
-        if reason:
-            return Outcome(False, reason)
+        if refused is not None:
+            return Outcome(False, refused.reason)
         outcome = Outcome(True)
 
         statuses: dict[str, Json] = {}

@@ -43,7 +43,7 @@ from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.queue_status import STRANDED, queue_statuses, stranded_reasons
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import Gang, Member, ShareDevices, World, build_world, meta
+from agent.arbiter.world import Gang, Member, World, build_world
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer, start_all
@@ -59,6 +59,7 @@ from agent.kube.rest import (
     Rest,
 )
 from agent.names import DEFAULT_QUEUE, FENCE_RULE, FINGERPRINT_ANNOTATION
+from agent.objects.read import ShareDevices, meta
 from agent.reservation.protocol import NodeClient, NodeUnavailable, Reservation
 from agent.reservation.transport import GrpcNodeClient, pinned_channel
 from agent.times import parse_rfc3339, rfc3339

@@ -20,20 +20,21 @@ A gang whose pods cannot be weighed yet (claims not created, a queue missing, a 
 handle) is left out of the snapshot, with the reason in `World.waiting`. An object the arbiter cannot read (an
 invalid Queue or PodGroup, a malformed pod or claim: agent.arbiter.validity) is left out too, in
 `World.invalid`, and never stops the cycle.
+
+`build_world` runs in phases, each handing its data to the next: the objects read and indexed, the nodes the
+arbiter serves, the pods grouped into gangs, the served nodes' room, the gangs weighed as the core's jobs.
+What an object says is agent.objects.read's; a claim's reservation request is agent.objects.write's.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
-from fractions import Fraction
-from typing import Any, TypeVar, cast
+from typing import Any
 
-from agent.allocation.allocator import Claim, DeviceRequest
+from agent.allocation.allocator import Claim
 from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
 from agent.arbiter.core.model import (
     MILLI,
@@ -42,262 +43,51 @@ from agent.arbiter.core.model import (
     NodeSpec,
     PodSpec,
     PodStatus,
+    QueueSpec,
     Snapshot,
 )
 from agent.arbiter.node_rules import NodeRules, rules_key
 from agent.arbiter.validity import Invalid, pod_group_problem, valid_queues
 from agent.arbiter.waiting import NO_RESERVATIONS
-from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
+from agent.devices.shares import Capacity
+from agent.jsontypes import Json
 from agent.names import (
     ADDRESS_ANNOTATION,
     ADMITTED_ANNOTATION,
     DEFAULT_QUEUE,
     FINGERPRINT_ANNOTATION,
-    GATE,
     QUEUE_LABEL,
 )
-from agent.quantity import QuantityError, parse
-
-Json = dict[str, Any]
-# a node that reports none of its standard resources is not limited by them (extended resources: it has none)
-_UNREPORTED = {"cpu": 1e12, "memory": 1e18, "pods": 1e12, "ephemeral-storage": 1e18}
-EXTENDED_RESOURCE = "nvidia.com/gpu"  # DRAExtendedResource: kube-scheduler would allocate it through our class
-
-
-# --- small readers ------------------------------------------------------------------------------------
-
-
-def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def pod_key(pod: Mapping[str, Any]) -> str:
-    m = meta(pod)
-    return f"{m.get('namespace', '')}/{m.get('name', '')}"
-
-
-def is_gated(pod: Mapping[str, Any]) -> bool:
-    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
-
-
-def parse_time(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _quantity(text: object, scale: float = 1.0) -> float:
-    return _quantity_value(str(text)) * scale
-
-
-@functools.lru_cache(maxsize=4096)
-def _quantity_value(text: str) -> float:
-    """Parsed once per distinct string: a cluster's pods repeat a handful of requests ("4", "16Gi"), and parsing
-    them again for every pod in every snapshot was a tenth of the arbiter's time."""
-    try:
-        return float(parse(text).value)
-    except QuantityError:
-        return 0.0
-
-
-def claim_names(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """The pod's ResourceClaim names, and the names of its pod-level claims whose generated claim does not
-    exist yet (kube-controller-manager creates claims from templates and records them in the pod status)."""
-    spec = pod.get("spec") or {}
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
-    names, missing = [], []
-    for rc in spec.get("resourceClaims") or ():
-        if rc.get("resourceClaimName"):
-            names.append(str(rc["resourceClaimName"]))
-        elif rc.get("resourceClaimTemplateName"):
-            generated = statuses.get(rc.get("name"))
-            if generated:
-                names.append(str(generated))
-            else:
-                missing.append(str(rc.get("name")))
-    return names, missing
-
-
-def allocated_node(claim: Mapping[str, Any]) -> str | None:
-    """The node a claim's allocation is bound to (the metadata.name its nodeSelector names), if any."""
-    selector = (((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {})
-    for term in selector.get("nodeSelectorTerms") or ():
-        for req in (term.get("matchFields") or ()):
-            if req.get("key") == "metadata.name" and req.get("operator") == "In" and len(req.get("values") or ()) == 1:
-                return str(req["values"][0])
-    return None
-
-
-def reserved_for(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
-    uid = meta(pod).get("uid")
-    return any(r.get("uid") == uid for r in (claim.get("status") or {}).get("reservedFor") or ())
-
-
-def is_allocated(claim: Mapping[str, Any]) -> bool:
-    return bool((claim.get("status") or {}).get("allocation"))
-
-
-def claim_is_ours(claim: Mapping[str, Any]) -> bool:
-    """Whether any request of the claim (a firstAvailable one: any of its subrequests) names one of our classes."""
-    for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
-        for sub in (r.get("exactly") or {}, *(r.get("firstAvailable") or ())):
-            if sub.get("deviceClassName") in (GPU_CLASS, MIG_CLASS):
-                return True
-    return False
-
-
-def asks_extended_gpus(pod: Mapping[str, Any]) -> bool:
-    """Whether a container asks for `nvidia.com/gpu`, which kube-scheduler turns into a claim of our class."""
-    spec = pod.get("spec") or {}
-    for c in (*(spec.get("containers") or ()), *(spec.get("initContainers") or ())):
-        res = c.get("resources") or {}
-        if EXTENDED_RESOURCE in (res.get("requests") or {}) or EXTENDED_RESOURCE in (res.get("limits") or {}):
-            return True
-    return False
-
-
-def allocated_devices(claim: Mapping[str, Any], driver: str, *, shares: bool = True) -> list[tuple[str, str]]:
-    """(pool, device) of each of our driver's devices in the claim's allocation (without `shares`: only those
-    the claim holds whole, not its consumable-capacity shares)."""
-    return [(str(r.get("pool")), str(r.get("device"))) for r in _results(claim)
-            if r.get("driver") == driver and (shares or not r.get("shareID"))]
-
-
-# --- claims as the local allocator's requests -----------------------------------------------------------
-
-
-class Unsupported(ValueError):
-    """A claim the arbiter cannot reserve for; the message says which request and why."""
-
-
-ShareDevices = Mapping[tuple[str, str], Mapping[str, Capacity]]  # (pool, device) -> capacities, shareable ones
-
-
-def share_part(requests: Mapping[str, Fraction], devices: Iterable[Mapping[str, Capacity]]) -> float | None:
-    """The largest part of a GPU one share for `requests` (a request's `capacity.requests`) takes of any of
-    `devices` (their capacities), consumed as upstream rounds it; None when none of them can serve it."""
-    best: float | None = None
-    for capacities in devices:
-        taken = share_of(requests, capacities)
-        if taken is None:
-            continue
-        part = max((float(v / capacities[k].value) for k, v in taken.items() if capacities[k].value), default=0.0)
-        best = max(best or 0.0, min(1.0, part))
-    return best
-
-
-def share_milli(part: float) -> int:
-    """A share's part of a GPU as the local allocator books it: rounded up (the node counts allocated shares
-    the same way), at least one milli, and never the whole GPU (a fraction is 1..999)."""
-    return min(MILLI - 1, max(1, math.ceil(part * MILLI)))
-
-
-Choice = tuple[int, ...]  # for each request of a claim, the index of its firstAvailable subrequest (0 otherwise)
-MAX_CHOICES = 64  # combinations of subrequests tried per claim; beyond them, the claim takes its first fitting one
-
-
-def _options(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any] | None]]:
-    """What a request may be satisfied by, in order: its `exactly`, or each firstAvailable subrequest, named
-    `request/subrequest` as allocation results name it. [(name, None)]: it has neither."""
-    name = str(request.get("name"))
-    if request.get("exactly") is None and request.get("firstAvailable"):
-        return [(f"{name}/{sub.get('name')}", sub) for sub in request["firstAvailable"]]
-    return [(name, request.get("exactly"))]
-
-
-def _claim_requests(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    return ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
-
-
-def choices(claim: Mapping[str, Any]) -> Iterator[Choice]:
-    """The claim's combinations of subrequests in the order kube-scheduler's structured allocator tries them on a
-    node: depth-first over the requests in order, each request's subrequests in order (the first request's choice
-    changes last), at most MAX_CHOICES of them."""
-    sizes = [len(_options(r)) for r in _claim_requests(claim)]
-    choice = [0] * len(sizes)
-    for _ in range(MAX_CHOICES):
-        yield tuple(choice)
-        i = len(sizes) - 1
-        while i >= 0 and choice[i] + 1 >= sizes[i]:
-            choice[i] = 0
-            i -= 1
-        if i < 0:
-            return
-        choice[i] += 1
-
-
-def _chosen_requests(claim: Mapping[str, Any],
-                     choice: Choice | None = None) -> Iterator[tuple[str, Mapping[str, Any] | None]]:
-    """(name, the `exactly` or subrequest chosen) of each request of the claim; without a `choice`, each
-    request's first. None: the request has neither."""
-    for i, r in enumerate(_claim_requests(claim)):
-        options = _options(r)
-        pick = choice[i] if choice is not None and i < len(choice) and choice[i] < len(options) else 0
-        yield options[pick]
-
-
-def share_requests(claim: Mapping[str, Any], choice: Choice | None = None) -> dict[str, dict[str, Fraction]]:
-    """Request name (as reservation_claim names it) -> its `capacity.requests`, for the requests that ask for a
-    share of a device (consumable capacity)."""
-    out = {}
-    for name, exact in _chosen_requests(claim, choice):
-        try:
-            wanted = requests_of((exact or {}).get("capacity"))
-        except ShareError as e:
-            raise Unsupported(f"request {name!r}: {e}") from None
-        if wanted:
-            out[name] = wanted
-    return out
-
-
-def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str, Capacity]] = (),
-                      choice: Choice | None = None) -> Claim:
-    """The allocator's view of a ResourceClaim's spec: `exactly` requests of our classes, ExactCount, with
-    their CEL selectors; constraints that span the whole claim. A firstAvailable request takes the subrequest
-    `choice` names (without one, its first), named `request/subrequest`.
-    A request for consumable capacity becomes a GPU fraction: the part of a GPU its share takes of the
-    `shareable` devices (their capacities) it may land on (the largest, so it fits wherever the node puts it)."""
-    shareable = list(shareable)
-    wanted = share_requests(claim, choice)
-    devices = (claim.get("spec") or {}).get("devices") or {}
-    requests = []
-    for name, exact in _chosen_requests(claim, choice):
-        if exact is None:
-            raise Unsupported(f"request {name!r} has neither exactly nor firstAvailable")
-        klass = exact.get("deviceClassName")
-        if klass not in (GPU_CLASS, MIG_CLASS):
-            raise Unsupported(f"request {name!r} asks for device class {klass!r}")
-        if (exact.get("allocationMode") or "ExactCount") != "ExactCount":
-            raise Unsupported(f"request {name!r} uses allocationMode {exact.get('allocationMode')}")
-        if exact.get("adminAccess"):
-            raise Unsupported(f"request {name!r} asks for admin access")
-        selectors = tuple(str(s["cel"]["expression"]) for s in exact.get("selectors") or () if s.get("cel"))
-        milli = None
-        if name in wanted:
-            if klass != GPU_CLASS or int(exact.get("count") or 1) != 1:
-                raise Unsupported(f"request {name!r}: a share (capacity.requests) is of one {GPU_CLASS} device")
-            part = share_part(wanted[name], shareable)
-            if part is None:
-                raise Unsupported(f"request {name!r}: no GPU published for sharing takes a share of "
-                                  f"{describe(wanted[name])}")  # fmt: skip
-            milli = share_milli(part)
-        requests.append(DeviceRequest(name, klass, selectors, int(exact.get("count") or 1), milli))
-    if not requests:
-        raise Unsupported("the claim has no device requests")
-    match: list[str] = []
-    all_names = {r.name.split("/")[0] for r in requests}
-    for c in devices.get("constraints") or ():
-        attr = c.get("matchAttribute")
-        if not attr:
-            raise Unsupported("only matchAttribute constraints are handled")
-        if set(c.get("requests") or all_names) != all_names:
-            raise Unsupported(f"a matchAttribute constraint on {attr} covers only some requests")
-        match.append(str(attr))
-    return Claim(tuple(requests), tuple(match))
+from agent.objects.read import (
+    EXTENDED_RESOURCE,
+    Choice,
+    ShareDevices,
+    add_amounts,
+    allocatable,
+    allocated_devices,
+    allocated_node,
+    allocated_shares,
+    allocation_results,
+    asks_extended_gpus,
+    choices,
+    claim_is_ours,
+    claim_names,
+    claim_requests,
+    device_type,
+    is_allocated,
+    is_gated,
+    memo,
+    meta,
+    pod_key,
+    pod_requests,
+    pool_of,
+    published_devices,
+    quantity,
+    share_devices,
+    share_gpus,
+)
+from agent.objects.write import Unsupported, reservation_claim
+from agent.times import parse_rfc3339
 
 
 def requested_gpus(claim: Claim) -> float:
@@ -311,10 +101,10 @@ def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[
     gpu_memory: dict[str, float] = {}
     migs: list[tuple[tuple[str, str], str, float]] = []
     out: dict[tuple[str, str], float] = {}
-    for _spec, key, d in _published(slices, driver):
+    for _spec, key, d in published_devices(slices, driver):
         attrs = d.get("attributes") or {}
-        kind = _kind(d)
-        memory = _quantity(((d.get("capacity") or {}).get("memory") or {}).get("value", "0"))
+        kind = device_type(d)
+        memory = quantity(((d.get("capacity") or {}).get("memory") or {}).get("value", "0"))
         if kind == "gpu":
             out[key] = 1.0
             uuid = (attrs.get("uuid") or {}).get("string")
@@ -328,28 +118,6 @@ def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[
     return out
 
 
-def share_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[str, str], dict[str, Capacity]]:
-    """(pool, device) -> the capacities, with their request policies, of each device of our driver published
-    with allowMultipleAllocations (unreadable capacities leave the device out)."""
-    out: dict[tuple[str, str], dict[str, Capacity]] = {}
-    for _spec, key, d in _published(slices, driver):
-        if d.get("allowMultipleAllocations") is True:
-            try:
-                out[key] = {str(k): Capacity.from_json(v or {}) for k, v in (d.get("capacity") or {}).items()}
-            except (QuantityError, AttributeError):
-                continue
-    return out
-
-
-def share_gpus(consumed: Mapping[str, Any], capacity: Mapping[str, float] | None) -> float:
-    """What a share is worth in GPUs: the largest part it takes of any of the device's capacities (memory for
-    `memory: 8Gi`, one of N for `--consumable-shares=N`); 1 when the device is not published (any more)."""
-    if not capacity:
-        return 1.0
-    parts = [_quantity(v) / capacity[k] for k, v in consumed.items() if capacity.get(k)]
-    return min(1.0, max(parts, default=1.0))
-
-
 def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, str], float],
                capacities: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
                share_devices: ShareDevices | None = None, *, choice: Choice | None = None) -> float:
@@ -360,7 +128,7 @@ def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, 
     shareable GPU it takes most of)."""
     if is_allocated(claim):
         total = 0.0
-        for r in _results(claim):
+        for r in allocation_results(claim):
             if r.get("driver") != driver:
                 continue
             key = (str(r.get("pool")), str(r.get("device")))
@@ -384,7 +152,7 @@ def choose(claim: Mapping[str, Any], now: Room, ever: Room) -> Choice | None:
     if none does, the first that fits some node at all (`ever`: its devices when empty), which the gang then
     waits or reclaims for; if none ever fits, the first. Whole GPUs and MIG devices are counted; selectors are
     the node's to check at Reserve."""
-    if not any(r.get("exactly") is None and r.get("firstAvailable") for r in _claim_requests(claim)):
+    if not any(r.get("exactly") is None and r.get("firstAvailable") for r in claim_requests(claim)):
         return None
     first: Choice | None = None
     asks: list[tuple[Choice, float, int]] = []
@@ -403,31 +171,8 @@ def choose(claim: Mapping[str, Any], now: Room, ever: Room) -> Choice | None:
     return first
 
 
-# Values read from one version of an object, by (uid, resourceVersion): a version never changes, and reading
-# every pod and pending claim again in every snapshot was most of the snapshot's time. Forgotten all at once
-# beyond _MEMO_MAX entries (the next snapshots fill it again); objects without both are read every time.
-_MEMO: dict[tuple[str, str, str], Any] = {}
-_MEMO_MAX = 200_000
-T = TypeVar("T")
-
-
-def _memo(kind: str, obj: Mapping[str, Any], read: Callable[[Mapping[str, Any]], T]) -> T:
-    m = meta(obj)
-    uid, version = m.get("uid"), m.get("resourceVersion")
-    if not uid or not version:
-        return read(obj)
-    key = (kind, str(uid), str(version))
-    if key in _MEMO:
-        return cast(T, _MEMO[key])
-    value = read(obj)  # an exception is raised, not remembered
-    if len(_MEMO) >= _MEMO_MAX:
-        _MEMO.clear()
-    _MEMO[key] = value
-    return value
-
-
 def _asked_gpus(claim: Mapping[str, Any]) -> float:
-    return _memo("asked", claim, lambda c: requested_gpus(reservation_claim(c, ())))
+    return memo("asked", claim, lambda c: requested_gpus(reservation_claim(c, ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,71 +195,12 @@ def _read_facts(pod: Mapping[str, Any]) -> _PodFacts:
     asked = pod_requests(pod)
     other = {resource: amount for resource, amount in asked.items() if resource not in ("cpu", "memory")}
     return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), asked.get("cpu", 0.0),
-                     asked.get("memory", 0.0), other, parse_time(meta(pod).get("creationTimestamp")),
+                     asked.get("memory", 0.0), other, parse_rfc3339(meta(pod).get("creationTimestamp")),
                      rules_key(pod))
 
 
 def _facts(pod: Mapping[str, Any]) -> _PodFacts:
-    return _memo("pod", pod, _read_facts)
-
-
-def _results(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    return ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ())
-
-
-def allocated_shares(claim: Mapping[str, Any], driver: str) -> list[tuple[str, str, Mapping[str, Any]]]:
-    """(pool, device, consumedCapacity) of each consumable-capacity share of our driver in the allocation."""
-    return [(str(r.get("pool")), str(r.get("device")), r.get("consumedCapacity") or {})
-            for r in _results(claim) if r.get("driver") == driver and r.get("shareID")]
-
-
-def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices: Mapping[str, Sequence[str]],
-                      classes: Mapping[str, Mapping[str, Any]], *, shareable: ShareDevices | None = None,
-                      share_id: Callable[[], str] | None = None, choice: Choice | None = None) -> Json:
-    """`status.allocation` for devices a node reserved, as kube-scheduler writes it: results naming driver,
-    pool (the node's pool is named after the node) and device; the class's then the claim's opaque configs;
-    a nodeSelector for exactly that node. A request for consumable capacity gets a share: a fresh `shareID`
-    (`share_id()`) and the `consumedCapacity` upstream's request policy rounds it to on that device
-    (Unsupported when the device is not published for sharing, or cannot serve the share)."""
-    spec_devices = (claim.get("spec") or {}).get("devices") or {}
-    wanted = share_requests(claim, choice)
-    results: list[Json] = []
-    for request, names in devices.items():
-        for d in names:
-            result: Json = {"request": request, "driver": driver, "pool": node, "device": d}
-            if request in wanted:
-                capacities = (shareable or {}).get((node, d))
-                taken = share_of(wanted[request], capacities) if capacities is not None else None
-                if taken is None or share_id is None:
-                    raise Unsupported(f"request {request!r}: device {d} of node {node} cannot take a share of "
-                                      f"{describe(wanted[request])}")  # fmt: skip
-                result["shareID"] = share_id()
-                if taken:
-                    result["consumedCapacity"] = to_quantities(taken)
-            results.append(result)
-    requested = {r.split("/")[0] for r in devices}
-    config: list[Json] = []
-    for name, chosen in _chosen_requests(claim, choice):  # the class of the subrequest chosen, as upstream
-        klass = classes.get(str((chosen or {}).get("deviceClassName")))
-        for c in ((klass or {}).get("spec") or {}).get("config") or ():
-            config.append({"source": "FromClass", "requests": [name], **c})
-    for c in spec_devices.get("config") or ():
-        reqs = [x for x in c.get("requests") or () if x.split("/")[0] in requested]
-        entry = {"source": "FromClaim", **{k: v for k, v in c.items() if k != "requests"}}
-        if reqs:
-            entry["requests"] = reqs
-        config.append(entry)
-    allocation: Json = {
-        "devices": {"results": results},
-        "nodeSelector": {"nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-    }
-    if config:
-        allocation["devices"]["config"] = config
-    return allocation
-
-
-# --- the snapshot --------------------------------------------------------------------------------------
+    return memo("pod", pod, _read_facts)
 
 
 @dataclass
@@ -575,62 +261,8 @@ def unbindable(pod: Json, node: str) -> Unbindable | None:
         return None
     for c in (pod.get("status") or {}).get("conditions") or ():
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-            return Unbindable(node, str(c.get("message") or ""), parse_time(c.get("lastTransitionTime")))
+            return Unbindable(node, str(c.get("message") or ""), parse_rfc3339(c.get("lastTransitionTime")))
     return None
-
-
-def _amounts(resources: Mapping[str, Any] | None) -> dict[str, float]:
-    """A resource list in numbers: CPU in milli-CPUs, every other resource in its unit (bytes, a count)."""
-    return {name: _quantity(q, 1000.0 if name == "cpu" else 1.0) for name, q in (resources or {}).items()}
-
-
-def _add(total: dict[str, float], more: Mapping[str, float]) -> None:
-    for name, amount in more.items():
-        total[name] = total.get(name, 0.0) + amount
-
-
-def _at_least(total: dict[str, float], floor: Mapping[str, float]) -> None:
-    for name, amount in floor.items():
-        total[name] = max(total.get(name, 0.0), amount)
-
-
-def allocatable(node: Mapping[str, Any]) -> dict[str, float]:
-    """What the node offers its pods, in pod_requests' units."""
-    return {**_UNREPORTED, **_amounts((node.get("status") or {}).get("allocatable"))}
-
-
-def pod_requests(pod: Mapping[str, Any]) -> Mapping[str, float]:
-    """What the pod asks of its node (read once per version of the pod), counted as kube-scheduler's
-    NodeResourcesFit counts it (k8s.io/component-helpers resource.PodRequests): its containers' sum with the
-    sidecars (init containers that restart Always) added, and never less than any init container's peak (it plus
-    the sidecars started before it); pod-level requests where the pod sets them (CPU, memory, hugepages); plus the
-    RuntimeClass overhead; and one of the node's `pods`. Counting only the containers, a node could look roomier
-    than kube-scheduler sees it, and a pod admitted there never bound."""
-    return _memo("requests", pod, _read_requests)
-
-
-def _read_requests(pod: Mapping[str, Any]) -> dict[str, float]:
-    spec = pod.get("spec") or {}
-    total: dict[str, float] = {}
-    for c in spec.get("containers") or ():
-        _add(total, _amounts((c.get("resources") or {}).get("requests")))
-    sidecars: dict[str, float] = {}
-    peak: dict[str, float] = {}
-    for c in spec.get("initContainers") or ():
-        asked = _amounts((c.get("resources") or {}).get("requests"))
-        if c.get("restartPolicy") == "Always":  # a sidecar: it keeps running beside whatever starts after it
-            _add(total, asked)
-            _add(sidecars, asked)
-            _at_least(peak, sidecars)
-        else:
-            _add(asked, sidecars)
-            _at_least(peak, asked)
-    _at_least(total, peak)
-    pod_level = _amounts((spec.get("resources") or {}).get("requests"))
-    total.update({k: v for k, v in pod_level.items() if k in ("cpu", "memory") or k.startswith("hugepages-")})
-    _add(total, _amounts(spec.get("overhead")))
-    total["pods"] = 1.0
-    return total
 
 
 def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, set[str]]:
@@ -639,11 +271,11 @@ def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str,
     for s in slices:
         spec = s.get("spec") or {}
         if spec.get("driver") == driver:
-            name, generation = _pool_of(spec)
+            name, generation = pool_of(spec)
             newest[name] = max(newest.get(name, 0), generation)
     out: dict[str, set[str]] = {}
-    for spec, (pool, device), d in _published(slices, driver):
-        if _pool_of(spec)[1] == newest[pool] and spec.get("nodeName") and _kind(d) == "gpu":
+    for spec, (pool, device), d in published_devices(slices, driver):
+        if pool_of(spec)[1] == newest[pool] and spec.get("nodeName") and device_type(d) == "gpu":
             out.setdefault(str(spec["nodeName"]), set()).add(device)
     return out
 
@@ -653,44 +285,21 @@ def _device_room(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[s
     """node -> ((whole GPUs, MIG devices) no claim holds, (whole GPUs, MIG devices) published), of the newest
     generation of each node's pool."""
     newest: dict[str, int] = {}
-    for spec, _key, _d in _published(slices, driver):
-        name, generation = _pool_of(spec)
+    for spec, _key, _d in published_devices(slices, driver):
+        name, generation = pool_of(spec)
         newest[name] = max(newest.get(name, 0), generation)
     held = {key for c in claims if is_allocated(c) for key in allocated_devices(c, driver)}
     out = {n: [0, 0, 0, 0] for n in nodes}  # free GPUs, free MIG, GPUs, MIG
-    for spec, key, d in _published(slices, driver):
+    for spec, key, d in published_devices(slices, driver):
         counts = out.get(str(spec.get("nodeName")))
-        kind = _kind(d)
-        if counts is None or _pool_of(spec)[1] != newest[key[0]] or kind not in ("gpu", "mig"):
+        kind = device_type(d)
+        if counts is None or pool_of(spec)[1] != newest[key[0]] or kind not in ("gpu", "mig"):
             continue
         column = 0 if kind == "gpu" else 1
         counts[column + 2] += 1
         if key not in held:
             counts[column] += 1
     return {n: ((float(c[0]), c[1]), (float(c[2]), c[3])) for n, c in out.items()}
-
-
-def _pool_of(spec: Mapping[str, Any]) -> tuple[str, int]:
-    """A slice's pool: its name and generation."""
-    pool = spec.get("pool") or {}
-    return str(pool.get("name")), int(pool.get("generation") or 0)
-
-
-def _published(slices: Iterable[Mapping[str, Any]],
-               driver: str) -> Iterator[tuple[Mapping[str, Any], tuple[str, str], Mapping[str, Any]]]:
-    """(slice spec, (pool, device name), device) of each device `driver`'s slices publish."""
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != driver:
-            continue
-        pool = _pool_of(spec)[0]
-        for d in spec.get("devices") or ():
-            yield spec, (pool, str(d.get("name"))), d
-
-
-def _kind(device: Mapping[str, Any]) -> object:
-    """A published device's `type` attribute: gpu or mig."""
-    return ((device.get("attributes") or {}).get("type") or {}).get("string")
 
 
 def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -795,24 +404,37 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
     return _Pod(job, ns, group_name, group, str(queue), found, status, node, facts)
 
 
-def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
-                queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
-                now: float, default_queue: str | None = DEFAULT_QUEUE,
-                in_flight: Mapping[str, str] | None = None, weighed: Mapping[str, float] | None = None,
-                refused_claims: Mapping[str, str] | None = None) -> World:
-    """`in_flight`: pod key -> node, the members of gangs whose commit is still under way. They count as
-    running there whatever part of the commit the informers show yet, so the cycle neither decides them again
-    nor places anything on what they take; and they are no one's victims until the commit has landed.
-    `weighed`: job -> when the caller's earlier snapshots first had it waiting (World.weighed of the last one);
-    a waiting job not in it is first seen `now`.
-    `refused_claims`: claim key -> why a node refused it as written; a pending pod with one waits, saying so."""
+# --- the snapshot, in phases: the objects read -> the nodes served -> the gangs -> the nodes' room -> the jobs ---
+
+
+@dataclass
+class _Objects:
+    """The objects indexed, with what of them the arbiter cannot weigh."""
+
+    slices: list[Json]
+    claims: dict[str, Json]  # by namespace/name
+    groups: dict[str, Json]  # PodGroups by namespace/name
+    queues: list[QueueSpec]  # the valid ones, in input order
+    bad_queues: dict[str, Invalid]  # by queue name
+    bad_groups: dict[str, str]  # PodGroup key -> why it is invalid
+    invalid: dict[str, Invalid]  # the Queues and PodGroups left out ("Kind ns/name")
+
+    @functools.cached_property
+    def by_queue(self) -> dict[str, QueueSpec]:
+        return {q.name: q for q in self.queues}
+
+    @functools.cached_property
+    def parents(self) -> set[str]:
+        return {q.parent for q in self.queues if q.parent}
+
+
+def _read_objects(claims: Iterable[Json], pod_groups: Iterable[Json], queues: Iterable[Json],
+                  slices: Iterable[Json]) -> _Objects:
     slices = list(slices)  # read thrice: devices per node, what each device is worth, the shareable ones
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
     queue_specs, bad_queues = valid_queues(queues)
     invalid = {bad.key: bad for bad in bad_queues.values()}
-    by_queue = {q.name: q for q in queue_specs}
-    parents = {q.parent for q in queue_specs if q.parent}
     bad_groups: dict[str, str] = {}
     for key, g in groups.items():
         problem = pod_group_problem(g)
@@ -820,69 +442,99 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             bad = Invalid("PodGroup", g, f"invalid PodGroup: {problem}")
             invalid[bad.key] = bad
             bad_groups[key] = problem
+    return _Objects(slices, claims_by_key, groups, queue_specs, bad_queues, bad_groups, invalid)
 
-    # the nodes the arbiter places on: ready, their agent reachable, their GPUs published
+
+@dataclass
+class _Served:
+    """The nodes the arbiter places on: ready, their agent reachable, their GPUs published."""
+
+    devices: dict[str, set[str]]  # node -> its whole GPUs (_pool_devices), served or not
+    managed: list[Json]
+    unserved: dict[str, tuple[int, str]]  # told to the gangs that wait for GPUs (waiting.py)
+
+
+def _serve_nodes(nodes: Iterable[Json], slices: Sequence[Json], driver: str) -> _Served:
     devices = _pool_devices(slices, driver)
     managed: list[Json] = []
-    unserved: dict[str, tuple[int, str]] = {}  # told to the gangs that wait for GPUs (waiting.py)
+    unserved: dict[str, tuple[int, str]] = {}
     for n in nodes:
         host = str(meta(n).get("name"))
         if _managed(n, devices):
             managed.append(n)
         elif host in devices:
             unserved[host] = (len(devices[host]), _unserved(n))
-    rules = NodeRules(managed)
-    gangs: dict[str, Gang] = {}
-    members: dict[str, Member] = {}
-    waiting: dict[str, str] = {}
-    unweighed: set[str] = set()  # gangs left out whole (their queue or PodGroup is missing or invalid)
-    holding: dict[str, set[str]] = {}  # gang -> the claims its running or releasing pods hold
-    allowed: dict[str, frozenset[str]] = {}  # pending pod -> the nodes its node rules allow (node_rules)
-    other_pods: list[Json] = []
-    statuses: dict[str, PodStatus] = {}
-    release: list[Json] = []
-    flying: set[str] = set()  # gangs with a commit under way
-    refused: dict[str, Unbindable] = {}
-    stranded: dict[str, int] = {}  # parent queue -> pending pods that name it (World.stranded)
+    return _Served(devices, managed, unserved)
+
+
+@dataclass
+class _Gangs:
+    """The arbiter's pods in their gangs, and the pods around them."""
+
+    gangs: dict[str, Gang] = field(default_factory=dict)
+    members: dict[str, Member] = field(default_factory=dict)
+    statuses: dict[str, PodStatus] = field(default_factory=dict)  # by pod key
+    waiting: dict[str, str] = field(default_factory=dict)  # job -> why it is not weighed
+    unweighed: set[str] = field(default_factory=set)  # gangs left out whole (their queue or PodGroup is bad)
+    holding: dict[str, set[str]] = field(default_factory=dict)  # gang -> the claims its placed pods hold
+    allowed: dict[str, frozenset[str]] = field(default_factory=dict)  # pending pod -> nodes its rules allow
+    other_pods: list[Json] = field(default_factory=list)  # not the arbiter's
+    release: list[Json] = field(default_factory=list)  # World.release
+    flying: set[str] = field(default_factory=set)  # gangs with a commit under way
+    refused: dict[str, Unbindable] = field(default_factory=dict)  # World.unbindable
+    stranded: dict[str, int] = field(default_factory=dict)  # World.stranded
+    invalid: dict[str, Invalid] = field(default_factory=dict)  # the pods the arbiter cannot read
+
+    @functools.cached_property
+    def left_out(self) -> set[str]:
+        """The gangs left out of the snapshot: they hold their devices all the same, as others' claims."""
+        return self.unweighed | {job for job in self.waiting
+                                 if any(self.statuses[k] == "Pending" for k in self.gangs[job].members)}
+
+
+def _group_gangs(pods: Iterable[Json], objects: _Objects, rules: NodeRules, *, default_queue: str | None,
+                 in_flight: Mapping[str, str] | None, refused_claims: Mapping[str, str] | None) -> _Gangs:
+    out = _Gangs()
+    waiting, unweighed = out.waiting, out.unweighed
     for pod in pods:
         try:
-            read = _read_pod(pod, groups, claims_by_key, default_queue)
+            read = _read_pod(pod, objects.groups, objects.claims, default_queue)
         except (AttributeError, TypeError, ValueError) as e:  # a malformed object: reported, never fatal
             bad = Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}")
-            invalid[bad.key] = bad
+            out.invalid[bad.key] = bad
             continue
         if read == RELEASE:
-            release.append(pod)
+            out.release.append(pod)
             continue
         if not isinstance(read, _Pod):
-            other_pods.append(pod)
+            out.other_pods.append(pod)
             continue
         going = in_flight.get(pod_key(pod)) if in_flight and read.status == "Pending" else None
         if going is not None:
             read = replace(read, status="Running", node=going)
-            flying.add(read.job)
+            out.flying.add(read.job)
         if read.status is None:
             continue  # gone for the arbiter: holds nothing
         job, ns, group_name, group, queue = read.job, read.namespace, read.group_name, read.group, read.queue
         name = meta(pod).get("name")
         if group_name and group is None and job not in waiting:
             waiting[job] = f"PodGroup {group_name} does not exist"
-        if group_name and f"{ns}/{group_name}" in bad_groups:
-            waiting[job] = f"PodGroup {group_name} is invalid: {bad_groups[f'{ns}/{group_name}']}"
+        if group_name and f"{ns}/{group_name}" in objects.bad_groups:
+            waiting[job] = f"PodGroup {group_name} is invalid: {objects.bad_groups[f'{ns}/{group_name}']}"
             unweighed.add(job)
-        if queue in bad_queues:
-            waiting[job] = f"queue {queue} is left out: {bad_queues[queue].reason}"
+        if queue in objects.bad_queues:
+            waiting[job] = f"queue {queue} is left out: {objects.bad_queues[queue].reason}"
             unweighed.add(job)
-        elif queue not in by_queue:
+        elif queue not in objects.by_queue:
             waiting[job] = f"queue {queue} does not exist"
             unweighed.add(job)
-        elif queue in parents:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
-            below = ", ".join(sorted(q.name for q in queue_specs if q.parent == queue))
+        elif queue in objects.parents:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
+            below = ", ".join(sorted(q.name for q in objects.queues if q.parent == queue))
             waiting[job] = (f"queue {queue} is a parent queue (of {below}); only leaf queues take pods: the gang "
                             f"waits until it names a leaf queue or {queue} has no child queue again")
             unweighed.add(job)
             if read.status == "Pending":
-                stranded[str(queue)] = stranded.get(str(queue), 0) + 1
+                out.stranded[str(queue)] = out.stranded.get(str(queue), 0) + 1
         if read.status == "Pending":
             if read.facts.extended:
                 waiting[job] = (f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
@@ -900,34 +552,50 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
             nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
             if nodes_allowed is not None:
-                allowed[pod_key(pod)] = nodes_allowed
+                out.allowed[pod_key(pod)] = nodes_allowed
             if why:
                 waiting.setdefault(job, f"no node may run {name}: {why}")
-        gang = gangs.get(job)
+        gang = out.gangs.get(job)
         if gang is None:
             min_count = 1
             if group is not None and job not in unweighed:  # a valid PodGroup (pod_group_problem)
                 policy = (group.get("spec") or {}).get("schedulingPolicy") or {}
                 min_count = int((policy.get("gang") or {}).get("minCount") or 1)
-            gang = gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
+            gang = out.gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
         member = Member(pod_key(pod), pod, [c for c in read.found if c is not None],
                         read.node if read.status != "Pending" else None)
         gang.members[member.key] = member
-        members[member.key] = member
-        statuses[member.key] = read.status
+        out.members[member.key] = member
+        out.statuses[member.key] = read.status
         if read.status != "Pending":
-            holding.setdefault(job, set()).update(f"{ns}/{n}" for n in read.facts.names)
+            out.holding.setdefault(job, set()).update(f"{ns}/{n}" for n in read.facts.names)
             stuck = unbindable(pod, read.node) if read.status == "Running" and read.node else None
             if stuck is not None:
-                refused[member.key] = stuck
+                out.refused[member.key] = stuck
+    return out
 
-    # a gang left out of the snapshot holds its devices all the same: its claims count as held by others
-    left_out = unweighed | {job for job in waiting if any(statuses[k] == "Pending" for k in gangs[job].members)}
-    attributed = {c for job, held in holding.items() if job not in left_out for c in held}  # snapshot pods' claims
 
-    # nodes
+@dataclass
+class _Nodes:
+    """The served nodes as the core sees them."""
+
+    specs: list[NodeSpec]
+    addresses: dict[str, str]  # node -> reservation address
+    doubles: dict[tuple[str, str], list[str]]  # World.doubles
+    gpu_index: dict[str, dict[str, int]]  # node -> its GPUs nobody else holds -> the core's index
+
+    @functools.cached_property
+    def names(self) -> set[str]:
+        return {s.name for s in self.specs}
+
+
+def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str) -> _Nodes:
+    """What each served node has for the snapshot's pods: its GPUs less those held outside the snapshot, its
+    CPU, memory and the rest less what pods outside the snapshot ask there."""
+    devices, gangs, statuses, left_out = served.devices, found.gangs, found.statuses, found.left_out
+    attributed = {c for job, held in found.holding.items() if job not in left_out for c in held}  # snapshot pods'
     owners: dict[tuple[str, str], list[str]] = {}  # every device of ours allocated whole -> the claims holding it
-    for key, c in claims_by_key.items():
+    for key, c in objects.claims.items():
         if is_allocated(c):
             for whole in allocated_devices(c, driver, shares=False):
                 owners.setdefault(whole, []).append(key)
@@ -935,7 +603,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # two snapshot pods' claims hold it, so the node gets one back); otherwise it is taken from the node. A GPU
     # whose shares other claims hold is held once too.
     held_devices: dict[str, set[str]] = {}
-    for key, c in claims_by_key.items():
+    for key, c in objects.claims.items():
         if key in attributed or not is_allocated(c):
             continue
         for pool, name in allocated_devices(c, driver):
@@ -952,12 +620,11 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     # sizes could be packed where they do not fit, and a whole-GPU pod would be planned onto a shared GPU).
     gpu_index = {node: {d: i for i, d in enumerate(sorted(names - held_devices.get(node, set()), key=_natural))}
                  for node, names in devices.items()}  # fmt: skip
-    seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
     # what each node's pods ask of it (pod_requests): outside the snapshot (other pods, the running pods of gangs
     # left out), taken from the node; inside it, loaded by the core
     outside: dict[str, dict[str, float]] = {}
     inside: dict[str, dict[str, float]] = {}
-    placed = [((p.get("spec") or {}).get("nodeName"), p, outside) for p in other_pods
+    placed = [((p.get("spec") or {}).get("nodeName"), p, outside) for p in found.other_pods
               if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
     placed += [(m.node, m.pod, outside if job in left_out else inside)
                for job, gang in gangs.items() for m in gang.members.values() if statuses[m.key] != "Pending"]
@@ -965,10 +632,10 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         if node_name:
             facts = _facts(pod)
             on_node = asked.setdefault(node_name, {})
-            _add(on_node, {"cpu": facts.cpu, "memory": facts.mem, **facts.other})
+            add_amounts(on_node, {"cpu": facts.cpu, "memory": facts.mem, **facts.other})
     node_specs = []
     addresses: dict[str, str] = {}
-    for n in managed:
+    for n in served.managed:
         name = str(meta(n).get("name"))
         addresses[name] = str(meta(n)["annotations"][ADDRESS_ANNOTATION])
         free = allocatable(n)
@@ -981,14 +648,35 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
         node_specs.append(NodeSpec(
             name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
             cpu_milli=cpu, mem_bytes=mem, other=free))
-    known_nodes = {s.name for s in node_specs}
+    return _Nodes(node_specs, addresses, doubles, gpu_index)
 
-    # jobs
+
+@dataclass
+class _Jobs:
+    """The gangs weighed, as the core's jobs, and what weighing them found."""
+
+    jobs: list[JobSpec]
+    shareable: dict[tuple[str, str], dict[str, Capacity]]  # World.shareable
+    first_seen: dict[str, float]  # World.weighed
+    waiting: dict[str, str]  # gangs with a claim the arbiter cannot reserve for: why
+    invalid: dict[str, Invalid]  # the claims the arbiter cannot read
+
+
+def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *, now: float,
+                 weighed: Mapping[str, float] | None) -> _Jobs:
+    """Each gang not left out as a job: its pods' GPUs (a claim shared by pods counted once; a firstAvailable
+    claim of a pending pod planned with the subrequests `choose` picks, recorded in Member.choices), CPU and
+    memory, its priority and times."""
+    slices, groups, statuses, allowed = objects.slices, objects.groups, found.statuses, found.allowed
+    known_nodes, gpu_index = nodes.names, nodes.gpu_index
     jobs = []
+    waiting: dict[str, str] = {}
+    invalid: dict[str, Invalid] = {}
     worth = device_gpus(slices, driver)
     shareable = share_devices(slices, driver)
     capacities = {key: {name: float(c.value) for name, c in caps.items()} for key, caps in shareable.items()}
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
+    seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
     # A pod holds whole milli-GPUs; each queue's fractions are rounded as a running sum, so nine 8Gi shares of a
     # 79.6 GiB H100 hold 904 milli in their queue (100 or 101 a pod), not nine times 100.
     exact: dict[str, float] = {}
@@ -998,16 +686,16 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     def rooms(nodes: frozenset[str] | None) -> tuple[Room, Room]:
         """What the nodes (None: every managed one) have for a firstAvailable claim (choose), now and empty."""
         if not room:
-            room.update(_device_room(slices, claims_by_key.values(), driver, known_nodes))
+            room.update(_device_room(slices, objects.claims.values(), driver, known_nodes))
         picked = [room[n] for n in (known_nodes if nodes is None else nodes & known_nodes)]
         return [now for now, _ in picked], [ever for _, ever in picked]
-    for job, gang in sorted(gangs.items()):
-        if job in left_out:
+    for job, gang in sorted(found.gangs.items()):
+        if job in found.left_out:
             continue
         pods_out = []
         group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
         priority = 0
-        created: float | None = parse_time(meta(group).get("creationTimestamp")) if group else None
+        created: float | None = parse_rfc3339(meta(group).get("creationTimestamp")) if group else None
         unsupported = ""
         started: float | None = None  # when the gang last started: min-runtime protection counts from it
         for key, member in sorted(gang.members.items()):
@@ -1055,7 +743,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             pods_out.append(PodSpec(name=key, gpu_milli=milli, cpu_milli=cpu, gpu_index=index if milli else None,
                                     mem_bytes=mem, status=status, node=member.node if status != "Pending" else None,
                                     allowed_nodes=allowed.get(key), other=facts.other))
-            admitted = parse_time((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
+            admitted = parse_rfc3339((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
             if status == "Running" and admitted is not None:
                 started = admitted if started is None else max(started, admitted)
         if unsupported and any(p.status == "Pending" for p in pods_out):
@@ -1078,12 +766,37 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
             since = min(first_seen[job], (created or now) + 1.0)
         # minCount may exceed the pods created so far: the gang then waits for the rest
         jobs.append(JobSpec(name=job, queue=gang.queue, priority=priority,
-                            preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in flying,
+                            preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in found.flying,
                             min_member=gang.min_member,
                             created_at=created or now, pods=tuple(pods_out), started_at=started,
                             weighed_since=since))
-    queue_names = [q.name for q in queue_specs]
-    leaf_jobs = [j for j in jobs if j.queue in by_queue and j.queue not in parents]
-    snapshot = Snapshot(nodes=tuple(node_specs), queues=tuple(queue_specs), jobs=tuple(leaf_jobs), now=now)
-    return World(snapshot, gangs, members, waiting, addresses, queue_names, invalid, release, doubles, shareable,
-                 refused, unserved, weighed=first_seen, stranded=stranded)
+    return _Jobs(jobs, shareable, first_seen, waiting, invalid)
+
+
+def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
+                queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
+                now: float, default_queue: str | None = DEFAULT_QUEUE,
+                in_flight: Mapping[str, str] | None = None, weighed: Mapping[str, float] | None = None,
+                refused_claims: Mapping[str, str] | None = None) -> World:
+    """`in_flight`: pod key -> node, the members of gangs whose commit is still under way. They count as
+    running there whatever part of the commit the informers show yet, so the cycle neither decides them again
+    nor places anything on what they take; and they are no one's victims until the commit has landed.
+    `weighed`: job -> when the caller's earlier snapshots first had it waiting (World.weighed of the last one);
+    a waiting job not in it is first seen `now`.
+    `refused_claims`: claim key -> why a node refused it as written; a pending pod with one waits, saying so."""
+    objects = _read_objects(claims, pod_groups, queues, slices)
+    served = _serve_nodes(nodes, objects.slices, driver)
+    found = _group_gangs(pods, objects, NodeRules(served.managed), default_queue=default_queue,
+                         in_flight=in_flight, refused_claims=refused_claims)
+    weighed_nodes = _weigh_nodes(objects, served, found, driver)
+    weighed_gangs = _weigh_gangs(objects, found, weighed_nodes, driver, now=now, weighed=weighed)
+    waiting = {**found.waiting}
+    waiting.update(weighed_gangs.waiting)
+    invalid = {**objects.invalid, **found.invalid, **weighed_gangs.invalid}
+    leaf_jobs = [j for j in weighed_gangs.jobs if j.queue in objects.by_queue and j.queue not in objects.parents]
+    snapshot = Snapshot(nodes=tuple(weighed_nodes.specs), queues=tuple(objects.queues), jobs=tuple(leaf_jobs),
+                        now=now)
+    return World(snapshot, found.gangs, found.members, waiting, weighed_nodes.addresses,
+                 [q.name for q in objects.queues], invalid, found.release, weighed_nodes.doubles,
+                 shareable=weighed_gangs.shareable, unbindable=found.refused, unserved=served.unserved,
+                 weighed=weighed_gangs.first_seen, stranded=found.stranded)

@@ -33,15 +33,15 @@ from agent.allocation.allocator import Allocator
 from agent.allocation.catalog import NodeUsage
 from agent.allocation.fragmentation import MILLI
 from agent.allocation.selectors import CelSelectors
-from agent.arbiter.world import allocated_devices, allocated_shares, share_gpus
-from agent.jsontypes import Json
 from agent.devices.model import Inventory
 from agent.devices.names import gpu_device_name
 from agent.devices.shares import ShareMode, capacities
+from agent.jsontypes import Json
 from agent.kube.errors import ApiError
 from agent.kube.informer import Informer
 from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
 from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
+from agent.objects.read import allocated_devices, allocated_shares, share_gpus
 from agent.reservation import transport as reservation_grpc
 from agent.reservation.protocol import Authenticator, NodeAllocatorService, ReservationBook
 from agent.reservation.selector_worker import MAX_ADMITTED, WorkerSelectors

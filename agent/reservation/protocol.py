@@ -19,7 +19,7 @@ import math
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from agent.allocation.allocator import Allocator, Claim, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary, summarize
@@ -379,6 +379,28 @@ class GangOutcome:
 
 
 Held = dict[str, tuple[str, Reservation]]  # member -> (node, reservation)
+# Why a node refused a Reserve, by what it raised: NoFit (the member does not fit: the node's devices are taken,
+# perhaps by stale reservations of this very gang), NodeBusy (the node sheds load: try later), NodeUnavailable or
+# another OSError (not reached), Unauthenticated, UnknownReservation; unknown-node: no client for the node.
+RefusalKind = Literal["no-fit", "busy", "unavailable", "unauthenticated", "unknown-reservation", "unknown-node"]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The first refusal that stopped a gang's reserve_all: its kind, for the caller to act on, and in words."""
+
+    kind: RefusalKind
+    reason: str  # names the member or the node, for an Event
+
+
+def _refusal(error: Exception) -> RefusalKind:
+    if isinstance(error, NodeBusy):
+        return "busy"
+    if isinstance(error, Unauthenticated):
+        return "unauthenticated"
+    if isinstance(error, UnknownReservation):
+        return "unknown-reservation"
+    return "unavailable"
 
 
 class GangCoordinator:
@@ -391,39 +413,40 @@ class GangCoordinator:
         self.nodes = nodes
 
     def place(self, gang_id: str, members: Sequence[MemberPlacement], ttl_seconds: float) -> GangOutcome:
-        held, reason = self.reserve_all(gang_id, members, ttl_seconds)
-        if reason:
-            return GangOutcome(False, {}, reason)
+        held, refused = self.reserve_all(gang_id, members, ttl_seconds)
+        if refused is not None:
+            return GangOutcome(False, {}, refused.reason)
         reason = self.confirm_all(held)
         if reason:
             return GangOutcome(False, {}, reason)
         return GangOutcome(True, held)
 
-    def reserve_all(self, gang_id: str, members: Sequence[MemberPlacement], ttl_seconds: float) -> tuple[Held, str]:
-        """Reserve every member on its node; on the first refusal release what was got and say why."""
+    def reserve_all(self, gang_id: str, members: Sequence[MemberPlacement],
+                    ttl_seconds: float) -> tuple[Held, Refused | None]:
+        """Reserve every member on its node; on the first refusal release what was got and say why (Refused)."""
         held: Held = {}
-        reason = ""
+        refused: Refused | None = None
         try:
             for m in members:
                 client = self.nodes.get(m.node)
                 if client is None:
-                    reason = f"member {m.member}: unknown node {m.node}"
+                    refused = Refused("unknown-node", f"member {m.member}: unknown node {m.node}")
                     break
                 try:
                     held[m.member] = (m.node, client.reserve(gang_id, m.member, m.claim, ttl_seconds))
                 except NoFit as e:
-                    reason = f"member {m.member} does not fit on {m.node}: {e}"
+                    refused = Refused("no-fit", f"member {m.member} does not fit on {m.node}: {e}")
                     break
                 except (UnknownReservation, Unauthenticated, OSError) as e:
-                    reason = f"node {m.node}: {type(e).__name__}: {e}"
+                    refused = Refused(_refusal(e), f"node {m.node}: {type(e).__name__}: {e}")
                     break
         except BaseException:
             self.release_all(held)
             raise
-        if reason:
+        if refused is not None:
             self.release_all(held)
-            return {}, reason
-        return held, ""
+            return {}, refused
+        return held, None
 
     def confirm_all(self, held: Held) -> str:
         """Confirm every reservation ("" on success); on failure release all and say why."""

@@ -3,7 +3,7 @@
 For a pod with no scheduling gates and no node (and the default scheduler), the candidate nodes are those:
 - its `nodeSelector`, required node affinity and tolerations allow (the NodeUnschedulable, NodeAffinity and
   TaintToleration filters: `agent.arbiter.node_rules`);
-- with room for what it asks (NodeResourcesFit, counted as `agent.arbiter.world.pod_requests` counts it);
+- with room for what it asks (NodeResourcesFit, counted as `agent.objects.read.pod_requests` counts it);
 - that every allocated claim's `allocation.nodeSelector` allows (the DRA plugin's Filter).
 Claims not yet allocated are allocated on the first candidate where all fit (fakes.scheduler's structured
 allocator, as the plugin does), with the finalizer `resource.kubernetes.io/delete-protection`. DeviceTaintRules
@@ -19,11 +19,11 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from agent.arbiter.node_rules import refusal, selector_allows
-from agent.arbiter.world import allocatable, pod_requests
 from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.informer import Informer, Key, key_of
 from agent.kube.rest import RESOURCE_CLAIMS, Rest
+from agent.objects.read import allocatable, pod_requests
 from fakes.scheduler.allocator import Unsatisfiable, allocate, with_rule_taints
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,8 @@ from agent.allocation.cel import DeviceSelector, SelectorError, device_variable
 from agent.arbiter.node_rules import tolerates
 from agent.devices import shares
 from agent.jsontypes import Json
+from agent.objects.read import Choice, claim_requests, request_options
+from agent.objects.write import device_config
 
 # The allocator gives up after this many placement attempts rather than search forever (kube-scheduler
 # bounds the same search with a time limit).
@@ -423,7 +425,7 @@ def _allocation(
                 result["consumedCapacity"] = shares.to_quantities(consumed)
         results.append(result)
     devices: Json = {"results": results}
-    config = list(_configs(claim, chosen, classes))
+    config = device_config(claim, classes, _choice(claim, chosen))  # as the arbiter writes it, as upstream does
     if config:
         devices["config"] = config
     allocation: Json = {"devices": devices}
@@ -432,14 +434,9 @@ def _allocation(
     return allocation
 
 
-def _configs(
-    claim: Mapping[str, Any], chosen: Sequence[tuple[Alternative, Candidate]], classes: Mapping[str, Mapping[str, Any]]
-) -> Iterator[Json]:
-    """Class configs for the requests that used each class, then the claim's own, as kube-scheduler merges them."""
-    used: dict[str, Alternative] = {a.result_name: a for a, _ in chosen}
-    for result_name, alt in used.items():
-        for entry in classes[alt.class_name].get("spec", {}).get("config", []):
-            yield {"source": "FromClass", "requests": [result_name], **entry}
-    for entry in claim.get("spec", {}).get("devices", {}).get("config", []):
-        yield {"source": "FromClaim", **entry}
-
+def _choice(claim: Mapping[str, Any], chosen: Sequence[tuple[Alternative, Candidate]]) -> Choice:
+    """For each request of the claim, the index of the alternative the search chose (as agent.objects.read
+    numbers a firstAvailable request's subrequests)."""
+    picked = {alt.result_name for alt, _ in chosen}
+    return tuple(next((i for i, (name, _) in enumerate(request_options(r)) if name in picked), 0)
+                 for r in claim_requests(claim))

@@ -38,11 +38,11 @@ from typing import Any
 import pytest
 
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.world import allocated_devices, claim_names
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.informer import Informer, start_all
 from agent.kube.rest import DEVICE_TAINT_RULES, PODS, RESOURCE_CLAIMS
 from agent.names import ADMITTED_ANNOTATION, FENCE_RULE
+from agent.objects.read import allocated_devices, claim_names
 from fakes.cluster import FakeCluster, wait_for
 from tests.bench.test_bench_node_prepare import percentile
 

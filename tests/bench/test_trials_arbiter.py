@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.arbiter.world import is_gated
 from agent.kube.errors import NotFound
 from agent.kube.leader import LeaderElector
 from agent.kube.rest import LEASES, POD_GROUPS, PODS, RESOURCE_CLAIMS
+from agent.objects.read import is_gated
 from fakes.apiserver import server as fake_server
 from fakes.cluster import FakeCluster, wait_for
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.arbiter.controller import Arbiter, ArbiterConfig
-from agent.arbiter.world import allocated_devices, is_gated
 from agent.kube.errors import ApiError
 from agent.kube.informer import Informer, start_all
 from agent.kube.rest import PODS, RESOURCE_CLAIMS, Rest
+from agent.objects.read import allocated_devices, is_gated
 from fakes.cluster import DRIVER, FakeCluster
 
 PLAIN_NS = "plain"

@@ -9,7 +9,8 @@ from typing import Any
 
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import allocation_status, choices, reservation_claim
+from agent.objects.read import choices
+from agent.objects.write import allocation_status, reservation_claim
 from tests.unit.test_arbiter_world import DRIVER, claim, pod, world
 
 
@@ -62,5 +63,5 @@ def test_the_allocation_names_the_subrequest_and_its_class_config() -> None:
     allocation = allocation_status(c, "n0", DRIVER, {"gpus/one": ["gpu-3"]}, classes, choice=(1,))
     assert allocation["devices"]["results"] == [
         {"request": "gpus/one", "driver": DRIVER, "pool": "n0", "device": "gpu-3"}]
-    assert allocation["devices"]["config"] == [
-        {"source": "FromClass", "requests": ["gpus/one"], "opaque": {"driver": DRIVER, "parameters": {}}}]
+    # the claim's one request: the class's config applies to all of it, written without requests as upstream
+    assert allocation["devices"]["config"] == [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {}}}]

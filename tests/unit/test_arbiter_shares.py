@@ -12,9 +12,11 @@ import yaml
 from agent.allocation.allocator import DeviceRequest
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import SnapshotError, parse_snapshot
-from agent.arbiter.world import Unsupported, allocation_status, build_world, reservation_claim, share_devices
+from agent.arbiter.world import build_world
 from agent.devices.shares import ShareMode
 from agent.nvml.source import open_nvml
+from agent.objects.read import share_devices
+from agent.objects.write import Unsupported, allocation_status, reservation_claim
 from agent.slices.build import build_resource_slices
 from fakes.scheduler.allocator import allocate
 from tests.unit.test_arbiter_support import cycle, doc, job, node, pod, queue

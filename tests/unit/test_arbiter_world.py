@@ -9,13 +9,9 @@ import pytest
 
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import go_duration as parse_duration
-from agent.arbiter.world import (
-    Unsupported,
-    allocation_status,
-    build_world,
-    reservation_claim,
-)
+from agent.arbiter.world import build_world
 from agent.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, FINGERPRINT_ANNOTATION, GATE, QUEUE_LABEL
+from agent.objects.write import Unsupported, allocation_status, reservation_claim
 from agent.times import parse_rfc3339 as parse_time
 
 DRIVER = "gpu.nvidia.com"
@@ -373,8 +369,8 @@ def test_a_claim_becomes_reservation_requests_and_its_allocation() -> None:
     assert allocation["devices"]["results"] == [
         {"request": "gpus", "driver": DRIVER, "pool": "n1", "device": "gpu-2"},
         {"request": "gpus", "driver": DRIVER, "pool": "n1", "device": "gpu-3"}]
-    assert allocation["devices"]["config"] == [{"source": "FromClaim", "requests": ["gpus"],
-                                                "opaque": {"driver": DRIVER, "parameters": {}}}]
+    # naming every request of the claim, the config is written as for all (empty), as kube-scheduler writes it
+    assert allocation["devices"]["config"] == [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {}}}]
     assert allocation["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["n1"]
 
 

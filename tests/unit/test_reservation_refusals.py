@@ -215,6 +215,6 @@ class Refusing:
 def test_a_refused_reserve_names_its_node(error: Exception) -> None:
     """Tried: the Event said "Unauthenticated: missing or wrong bearer token" and not which node refused."""
     coordinator = GangCoordinator({"gpu-node-7": Refusing(error)})
-    _, reason = coordinator.reserve_all("g", [MemberPlacement(MEMBER, "gpu-node-7", Claim((DeviceRequest("r"),)))],
-                                        30)
-    assert reason.startswith(f"node gpu-node-7: {type(error).__name__}: ")
+    _, refused = coordinator.reserve_all("g", [MemberPlacement(MEMBER, "gpu-node-7", Claim((DeviceRequest("r"),)))],
+                                         30)
+    assert refused is not None and refused.reason.startswith(f"node gpu-node-7: {type(error).__name__}: ")

@@ -203,9 +203,10 @@ def test_configs_are_copied_from_class_and_claim() -> None:
         "opaque": {"driver": DRIVER, "parameters": {"kind": "GpuConfig", "sharing": {"strategy": "MPS"}}},
     }
     allocation = allocate(claim(request(), config=[claim_config]), [pool("node-a", device("gpu-0"))], [device_class])
+    # both name the claim's only request: written as for all requests (no `requests`), as kube-scheduler does
     assert allocation["devices"]["config"] == [
-        {"source": "FromClass", "requests": ["gpu"], **gpu_config},
-        {"source": "FromClaim", **claim_config},
+        {"source": "FromClass", **gpu_config},
+        {"source": "FromClaim", "opaque": claim_config["opaque"]},
     ]
 
 
