@@ -22,13 +22,13 @@ import cel
 from cel import stdlib
 
 from agent import quantity
+from agent.jsontypes import Json
 
 from .errors import ApiError
 from .patch import json_patch
 from .resources import MERGE_KEYS, ResourceType
 from .selectors import selector_matcher
 
-Obj = dict[str, Any]
 MAP = ("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies")
 MAP_BINDING = ("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings")
 VAP = ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies")
@@ -103,7 +103,7 @@ def _is_quantity(text: str) -> bool:
     return text == text.strip()  # kube-apiserver's parser takes no surrounding blanks
 
 
-def _evaluate(expression: str, context: Obj) -> Any:
+def _evaluate(expression: str, context: Json) -> Any:
     ctx = cel.Context(functions=_FUNCTIONS)
     for name, value in context.items():
         ctx.add_variable(name, value)
@@ -113,7 +113,7 @@ def _evaluate(expression: str, context: Obj) -> Any:
         raise PolicyError(f"expression {expression.strip()!r} failed: {exc}") from None
 
 
-def _matches_rule(rule: Obj, rt: ResourceType, operation: str, subresource: str) -> bool:
+def _matches_rule(rule: Json, rt: ResourceType, operation: str, subresource: str) -> bool:
     def has(key: str, value: str) -> bool:
         allowed = rule.get(key) or []
         return "*" in allowed or value in allowed
@@ -126,7 +126,7 @@ def _matches_rule(rule: Obj, rt: ResourceType, operation: str, subresource: str)
     return has("apiGroups", rt.group) and has("apiVersions", rt.version) and has("operations", operation) and named
 
 
-def _matches(constraints: Obj | None, rt: ResourceType, operation: str, subresource: str, obj: Obj,
+def _matches(constraints: Json | None, rt: ResourceType, operation: str, subresource: str, obj: Json,
              namespace_labels: dict[str, str] | None) -> bool:
     if constraints is None:
         return True
@@ -147,19 +147,19 @@ def _matches(constraints: Obj | None, rt: ResourceType, operation: str, subresou
 class Admission:
     """The policies in the store, applied to one write. `read` lists stored objects of a type key."""
 
-    def __init__(self, read: Callable[[tuple[str, str, str]], list[Obj]],
+    def __init__(self, read: Callable[[tuple[str, str, str]], list[Json]],
                  namespace_labels: Callable[[str], dict[str, str] | None]) -> None:
         self._read = read
         self._namespace_labels = namespace_labels
 
-    def _bound(self, policies: tuple[str, str, str], bindings: tuple[str, str, str]) -> list[tuple[Obj, Obj]]:
+    def _bound(self, policies: tuple[str, str, str], bindings: tuple[str, str, str]) -> list[tuple[Json, Json]]:
         by_name = {p["metadata"]["name"]: p for p in self._read(policies)}
         pairs = [(by_name[b["spec"]["policyName"]], b) for b in self._read(bindings)
                  if (b.get("spec") or {}).get("policyName") in by_name]
         return sorted(pairs, key=lambda pair: (pair[0]["metadata"]["name"], pair[1]["metadata"]["name"]))
 
-    def _context(self, rt: ResourceType, operation: str, subresource: str, obj: Obj, old: Obj | None,
-                 namespace: str) -> tuple[Obj, dict[str, str] | None]:
+    def _context(self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None,
+                 namespace: str) -> tuple[Json, dict[str, str] | None]:
         labels = self._namespace_labels(namespace) if rt.namespaced and namespace else None
         request = {
             "operation": operation, "userInfo": USER, "namespace": namespace,
@@ -171,8 +171,8 @@ class Admission:
         return {"object": obj, "oldObject": old, "request": request, "params": None,
                 "namespaceObject": namespace_object}, labels
 
-    def _applies(self, policy: Obj, binding: Obj, rt: ResourceType, operation: str, subresource: str,
-                 context: Obj, labels: dict[str, str] | None) -> bool:
+    def _applies(self, policy: Json, binding: Json, rt: ResourceType, operation: str, subresource: str,
+                 context: Json, labels: dict[str, str] | None) -> bool:
         spec = policy.get("spec") or {}
         if spec.get("paramKind"):
             return False  # params are not modelled
@@ -186,14 +186,14 @@ class Admission:
                 return False
         return True
 
-    def _variables(self, spec: Obj, context: Obj) -> None:
-        values: Obj = {}
+    def _variables(self, spec: Json, context: Json) -> None:
+        values: Json = {}
         context["variables"] = values
         for variable in spec.get("variables") or []:
             values[variable["name"]] = _evaluate(variable["expression"], context)
 
-    def mutate(self, rt: ResourceType, operation: str, subresource: str, obj: Obj, old: Obj | None,
-               namespace: str) -> Obj:
+    def mutate(self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None,
+               namespace: str) -> Json:
         """The object after every bound MutatingAdmissionPolicy that matches (reinvoked once when another
         changed it, as reinvocationPolicy IfNeeded asks)."""
         pairs = self._bound(MAP, MAP_BINDING)
@@ -207,8 +207,8 @@ class Admission:
                 break
         return obj
 
-    def _mutate_one(self, policy: Obj, binding: Obj, rt: ResourceType, operation: str, subresource: str,
-                    obj: Obj, old: Obj | None, namespace: str) -> Obj:
+    def _mutate_one(self, policy: Json, binding: Json, rt: ResourceType, operation: str, subresource: str,
+                    obj: Json, old: Json | None, namespace: str) -> Json:
         spec = policy.get("spec") or {}
         name = policy["metadata"]["name"]
         try:
@@ -233,7 +233,7 @@ class Admission:
                 raise ApiError(400, f'policy "{name}" failed to apply its patch: {exc.message}') from None
         return obj
 
-    def validate(self, rt: ResourceType, operation: str, subresource: str, obj: Obj, old: Obj | None,
+    def validate(self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None,
                  namespace: str, warnings: list[str]) -> None:
         """Raise 422 Invalid (or the validation's reason) for the first Deny binding a validation fails."""
         for policy, binding in self._bound(VAP, VAP_BINDING):

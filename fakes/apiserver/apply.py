@@ -18,11 +18,12 @@ import copy
 import json
 from typing import Any
 
+from agent.jsontypes import Json
+
 from .errors import ApiError
 from .resources import MERGE_KEYS, MERGED_PRIMITIVE_LISTS
 
 Path = tuple[str, ...]
-Obj = dict[str, Any]
 _TRACKED_META = ("labels", "annotations", "finalizers", "ownerReferences")
 
 
@@ -53,7 +54,7 @@ def _leaves(value: Any, field: str, prefix: Path, out: dict[Path, Any]) -> None:
         out[prefix] = value
 
 
-def leaves(obj: Obj) -> dict[Path, Any]:
+def leaves(obj: Json) -> dict[Path, Any]:
     """Every owned leaf field of an object and its value (apiVersion, kind and server metadata excluded)."""
     out: dict[Path, Any] = {}
     for key, value in obj.items():
@@ -68,8 +69,8 @@ def leaves(obj: Obj) -> dict[Path, Any]:
     return out
 
 
-def fields_v1(paths: set[Path] | list[Path]) -> Obj:
-    tree: Obj = {}
+def fields_v1(paths: set[Path] | list[Path]) -> Json:
+    tree: Json = {}
     for path in paths:
         node = tree
         for part in path:
@@ -77,7 +78,7 @@ def fields_v1(paths: set[Path] | list[Path]) -> Obj:
     return tree
 
 
-def _paths_of(tree: Obj, prefix: Path = ()) -> set[Path]:
+def _paths_of(tree: Json, prefix: Path = ()) -> set[Path]:
     out: set[Path] = set()
     for key, child in tree.items():
         if key == ".":
@@ -99,26 +100,26 @@ def manager_name(field_manager: str, user_agent: str) -> str:
 
 
 def _entry(manager: str, operation: str, api_version: str, paths: set[Path], stamp: str,
-           subresource: str) -> Obj:
-    entry: Obj = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": stamp,
+           subresource: str) -> Json:
+    entry: Json = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": stamp,
                   "fieldsType": "FieldsV1", "fieldsV1": fields_v1(paths)}
     if subresource:
         entry["subresource"] = subresource
     return entry
 
 
-def _owned(entries: list[Obj]) -> list[tuple[Obj, set[Path]]]:
+def _owned(entries: list[Json]) -> list[tuple[Json, set[Path]]]:
     return [(e, _paths_of(e.get("fieldsV1") or {})) for e in entries]
 
 
-def _identity(entry: Obj) -> tuple[Any, Any, Any]:
+def _identity(entry: Json) -> tuple[Any, Any, Any]:
     return entry.get("manager"), entry.get("operation"), entry.get("subresource", "")
 
 
-def _store(entries: list[tuple[Obj, set[Path]]], mine: Obj | None) -> list[Obj]:
+def _store(entries: list[tuple[Json, set[Path]]], mine: Json | None) -> list[Json]:
     """Entries that still own something, each with its remaining fields; this write's entry takes the place of the
     manager's earlier one (or goes last)."""
-    out: list[Obj] = []
+    out: list[Json] = []
     placed = False
     for entry, paths in entries:
         if mine is not None and _identity(entry) == _identity(mine):
@@ -132,7 +133,7 @@ def _store(entries: list[tuple[Obj, set[Path]]], mine: Obj | None) -> list[Obj]:
     return out
 
 
-def record_update(old: Obj | None, new: Obj, manager: str, stamp: str, subresource: str = "") -> None:
+def record_update(old: Json | None, new: Json, manager: str, stamp: str, subresource: str = "") -> None:
     """Set new's managedFields after a create/update/patch by `manager` (operation Update): it owns what it changed,
     and nobody owns fields that are gone."""
     meta = new.setdefault("metadata", {})
@@ -237,8 +238,8 @@ def _dotted(path: Path) -> str:
     return out
 
 
-def server_side_apply(live: Obj | None, config: Obj, manager: str, force: bool, stamp: str,
-                      subresource: str = "") -> Obj:
+def server_side_apply(live: Json | None, config: Json, manager: str, force: bool, stamp: str,
+                      subresource: str = "") -> Json:
     """The object after `manager` applies `config` to `live` (None: apply creates it)."""
     if not manager:
         raise ApiError(400, "PATCH requests with apply-patch content type must set fieldManager "
@@ -247,7 +248,7 @@ def server_side_apply(live: Obj | None, config: Obj, manager: str, force: bool, 
     base = copy.deepcopy(live) if live is not None else {}
     entries = _owned(copy.deepcopy((base.get("metadata") or {}).get("managedFields") or []))
     mine_before: set[Path] = set()
-    conflicts: list[tuple[Path, Obj]] = []
+    conflicts: list[tuple[Path, Json]] = []
     for entry, paths in entries:
         same = entry.get("manager") == manager and entry.get("operation") == "Apply" \
             and entry.get("subresource", "") == subresource
@@ -277,7 +278,7 @@ def server_side_apply(live: Obj | None, config: Obj, manager: str, force: bool, 
         else:
             paths.difference_update(taken)
             others |= paths
-    merged: Obj = _merge(base, {k: v for k, v in config.items() if k != "metadata"}, "")
+    merged: Json = _merge(base, {k: v for k, v in config.items() if k != "metadata"}, "")
     meta = dict(base.get("metadata") or {})
     for key, value in (config.get("metadata") or {}).items():
         if key in ("managedFields", "resourceVersion", "uid", "creationTimestamp", "generation"):

@@ -6,30 +6,29 @@ pkg/api/pod/util.go). A field the old object already uses is kept, so an update 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+
+from agent.jsontypes import Json
 
 from .versions import KubernetesVersion
 
-Obj = dict[str, Any]
 
-
-def _devices(obj: Obj | None) -> list[Obj]:
+def _devices(obj: Json | None) -> list[Json]:
     return [d for d in ((obj or {}).get("spec") or {}).get("devices") or [] if isinstance(d, dict)]
 
 
-def _in_use(old: Obj | None, used: Callable[[Obj], bool]) -> bool:
+def _in_use(old: Json | None, used: Callable[[Json], bool]) -> bool:
     return old is not None and used(old)
 
 
-def _slice_taints(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def _slice_taints(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     if gates.enabled("DRADeviceTaints") or _in_use(old, lambda o: any(d.get("taints") for d in _devices(o))):
         return
     for device in _devices(new):
         device.pop("taints", None)
 
 
-def _slice_partitionable(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
-    def used(o: Obj) -> bool:
+def _slice_partitionable(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
+    def used(o: Json) -> bool:
         spec = o.get("spec") or {}
         return bool(spec.get("sharedCounters")) or "perDeviceNodeSelection" in spec or any(
             d.get("consumesCounters") or any(k in d for k in ("nodeName", "nodeSelector", "allNodes"))
@@ -45,7 +44,7 @@ def _slice_partitionable(new: Obj, old: Obj | None, gates: KubernetesVersion) ->
             device.pop(name, None)
 
 
-def _slice_binding_conditions(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def _slice_binding_conditions(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     names = ("bindingConditions", "bindingFailureConditions", "bindsToNode")
     on = gates.enabled("DRADeviceBindingConditions") and gates.enabled("DRAResourceClaimDeviceStatus")
     if on or _in_use(old, lambda o: any(n in d for d in _devices(o) for n in names)):
@@ -55,8 +54,8 @@ def _slice_binding_conditions(new: Obj, old: Obj | None, gates: KubernetesVersio
             device.pop(name, None)
 
 
-def _slice_consumable_capacity(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
-    def used(o: Obj) -> bool:
+def _slice_consumable_capacity(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
+    def used(o: Json) -> bool:
         return any("allowMultipleAllocations" in d or any(
             isinstance(c, dict) and "requestPolicy" in c for c in (d.get("capacity") or {}).values())
             for d in _devices(o))
@@ -74,14 +73,14 @@ _NODE_ALLOCATABLE = ("nodeAllocatableResourceMappings", "nodeAllocatableResource
 _LIST_ATTRIBUTES = ("bools", "ints", "strings", "versions")
 
 
-def _slice_alpha_fields(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def _slice_alpha_fields(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     if not gates.enabled("DRANodeAllocatableResources") and not _in_use(
             old, lambda o: any(n in d for d in _devices(o) for n in _NODE_ALLOCATABLE)):
         for device in _devices(new):
             for name in _NODE_ALLOCATABLE:
                 device.pop(name, None)
 
-    def list_attributes(o: Obj) -> Iterator[Obj]:
+    def list_attributes(o: Json) -> Iterator[Json]:
         for device in _devices(o):
             yield from (a for a in (device.get("attributes") or {}).values() if isinstance(a, dict))
 
@@ -95,13 +94,13 @@ def _slice_alpha_fields(new: Obj, old: Obj | None, gates: KubernetesVersion) -> 
         (new.get("spec") or {}).pop("partitionTypeAttribute", None)
 
 
-def _device_class(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def _device_class(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     if gates.enabled("DRAExtendedResource") or _in_use(old, lambda o: "extendedResourceName" in (o.get("spec") or {})):
         return
     (new.get("spec") or {}).pop("extendedResourceName", None)
 
 
-def _claim_requests(spec: Obj | None) -> Iterator[Obj]:
+def _claim_requests(spec: Json | None) -> Iterator[Json]:
     """Every exact request and subrequest of a claim spec (where tolerations and capacity live)."""
     for request in ((spec or {}).get("devices") or {}).get("requests") or []:
         if isinstance(request.get("exactly"), dict):
@@ -109,7 +108,7 @@ def _claim_requests(spec: Obj | None) -> Iterator[Obj]:
         yield from (s for s in request.get("firstAvailable") or [] if isinstance(s, dict))
 
 
-def _claim_spec(new_spec: Obj | None, old_spec: Obj | None, gates: KubernetesVersion) -> None:
+def _claim_spec(new_spec: Json | None, old_spec: Json | None, gates: KubernetesVersion) -> None:
     for gate, name in (("DRADeviceTaints", "tolerations"), ("DRAConsumableCapacity", "capacity")):
         if gates.enabled(gate) or any(name in r for r in _claim_requests(old_spec)):
             continue
@@ -117,15 +116,15 @@ def _claim_spec(new_spec: Obj | None, old_spec: Obj | None, gates: KubernetesVer
             request.pop(name, None)
 
 
-def _allocation_results(claim: Obj | None) -> list[Obj]:
+def _allocation_results(claim: Json | None) -> list[Json]:
     allocation = ((claim or {}).get("status") or {}).get("allocation") or {}
     return [r for r in (allocation.get("devices") or {}).get("results") or [] if isinstance(r, dict)]
 
 
-def _claim_shares(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def _claim_shares(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     """dropDisabledDRAResourceClaimConsumableCapacityStatusFields (resourceclaim/strategy.go): a result's shareID
     and consumedCapacity, and status.devices[].shareID, unless the gate is on or the old claim uses them."""
-    def used(o: Obj) -> bool:
+    def used(o: Json) -> bool:
         return any("shareID" in r or "consumedCapacity" in r for r in _allocation_results(o)) or any(
             "shareID" in d for d in (o.get("status") or {}).get("devices") or [] if isinstance(d, dict))
 
@@ -139,19 +138,19 @@ def _claim_shares(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
             device.pop("shareID", None)
 
 
-def _resource_claim(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def _resource_claim(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     _claim_spec(new.get("spec"), (old or {}).get("spec") if old else None, gates)
     _claim_shares(new, old, gates)
 
 
-def _resource_claim_template(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
-    def inner(o: Obj | None) -> Obj | None:
+def _resource_claim_template(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
+    def inner(o: Json | None) -> Json | None:
         return ((o or {}).get("spec") or {}).get("spec")
 
     _claim_spec(inner(new), inner(old) if old else None, gates)
 
 
-def _pod(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def _pod(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     # 1.35 names the field workloadRef, 1.36+ schedulingGroup; both sit behind GenericWorkload.
     if gates.enabled("GenericWorkload"):
         return
@@ -161,7 +160,7 @@ def _pod(new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
             (new.get("spec") or {}).pop(name, None)
 
 
-_BY_KIND: dict[tuple[str, str], tuple[Callable[[Obj, Obj | None, KubernetesVersion], None], ...]] = {
+_BY_KIND: dict[tuple[str, str], tuple[Callable[[Json, Json | None, KubernetesVersion], None], ...]] = {
     ("resource.k8s.io", "ResourceSlice"): (_slice_taints, _slice_partitionable, _slice_binding_conditions,
                                           _slice_consumable_capacity, _slice_alpha_fields),
     ("resource.k8s.io", "DeviceClass"): (_device_class,),
@@ -171,7 +170,7 @@ _BY_KIND: dict[tuple[str, str], tuple[Callable[[Obj, Obj | None, KubernetesVersi
 }
 
 
-def drop_disabled_fields(group: str, kind: str, new: Obj, old: Obj | None, gates: KubernetesVersion) -> None:
+def drop_disabled_fields(group: str, kind: str, new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     """Remove from `new`, in place, what the version's disabled gates do not let it store."""
     for drop in _BY_KIND.get((group, kind), ()):
         drop(new, old, gates)

@@ -14,9 +14,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from agent.jsontypes import Json
+
 from .resources import ResourceType
 
-Obj = dict[str, Any]
 Column = tuple[str, str, int]  # name, type, priority
 _NAME: Column = ("Name", "string", 0)
 _AGE: Column = ("Age", "string", 0)
@@ -61,19 +62,19 @@ def _since(stamp: Any, now: datetime.datetime) -> str:
     return human_duration((now - when).total_seconds())
 
 
-def _meta(obj: Obj) -> Obj:
+def _meta(obj: Json) -> Json:
     return obj.get("metadata") or {}
 
 
-def _spec(obj: Obj) -> Obj:
+def _spec(obj: Json) -> Json:
     return obj.get("spec") or {}
 
 
-def _status(obj: Obj) -> Obj:
+def _status(obj: Json) -> Json:
     return obj.get("status") or {}
 
 
-def _claim_state(obj: Obj) -> str:
+def _claim_state(obj: Json) -> str:
     """resourceClaimState in printers.go."""
     states = []
     deleted = bool(_meta(obj).get("deletionTimestamp"))
@@ -89,7 +90,7 @@ def _claim_state(obj: Obj) -> str:
     return ",".join(states)
 
 
-def _pod_cells(obj: Obj) -> list[Any]:
+def _pod_cells(obj: Json) -> list[Any]:
     statuses = _status(obj).get("containerStatuses") or []
     containers = _spec(obj).get("containers") or []
     ready = sum(1 for s in statuses if s.get("ready"))
@@ -102,22 +103,22 @@ def _pod_cells(obj: Obj) -> list[Any]:
     return [f"{ready}/{len(containers)}", reason, restarts]
 
 
-def _pod_wide(obj: Obj) -> list[Any]:
+def _pod_wide(obj: Json) -> list[Any]:
     return [_status(obj).get("podIP") or "<none>", _spec(obj).get("nodeName") or "<none>",
             _status(obj).get("nominatedNodeName") or "<none>", "<none>"]
 
 
-def _selector(spec: Obj) -> str:
+def _selector(spec: Json) -> str:
     labels = (spec.get("selector") or {}).get("matchLabels") or {}
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "<none>"
 
 
-def _containers(template: Obj) -> list[str]:
+def _containers(template: Json) -> list[str]:
     containers = ((template.get("spec") or {}).get("containers")) or []
     return [",".join(c.get("name", "") for c in containers), ",".join(c.get("image", "") for c in containers)]
 
 
-def _daemonset_cells(obj: Obj) -> list[Any]:
+def _daemonset_cells(obj: Json) -> list[Any]:
     st = _status(obj)
     node_selector = ((_spec(obj).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
     return [int(st.get("desiredNumberScheduled") or 0), int(st.get("currentNumberScheduled") or 0),
@@ -126,24 +127,24 @@ def _daemonset_cells(obj: Obj) -> list[Any]:
             ",".join(f"{k}={v}" for k, v in sorted(node_selector.items())) or "<none>"]
 
 
-def _deployment_cells(obj: Obj) -> list[Any]:
+def _deployment_cells(obj: Json) -> list[Any]:
     st = _status(obj)
     want = int(_spec(obj).get("replicas", 1))
     return [f"{int(st.get('readyReplicas') or 0)}/{want}", int(st.get("updatedReplicas") or 0),
             int(st.get("availableReplicas") or 0)]
 
 
-def _binding_role(obj: Obj) -> str:
+def _binding_role(obj: Json) -> str:
     ref = obj.get("roleRef") or {}
     return f"{ref.get('kind', '')}/{ref.get('name', '')}"
 
 
-def _param_kind(obj: Obj) -> str:
+def _param_kind(obj: Json) -> str:
     kind = _spec(obj).get("paramKind")
     return f"{kind.get('apiVersion', '')}/{kind.get('kind', '')}" if kind else "<unset>"
 
 
-def _param_ref(obj: Obj) -> str:
+def _param_ref(obj: Json) -> str:
     ref = _spec(obj).get("paramRef")
     if not ref:
         return "<unset>"
@@ -156,7 +157,7 @@ _EVENT_COLUMNS: list[Column] = [
     ("Count", "string", 1), ("Name", "string", 1)]
 
 
-def _core_event(obj: Obj) -> Obj:
+def _core_event(obj: Json) -> Json:
     """An events.k8s.io/v1 Event in the core shape (as the server converts both to its internal Event)."""
     if "regarding" not in obj and "note" not in obj and "deprecatedCount" not in obj:
         return obj
@@ -168,7 +169,7 @@ def _core_event(obj: Obj) -> Obj:
             "count": obj.get("deprecatedCount", 0), "series": obj.get("series")}
 
 
-def _event_cells(obj: Obj, now: datetime.datetime) -> list[Any]:
+def _event_cells(obj: Json, now: datetime.datetime) -> list[Any]:
     """printEvent, wide (the server always prints every column; kubectl hides priority 1 without -o wide)."""
     obj = _core_event(obj)
     first = _since(obj.get("firstTimestamp") or obj.get("eventTime"), now)
@@ -191,10 +192,10 @@ def _event_cells(obj: Obj, now: datetime.datetime) -> list[Any]:
 
 
 # kind (group, kind) -> (columns between NAME and AGE, cells for them, columns after AGE, cells for them)
-Printer = tuple[list[Column], Callable[[Obj], list[Any]], list[Column], Callable[[Obj], list[Any]]]
+Printer = tuple[list[Column], Callable[[Json], list[Any]], list[Column], Callable[[Json], list[Any]]]
 
 
-def _none(obj: Obj) -> list[Any]:
+def _none(obj: Json) -> list[Any]:
     return []
 
 
@@ -252,8 +253,8 @@ _CREATED_AT = {("rbac.authorization.k8s.io", "ClusterRole"), ("rbac.authorizatio
                ("apiextensions.k8s.io", "CustomResourceDefinition")}
 
 
-def _column(name: str, kind: str, priority: int, description: str = "") -> Obj:
-    out: Obj = {"name": name, "type": kind, "format": "name" if name == "Name" else "", "description": description,
+def _column(name: str, kind: str, priority: int, description: str = "") -> Json:
+    out: Json = {"name": name, "type": kind, "format": "name" if name == "Name" else "", "description": description,
                 "priority": priority}
     return out
 
@@ -274,7 +275,7 @@ def _path_value(obj: Any, path: str) -> Any:
     return obj
 
 
-def _custom_cell(column: Obj, value: Any, now: datetime.datetime) -> Any:
+def _custom_cell(column: Json, value: Any, now: datetime.datetime) -> Any:
     if value is None:
         return None
     if column.get("type") == "date":
@@ -284,7 +285,7 @@ def _custom_cell(column: Obj, value: Any, now: datetime.datetime) -> Any:
     return value
 
 
-def _row_object(obj: Obj, include: str) -> Obj | None:
+def _row_object(obj: Json, include: str) -> Json | None:
     if include == "None":
         return None
     if include == "Object":
@@ -292,42 +293,42 @@ def _row_object(obj: Obj, include: str) -> Obj | None:
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": _meta(obj)}
 
 
-def table(rt: ResourceType, objects: list[Obj], *, resource_version: str = "", include: str = "Metadata",
-          list_meta: Obj | None = None, now: datetime.datetime | None = None) -> Obj:
+def table(rt: ResourceType, objects: list[Json], *, resource_version: str = "", include: str = "Metadata",
+          list_meta: Json | None = None, now: datetime.datetime | None = None) -> Json:
     """A meta.k8s.io/v1 Table of `objects` of type rt, with upstream's columns for it."""
     now = now or datetime.datetime.now(datetime.UTC)
     columns: list[Column]
-    cells: Callable[[Obj], list[Any]]
+    cells: Callable[[Json], list[Any]]
     if not rt.builtin:
         custom = list(rt.columns) or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
         definitions = [_column("Name", "string", 0)] + [
             _column(c["name"], c.get("type", "string"), int(c.get("priority", 0)), c.get("description", ""))
             for c in custom]
 
-        def cells(o: Obj) -> list[Any]:
+        def cells(o: Json) -> list[Any]:
             return [_meta(o).get("name", "")] + [_custom_cell(c, _path_value(o, c.get("jsonPath", "")), now)
                                                 for c in custom]
     elif rt.kind == "Event" and rt.group in ("", "events.k8s.io"):  # no NAME first, no AGE: printEvent's own
         definitions = [_column(*c) for c in _EVENT_COLUMNS]
 
-        def cells(o: Obj) -> list[Any]:
+        def cells(o: Json) -> list[Any]:
             return _event_cells(o, now)
     elif (rt.group, rt.kind) in _CREATED_AT:
         definitions = [_column("Name", "string", 0), _column("Created At", "date", 0)]
 
-        def cells(o: Obj) -> list[Any]:
+        def cells(o: Json) -> list[Any]:
             return [_meta(o).get("name", ""), _meta(o).get("creationTimestamp", "")]
     else:
         before, before_cells, after, after_cells = _PRINTERS.get((rt.group, rt.kind), ([], _none, [], _none))
         columns = [_NAME, *before, _AGE, *after]
         definitions = [_column(*c) for c in columns]
 
-        def cells(o: Obj) -> list[Any]:
+        def cells(o: Json) -> list[Any]:
             return [_meta(o).get("name", ""), *before_cells(o), _since(_meta(o).get("creationTimestamp"), now),
                     *after_cells(o)]
     rows = []
     for obj in objects:
-        row: Obj = {"cells": cells(obj)}
+        row: Json = {"cells": cells(obj)}
         shown = _row_object(obj, include)
         if shown is not None:
             row["object"] = shown
