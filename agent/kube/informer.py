@@ -16,8 +16,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from agent.jsontypes import Json
+from agent.kube.backoff import SPREAD, Backoff
 from agent.kube.errors import ApiError
-from agent.kube.reflector import Backoff, Reflector
+from agent.kube.reflector import Reflector
 from agent.kube.rest import Resource, Rest
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Informer:
         self._synced = threading.Event()
         # optional: a type the server may not serve (a CRD not installed yet): empty until it is
         self._reflector = Reflector(rest, resource, self._listed, self._changed, watch_timeout_s=watch_timeout_s,
-                                    backoff=Backoff(0.1, max_backoff_s), optional=optional,
+                                    backoff=Backoff(0.1, max_backoff_s, jitter=SPREAD), optional=optional,
                                     on_unserved=self._unserved)
 
     # -- reading ----------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from agent.jsontypes import Json
+from agent.kube.backoff import Backoff
 from agent.kube.errors import NotFound
-from agent.kube.reflector import Backoff, Reflector
+from agent.kube.reflector import Reflector
 from agent.kube.rest import NODES, Rest
 
 log = logging.getLogger(__name__)

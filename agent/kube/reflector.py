@@ -18,29 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.jsontypes import Json
+from agent.kube.backoff import SPREAD, Backoff
 from agent.kube.errors import ApiError, Gone, NotFound
 from agent.kube.rest import Resource, Rest
 
 log = logging.getLogger(__name__)
-
-
-class Backoff:
-    """Exponential delays between `first_s` and `max_s`, back to `first_s` after a success."""
-
-    def __init__(self, first_s: float = 0.2, max_s: float = 10.0) -> None:
-        self._first, self._max = first_s, max_s
-        self._next = first_s
-
-    @property
-    def max_s(self) -> float:
-        return self._max
-
-    def next(self) -> float:
-        delay, self._next = self._next, min(self._next * 2, self._max)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self._first
 
 
 class Reflector:
@@ -72,7 +54,7 @@ class Reflector:
         self._selector = field_selector
         self._what = what or resource.plural
         self._timeout_s = watch_timeout_s
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Backoff(jitter=SPREAD)
         self._optional = optional
         self._on_unserved = on_unserved
         self._stop = threading.Event()
@@ -167,4 +149,4 @@ class Reflector:
                 response.shutdown()
 
 
-__all__ = ["Backoff", "Reflector"]
+__all__ = ["Reflector"]

@@ -19,6 +19,7 @@ from agent.devices.model import Inventory
 from agent.devices.shares import Policy, ShareMode
 from agent.jsontypes import Json
 from agent.kube import nodes
+from agent.kube.backoff import SPREAD, Backoff
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import Rest
 from agent.kube.slices import SliceApi
@@ -196,16 +197,18 @@ class Publisher:
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         """Resync every `interval_s` and on each `wake()` until `stop` is set. A failed pass (or a failed
-        `publish` elsewhere) is retried after `retry_s`, doubling up to `interval_s`: a pool left half
+        `publish` elsewhere) is retried after `retry_s`, doubling up to `interval_s` (each delay stretched by up to
+        half, agent.kube.backoff, so the nodes of a cluster come back apart after an outage): a pool left half
         written (slices of mixed generations, which the scheduler sees as incomplete) is fixed in seconds."""
         failures = 0
+        backoff = Backoff(self._retry_s, max(self._retry_s, interval_s), jitter=SPREAD)
         while not stop.is_set():
             self._wake.clear()  # a wake from now on asks for another pass
             try:
                 result = self.resync(inventory_source())
             except Exception as exc:  # this loop is what repairs the slices: it must outlive any failure
                 failures += 1
-                delay = min(interval_s, self._retry_s * 2 ** min(failures - 1, 16))
+                delay = backoff.next()
                 if isinstance(exc, ApiError):
                     log.warning("publishing ResourceSlices failed, retrying in %.1fs: %s", delay, exc)
                 else:
@@ -216,6 +219,7 @@ class Publisher:
                 if failures:
                     log.info("ResourceSlices published again after %d failed attempts", failures)
                 failures, delay = 0, interval_s
+                backoff.reset()
                 if on_result:
                     on_result(result)
             self._pause(stop, delay)
@@ -247,6 +251,7 @@ class Publisher:
     def _reconcile(self, content: tuple[SliceContent, ...]) -> PublishResult:
         """One pass of list, compare, write; conflicts re-read at once, server errors back off."""
         error: ApiError | None = None
+        backoff = Backoff(self._backoff_s, self._backoff_s * 2 ** self._max_attempts)  # uncapped within a pass
         for attempt in range(1, self._max_attempts + 1):
             try:
                 result = self._apply(content)
@@ -274,7 +279,7 @@ class Publisher:
                     raise
                 error = exc
                 if attempt < self._max_attempts:  # after the last one, `run` decides when to try again
-                    self._sleep(self._backoff_s * 2 ** (attempt - 1))
+                    self._sleep(backoff.next())
             else:
                 self._published, self._last = content, result
                 return result

@@ -11,7 +11,8 @@ from typing import Any
 
 import fakes.apiserver
 from agent.kube import informer, nodes, slices
-from agent.kube.reflector import Backoff, Reflector
+from agent.kube.backoff import Backoff
+from agent.kube.reflector import Reflector
 from agent.kube.rest import NODES
 
 

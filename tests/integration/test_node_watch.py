@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 
 import fakes.apiserver
+from agent.kube.backoff import Backoff
 from agent.kube.nodes import NodeInfo, NodeWatcher
-from agent.kube.reflector import Backoff
 
 NODE = "node-a"
 
