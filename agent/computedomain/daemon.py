@@ -141,17 +141,37 @@ def stop_leftovers(root: Path, keep: Set[str] = frozenset()) -> list[str]:
     found: list[str] = []
     if not root.is_dir():
         return found
+    running = _daemons_by_config()
     for directory in sorted(p for p in root.iterdir() if p.is_dir()):
         found.append(directory.name)
         pid_file = directory / "imex.pid"
+        config = str(directory / "imexd.cfg")
+        pids = set(running.get(config, ()))  # a daemon killed before its pid file was written has none
         with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text())
+            pids.add(int(pid_file.read_text()))
+        for pid in sorted(pids):
             if _is_daemon_of(pid, directory / "imexd.cfg"):
                 _kill(pid)
-            pid_file.unlink(missing_ok=True)
+        pid_file.unlink(missing_ok=True)
         if directory.name not in keep:
             shutil.rmtree(directory, ignore_errors=True)
     return found
+
+
+def _daemons_by_config() -> dict[str, list[int]]:
+    """Live `nvidia-imex -c <config>` processes by config path (from /proc)."""
+    out: dict[str, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
+        except OSError:
+            continue
+        if len(argv) >= 3 and any(Path(a).name == IMEX for a in argv[:2]) and "-c" in argv:
+            config = argv[argv.index("-c") + 1] if argv.index("-c") + 1 < len(argv) else ""
+            out.setdefault(config, []).append(int(proc.name))
+    return out
 
 
 def _is_daemon_of(pid: int, config: Path) -> bool:

@@ -325,9 +325,12 @@ class ComputeDomainPlugin:
                 log.info("compute domains: the checkpoint is from another boot; its claims are void")
                 self._store.save(checkpoint)
             rolled_back = 0
+            maybe_joined: dict[str, tuple[str, str]] = {}  # domain uid -> (namespace, name) this node may be in
             for record in [r for r in checkpoint.claims.values() if r.state == STARTED]:
                 self._take_back(record)
                 self._save(record.uid, None)
+                namespace, _, name = record.domain.partition("/")
+                maybe_joined[record.domain_uid] = (namespace, name)
                 rolled_back += 1
             prefix = f"{channels.CDI_VENDOR}-{channels.CDI_CLASS}_"
             specs = 0
@@ -341,6 +344,14 @@ class ComputeDomainPlugin:
                     files.remove(temp)
             needed = self._checkpoint.domains()
             leftovers = stop_leftovers(self._daemons_root, keep=needed)
+            for uid in set(leftovers) - needed:
+                if found := self.domains.by_index(UID_INDEX, uid):
+                    meta = found[0]["metadata"]
+                    maybe_joined[uid] = (meta["namespace"], meta["name"])
+            for uid, names in maybe_joined.items():  # an entry in status.nodes no daemon stands behind any more
+                if uid not in needed:
+                    with contextlib.suppress(ApiError):
+                        domain_status.remove_entry(self._rest, *names, self.settings.node_name)
             for uid in sorted(needed):
                 obj = self.domains.by_index(UID_INDEX, uid)
                 if obj:

@@ -9,8 +9,10 @@ run in the regular suite; `-m trials` runs fifty.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import random
+import signal
 import threading
 import time
 
@@ -126,52 +128,64 @@ def one_trial(seed: int, mode: str) -> str:
         rest = server.rest()
         ref = _setup(rest, mode)
         node = Node(root, server.write_kubeconfig(root / "kubeconfig"))
-        with FakeKubelet(node.agent.kubelet_root, retry=Retry(attempts=1), timeout=30) as kubelet:
-            node.start()
-            kubelet.wait_for_driver(DRIVER, timeout=30)
-            answer: dict[str, object] = {}
+        try:
+            return _trial(rng, seed, mode, rest, ref, node, root)
+        finally:  # a failed trial leaves no agent or daemon running
+            node.agent.close()
+            for pid in imex_processes(root):
+                os.kill(pid, signal.SIGKILL)
 
-            def prepare() -> None:
-                try:
-                    answer["result"] = kubelet.prepare(DRIVER, [ref])[ref.uid]
-                except KubeletError as exc:
-                    answer["error"] = exc
 
-            call = threading.Thread(target=prepare)
-            delay = rng.uniform(0, MAX_KILL_DELAY_S)
-            call.start()
-            time.sleep(delay)
-            node.agent.kill()
-            call.join(timeout=60)
-            why = f"seed {seed} ({mode}, kill after {delay:.2f}s)"
+def _trial(rng: random.Random, seed: int, mode: str, rest: Rest, ref: ClaimRef, node: Node,
+           root: pathlib.Path) -> str:
+    with FakeKubelet(node.agent.kubelet_root, retry=Retry(attempts=1), timeout=30) as kubelet:
+        node.start()
+        kubelet.wait_for_driver(DRIVER, timeout=30)
+        answer: dict[str, object] = {}
 
-            recovery = node.start()  # the restarted agent repairs what the kill left
-            state = node.prepared()
-            assert state in ({}, {ref.uid: cd_checkpoint.COMPLETED}), f"{why}: checkpoint {state}"
-            if state:  # prepared before the kill: all of it is there, its daemon running again
-                want = ["channel0"] if mode == "Single" else sorted(f"channel{i}" for i in range(CHANNELS))
-                assert node.channel_nodes() == want, why
-                assert len(node.specs()) == 1, why
-                wait_for(lambda: len(imex_processes(root)) == 1, timeout=30, what=f"{why}: its daemon again")
-            else:
-                leaked = f"{why}: leaked {node.channel_nodes()} {node.specs()}\n{node.agent.tail(40)}"
-                assert node.channel_nodes() == [] and node.specs() == [], leaked
-                assert imex_processes(root) == [] and node.daemon_dirs() == [], f"{why}: a daemon leaked"
-            kubelet.wait_for_driver(DRIVER, timeout=30)
-            # the kubelet retries the prepare it saw fail, then the pod ends: nothing may be left
-            result = kubelet.prepare(DRIVER, [ref])[ref.uid] if not state else None
-            assert result is None or result.error == "", f"{why}: {result}"
-            errors = kubelet.unprepare(DRIVER, [ref])
-            assert errors == {ref.uid: ""}, why
-            assert node.channel_nodes() == [] and node.specs() == [] and node.daemon_dirs() == [], why
-            wait_for(lambda: imex_processes(root) == [], timeout=30, what=f"{why}: the daemon to stop")
-            domain = rest.get(COMPUTE_DOMAINS, NS, "job")
-            assert (domain.get("status") or {}).get("nodes", []) == [], why
-            assert node.agent.terminate() == 0, why
-            assert imex_processes(root) == [], why
-        if state:
-            return "prepared before the kill"
-        return "rolled back mid-prepare" if recovery["rolled_back"] else "killed before prepare began"
+        def prepare() -> None:
+            try:
+                answer["result"] = kubelet.prepare(DRIVER, [ref])[ref.uid]
+            except KubeletError as exc:
+                answer["error"] = exc
+
+        call = threading.Thread(target=prepare)
+        delay = rng.uniform(0, MAX_KILL_DELAY_S)
+        call.start()
+        time.sleep(delay)
+        node.agent.kill()
+        call.join(timeout=60)
+        why = f"seed {seed} ({mode}, kill after {delay:.2f}s)"
+
+        recovery = node.start()  # the restarted agent repairs what the kill left
+        state = node.prepared()
+        assert state in ({}, {ref.uid: cd_checkpoint.COMPLETED}), f"{why}: checkpoint {state}"
+        if state:  # prepared before the kill: all of it is there, its daemon running again
+            want = ["channel0"] if mode == "Single" else sorted(f"channel{i}" for i in range(CHANNELS))
+            assert node.channel_nodes() == want, why
+            assert len(node.specs()) == 1, why
+            wait_for(lambda: len(imex_processes(root)) == 1, timeout=30, what=f"{why}: its daemon again")
+        else:
+            leaked = f"{why}: leaked {node.channel_nodes()} {node.specs()}\n{node.agent.tail(40)}"
+            assert node.channel_nodes() == [] and node.specs() == [], leaked
+            assert imex_processes(root) == [] and node.daemon_dirs() == [], f"{why}: a daemon leaked"
+            entries = (rest.get(COMPUTE_DOMAINS, NS, "job").get("status") or {}).get("nodes", [])
+            assert entries == [], f"{why}: status.nodes names a daemon that is gone: {entries}"
+        kubelet.wait_for_driver(DRIVER, timeout=30)
+        # the kubelet retries the prepare it saw fail, then the pod ends: nothing may be left
+        result = kubelet.prepare(DRIVER, [ref])[ref.uid] if not state else None
+        assert result is None or result.error == "", f"{why}: {result}"
+        errors = kubelet.unprepare(DRIVER, [ref])
+        assert errors == {ref.uid: ""}, why
+        assert node.channel_nodes() == [] and node.specs() == [] and node.daemon_dirs() == [], why
+        wait_for(lambda: imex_processes(root) == [], timeout=30, what=f"{why}: the daemon to stop")
+        domain = rest.get(COMPUTE_DOMAINS, NS, "job")
+        assert (domain.get("status") or {}).get("nodes", []) == [], why
+        assert node.agent.terminate() == 0, why
+        assert imex_processes(root) == [], why
+    if state:
+        return "prepared before the kill"
+    return "rolled back mid-prepare" if recovery["rolled_back"] else "killed before prepare began"
 
 
 @pytest.mark.timeout(600)
@@ -192,3 +206,27 @@ def test_kill_9_during_channel_prepare_leaks_nothing_in_50_trials() -> None:
     print(f"\n50 kill -9 trials: {outcomes}, {time.monotonic() - began:.0f}s")
     assert len(outcomes) >= 2  # both sides of the race were hit
 
+
+
+def test_sigterm_with_the_api_server_gone_stops_the_agent_and_its_daemons_at_once() -> None:
+    """Tried: a node agent running a domain's IMEX daemon, its API server gone, then SIGTERM (a drained node): it
+    exits well within the pod's grace period and its daemon goes with it (its status write fails at once)."""
+    with short_tmpdir("cdstop-") as root:
+        server = fakes.apiserver.start(port=0)
+        try:
+            ref = _setup(server.rest(), "Single")
+            node = Node(root, server.write_kubeconfig(root / "kubeconfig"))
+            with FakeKubelet(node.agent.kubelet_root, timeout=30) as kubelet:
+                node.start()
+                kubelet.wait_for_driver(DRIVER, timeout=30)
+                assert kubelet.prepare(DRIVER, [ref])[ref.uid].error == ""
+                assert len(imex_processes(root)) == 1
+                server.stop()
+                began = time.monotonic()
+                assert node.agent.terminate(timeout=20) == 0
+                took = time.monotonic() - began
+        finally:
+            node.agent.close()
+            server.stop()
+        assert took < 10, f"the agent took {took:.1f}s to stop"
+        assert imex_processes(root) == []

@@ -71,3 +71,24 @@ def test_daemon_refuses_a_peer_off_loopback(tmp_path: pathlib.Path) -> None:
                           timeout=60, check=False)
     assert done.returncode == 1 and "10.0.0.7 is not a loopback address" in done.stderr
     assert time.monotonic() - started < 30
+
+
+def test_a_daemon_left_without_its_pid_file_is_still_found_and_stopped(tmp_path: pathlib.Path) -> None:
+    """Tried: an agent killed between starting nvidia-imex and writing its pid file. The next agent's clean-up finds
+    the daemon by its config path (found by the 50-trial kill -9 run, seed 3636625032)."""
+    from agent.computedomain.daemon import stop_leftovers
+
+    bin_dir = install_driver_root(tmp_path / "root")
+    domain_dir = tmp_path / "domains" / "uid-1"
+    domain_dir.mkdir(parents=True)
+    config = _config(domain_dir, ["127.0.0.1"])
+    daemon = subprocess.Popen([str(bin_dir / "nvidia-imex"), "-c", str(config)], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: status_path(config).exists(), timeout=30, what="the daemon to start")
+        assert not (domain_dir / "imex.pid").exists()
+        assert stop_leftovers(tmp_path / "domains") == ["uid-1"]
+        assert daemon.wait(timeout=10) == 0  # stopped with SIGTERM, as the real one is
+        assert not domain_dir.exists()
+    finally:
+        daemon.kill()
+        daemon.wait()
