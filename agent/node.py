@@ -369,6 +369,11 @@ class NodeAgent:
         if changed:
             log.info("GPU inventory changed", extra={"gpus": len(inventory.gpus), "mig": len(inventory.mig_devices)})
             self._record_health(inventory)
+            if self.compute_domains is not None:  # a node that leaves its fabric clique withdraws its channels
+                from agent.computedomain.channels import clique_of
+
+                self.compute_domains.set_clique(clique_of([g.fabric.domain_id if g.fabric else None
+                                                           for g in inventory.gpus]))
         return inventory
 
     def _on_inventory_changed(self) -> None:

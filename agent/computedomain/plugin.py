@@ -125,6 +125,17 @@ class ComputeDomainPlugin:
 
     # --- publishing --------------------------------------------------------------------------------------
 
+    def set_clique(self, clique_id: str | None) -> None:
+        """The node's clique as discovery now reports it: a node whose fabric broke (or was repartitioned)
+        withdraws or republishes its channels; prepared claims and running daemons stay until unprepared."""
+        if clique_id == self.clique_id:
+            return
+        log.warning("compute domains: this node's fabric clique changed", extra={"old": self.clique_id,
+                                                                                 "new": clique_id})
+        self.clique_id = clique_id
+        self.published = False
+        self._wake.set()
+
     def publish(self, node_uid: str | None) -> None:
         """This node's slice: channel-0 and daemon-0 in a fabric clique; none outside one (a stale one goes)."""
         name = f"{self.settings.node_name}-{DRIVER}"

@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 
+import pynvml as N
 import pytest
 
 import fakes.apiserver
@@ -24,10 +25,12 @@ from agent.computedomain import checkpoint as cd_checkpoint
 from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.model import DRIVER
 from agent.computedomain.plugin import read_boot_id
-from agent.kube.rest import NODES, RESOURCE_CLAIMS, Rest
+from agent.kube.rest import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, Rest
 from fakes.computedomains import CRDS, NAMESPACES, OVERLAY, _documents, wait_for
 from fakes.kubelet import FakeKubelet, KubeletError, Retry
 from fakes.nvml import persist
+from fakes.nvml.control import FakeNvml
+from fakes.nvml.machines import nvl72_node
 from tests.integration.test_node_support import Daemon, short_tmpdir
 
 NODE = "gb200-nvl72-node00"
@@ -87,7 +90,7 @@ def imex_processes(root: pathlib.Path) -> list[int]:
 
 
 class Node:
-    def __init__(self, root: pathlib.Path, kubeconfig: pathlib.Path) -> None:
+    def __init__(self, root: pathlib.Path, kubeconfig: pathlib.Path, *extra: str) -> None:
         self.root = root
         self.dev_root = root / "dev-root"
         self.agent = Daemon(root, kubeconfig, node=NODE, machine=f"fake:{NODE}",
@@ -95,7 +98,7 @@ class Node:
                             extra_args=("--compute-domains", "--imex-address", "127.0.0.9",
                                         "--proc-devices", str(root / "driver-root" / "proc" / "devices"),
                                         "--dev-root", str(self.dev_root), "--imex-channel-count", str(CHANNELS),
-                                        "--no-mig-reconfigure", "--no-health-events"))
+                                        "--no-mig-reconfigure", "--no-health-events", *extra))
 
     def channel_nodes(self) -> list[str]:
         d = self.dev_root / "dev" / "nvidia-caps-imex-channels"
@@ -230,3 +233,27 @@ def test_sigterm_with_the_api_server_gone_stops_the_agent_and_its_daemons_at_onc
             server.stop()
         assert took < 10, f"the agent took {took:.1f}s to stop"
         assert imex_processes(root) == []
+
+
+def test_a_node_that_leaves_its_fabric_clique_withdraws_its_channels_and_republishes_on_return() -> None:
+    """Tried: the fabric manager drops one GPU of a running node (registration NOT_STARTED), then restores it."""
+    with short_tmpdir("cdfab-") as root, fakes.apiserver.start(port=0) as server:
+        rest = server.rest()
+        _setup(rest, "Single")
+        node = Node(root, server.write_kubeconfig(root / "kubeconfig"), "--resync-interval", "0.5")
+        name = f"{NODE}-{DRIVER}"
+
+        def published() -> bool:
+            return any(s["metadata"]["name"] == name for s in rest.list(RESOURCE_SLICES)["items"])
+
+        try:
+            node.start()
+            wait_for(published, timeout=30, what="the channels to be published")
+            fake = FakeNvml(nvl72_node(0), root / "gpus.json")
+            fake.set_fabric(0, state=N.NVML_GPU_FABRIC_STATE_NOT_STARTED)
+            wait_for(lambda: not published(), timeout=30, what="the channels to be withdrawn")
+            fake.set_fabric(0, state=N.NVML_GPU_FABRIC_STATE_COMPLETED)
+            wait_for(published, timeout=30, what="the channels to come back")
+            assert node.agent.terminate() == 0
+        finally:
+            node.agent.close()
