@@ -32,6 +32,7 @@ from agent.claims import cdi
 from agent.claims.types import ClaimRef, PrepareResult
 from agent.jsontypes import Json
 from fakes.demo import mig, report
+from fakes.demo.computedomains import run_compute_domain_scene
 from fakes.demo.kubectl import Kubectl, KubectlError
 from fakes.demo.node import DRIVER, DemoError, DemoNode
 from fakes.demo.queues import run_queue_scene
@@ -175,6 +176,9 @@ class Demo:
 
         _say("", self._heading("Queues: two teams share two 8-GPU nodes through the arbiter"))
         run_queue_scene()
+
+        _say("", self._heading("Multi-node NVLink: a ComputeDomain forms on a fake GB200 NVL72 rack"))
+        run_compute_domain_scene(_say)
 
     # --- steps -------------------------------------------------------------------------------------------
 

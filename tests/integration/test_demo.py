@@ -94,6 +94,11 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     shared = re.findall(r"inference-\d\s+8Gi\s+(gpu-\d)\s+\w{8}\s+memory=8Gi, shares=1\s+0\.100\s+0=8192M\s+\S+", out)
     assert shared == ["gpu-0"] * 9 + ["gpu-1"], out
     assert "gpu-0: 9 share(s), 0.904 of the GPU (72 of 79.6 GiB) in the queue" in out
+    # multi-node NVLink: a 4-node ComputeDomain on the fake NVL72 rack, each daemon naming the same four peers
+    peers = re.findall(r"gb200-nvl72-node0\d\s+127\.0\.0\.\d\s+index \d\s+Ready\s+nvidia-imex peers: (.*)  channels: "
+                       r"channel0", out)
+    assert peers == ["127.0.0.1, 127.0.0.2, 127.0.0.3, 127.0.0.4"] * 4, out
+    assert "every IMEX daemon stopped, every channel node and CDI spec removed" in out
 
 
 def test_demo_on_dgx_h100_alone_calls_the_mig_claim_unsatisfiable(capsys: pytest.CaptureFixture[str]) -> None:
