@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv compiled test lint demo proto bench trials coexistence clean control-plane container-tools node-stack node-deps
+.PHONY: venv compiled test lint demo proto bench trials coexistence clean control-plane container-tools node-stack node-deps image image-tools
 
 venv: $(STAMP)
 
@@ -29,7 +29,7 @@ $(COMPILED): $(STAMP) $(CORE_SOURCES) native/compile.py
 	else $(PY) native/compile.py --clean; \
 	  echo "the arbiter core could not be compiled (see $(VENV)/compile.log): it runs interpreted"; fi
 
-test: $(STAMP) $(COMPILED) container-tools node-deps
+test: $(STAMP) $(COMPILED) container-tools node-deps image-tools
 	$(PY) -m pytest
 
 # podman, Debian's runc and a static busybox for tests/integration/test_cdi_container.py (a claim's CDI spec
@@ -40,6 +40,20 @@ container-tools:
 	    { apt-get update -q >/dev/null; DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -q podman runc busybox-static >/dev/null; }; } || \
 	  echo "podman/runc/busybox-static not installed: the CDI container tests will skip"
+
+# The agent's OCI image from Debian's packages and PyPI alone (daemonset/image/build.py, as root): the product
+# and the test image (plus the NVML fake) as archives in build/image for `ctr -n k8s.io images import`,
+# `podman load -i` or `docker load -i`. Reproducible; the Debian root and the locked wheels are cached.
+image: $(STAMP) image-tools
+	$(PY) daemonset/image/build.py
+
+# mmdebstrap from Debian for the image's root (tests/integration/test_image.py skips without it).
+image-tools:
+	@command -v mmdebstrap >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get update -q >/dev/null; DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null; }; } || \
+	  echo "mmdebstrap not installed: the image tests will skip"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check agent fakes tests proto native
