@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.sharing import ClaimSharing
 from agent.claims.state import holders
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
@@ -170,20 +171,23 @@ class NodeAgent:
         self._slice_watch = watch_changes(self._rest, config.node_name, config.driver_name, self._on_slices_changed)
         self._withheld: frozenset[int] = frozenset()  # GPU minors a MIG reconfiguration keeps out of the slices
         self._preparer = ClaimPreparer(
-            node_name=config.node_name,
-            driver_name=config.driver_name,
+            PrepareSettings(
+                node_name=config.node_name,
+                driver_name=config.driver_name,
+                inventory=lambda: self._inventory,
+                is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),
+                migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
+                on_inventory_changed=self._on_inventory_changed,
+                sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)),
+                                                    config.state_dir)),
+                reserved=self._reserved_for_other,
+                share_mode=config.share_mode,
+                dev_root=config.dev_root,
+            ),
             state_dir=config.state_dir,
             cdi_root=config.cdi_root,
             driver_edits=self.driver.edits,
             source=KubeClaimSource(self._rest),
-            inventory=lambda: self._inventory,
-            is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),
-            migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
-            on_inventory_changed=self._on_inventory_changed,
-            sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)),
-            reserved=self._reserved_for_other,
-            share_mode=config.share_mode,
-            dev_root=config.dev_root,
             notify=self._notify,
             on_fenced=self.metrics.fenced_claim_records.set,
         )

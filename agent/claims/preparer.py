@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.claims.cdi import CdiStore, MigCaps
+from agent.claims.cdi import CdiStore
 from agent.claims.checkpoint import (
     Checkpoint,
     CheckpointCorrupt,
@@ -27,13 +27,10 @@ from agent.claims.checkpoint import (
 )
 from agent.claims.claim import ClaimError
 from agent.claims.lock import LOCK_FILE, LockTimeout, NodeLock
-from agent.claims.mig import MigDevices
-from agent.claims.sharing import ClaimSharing
+from agent.claims.settings import PrepareSettings
 from agent.claims.source import ClaimSource, read_claims
 from agent.claims.state import ClaimStates, Recovery, holders
-from agent.claims.types import MAX_UID, ClaimRef, Notify, PrepareResult, ref_problem
-from agent.devices.model import Inventory
-from agent.devices.shares import ShareMode
+from agent.claims.types import ClaimRef, Notify, PrepareResult, log_refusal
 
 log = logging.getLogger(__name__)
 
@@ -53,36 +50,21 @@ class Revival:
 class ClaimPreparer:
     def __init__(
         self,
+        settings: PrepareSettings,
         *,
-        node_name: str,
-        driver_name: str,
         state_dir: Path,
         cdi_root: Path,
         source: ClaimSource,
         driver_edits: Mapping[str, Any] | None = None,  # the driver's files and hooks, in every claim's spec
-        inventory: Callable[[], Inventory],
-        is_healthy: Callable[[str], bool] = lambda device_name: True,
         boot_id: Callable[[], str] = read_boot_id,
-        mig_caps: MigCaps | None = None,
-        migs: MigDevices | None = None,
-        on_inventory_changed: Callable[[], None] = lambda: None,
         lock_timeout: float = 10.0,
-        sharing: ClaimSharing | None = None,
-        reserved: Callable[[str, str, bool], str] = lambda device_name, claim, share: "",
-        share_mode: ShareMode | None = None,
-        dev_root: Path | None = None,
         notify: Notify = lambda claim, type_, reason, message: None,
         on_fenced: Callable[[int], None] = lambda count: None,
     ) -> None:
-        """`migs` creates the MIG placements claims are allocated (partitionable devices) and destroys them
-        again; `on_inventory_changed` is called, under the node lock, after it did either. `sharing` applies
-        TimeSlicing and MPS configs on the node (None: they are checked, not applied). `reserved(device,
-        "namespace/name", share)` names the arbiter's reservation for another claim holding the device (whole,
-        for a share), "" for none
-        (agent.reservation.protocol.ReservationBook.reserved_for_other): prepare refuses such a device.
-        `notify` tells people what they should know of a prepared claim, and of a fenced claim record
-        (agent.claims.checkpoint), once each (agent.node makes Events of it); `on_fenced` gets the number of
-        fenced records after each read (a metric)."""
+        """`settings`: what prepare needs of the node (ClaimStates takes it). `notify` tells people what they
+        should know of a prepared claim, and of a fenced claim record (agent.claims.checkpoint), once each
+        (agent.node makes Events of it); `on_fenced` gets the number of fenced records after each read (a
+        metric)."""
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.lock = NodeLock(state_dir / LOCK_FILE, timeout=lock_timeout)
@@ -91,19 +73,7 @@ class ClaimPreparer:
         self.on_fenced = on_fenced
         self._told: set[FencedRecord] = set()  # fenced records already told of
         self.states = ClaimStates(
-            node_name=node_name,
-            driver_name=driver_name,
-            checkpoints=CheckpointStore(state_dir, boot_id),
-            specs=CdiStore(cdi_root, driver_edits),
-            inventory=inventory,
-            is_healthy=is_healthy,
-            mig_caps=mig_caps,
-            migs=migs,
-            on_inventory_changed=on_inventory_changed,
-            sharing=sharing,
-            reserved=reserved,
-            share_mode=share_mode,
-            dev_root=dev_root,
+            settings, checkpoints=CheckpointStore(state_dir, boot_id), specs=CdiStore(cdi_root, driver_edits)
         )
 
     def recover(self) -> Recovery:
@@ -119,8 +89,8 @@ class ClaimPreparer:
         """Claims are read from the API first, all at once and within `timeout` (the gRPC call's deadline),
         without the node lock: the lock guards local state, and an unprepare must never wait on the API."""
         started = time.monotonic()
-        refused, valid = _screen(claims)
-        results = {uid: PrepareResult(error=error) for uid, error in refused.items()}
+        valid = list(claims)
+        results: dict[str, PrepareResult] = {}
         deadline = None if timeout is None else started + timeout
         unread = [ref for ref in valid if not self.states.checkpoints.completed_hint(ref.uid)]
         fetched = read_claims(self.source, unread, timeout)
@@ -148,7 +118,8 @@ class ClaimPreparer:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         started = time.monotonic()
-        errors, valid = _screen(claims)
+        valid = list(claims)
+        errors: dict[str, str] = {}
         held: dict[str, list[str]] = {}  # the devices each claim held, for the log
         if valid:
             try:
@@ -208,27 +179,11 @@ class ClaimPreparer:
             return holders(self.states.load())
 
 
-def _screen(claims: Sequence[ClaimRef]) -> tuple[dict[str, str], list[ClaimRef]]:
-    """Claims the kubelet cannot have meant (a UID unfit for a file name, names the API would refuse) get
-    their error here, before any path or request is built from them; the rest go on, each once."""
-    refused: dict[str, str] = {}
-    valid: dict[str, ClaimRef] = {}
-    for ref in claims:
-        if problem := ref_problem(ref):
-            refused[ref.uid] = problem
-        else:
-            valid.setdefault(ref.uid, ref)
-    return refused, list(valid.values())
-
-
 def _log_refused(action: str, claims: Sequence[ClaimRef], errors: Mapping[str, str], elapsed: float) -> None:
-    """One warning per refused claim, with its reason (the kubelet shows it too, but only on the pod)."""
-    for ref in {ref.uid: ref for ref in claims}.values():
+    """One warning per claim that failed, with its reason (the kubelet shows it too, but only on the pod)."""
+    for ref in claims:
         if error := errors.get(ref.uid):
-            namespace, name = ref.namespace[:64], ref.name[:64]
-            fields = {"claim_uid": ref.uid[:MAX_UID], "claim_namespace": namespace, "claim_name": name,
-                      "ms": round(elapsed * 1000, 1)}  # fmt: skip
-            log.warning("%s of claim %s/%s refused: %s", action, namespace, name, error, extra=fields)
+            log_refusal(log, action, ref, error, elapsed)
 
 
 def _log_done(action: str, ref: ClaimRef, devices: Sequence[str], elapsed: float) -> None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from agent.claimconfig.config import (
@@ -44,8 +43,8 @@ from agent.claims.checkpoint import (
     DynamicMig,
 )
 from agent.claims.claim import AllocatedDevice, ClaimError, node_allocation
-from agent.claims.mig import MigDevices, left_behind
-from agent.claims.sharing import ClaimSharing
+from agent.claims.mig import left_behind
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
 from agent.devices import deliverable, names, shares
 from agent.devices.geometry import PlacedProfile, free_placements
@@ -122,37 +121,21 @@ def _result(entry: ClaimEntry) -> PrepareResult:
 class ClaimStates:
     """Prepares and unprepares single claims; see the module docstring for the states."""
 
-    def __init__(
-        self,
-        *,
-        node_name: str,
-        driver_name: str,
-        checkpoints: CheckpointStore,
-        specs: CdiStore,
-        inventory: Callable[[], Inventory],
-        is_healthy: Callable[[str], bool] = lambda device_name: True,
-        mig_caps: MigCaps | None = None,
-        migs: MigDevices | None = None,
-        on_inventory_changed: Callable[[], None] = lambda: None,
-        sharing: ClaimSharing | None = None,
-        reserved: Callable[[str, str, bool], str] = lambda device_name, claim, share: "",
-        share_mode: shares.ShareMode | None = None,
-        dev_root: Path | None = None,
-    ) -> None:
-        self.node_name = node_name
-        self.dev_root = dev_root  # where the host's /dev nodes are, when not at /dev
-        self.driver_name = driver_name
-        self.pool_name = node_name  # one pool per node, named after it
+    def __init__(self, settings: PrepareSettings, *, checkpoints: CheckpointStore, specs: CdiStore) -> None:
+        self.node_name = settings.node_name
+        self.dev_root = settings.dev_root
+        self.driver_name = settings.driver_name
+        self.pool_name = settings.node_name  # one pool per node, named after it
         self.checkpoints = checkpoints
         self.specs = specs
-        self.inventory = inventory
-        self.is_healthy = is_healthy
-        self.mig_caps = mig_caps or MigCaps()
-        self.migs = migs  # None: MIG devices are never created or destroyed here
-        self.on_inventory_changed = on_inventory_changed  # called (under the node lock) after a create/destroy
-        self.sharing = sharing  # None: TimeSlicing/MPS configs are checked but not applied on the node
-        self.reserved = reserved  # which reservation for another claim holds a device ("" for none)
-        self.share_mode = share_mode  # --consumable-shares: what a shared GPU holds (else its memory only)
+        self.inventory = settings.inventory
+        self.is_healthy = settings.is_healthy
+        self.mig_caps = settings.mig_caps or MigCaps()
+        self.migs = settings.migs
+        self.on_inventory_changed = settings.on_inventory_changed
+        self.sharing = settings.sharing
+        self.reserved = settings.reserved
+        self.share_mode = settings.share_mode
         self._boot_id: str | None = None
         self._migs_changed = False
 
@@ -202,9 +185,7 @@ class ClaimStates:
     ) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         started: dict[str, tuple[ClaimEntry, list[CdiDevice], dict[str, DeviceConfig]]] = {}
-        for ref in refs:
-            if ref.uid in results or ref.uid in started:
-                continue  # the kubelet never repeats a claim in one call; answer it once if it does
+        for ref in refs:  # distinct claims: agent.kubelet.dra screens the kubelet's batch
             try:
                 entry, devices, configs = self._start(cp, ref, claims.get(ref.uid))
             except ClaimError as exc:

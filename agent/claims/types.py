@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,16 @@ def ref_problem(ref: ClaimRef) -> str:
     return ""
 
 
+def log_refusal(log: logging.Logger, action: str, ref: ClaimRef, error: str, elapsed: float | None = None) -> None:
+    """One warning for a claim refused or failed, with its reason (the kubelet shows it too, but only on the
+    pod); the names cut short, as a refused claim's may be anything."""
+    namespace, name = ref.namespace[:64], ref.name[:64]
+    fields: dict[str, object] = {"claim_uid": ref.uid[:MAX_UID], "claim_namespace": namespace, "claim_name": name}
+    if elapsed is not None:
+        fields["ms"] = round(elapsed * 1000, 1)
+    log.warning("%s of claim %s/%s refused: %s", action, namespace, name, error, extra=fields)
+
+
 @dataclass(frozen=True)
 class PreparedDevice:
     """One allocated device made ready for a container: maps 1:1 to the DRA `Device` message."""
@@ -74,7 +85,11 @@ Notify = Callable[["ClaimRef | None", str, str, str], None]
 
 
 class Preparer(Protocol):
-    """Prepares and unprepares claims; implemented by agent.claims, called by agent.kubelet."""
+    """Prepares and unprepares claims; implemented by agent.claims, called by agent.kubelet.
+
+    The claims it is given are screened, once, at the kubelet edge (agent.kubelet.dra): each names a claim
+    (`ref_problem` finds nothing) and each uid comes once.
+    """
 
     def prepare(self, claims: Sequence[ClaimRef], timeout: float | None = None) -> dict[str, PrepareResult]:
         """Result per claim uid, within `timeout` seconds where it can (the gRPC call's deadline)."""

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import grpc
 
 from agent._proto.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from agent.claims.types import ClaimRef, Preparer, PrepareResult, ref_problem
+from agent.claims.types import ClaimRef, Preparer, PrepareResult, log_refusal, ref_problem
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +18,11 @@ R = TypeVar("R")
 
 
 class ClaimService:
-    """Version-neutral front of the Preparer: validates claims, contains failures.
+    """Version-neutral front of the Preparer: screens the kubelet's claims, contains failures.
+
+    Screening happens here alone, at the kubelet edge: a reference that names no claim this agent can prepare
+    (a UID unfit for a file name, names the API would refuse) gets its error before any path or request is
+    built from it, and a claim the kubelet repeats is passed on once; the Preparer trusts what it is given.
 
     A Preparer exception or a missing entry becomes that claim's error, because the kubelet discards the
     whole response on a gRPC error and would retry every claim of the batch. Calls are not serialised here:
@@ -50,7 +54,7 @@ class ClaimService:
             problem = ref_problem(claim)
             if problem:
                 outcome[claim.uid] = f"{action}: {problem}"
-                log.warning("%s of a claim refused: %s", action, problem)
+                log_refusal(log, action, claim, problem)
             else:
                 valid.setdefault(claim.uid, claim)  # the kubelet may repeat a claim; do it once
         if not valid:

@@ -15,6 +15,7 @@ import pytest
 
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef
 from agent.devices.model import Inventory
 from tests.claim_sources import StaticClaimSource
@@ -66,14 +67,11 @@ def test_prepare_unprepare_latency(tmp_path: pathlib.Path) -> None:
     assert len(driver.edits["mounts"]) == 17 and driver.hook is not None
     cdi_root = pathlib.Path(tempfile.mkdtemp(dir=TMPFS)) if TMPFS.is_dir() else tmp_path / "cdi"
     preparer = ClaimPreparer(
-        node_name=NODE,
-        driver_name=DRIVER,
+        PrepareSettings(node_name=NODE, driver_name=DRIVER, inventory=lambda: inv, mig_caps=cdi.MigCaps(lambda: None)),
         state_dir=tmp_path / "state",
         cdi_root=cdi_root,
         source=source,
-        inventory=lambda: inv,
         boot_id=lambda: "boot-1",
-        mig_caps=cdi.MigCaps(lambda: None),
         driver_edits=driver.edits,
     )
     prepares: dict[str, list[float]] = {case: [] for case in CASES}
@@ -124,14 +122,11 @@ def test_prepare_latency_does_not_grow_with_claims_held(tmp_path: pathlib.Path, 
     source.put(body)
     measured = [ClaimRef("default", "measured", body["metadata"]["name"])]
     preparer = ClaimPreparer(
-        node_name=NODE,
-        driver_name=DRIVER,
+        PrepareSettings(node_name=NODE, driver_name=DRIVER, inventory=lambda: inv, mig_caps=cdi.MigCaps(lambda: None)),
         state_dir=tmp_path / "state",
         cdi_root=cdi_root,
         source=source,
-        inventory=lambda: inv,
         boot_id=lambda: "boot-1",
-        mig_caps=cdi.MigCaps(lambda: None),
     )
     for start in range(0, held, 50):
         results = preparer.prepare(held_refs[start : start + 50])

@@ -12,6 +12,7 @@ import pytest
 
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef
 from agent.devices.shares import ShareMode
 from agent.kube.claims import KubeClaimSource
@@ -90,11 +91,20 @@ def test_gated_share_claims_of_a_queue_are_admitted_onto_one_gpu_and_prepared(
     # the node prepares every share, each its own CDI device, beside the others on the GPU
     agent = cluster.agents[NODE]
     assert cluster.server is not None
-    preparer = ClaimPreparer(node_name=NODE, driver_name="gpu.nvidia.com", state_dir=tmp_path / "state",
-                             cdi_root=tmp_path / "cdi", source=KubeClaimSource(cluster.server.rest()),
-                             inventory=lambda: cluster.inventory, boot_id=lambda: "boot-1",
-                             mig_caps=cdi.MigCaps(lambda: None), reserved=agent.book.reserved_for_other,
-                             share_mode=MEMORY)
+    preparer = ClaimPreparer(
+        PrepareSettings(
+            node_name=NODE,
+            driver_name="gpu.nvidia.com",
+            inventory=lambda: cluster.inventory,
+            mig_caps=cdi.MigCaps(lambda: None),
+            reserved=agent.book.reserved_for_other,
+            share_mode=MEMORY,
+        ),
+        state_dir=tmp_path / "state",
+        cdi_root=tmp_path / "cdi",
+        source=KubeClaimSource(cluster.server.rest()),
+        boot_id=lambda: "boot-1",
+    )
     for name in [*names, "llm-9"]:
         claim = cluster.rest.get(RESOURCE_CLAIMS, NS, name)
         ref = ClaimRef(NS, claim["metadata"]["uid"], name)

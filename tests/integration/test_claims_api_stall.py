@@ -16,6 +16,7 @@ import pytest
 
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import PrepareResult
 from agent.kube import errors
 from agent.kube.claims import KubeClaimSource
@@ -58,14 +59,11 @@ def test_an_unprepare_is_served_during_an_api_stall(server: Any, root: Path) -> 
     a = create_allocated(api, "claim-a", ["gpu-0"])
     b = create_allocated(api, "claim-b", ["gpu-1"])
     preparer = ClaimPreparer(
-        node_name=NODE,
-        driver_name=DRIVER,
+        PrepareSettings(node_name=NODE, driver_name=DRIVER, inventory=inventory, mig_caps=cdi.MigCaps(lambda: None)),
         state_dir=root / "state",
         cdi_root=root / "cdi",
         source=KubeClaimSource(server.rest()),
-        inventory=inventory,
         boot_id=lambda: "boot-1",
-        mig_caps=cdi.MigCaps(lambda: None),
     )
     deadline = 10.0  # the kubelet's wait for one call (45 s on a node; shorter here to keep the test short)
     with KubeletPlugin(DRIVER, root, preparer), FakeKubelet(root, timeout=deadline, retry=Retry(attempts=1)) as kubelet:

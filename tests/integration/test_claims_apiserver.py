@@ -9,6 +9,7 @@ import pytest
 
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef
 from agent.kube import errors
 from agent.kube.claims import KubeClaimSource
@@ -49,14 +50,11 @@ def create_allocated(api: Any, name: str, devices: list[str], configs: list[dict
 
 def preparer(rest: Rest, root: pathlib.Path) -> ClaimPreparer:
     return ClaimPreparer(
-        node_name=NODE,
-        driver_name=DRIVER,
+        PrepareSettings(node_name=NODE, driver_name=DRIVER, inventory=inventory, mig_caps=cdi.MigCaps(lambda: None)),
         state_dir=root / "state",
         cdi_root=root / "cdi",
         source=KubeClaimSource(rest),
-        inventory=inventory,
         boot_id=lambda: "boot-1",
-        mig_caps=cdi.MigCaps(lambda: None),
     )
 
 

@@ -24,6 +24,7 @@ import yaml
 from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore, ClaimState
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef
 from tests.claim_sources import FileClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim, inventory
@@ -36,14 +37,11 @@ REFS = [ClaimRef("default", f"c{i}-uid", f"claim-{i}") for i in range(len(DEVICE
 
 def make_preparer(root: pathlib.Path) -> ClaimPreparer:
     return ClaimPreparer(
-        node_name=NODE,
-        driver_name=DRIVER,
+        PrepareSettings(node_name=NODE, driver_name=DRIVER, inventory=inventory, mig_caps=cdi.MigCaps(lambda: None)),
         state_dir=root / "state",
         cdi_root=root / "cdi",
         source=FileClaimSource(root / "claims"),
-        inventory=inventory,
         boot_id=lambda: "boot-1",
-        mig_caps=cdi.MigCaps(lambda: None),
     )
 
 

@@ -24,6 +24,7 @@ from agent._proto.kubelet import dra_v1_pb2_grpc as pb_grpc
 from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore, ClaimState
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.devices.names import canonical
 from agent.kubelet import KubeletPlugin
 from tests.claim_sources import StaticClaimSource
@@ -190,14 +191,16 @@ class _node:
         (outside / "precious.yaml").write_text("keep")
         self.source = StaticClaimSource()
         preparer = ClaimPreparer(
-            node_name=NODE,
-            driver_name=DRIVER,
+            PrepareSettings(
+                node_name=NODE,
+                driver_name=DRIVER,
+                inventory=inventory,
+                mig_caps=cdi.MigCaps(lambda: None),
+            ),
             state_dir=self.root / "state",
             cdi_root=self.root / "cdi",
             source=self.source,
-            inventory=inventory,
             boot_id=lambda: "boot-1",
-            mig_caps=cdi.MigCaps(lambda: None),
             lock_timeout=5,
         )
         self.plugin = KubeletPlugin(DRIVER, self.root / "kubelet", preparer)

@@ -17,6 +17,7 @@ import pytest
 
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef
 from agent.devices.model import Inventory
 from agent.devices.names import GpuName, parse_device_name
@@ -45,16 +46,18 @@ class Node:
         self.inventory = nvml.discover()
         self.source = StaticClaimSource()
         self.preparer = ClaimPreparer(
-            node_name=NODE,
-            driver_name=DRIVER,
+            PrepareSettings(
+                node_name=NODE,
+                driver_name=DRIVER,
+                inventory=lambda: self.inventory,
+                mig_caps=cdi.MigCaps(lambda: None),
+                migs=MigControl(),
+                on_inventory_changed=self.rediscover,
+            ),
             state_dir=root / "state",
             cdi_root=root / "cdi",
             source=self.source,
-            inventory=lambda: self.inventory,
             boot_id=lambda: "boot-1",
-            mig_caps=cdi.MigCaps(lambda: None),
-            migs=MigControl(),
-            on_inventory_changed=self.rediscover,
         )
 
     def rediscover(self) -> None:

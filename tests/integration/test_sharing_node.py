@@ -24,6 +24,7 @@ import fakes.nvml as fake_nvml
 from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.sharing import ClaimSharing
 from agent.claims.types import ClaimRef
 from agent.devices.model import ComputeMode, Inventory
@@ -63,9 +64,17 @@ class Node:
     def restart(self) -> ClaimPreparer:
         """A new agent process: a fresh preparer that recovers (rolls back, adopts) as the node daemon does."""
         self.preparer = ClaimPreparer(
-            node_name=NODE, driver_name=DRIVER, state_dir=self.state_dir, cdi_root=self.cdi_root,
-            source=FileClaimSource(self.claims), inventory=lambda: self.inventory, boot_id=lambda: "boot-1",
-            mig_caps=cdi.MigCaps(lambda: None), sharing=ClaimSharing(self.control()),
+            PrepareSettings(
+                node_name=NODE,
+                driver_name=DRIVER,
+                inventory=lambda: self.inventory,
+                mig_caps=cdi.MigCaps(lambda: None),
+                sharing=ClaimSharing(self.control()),
+            ),
+            state_dir=self.state_dir,
+            cdi_root=self.cdi_root,
+            source=FileClaimSource(self.claims),
+            boot_id=lambda: "boot-1",
         )  # fmt: skip
         self.preparer.recover()
         return self.preparer

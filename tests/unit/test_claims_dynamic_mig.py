@@ -30,6 +30,7 @@ from agent.claims.checkpoint import (
 )
 from agent.claims.mig import MigDevices
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef, PrepareResult
 from agent.devices.model import Inventory
 from agent.nvml.source import open_nvml
@@ -121,16 +122,18 @@ class Node:
             self.changes += 1
 
         return ClaimPreparer(
-            node_name=NODE,
-            driver_name=DRIVER,
+            PrepareSettings(
+                node_name=NODE,
+                driver_name=DRIVER,
+                inventory=lambda: self.inventory,
+                mig_caps=cdi.MigCaps(lambda: None),
+                migs=(migs or self.migs) if with_migs else None,
+                on_inventory_changed=changed,
+            ),
             state_dir=self.root / "state",
             cdi_root=self.root / "cdi",
             source=self.source,
-            inventory=lambda: self.inventory,
             boot_id=lambda: "boot-1",
-            mig_caps=cdi.MigCaps(lambda: None),
-            migs=(migs or self.migs) if with_migs else None,
-            on_inventory_changed=changed,
             lock_timeout=0.2,
         )
 

@@ -16,7 +16,9 @@ from agent.claims import cdi
 from agent.claims.checkpoint import CheckpointStore, ClaimState
 from agent.claims.lock import NodeLock
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
+from agent.kubelet.dra import ClaimService
 from tests.claim_sources import StaticClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim, inventory, opaque
 
@@ -51,17 +53,19 @@ class Node:
 
     def preparer(self) -> ClaimPreparer:
         return ClaimPreparer(
-            node_name=NODE,
-            driver_name=DRIVER,
+            PrepareSettings(
+                node_name=NODE,
+                driver_name=DRIVER,
+                inventory=inventory,
+                is_healthy=lambda name: name not in self.unhealthy,
+                mig_caps=cdi.MigCaps(lambda: None),
+                dev_root=self.dev_root,
+            ),
             state_dir=self.state_dir,
             cdi_root=self.cdi_root,
             source=self.source,
-            inventory=inventory,
-            is_healthy=lambda name: name not in self.unhealthy,
             boot_id=lambda: self.boot,
-            mig_caps=cdi.MigCaps(lambda: None),
             lock_timeout=0.2,
-            dev_root=self.dev_root,
         )
 
     def add(self, body: dict[str, Any]) -> ClaimRef:
@@ -597,18 +601,19 @@ def test_a_bad_uid_is_that_claims_error_and_touches_no_path(
     node: Node, tmp_path: pathlib.Path, bad_uid: str
 ) -> None:
     # Tried: UIDs that are paths, NUL bytes, over-long: each would name a file outside the CDI root or fail
-    # the file system call, and so the whole batch.
+    # the file system call, and so the whole batch. The kubelet edge screens them (ClaimService), once.
     outside = tmp_path / "y.yaml"
     outside.write_text("precious")
     (node.cdi_root).mkdir(parents=True)
     (node.cdi_root.parent / "y.yaml").write_text("precious")
-    preparer = node.preparer()
+    service = ClaimService(node.preparer())
     good = node.add(claim("uid-good", ["gpu-0"]))
     bad = ClaimRef("default", bad_uid, "claim-bad")
-    results = preparer.prepare([bad, good])
+    results = service.prepare([bad, good])
     assert "claim UID" in results[bad_uid].error and results[bad_uid].devices == ()
     ok(results["uid-good"])
-    assert preparer.unprepare([bad, good]) == {bad_uid: results[bad_uid].error, "uid-good": ""}
+    refused = results[bad_uid].error.removeprefix("prepare: ")
+    assert service.unprepare([bad, good]) == {bad_uid: f"unprepare: {refused}", "uid-good": ""}
     assert outside.read_text() == "precious" and (node.cdi_root.parent / "y.yaml").read_text() == "precious"
     assert node.checkpoint() == {}
 
@@ -621,7 +626,7 @@ def test_a_bad_uid_is_that_claims_error_and_touches_no_path(
 def test_names_the_api_would_refuse_are_refused_before_any_request(
     node: Node, namespace: str, name: str, why: str
 ) -> None:
-    result = node.preparer().prepare([ClaimRef(namespace, "uid-x", name)])["uid-x"]
+    result = ClaimService(node.preparer()).prepare([ClaimRef(namespace, "uid-x", name)])["uid-x"]
     assert why in result.error
     assert node.source.gets == 0
 
@@ -629,13 +634,14 @@ def test_names_the_api_would_refuse_are_refused_before_any_request(
 def test_each_refused_claim_is_logged_once_at_warning_with_its_reason(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Refused at the kubelet edge (a bad UID) or by the node (a device it lacks): one line each, alike."""
     refs = [node.add(claim("uid-1", ["gpu-9"])), ClaimRef("default", "x/../y", "c"), node.add(claim("uid-2"))]
     with caplog.at_level("INFO"):
-        results = node.preparer().prepare(refs)
+        results = ClaimService(node.preparer()).prepare(refs)
     refusals = [r for r in caplog.records if "refused" in r.getMessage()]
     assert sorted(r.getMessage() for r in refusals) == sorted(
         [f"prepare of claim default/claim-uid-1 refused: {results['uid-1'].error}",
-         f"prepare of claim default/c refused: {results['x/../y'].error}"]
+         f"prepare of claim default/c refused: {results['x/../y'].error.removeprefix('prepare: ')}"]
     )
     assert {r.levelname for r in refusals} == {"WARNING"}
     assert "gpu-9 does not exist" in results["uid-1"].error and results["uid-2"].error == ""

@@ -17,6 +17,7 @@ from agent.allocation.cel import SelectorError
 from agent.allocation.selectors import CelSelectors
 from agent.claims import cdi
 from agent.claims.preparer import ClaimPreparer
+from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef
 from agent.reservation.protocol import ReservationBook, ReservationLost, UnknownReservation, claim_of
 from tests.claim_sources import StaticClaimSource
@@ -80,9 +81,19 @@ def test_prepare_of_another_claim_is_refused_while_a_reservation_holds_the_devic
         'device.attributes["gpu.nvidia.com"].index == 0',)),)), 30)
     assert r.fit.all_devices == {"gpu-0"}
     source = StaticClaimSource()
-    preparer = ClaimPreparer(node_name=NODE, driver_name=DRIVER, state_dir=tmp_path / "state",
-                             cdi_root=tmp_path / "cdi", source=source, inventory=claims_inventory,
-                             mig_caps=cdi.MigCaps(lambda: None), lock_timeout=0.2, reserved=b.reserved_for_other)
+    preparer = ClaimPreparer(
+        PrepareSettings(
+            node_name=NODE,
+            driver_name=DRIVER,
+            inventory=claims_inventory,
+            mig_caps=cdi.MigCaps(lambda: None),
+            reserved=b.reserved_for_other,
+        ),
+        state_dir=tmp_path / "state",
+        cdi_root=tmp_path / "cdi",
+        source=source,
+        lock_timeout=0.2,
+    )
     source.put(claim("uid-x", ["gpu-0"], name="intruder", namespace="team-b"))
     result = preparer.prepare([ClaimRef("team-b", "uid-x", "intruder")])["uid-x"]
     assert result.error == ("device gpu-0 is reserved for another claim: reservation r0 (gang g, member "
