@@ -42,7 +42,8 @@ def test_decisions_are_the_same_with_and_without_reservations(tmp_path: pathlib.
     without = run(path, capsys, *flags, "--no-reservations")
     assert with_commit["pods"] == without["pods"]
     assert with_commit["fairShare"] == without["fairShare"] and with_commit["rounds"] == without["rounds"]
-    assert set(with_commit) == {"pods", "fairShare", "rounds", "cycleSeconds"}
+    assert with_commit["moves"] == without["moves"]
+    assert set(with_commit) == {"pods", "fairShare", "rounds", "moves", "cycleSeconds"}
 
 
 def test_report_counts_committed_gangs_and_released_reservations(tmp_path: pathlib.Path,
