@@ -426,7 +426,7 @@ def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(clust
              for _ in range(2)]
     try:
         cluster.gang(NS, "first", "team-a", pods=1, gpus=8)
-        wait_for(lambda: running(cluster, "first-"), what="the leader admits")
+        wait_for(lambda: running(cluster, "first-"), timeout=90, what="the leader admits")
         holder = cluster.rest.get(LEASES, "default", "gpu-dra-arbiter")["spec"]["holderIdentity"]
         assert holder
         leader = procs[0] if _leads(procs[0], holder) else procs[1]
