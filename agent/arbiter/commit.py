@@ -21,7 +21,6 @@ all hold their claims and rolls back the others (a crash between steps 2 and 4).
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -30,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
@@ -109,7 +110,7 @@ class _ClaimErrors:
 def narrowed(pod: Json, node: str, now: float) -> Json:
     """The pod ungated for `node`: each required node-affinity term gains `metadata.name In [node]` (or one
     such term is added), the arbiter's gate is removed and the admission time annotated."""
-    out = copy.deepcopy(pod)
+    out = json_copy(pod)
     spec = out["spec"]
     field_req = {"key": "metadata.name", "operator": "In", "values": [node]}
     required = (spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
@@ -127,6 +128,13 @@ def narrowed(pod: Json, node: str, now: float) -> Json:
         del spec["schedulingGates"]
     # To the millisecond: it is compared with times within the same second (evict.same_burst).
     out["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = rfc3339(now, 3)
+    return out
+
+
+def json_copy(obj: Json) -> Json:
+    """A deep copy of an API object (JSON values only) to edit before writing it: through orjson, a pod costs
+    about 10 us against 300 us for copy.deepcopy, which was a quarter of the commit threads' CPU."""
+    out: Json = orjson.loads(orjson.dumps(obj))
     return out
 
 
@@ -295,11 +303,13 @@ class Committer:
         current = claim
         finalizers = list(meta(current).get("finalizers") or ())
         if DELETE_PROTECTION not in finalizers:
-            body = copy.deepcopy(current)
+            body = json_copy(current)
             body["metadata"]["finalizers"] = [*finalizers, DELETE_PROTECTION]
             body.setdefault("kind", "ResourceClaim")
             current = self._rest.replace(RESOURCE_CLAIMS, body)
-        body = copy.deepcopy(current)
+            body = current  # the server's answer, ours alone: no copy needed
+        else:
+            body = json_copy(current)  # the informer's copy, shared
         body.setdefault("kind", "ResourceClaim")
         new_status = body.setdefault("status", {})
         new_status.update(status)
@@ -374,7 +384,7 @@ class Committer:
         with claims; these have none of our classes), changing nothing else."""
         m = meta(pod)
         ns, name = str(m.get("namespace")), str(m.get("name"))
-        body = copy.deepcopy(pod)
+        body = json_copy(pod)
         body.setdefault("kind", "Pod")
         body["spec"]["schedulingGates"] = [g for g in body["spec"].get("schedulingGates") or ()
                                            if g.get("name") != GATE]

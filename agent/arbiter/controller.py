@@ -183,6 +183,7 @@ class NodeDirectory:
         self._timeout = timeout_s
         self._fingerprint = fingerprint
         self._channels: dict[tuple[str, str, str], grpc.Channel] = {}
+        self._clients: dict[tuple[str, str, str], GrpcNodeClient] = {}
         self._lock = threading.Lock()  # commit workers connect at once
         self.addresses: Mapping[str, str] = {}
 
@@ -202,19 +203,27 @@ class NodeDirectory:
         """The client over the channel for this node, address and fingerprint, connecting first if needed."""
         key = (node, address, fingerprint)
         with self._lock:
-            channel = self._channels.get(key)
-        if channel is None:
+            client = self._clients.get(key)
+        if client is None:
             channel = pinned_channel(address, fingerprint, node, self._timeout)
             with self._lock:
                 for old in [k for k in self._channels if k[0] == node and k != key]:  # a restarted agent's
                     self._channels.pop(old).close()
-                channel = self._channels.setdefault(key, channel)
-        return GrpcNodeClient(channel, self._token, self._timeout)
+                    self._clients.pop(old, None)
+                if key in self._channels:  # another worker connected first
+                    channel.close()
+                else:
+                    self._channels[key] = channel
+                    # one client per channel: its stub's method objects cost more to make than a call
+                    self._clients[key] = GrpcNodeClient(channel, self._token, self._timeout)
+                client = self._clients[key]
+        return client
 
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
+        self._clients.clear()
 
 
 class Arbiter:

@@ -145,6 +145,11 @@ def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, 
 Room = Sequence[tuple[float, int]]  # each node a pod may run on: (whole GPUs, MIG devices) it has for a claim
 
 
+def first_available(claim: Mapping[str, Any]) -> bool:
+    """Whether the claim has a firstAvailable request (`choose` plans it with one of its subrequests)."""
+    return any(r.get("exactly") is None and r.get("firstAvailable") for r in claim_requests(claim))
+
+
 def choose(claim: Mapping[str, Any], now: Room, ever: Room) -> Choice | None:
     """The subrequests a firstAvailable claim is planned with (None: it has no firstAvailable request). As
     kube-scheduler: on a node the first combination that fits wins, and it prefers the node where an earlier
@@ -152,7 +157,7 @@ def choose(claim: Mapping[str, Any], now: Room, ever: Room) -> Choice | None:
     if none does, the first that fits some node at all (`ever`: its devices when empty), which the gang then
     waits or reclaims for; if none ever fits, the first. Whole GPUs and MIG devices are counted; selectors are
     the node's to check at Reserve."""
-    if not any(r.get("exactly") is None and r.get("firstAvailable") for r in claim_requests(claim)):
+    if not first_available(claim):
         return None
     first: Choice | None = None
     asks: list[tuple[Choice, float, int]] = []
@@ -709,7 +714,8 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                     if ref not in counted:
                         counted.add(ref)
                         choice = None
-                        if status == "Pending" and not is_allocated(c):
+                        # the nodes' room is read only for a claim with choices (most have none)
+                        if status == "Pending" and not is_allocated(c) and first_available(c):
                             nodes_now, nodes_ever = rooms(allowed.get(key))
                             choice = choose(c, nodes_now, nodes_ever)
                             if choice is not None:

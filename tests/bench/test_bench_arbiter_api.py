@@ -278,6 +278,8 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
         f"{k} {v:.2f} s" for k, v in sorted(run.seconds.items(), key=lambda kv: -kv[1])))
     print("  of which the cycle thread's CPU: " + ", ".join(
         f"{k} {v:.2f} s" for k, v in sorted(run.cpu_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.01))
+    print("  the arbiter's CPU by thread, from its start: " + ", ".join(
+        f"{k} {v:.2f} s" for k, v in run.thread_cpu_seconds.items() if v >= 0.01))
     print("  commit steps (summed over parallel commits): " + ", ".join(
         f"{k} {v:.2f} s" for k, v in run.commit_seconds.items()))
     print(f"  commits refused {sum(run.refused.values())}" + "".join(
@@ -334,6 +336,7 @@ class _Run:
     seconds: dict[str, float]
     cpu_seconds: dict[str, float]  # the cycle thread's own CPU per phase
     commit_seconds: dict[str, float]
+    thread_cpu_seconds: dict[str, float]  # the arbiter's CPU by thread (commit workers summed), once running
     thrash: int
     refused: dict[str, int]  # commits a node or the API refused, by reason (the gang waits for the next cycle)
     given_back: int  # reservations kube-scheduler took from admitted pods, which the arbiter put back
@@ -371,7 +374,7 @@ def _read_log(path: Path) -> _Run:
             summary = entry
     assert summary, f"the arbiter wrote no summary: see {path}"
     return _Run(summary["cycles"], summary["evictions"], summary["seconds"], summary["cpu_seconds"],
-                summary["commit_seconds"], thrash, refused, given_back)
+                summary["commit_seconds"], summary.get("thread_cpu_seconds", {}), thrash, refused, given_back)
 
 
 def _kube_scheduler_run(cluster: FakeCluster, timed: _Timed) -> float:
@@ -525,6 +528,11 @@ def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> Non
     # the machine's CPU is what both paths share too: per pod, by process, while each was timed
     print(timed_arbiter.report("arbiter path", PODS_TOTAL))
     print(timed_scheduler.report("kube-scheduler path", PODS_TOTAL))
+    arbiter_ms = timed_arbiter.used.get("arbiter", 0.0) * 1000 / PODS_TOTAL
+    scheduler_ms = timed_scheduler.used.get("kube-scheduler", 0.0) * 1000 / PODS_TOTAL
+    print(f"CPU per pod (same run): the arbiter {arbiter_ms:.2f} ms per admitted pod; kube-scheduler "
+          f"{scheduler_ms:.2f} ms per pod it allocates and binds, "
+          f"{timed_arbiter.used.get('kube-scheduler', 0.0) * 1000 / PODS_TOTAL:.2f} ms per admitted pod it binds")
     print(f"side by side (same run, same nodes): arbiter {arbiter['pods_s']:.1f} pods/s "
           f"({arbiter['evictions']:.0f} evictions, thrash {arbiter['thrash']:.0f}), kube-scheduler "
           f"{scheduler:.1f} pods/s, ceiling {ceiling:.1f} pods/s; arbiter / kube-scheduler "
