@@ -289,7 +289,11 @@ class CdiStore:
         head = json.dumps({"cdiVersion": version, **rest}, separators=(",", ":"))
         edits = []
         for key in [*own, *(k for k in self._driver_json if k not in own)]:
-            parts = [part for part in (self._driver_json.get(key, ""), _json_items(own.get(key) or ())) if part]
+            mine = own.get(key)
+            if key not in self._driver_json and not isinstance(mine, list | tuple):  # e.g. intelRdt, an object
+                edits.append(f"{json.dumps(key)}:{json.dumps(mine, separators=(',', ':'))}")
+                continue
+            parts = [part for part in (self._driver_json.get(key, ""), _json_items(mine or ())) if part]
             edits.append(f"{json.dumps(key)}:[{','.join(parts)}]")
         return f'{head[:-1]},"containerEdits":{{{",".join(edits)}}}}}\n'.encode()
 

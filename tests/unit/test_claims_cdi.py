@@ -196,7 +196,8 @@ def test_a_spec_written_with_driver_edits_is_what_with_driver_edits_makes(tmp_pa
     own = gpu_spec()
     mount = {"hostPath": "/x", "containerPath": "/y"}
     with_mount = {**own, "containerEdits": {**own["containerEdits"], "mounts": [mount]}}
-    for spec in (own, with_mount, {**own, "containerEdits": {}}):
+    with_rdt = {**own, "containerEdits": {**own["containerEdits"], "intelRdt": {"closID": "c"}}}  # an object
+    for spec in (own, with_mount, with_rdt, {**own, "containerEdits": {}}):
         written = json.loads(store.write(UID, spec).read_text())
         assert written == cdi.with_driver_edits(spec, driver)
         assert written["containerEdits"]["env"][0] == "FROM_DRIVER=1"  # the driver's edits come first
