@@ -15,6 +15,8 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pynvml as N
 import pytest
@@ -38,6 +40,7 @@ NS = "crash"
 CHANNELS = 16  # allocationMode All: every one of them made and injected
 MAX_KILL_DELAY_S = 1.2  # a prepare here starts nvidia-imex and asks nvidia-imex-ctl: about a second
 REGULAR_TRIALS = 3
+T = TypeVar("T")
 
 
 def _setup(rest: Rest, mode: str) -> ClaimRef:
@@ -87,6 +90,18 @@ def imex_processes(root: pathlib.Path) -> list[int]:
         if state != "Z" and any(a.endswith(b"/nvidia-imex") for a in argv) and str(root).encode() in b" ".join(argv):
             found.append(int(proc.name))
     return found
+
+
+def retried(call: Callable[[], T], timeout: float = 30.0) -> T:
+    """A call the kubelet makes again until the restarted plugin answers (its pod worker's next sync)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except KubeletError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 class Node:
@@ -176,9 +191,9 @@ def _trial(rng: random.Random, seed: int, mode: str, rest: Rest, ref: ClaimRef, 
             assert entries == [], f"{why}: status.nodes names a daemon that is gone: {entries}"
         kubelet.wait_for_driver(DRIVER, timeout=30)
         # the kubelet retries the prepare it saw fail, then the pod ends: nothing may be left
-        result = kubelet.prepare(DRIVER, [ref])[ref.uid] if not state else None
+        result = retried(lambda: kubelet.prepare(DRIVER, [ref]))[ref.uid] if not state else None
         assert result is None or result.error == "", f"{why}: {result}"
-        errors = kubelet.unprepare(DRIVER, [ref])
+        errors = retried(lambda: kubelet.unprepare(DRIVER, [ref]))
         assert errors == {ref.uid: ""}, why
         assert node.channel_nodes() == [] and node.specs() == [] and node.daemon_dirs() == [], why
         wait_for(lambda: imex_processes(root) == [], timeout=30, what=f"{why}: the daemon to stop")
