@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import files
-from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult, ref_problem
+from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
 from agent.computedomain import channels, model
 from agent.computedomain import status as domain_status
 from agent.computedomain.channels import ChannelConfig, ConfigError
@@ -187,9 +187,7 @@ class ComputeDomainPlugin:
         return out
 
     def _prepare(self, ref: ClaimRef, deadline: float) -> PrepareResult:
-        if problem := ref_problem(ref):
-            return PrepareResult(error=problem)
-        with self._lock:
+        with self._lock:  # `ref` was screened at the kubelet edge (agent.kubelet.dra)
             record = self._checkpoint.claims.get(ref.uid)
             if record is not None and record.state == COMPLETED:
                 return _result(self.settings.node_name, record)
