@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.computedomain.model import ALL, API_VERSION, DRIVER, SINGLE
+from agent.jsontypes import Json
 
 CHANNEL, DAEMON = "channel", "daemon"
 CHANNEL_DEVICE, DAEMON_DEVICE = "channel-0", "daemon-0"
@@ -26,7 +27,6 @@ CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 CDI_VERSION = "0.5.0"  # hostPath and device names that start with a digit (claim UIDs) need 0.5.0
 
-Json = dict[str, Any]
 
 
 class ConfigError(ValueError):
