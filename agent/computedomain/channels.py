@@ -28,7 +28,6 @@ CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 CDI_VERSION = "0.5.0"  # hostPath and device names that start with a digit (claim UIDs) need 0.5.0
 
 
-
 class ConfigError(ValueError):
     """A claim's compute-domain config is not one this driver accepts; the message is the claim's error."""
 
