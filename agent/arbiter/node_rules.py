@@ -11,8 +11,8 @@ with its GPUs allocated. The rules, worded and counted as kube-scheduler reports
   compare integers, a value that is not one never matches).
 - TaintToleration: every NoSchedule and NoExecute taint of the node tolerated (PreferNoSchedule only scores).
   A toleration matches on effect (empty: any), key (empty: any; validation allows that with `Exists` only)
-  and value (`Equal`, the default) or not (`Exists`), as core/v1 Toleration.ToleratesTaint does. `Gt`/`Lt` tolerations are behind an alpha gate that is off by default, and
-  tolerate nothing, as there.
+  and value (`Equal`, the default) or not (`Exists`), as core/v1 Toleration.ToleratesTaint does. `Gt`/`Lt`
+  tolerations are behind an alpha gate that is off by default, and tolerate nothing, as there.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-Json = Mapping[str, Any]
+Json = Mapping[str, Any]  # read here, never written: any mapping (agent.jsontypes.Json is a dict)
 
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's words for each refusal
 TAINTS = "node(s) had untolerated taint(s)"
