@@ -1,0 +1,147 @@
+"""The Helm chart (daemonset/chart) and the kustomize tree never drift: `helm template` with the values that
+match an overlay renders the same objects as `kubectl kustomize` of that overlay (and of the base), compared
+parsed and normalised (lists of named things in name order). `helm lint` is clean; the values NVIDIA's chart
+also has (nvidiaDriverRoot, image.*, kubeletPlugin.*, namespaceOverride) change what they say; a
+ComputeDomains value the chart cannot honour is refused. helm v4.3.1 is built from tests/helm/go.mod.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.controlplane import build as cp
+from tests.helm import build as helm_build
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "daemonset" / "chart"
+NS = "gpu-dra-agent"
+MATCH_BASE = ["--namespace", NS, "--set", "createNamespace=true"]
+
+pytestmark = pytest.mark.timeout(1500)
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    if cp.go_command() is None:
+        pytest.skip(f"`go` is not on PATH to build helm {helm_build.version()}")
+    try:
+        return str(helm_build.build(budget_s=1200))
+    except cp.BuildTimeout as error:
+        pytest.skip(f"helm: {error}")
+
+
+def _run(*argv: str) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _normalised(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalised(v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_normalised(v) for v in value]
+        if items and all(isinstance(v, dict) and "name" in v for v in items):
+            return sorted(items, key=lambda v: str(v["name"]))
+        return items
+    if isinstance(value, str):
+        # kubectl kustomize re-emits a folded (>-) scalar's more-indented lines with a blank line between them
+        # (CEL means the same either way); whitespace is all it changes
+        return " ".join(value.split())
+    return value
+
+
+def _objects(text: str) -> dict[tuple[str, str, str], Any]:
+    objects = {}
+    for doc in yaml.safe_load_all(text):
+        if doc:
+            meta = doc["metadata"]
+            objects[(doc["kind"], meta.get("namespace", ""), meta["name"])] = _normalised(doc)
+    return objects
+
+
+def _template(helm: str, *args: str) -> dict[tuple[str, str, str], Any]:
+    return _objects(_run(helm, "template", "gpu-dra-agent", str(CHART), *args))
+
+
+def _kustomize(path: str) -> dict[tuple[str, str, str], Any]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    return _objects(_run(kubectl, "kustomize", str(REPO / path)))
+
+
+def _assert_same(helm_objects: dict[Any, Any], kustomize_objects: dict[Any, Any]) -> None:
+    assert sorted(helm_objects) == sorted(kustomize_objects)
+    for key, obj in kustomize_objects.items():
+        assert helm_objects[key] == obj, key
+
+
+def test_helm_lint_is_clean(helm: str) -> None:
+    out = _run(helm, "lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("path", ["daemonset", "daemonset/base"])
+def test_the_chart_renders_the_base(helm: str, path: str) -> None:
+    _assert_same(_template(helm, *MATCH_BASE), _kustomize(path))
+
+
+@pytest.mark.parametrize(
+    ("overlay", "values"),
+    [
+        ("arbiter", ["--set", "arbiter.enabled=true"]),
+        ("consumable-shares", ["--set", "consumableShares=memory"]),
+        ("partitionable-devices", ["--set", "partitionableDevices=true"]),
+    ],
+)
+def test_the_chart_renders_each_overlay(helm: str, overlay: str, values: list[str]) -> None:
+    _assert_same(_template(helm, *MATCH_BASE, *values), _kustomize(f"daemonset/overlays/{overlay}"))
+
+
+def test_the_chart_renders_the_custom_mig_config_overlay(helm: str, tmp_path: Path) -> None:
+    kustomized = _kustomize("daemonset/overlays/custom-mig-config")
+    configs = kustomized[("ConfigMap", NS, "gpu-dra-agent-mig-parted-config")]["data"]["config.yaml"]
+    (tmp_path / "mig.yaml").write_text(configs)
+    _assert_same(_template(helm, *MATCH_BASE, "--set-file", f"migConfig={tmp_path / 'mig.yaml'}"), kustomized)
+
+
+def test_values_named_as_nvidias_chart_change_what_they_say(helm: str) -> None:
+    objects = _template(helm, "--namespace", "default", "--set", "namespaceOverride=gpus",
+                        "--set", "nvidiaDriverRoot=/run/nvidia/driver",
+                        "--set", "image.repository=registry.example/agent",
+                        "--set", "image.tag=1.2.3", "--set", "kubeletPlugin.nodeSelector.gpu=yes",
+                        "--set", "arbiter.enabled=true", "--set", "apiServer.host=127.0.0.1",
+                        "--set", "apiServer.port=6443")  # fmt: skip
+    assert ("Namespace", "", "gpu-dra-agent") not in objects  # helm install --create-namespace makes it
+    daemonset = objects[("DaemonSet", "gpus", "gpu-dra-agent-node")]
+    pod = daemonset["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    assert agent["image"] == "registry.example/agent:1.2.3"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpu": "yes"}
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["NVIDIA_HOST_DRIVER_ROOT"] == "/run/nvidia/driver"
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+    (root,) = [v for v in pod["volumes"] if v["name"] == "driver-root"]
+    assert root["hostPath"]["path"] == "/run/nvidia/driver"
+    (arbiter,) = objects[("Deployment", "gpus", "gpu-dra-agent-arbiter")]["spec"]["template"]["spec"]["containers"]
+    assert arbiter["image"] == "registry.example/agent:1.2.3"
+    assert {e["name"]: e.get("value") for e in arbiter["env"]}["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    binding = objects[("ClusterRoleBinding", "", "gpu-dra-agent-node")]
+    assert {s["namespace"] for s in binding["subjects"]} == {"gpus"}
+    policies = [o for k, o in objects.items() if k[0] == "ValidatingAdmissionPolicy"]
+    assert "system:serviceaccount:gpu-dra-agent:" not in yaml.safe_dump(policies)
+    assert "system:serviceaccount:gpus:gpu-dra-agent-node" in yaml.safe_dump(policies)
+
+
+def test_a_value_the_chart_cannot_honour_is_refused(helm: str) -> None:
+    done = subprocess.run([helm, "template", "x", str(CHART), "--set", "resources.computeDomains.enabled=true"],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "ComputeDomains are not installed by this chart yet" in done.stderr
