@@ -1,8 +1,8 @@
-"""The Helm chart (daemonset/chart) and the kustomize tree never drift: `helm template` with the values that
-match an overlay renders the same objects as `kubectl kustomize` of that overlay (and of the base), compared
-parsed and normalised (lists of named things in name order). `helm lint` is clean; the values NVIDIA's chart
-also has (nvidiaDriverRoot, image.*, kubeletPlugin.*, namespaceOverride) change what they say; a
-ComputeDomains value the chart cannot honour is refused. helm v4.3.1 is built from tests/helm/go.mod.
+"""The Helm chart (deployments/helm/gpu-dra-agent) and the kustomize tree never drift: `helm template` with
+the values that match an overlay renders the same objects as `kubectl kustomize` of that overlay (and of the
+base), compared parsed and normalised (lists of named things in name order). `helm lint` is clean; the values
+NVIDIA's chart also has (nvidiaDriverRoot, image.*, kubeletPlugin.*, namespaceOverride) change what they say;
+a ComputeDomains value the chart cannot honour is refused. helm v4.3.1 is built from tests/helm/go.mod.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.controlplane import build as cp
 from tests.helm import build as helm_build
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "daemonset" / "chart"
+CHART = REPO / "deployments" / "helm" / "gpu-dra-agent"
 NS = "gpu-dra-agent"
 MATCH_BASE = ["--namespace", NS, "--set", "createNamespace=true"]
 
