@@ -128,6 +128,7 @@ def test_values_named_as_nvidias_chart_change_what_they_say(helm: str) -> None:
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["NVIDIA_HOST_DRIVER_ROOT"] == "/run/nvidia/driver"
     assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+    assert env["ARBITER_USER"] == "system:serviceaccount:gpus:gpu-dra-agent-arbiter"  # whom reservations trust
     (root,) = [v for v in pod["volumes"] if v["name"] == "driver-root"]
     assert root["hostPath"]["path"] == "/run/nvidia/driver"
     (arbiter,) = objects[("Deployment", "gpus", "gpu-dra-agent-arbiter")]["spec"]["template"]["spec"]["containers"]

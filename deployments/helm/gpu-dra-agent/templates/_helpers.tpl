@@ -46,6 +46,10 @@
 {{- $env = append $env (dict "name" "RESERVATION_ADDR" "value" "0.0.0.0:7070") -}}
 {{- $env = append $env (dict "name" "NODE_IP" "valueFrom" (dict "fieldRef" (dict "fieldPath" "status.hostIP"))) -}}
 {{- $_ := set $agent "ports" (append $agent.ports (dict "name" "reservation" "containerPort" 7070 "protocol" "TCP")) -}}
+{{- $ns := include "gpu-dra-agent.namespace" .root -}}
+{{- if ne $ns "gpu-dra-agent" -}}{{- /* the agent's default names the arbiter's account in gpu-dra-agent */ -}}
+{{- $env = append $env (dict "name" "ARBITER_USER" "value" (printf "system:serviceaccount:%s:gpu-dra-agent-arbiter" $ns)) -}}
+{{- end -}}
 {{- end -}}
 {{- $env = concat $env (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $gpus.env -}}
 {{- $_ := set $agent "env" $env -}}
