@@ -43,7 +43,7 @@ from agent.arbiter.metrics import ArbiterMetrics, cycle_values
 from agent.arbiter.queue_status import STRANDED, queue_statuses, stranded_reasons
 from agent.arbiter.queue_usage import PERSIST_EVERY_S, capacity, from_status, held, shown, to_status
 from agent.arbiter.waiting import wait_reasons
-from agent.arbiter.world import Gang, Member, World, build_world
+from agent.arbiter.world import Gang, Member, World, WorldCache, build_world
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer, start_all
@@ -254,6 +254,7 @@ class Arbiter:
                                     clock=clock)
         self._expected: list[Write] = []
         self._weighed: dict[str, float] = {}  # waiting job -> when a snapshot first had it waiting (World.weighed)
+        self._world_cache = WorldCache()  # what the last snapshot read from objects unchanged since
         self._flights: dict[str, _Flight] = {}  # gang -> its commit under way (pipelined cycles)
         self._landed: dict[str, _Landed] = {}  # gang -> committed, its writes not all seen yet
         self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
@@ -400,7 +401,8 @@ class Arbiter:
         return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
                            queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
                            driver=self.config.driver, now=now, default_queue=self.config.default_queue,
-                           in_flight=in_flight, weighed=self._weighed, refused_claims=self._still_refused())
+                           in_flight=in_flight, weighed=self._weighed, refused_claims=self._still_refused(),
+                           cache=self._world_cache)
 
     # -- the fence ----------------------------------------------------------------------------------------
 

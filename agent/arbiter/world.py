@@ -409,6 +409,74 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
     return _Pod(job, ns, group_name, group, str(queue), found, status, node, facts)
 
 
+@dataclass(slots=True)
+class _PodRead:
+    """A pod's reading (_read_pod), with the objects it was read from: valid while each is the same object."""
+
+    pod: Json
+    group_key: str | None
+    group: Json | None
+    claim_keys: tuple[str, ...]
+    claims: tuple[Json | None, ...]
+    default_queue: str | None
+    read: _Pod | str | None
+
+
+@dataclass(slots=True)
+class _JobRead:
+    """A gang weighed as a job (_weigh_gangs), with everything it was weighed from."""
+
+    inputs: tuple[Any, ...]
+    objects: tuple[Any, ...]  # the objects whose ids `inputs` holds, kept so that no id is reused meanwhile
+    job: JobSpec
+    exact_after: float  # its queue's running sum (exact) after it
+    claims: tuple[str, ...]  # the claims it counted
+    first_seen: float | None
+
+
+class WorldCache:
+    """What the last snapshot read from objects that have not changed since, for the next one: the informers
+    replace an object when it changes, so an object that is still the same one (identity) reads the same. A pod
+    is read again only when it, its PodGroup or one of its claims is a new object; a gang is weighed again only
+    when something it was weighed from changed (its pods, claims, PodGroup, statuses and nodes, its queue's
+    running sum before it, the published devices). Gangs whose weighing reads the cluster around them (a
+    firstAvailable claim, a share of a GPU, a claim shared with another gang, an unreadable claim, no creation
+    time) are weighed afresh every time. A snapshot built with a cache is the one built without
+    (tests/unit/test_arbiter_incremental.py)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, _PodRead] = {}
+        self.jobs: dict[str, _JobRead] = {}
+        self.slices_read: list[Json] = []  # the slices `devices` was read from
+        self.devices: tuple[dict[tuple[str, str], float], dict[tuple[str, str], dict[str, Capacity]],
+                            dict[tuple[str, str], dict[str, float]]] | None = None
+        self.pods_read = 0  # pods read afresh by the last snapshot (tests, the benchmark)
+        self.jobs_weighed = 0  # gangs weighed afresh by the last snapshot
+
+
+def _read_pod_cached(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json], default_queue: str | None,
+                     *, cache: WorldCache | None, seen: dict[str, _PodRead]) -> _Pod | str | None:
+    if cache is None:
+        return _read_pod(pod, groups, claims, default_queue)
+    m = meta(pod)
+    key = f"{m.get('namespace')}/{m.get('name')}"
+    hit = cache.pods.get(key)
+    if (hit is not None and hit.pod is pod and hit.default_queue == default_queue
+            and (hit.group_key is None or groups.get(hit.group_key) is hit.group)
+            and all(claims.get(k) is c for k, c in zip(hit.claim_keys, hit.claims, strict=True))):
+        seen[key] = hit
+        return hit.read
+    read = _read_pod(pod, groups, claims, default_queue)  # raises for a malformed pod: nothing remembered
+    ns = str(m.get("namespace"))
+    group_name = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    group_key = f"{ns}/{group_name}" if group_name else None
+    claim_keys = tuple(f"{ns}/{n}" for n in _facts(pod).names)
+    seen[key] = _PodRead(pod, group_key, groups.get(group_key) if group_key else None, claim_keys,
+                         tuple(claims.get(k) for k in claim_keys), default_queue, read)
+    cache.pods_read += 1
+    return read
+
+
 # --- the snapshot, in phases: the objects read -> the nodes served -> the gangs -> the nodes' room -> the jobs ---
 
 
@@ -498,12 +566,14 @@ class _Gangs:
 
 
 def _group_gangs(pods: Iterable[Json], objects: _Objects, rules: NodeRules, *, default_queue: str | None,
-                 in_flight: Mapping[str, str] | None, refused_claims: Mapping[str, str] | None) -> _Gangs:
+                 in_flight: Mapping[str, str] | None, refused_claims: Mapping[str, str] | None,
+                 cache: WorldCache | None = None) -> _Gangs:
     out = _Gangs()
     waiting, unweighed = out.waiting, out.unweighed
+    seen: dict[str, _PodRead] = {}
     for pod in pods:
         try:
-            read = _read_pod(pod, objects.groups, objects.claims, default_queue)
+            read = _read_pod_cached(pod, objects.groups, objects.claims, default_queue, cache=cache, seen=seen)
         except (AttributeError, TypeError, ValueError) as e:  # a malformed object: reported, never fatal
             bad = Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}")
             out.invalid[bad.key] = bad
@@ -577,6 +647,8 @@ def _group_gangs(pods: Iterable[Json], objects: _Objects, rules: NodeRules, *, d
             stuck = unbindable(pod, read.node) if read.status == "Running" and read.node else None
             if stuck is not None:
                 out.refused[member.key] = stuck
+    if cache is not None:
+        cache.pods = seen  # pods gone since are forgotten
     return out
 
 
@@ -668,7 +740,7 @@ class _Jobs:
 
 
 def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *, now: float,
-                 weighed: Mapping[str, float] | None) -> _Jobs:
+                 weighed: Mapping[str, float] | None, cache: WorldCache | None = None) -> _Jobs:
     """Each gang not left out as a job: its pods' GPUs (a claim shared by pods counted once; a firstAvailable
     claim of a pending pod planned with the subrequests `choose` picks, recorded in Member.choices), CPU and
     memory, its priority and times."""
@@ -677,9 +749,18 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
     jobs = []
     waiting: dict[str, str] = {}
     invalid: dict[str, Invalid] = {}
-    worth = device_gpus(slices, driver)
-    shareable = share_devices(slices, driver)
-    capacities = {key: {name: float(c.value) for name, c in caps.items()} for key, caps in shareable.items()}
+    # what the published devices are worth, and which are shareable: read again only when a slice changed
+    same_slices = cache is not None and len(cache.slices_read) == len(slices) and all(
+        a is b for a, b in zip(cache.slices_read, slices, strict=True))
+    if cache is not None and same_slices and cache.devices is not None:
+        worth, shareable, capacities = cache.devices
+    else:
+        worth = device_gpus(slices, driver)
+        shareable = share_devices(slices, driver)
+        capacities = {key: {name: float(c.value) for name, c in caps.items()} for key, caps in shareable.items()}
+        if cache is not None:
+            cache.slices_read, cache.devices, cache.jobs = list(slices), (worth, shareable, capacities), {}
+    cached_jobs: dict[str, _JobRead] = {}
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
     seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
     # A pod holds whole milli-GPUs; each queue's fractions are rounded as a running sum, so nine 8Gi shares of a
@@ -697,6 +778,22 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
     for job, gang in sorted(found.gangs.items()):
         if job in found.left_out:
             continue
+        inputs: tuple[Any, ...] = ()
+        if cache is not None:
+            inputs = _job_inputs(gang, found, groups, known_nodes, exact_before=exact.get(gang.queue, 0.0),
+                                 weighed=weighed)
+            hit = cache.jobs.get(job)
+            if hit is not None and hit.inputs == inputs and counted.isdisjoint(hit.claims):
+                jobs.append(hit.job)
+                exact[gang.queue] = hit.exact_after
+                counted.update(hit.claims)
+                if hit.first_seen is not None:
+                    first_seen[job] = hit.first_seen
+                cached_jobs[job] = hit
+                continue
+            cache.jobs_weighed += 1
+        volatile = False  # weighed from more than `inputs`: not remembered
+        claims_counted: list[str] = []
         pods_out = []
         group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
         priority = 0
@@ -711,11 +808,15 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                 gpus = 0.0
                 for c in member.claims:
                     ref = f"{meta(c).get('namespace')}/{meta(c).get('name')}"
-                    if ref not in counted:
+                    if ref in counted:
+                        volatile = volatile or ref not in claims_counted  # counted by another gang
+                    else:
                         counted.add(ref)
+                        claims_counted.append(ref)
                         choice = None
                         # the nodes' room is read only for a claim with choices (most have none)
                         if status == "Pending" and not is_allocated(c) and first_available(c):
+                            volatile = True
                             nodes_now, nodes_ever = rooms(allowed.get(key))
                             choice = choose(c, nodes_now, nodes_ever)
                             if choice is not None:
@@ -742,6 +843,7 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             milli = round(exact[gang.queue]) - round(before)
             index = None
             if status != "Pending" and 0 < milli < MILLI and member.node is not None:
+                volatile = True  # seated beside other gangs' shares
                 index = _share_index(member.claims, driver, member.node, gpu_index)
                 if index is not None:  # never more than a GPU, whatever the rounding: the cycle must go on
                     milli = min(milli, MILLI - seated.get((member.node, index), 0))
@@ -757,6 +859,9 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             continue
         if not pods_out:
             continue
+        pending = any(p.status == "Pending" for p in pods_out)
+        # `now` stands in for a missing creation time, and for the first sight of a waiting gang
+        volatile = volatile or bool(unsupported) or created is None or (pending and not (weighed and job in weighed))
         if group is not None:
             group_priority = (group.get("spec") or {}).get("priority")
             if group_priority is not None:
@@ -771,31 +876,58 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             first_seen[job] = (weighed or {}).get(job, now)
             since = min(first_seen[job], (created or now) + 1.0)
         # minCount may exceed the pods created so far: the gang then waits for the rest
-        jobs.append(JobSpec(name=job, queue=gang.queue, priority=priority,
-                            preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in found.flying,
-                            min_member=gang.min_member,
-                            created_at=created or now, pods=tuple(pods_out), started_at=started,
-                            weighed_since=since))
+        spec = JobSpec(name=job, queue=gang.queue, priority=priority,
+                       preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in found.flying,
+                       min_member=gang.min_member,
+                       created_at=created or now, pods=tuple(pods_out), started_at=started,
+                       weighed_since=since)
+        jobs.append(spec)
+        if cache is not None and not volatile:
+            cached_jobs[job] = _JobRead(inputs, _job_objects(gang, groups), spec, exact.get(gang.queue, 0.0),
+                                        tuple(claims_counted), first_seen.get(job))
+    if cache is not None:
+        cache.jobs = cached_jobs  # gangs gone, or weighed from more than their inputs, are forgotten
     return _Jobs(jobs, shareable, first_seen, waiting, invalid)
+
+
+def _job_inputs(gang: Gang, found: _Gangs, groups: Mapping[str, Json], known_nodes: set[str], *,
+                exact_before: float, weighed: Mapping[str, float] | None) -> tuple[Any, ...]:
+    """What a gang is weighed from (WorldCache): objects by identity (_job_objects keeps them alive), the rest by
+    value."""
+    group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
+    members = tuple(
+        (key, id(m.pod), found.statuses[key], m.node, m.node in known_nodes, tuple(id(c) for c in m.claims),
+         found.allowed.get(key))
+        for key, m in sorted(gang.members.items()))
+    return (gang.queue, gang.min_member, gang.pod_group, id(group), exact_before, (weighed or {}).get(gang.name),
+            gang.name in found.flying, members)
+
+
+def _job_objects(gang: Gang, groups: Mapping[str, Json]) -> tuple[Any, ...]:
+    group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
+    return (group, *(m.pod for m in gang.members.values()), *(c for m in gang.members.values() for c in m.claims))
 
 
 def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
                 queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
                 now: float, default_queue: str | None = DEFAULT_QUEUE,
                 in_flight: Mapping[str, str] | None = None, weighed: Mapping[str, float] | None = None,
-                refused_claims: Mapping[str, str] | None = None) -> World:
+                refused_claims: Mapping[str, str] | None = None, cache: WorldCache | None = None) -> World:
     """`in_flight`: pod key -> node, the members of gangs whose commit is still under way. They count as
     running there whatever part of the commit the informers show yet, so the cycle neither decides them again
     nor places anything on what they take; and they are no one's victims until the commit has landed.
     `weighed`: job -> when the caller's earlier snapshots first had it waiting (World.weighed of the last one);
     a waiting job not in it is first seen `now`.
+    `cache`: the WorldCache of the caller's earlier snapshots; the snapshot is the same with it, built faster.
     `refused_claims`: claim key -> why a node refused it as written; a pending pod with one waits, saying so."""
     objects = _read_objects(claims, pod_groups, queues, slices)
     served = _serve_nodes(nodes, objects.slices, driver)
+    if cache is not None:
+        cache.pods_read = cache.jobs_weighed = 0
     found = _group_gangs(pods, objects, NodeRules(served.managed), default_queue=default_queue,
-                         in_flight=in_flight, refused_claims=refused_claims)
+                         in_flight=in_flight, refused_claims=refused_claims, cache=cache)
     weighed_nodes = _weigh_nodes(objects, served, found, driver)
-    weighed_gangs = _weigh_gangs(objects, found, weighed_nodes, driver, now=now, weighed=weighed)
+    weighed_gangs = _weigh_gangs(objects, found, weighed_nodes, driver, now=now, weighed=weighed, cache=cache)
     waiting = {**found.waiting}
     waiting.update(weighed_gangs.waiting)
     invalid = {**objects.invalid, **found.invalid, **weighed_gangs.invalid}
