@@ -78,13 +78,12 @@ CASES = {
     "8-GPU claim": (NODE, MACHINE, [f"gpu-{i}" for i in range(8)]),
 }
 # Prepare p50/p99 in ms before issue 37 (YAML specs, four fsyncs a prepare): this bench, state on disk, on the
-# same 2-core VM back to back with the change while other work shared it (load 3, the idle-est of three runs:
-# the p99s are that load's). The issue's own figure, on an idle VM of this kind: prepare+unprepare of a 1-GPU
-# claim p50 7.7 ms, p99 11.9 ms.
+# same 2-core VM back to back with the change, at load ~2 from other work (the idle-est of six runs). The
+# issue's own figure, on an idle VM of this kind: prepare+unprepare of a 1-GPU claim p50 7.7 ms, p99 11.9 ms.
 BEFORE_PREPARE_MS: dict[str, tuple[float, float]] = {
-    "1-GPU claim": (8.96, 36.37),
-    "MIG device": (15.81, 52.04),
-    "8-GPU claim": (24.70, 255.62),
+    "1-GPU claim": (4.90, 12.08),
+    "MIG device": (5.45, 14.25),
+    "8-GPU claim": (6.34, 13.61),
 }
 TARGET_PREPARE_P99_MS = 5.0
 

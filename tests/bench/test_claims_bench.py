@@ -31,12 +31,12 @@ CASES = {
     "8-GPU claim": [f"gpu-{i}" for i in range(8)],
 }
 # Prepare p50/p99 in ms before issue 37 (YAML specs, four fsyncs a prepare), the same bench on the same 2-core VM
-# run back to back with the change, while other work shared the machine (load 3, the idle-est of three runs: the
-# p99s are that load's). The issue's own figure, idle: the state machine alone took 3.9 ms a cycle.
+# run back to back with the change, at load ~2 from other work (the idle-est of six runs). The issue's own figure,
+# idle: the state machine alone took 3.9 ms a prepare+unprepare cycle.
 BEFORE_PREPARE_MS: dict[str, tuple[float, float]] = {
-    "1-GPU claim": (17.65, 174.54),
-    "MIG device": (17.50, 195.96),
-    "8-GPU claim": (19.60, 183.15),
+    "1-GPU claim": (2.83, 33.99),
+    "MIG device": (2.89, 31.92),
+    "8-GPU claim": (3.25, 31.92),
 }
 
 
