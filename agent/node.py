@@ -328,7 +328,7 @@ class NodeAgent:
 
     def _compute_domain_plugin(self) -> ComputeDomainPlugin:
         """The second driver, for this node's fabric clique (none: it publishes nothing and prepares nothing)."""
-        from agent.computedomain.channels import clique_of
+        from agent.computedomain.channels import node_clique
         from agent.computedomain.plugin import ComputeDomainPlugin, ComputeDomainSettings, read_boot_id
 
         c = self.config
@@ -336,7 +336,7 @@ class NodeAgent:
             node_name=c.node_name, kubelet_root=c.kubelet_root, cdi_root=c.cdi_root, state_dir=c.state_dir,
             driver_root=c.driver_root, ip_address=c.imex_address, dev_root=c.dev_root, proc_devices=c.proc_devices,
             channel_count=c.imex_channel_count)
-        clique = clique_of([g.fabric.domain_id if g.fabric else None for g in self._inventory.gpus])
+        clique = node_clique([g.fabric for g in self._inventory.gpus])
         return ComputeDomainPlugin(settings, self._rest, clique, read_boot_id())
 
 
@@ -374,10 +374,9 @@ class NodeAgent:
             log.info("GPU inventory changed", extra={"gpus": len(inventory.gpus), "mig": len(inventory.mig_devices)})
             self._record_health(inventory)
             if self.compute_domains is not None:  # a node that leaves its fabric clique withdraws its channels
-                from agent.computedomain.channels import clique_of
+                from agent.computedomain.channels import node_clique
 
-                self.compute_domains.set_clique(clique_of([g.fabric.domain_id if g.fabric else None
-                                                           for g in inventory.gpus]))
+                self.compute_domains.set_clique(node_clique([g.fabric for g in inventory.gpus]))
         return inventory
 
     def _on_inventory_changed(self) -> None:

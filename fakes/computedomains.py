@@ -27,7 +27,7 @@ from typing import Any
 
 import fakes.nvml as fake_nvml
 from agent.claims.types import ClaimRef
-from agent.computedomain.channels import clique_of
+from agent.computedomain.channels import node_clique
 from agent.computedomain.controller import COMPONENT, COMPUTE_DOMAINS, ComputeDomainController
 from agent.computedomain.model import DRIVER
 from agent.computedomain.plugin import ComputeDomainPlugin, ComputeDomainSettings
@@ -269,7 +269,7 @@ class NvlRack:
         inventory = node.inventory()
         for s in build_resource_slices(inventory, node.name, GPU_DRIVER, node_uid=body["metadata"]["uid"]):
             self.rest.create(RESOURCE_SLICES, None, s)
-        clique = clique_of([g.fabric.domain_id if g.fabric else None for g in inventory.gpus])
+        clique = node_clique([g.fabric for g in inventory.gpus])
         node.start_plugin(self.rest, body["metadata"]["uid"], clique)
 
     def _create_node(self, node: RackNode) -> Json:

@@ -34,6 +34,7 @@ import orjson
 
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
+from agent.arbiter.domains import is_channel_claim
 from agent.arbiter.world import Gang, Member
 from agent.devices.names import InvalidDeviceName
 from agent.devices.shares import Capacity
@@ -181,6 +182,8 @@ class Committer:
         try:
             for member, node in members:
                 for claim in member.claims:
+                    if is_channel_claim(claim):
+                        continue  # a ComputeDomain channel: kube-scheduler allocates it on the node given
                     if is_allocated(claim):
                         if not reserved_for(claim, member.pod):
                             shared.append((member, claim))
@@ -435,7 +438,8 @@ class Committer:
             holding = [(m, held) for m, held in holding if held]
             if not holding:
                 continue
-            committed = [(m, held) for m, held in holding if len(held) == len(m.claims)]
+            committed = [(m, held) for m, held in holding
+                         if len(held) == sum(1 for c in m.claims if not is_channel_claim(c))]
             running = sum(1 for m in gang.members.values() if not is_gated(m.pod) and m.node is not None)
             nodes = {m.key: _node_of(held) for m, held in committed}
             if len(committed) == len(holding) and len(committed) + running >= gang.min_member \

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agent.arbiter.core.cycle import CycleResult, PodDecision
-from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, QueueSpec, Snapshot
+from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, PodSpec, QueueSpec, Snapshot
 
 NO_RESERVATIONS = "serve no reservations"  # a node whose agent runs without --reservation-addr (World.unserved)
 
@@ -24,11 +24,12 @@ def wait_reasons(snapshot: Snapshot, result: CycleResult,
                 used[d.node] = used.get(d.node, 0) + pod.gpu_milli
     free = {n.name: n.gpus * MILLI - used.get(n.name, 0) for n in snapshot.nodes}
     capacity = {n.name: n.gpus * MILLI for n in snapshot.nodes}
+    cliques = {n.name: n.clique for n in snapshot.nodes if n.clique is not None}
     out: dict[str, str] = {}
     for job in snapshot.jobs:
         decisions = [result.pods[p.name] for p in job.pods]
         if any(d.outcome == "pending" for d in decisions) or len(job.pods) < job.min_member:
-            out[job.name] = _reason(job, decisions, queues, result, free, capacity=capacity)
+            out[job.name] = _reason(job, decisions, queues, result, free, capacity=capacity, cliques=cliques)
             if unserved and out[job.name].startswith("no fit"):
                 out[job.name] = _left_out(unserved, out[job.name], placed_on=len(capacity))
     return out
@@ -54,7 +55,7 @@ def _left_out(unserved: Mapping[str, tuple[int, str]], reason: str, *, placed_on
 
 
 def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str, QueueSpec], result: CycleResult,
-            free: Mapping[str, int], *, capacity: Mapping[str, int]) -> str:
+            free: Mapping[str, int], *, capacity: Mapping[str, int], cliques: Mapping[str, str]) -> str:
     if any(d.action == "pipeline" for d in decisions):
         return "waiting for evicted pods to release their devices (reclaim or preemption under way)"
     if len(job.pods) < job.min_member:
@@ -73,6 +74,8 @@ def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str,
         q = queues.get(q.parent) if q.parent else None
     waiting = [p for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending"]
     pending = [p.gpu_milli for p in waiting]
+    if job.one_clique:
+        return _no_clique(waiting, want, cliques, free=free, capacity=capacity)
     where, whole = "the cluster has", "the whole cluster has"
     if waiting and all(p.allowed_nodes is not None for p in waiting):  # their affinity and tolerations narrow it
         allowed = set().union(*(p.allowed_nodes or () for p in waiting))
@@ -91,3 +94,27 @@ def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str,
     if want > sum(free.values()):
         return f"{text}: the rest is held by running pods"
     return f"{text}: its pods do not fit the free GPUs, CPU and memory of any node"
+
+
+def _no_clique(waiting: Sequence[PodSpec], want: int, cliques: Mapping[str, str], *, free: Mapping[str, int],
+               capacity: Mapping[str, int]) -> str:
+    """Why a gang sharing a ComputeDomain does not fit: it needs one clique, and none has the room."""
+    allowed: set[str] | None = None
+    if waiting and all(p.allowed_nodes is not None for p in waiting):
+        allowed = set().union(*(p.allowed_nodes or () for p in waiting))
+    members: dict[str, list[str]] = {}
+    for node, clique in cliques.items():
+        if allowed is None or node in allowed:
+            members.setdefault(clique, []).append(node)
+    head = (f"no fit in one NVLink clique: the gang shares a ComputeDomain, so its {len(waiting)} pod(s) needing "
+            f"{want / MILLI:g} GPUs must all run on nodes of one clique")
+    if not members:
+        return f"{head}; no node{' its pods may run on' if allowed is not None else ''} offers IMEX channels " \
+               "(no GPUs there are in a complete, undegraded fabric clique)"
+    most = max(sum(capacity[n] for n in nodes) for nodes in members.values())
+    freest = max(sum(free[n] for n in nodes) for nodes in members.values())
+    text = (f"{head}; {len(members)} clique(s) offer IMEX channels, the largest with {most / MILLI:g} GPUs, "
+            f"the freest with {freest / MILLI:g} GPUs free")
+    if want > most:
+        return f"{text}: the gang asks for more than any clique has"
+    return f"{text}: the rest is held by running pods, or its pods do not fit the free GPUs, CPU and memory there"

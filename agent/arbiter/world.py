@@ -36,6 +36,7 @@ from typing import Any
 
 from agent.allocation.allocator import Claim
 from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
+from agent.arbiter import domains
 from agent.arbiter.core.model import (
     MILLI,
     NON_PREEMPTIBLE_PRIORITY,
@@ -666,6 +667,13 @@ class _Nodes:
         return {s.name for s in self.specs}
 
 
+def _with_channels(free: dict[str, float], offered: tuple[str, int] | None, held: int) -> dict[str, float]:
+    """The node's other resources with its ComputeDomain channels free (a node that publishes none has none)."""
+    if offered is not None:
+        free[domains.CHANNEL_RESOURCE] = float(offered[1] - held)
+    return free
+
+
 def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str) -> _Nodes:
     """What each served node has for the snapshot's pods: its GPUs less those held outside the snapshot, its
     CPU, memory and the rest less what pods outside the snapshot ask there."""
@@ -712,6 +720,9 @@ def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str)
             add_amounts(on_node, {"cpu": facts.cpu, "memory": facts.mem, **facts.other})
     node_specs = []
     addresses: dict[str, str] = {}
+    # ComputeDomain channels (agent.arbiter.domains): where published, the node's clique and its free channels
+    channels = domains.offered(objects.slices)
+    channels_held = domains.held(objects.claims.values()) if channels else {}
     for n in served.managed:
         name = str(meta(n).get("name"))
         addresses[name] = str(meta(n)["annotations"][ADDRESS_ANNOTATION])
@@ -724,7 +735,8 @@ def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str)
         cpu, mem = max(mine.get("cpu", 0.0), free.pop("cpu")), max(mine.get("memory", 0.0), free.pop("memory"))
         node_specs.append(NodeSpec(
             name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
-            cpu_milli=cpu, mem_bytes=mem, other=free))
+            cpu_milli=cpu, mem_bytes=mem, other=_with_channels(free, channels.get(name), channels_held.get(name, 0)),
+            clique=channels[name][0] if name in channels else None))
     return _Nodes(node_specs, addresses, doubles, gpu_index)
 
 
@@ -793,6 +805,8 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                 continue
             cache.jobs_weighed += 1
         volatile = False  # weighed from more than `inputs`: not remembered
+        one_clique = False  # its pods share a ComputeDomain (a channel claim): one NVLink clique for all
+        channels_asked: dict[str, int] = {}  # pod key -> its channel claims not allocated yet
         claims_counted: list[str] = []
         pods_out = []
         group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
@@ -807,6 +821,10 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             try:
                 gpus = 0.0
                 for c in member.claims:
+                    if domains.is_channel_claim(c):  # not a GPU: kube-scheduler allocates it where the pod goes
+                        one_clique = True
+                        channels_asked[key] = channels_asked.get(key, 0) + (not is_allocated(c))
+                        continue
                     ref = f"{meta(c).get('namespace')}/{meta(c).get('name')}"
                     if ref in counted:
                         volatile = volatile or ref not in claims_counted  # counted by another gang
@@ -850,7 +868,9 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                     seated[(member.node, index)] = seated.get((member.node, index), 0) + milli
             pods_out.append(PodSpec(name=key, gpu_milli=milli, cpu_milli=cpu, gpu_index=index if milli else None,
                                     mem_bytes=mem, status=status, node=member.node if status != "Pending" else None,
-                                    allowed_nodes=allowed.get(key), other=facts.other))
+                                    allowed_nodes=allowed.get(key),
+                                    other={**facts.other, domains.CHANNEL_RESOURCE: channels_asked[key]}
+                                    if channels_asked.get(key) else facts.other))
             admitted = parse_rfc3339((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
             if status == "Running" and admitted is not None:
                 started = admitted if started is None else max(started, admitted)
@@ -880,7 +900,7 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                        preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in found.flying,
                        min_member=gang.min_member,
                        created_at=created or now, pods=tuple(pods_out), started_at=started,
-                       weighed_since=since)
+                       weighed_since=since, one_clique=one_clique)
         jobs.append(spec)
         if cache is not None and not volatile:
             cached_jobs[job] = _JobRead(inputs, _job_objects(gang, groups), spec, exact.get(gang.queue, 0.0),

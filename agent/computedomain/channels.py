@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.computedomain.model import ALL, API_VERSION, DRIVER, SINGLE
+from agent.devices.model import FabricInfo
 from agent.jsontypes import Json
 
 CHANNEL, DAEMON = "channel", "daemon"
+CLIQUE_ATTRIBUTE = "cliqueID"
 CHANNEL_DEVICE, DAEMON_DEVICE = "channel-0", "daemon-0"
 CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
 PROC_DEVICES_NAME = "nvidia-caps-imex-channels"
@@ -40,13 +42,16 @@ def device_type(device_name: str) -> str | None:
     return {CHANNEL_DEVICE: CHANNEL, DAEMON_DEVICE: DAEMON}.get(device_name)
 
 
-def slice_devices() -> list[Json]:
-    """The devices of a node in a fabric clique, as resource.k8s.io/v1 ResourceSlice devices."""
-    return [{"name": name, "attributes": {"type": {"string": kind}, "id": {"int": 0}}}
+def slice_devices(clique_id: str) -> list[Json]:
+    """The devices of a node in a fabric clique, as resource.k8s.io/v1 ResourceSlice devices: NVIDIA's `type` and
+    `id`, and the clique (`<clusterUUID>.<cliqueId>`), which a claim's CEL selector can name and by which the
+    arbiter keeps a domain's gang inside one clique."""
+    return [{"name": name, "attributes": {"type": {"string": kind}, "id": {"int": 0},
+                                          CLIQUE_ATTRIBUTE: {"string": clique_id}}}
             for name, kind in ((CHANNEL_DEVICE, CHANNEL), (DAEMON_DEVICE, DAEMON))]
 
 
-def resource_slice(node_name: str, node_uid: str | None, generation: int) -> Json:
+def resource_slice(node_name: str, node_uid: str | None, generation: int, clique_id: str) -> Json:
     meta: Json = {"name": f"{node_name}-{DRIVER}"}
     if node_uid:
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
@@ -54,7 +59,7 @@ def resource_slice(node_name: str, node_uid: str | None, generation: int) -> Jso
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": meta,
             "spec": {"driver": DRIVER, "nodeName": node_name,
                      "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
-                     "devices": slice_devices()}}
+                     "devices": slice_devices(clique_id)}}
 
 
 def imex_channels_major(proc_devices: str) -> int | None:
@@ -177,6 +182,12 @@ def claim_spec(claim_uid: str, devices: Mapping[str, Sequence[int]], major: int,
 
 def channels_for(config: ChannelConfig, channel_count: int) -> tuple[int, ...]:
     return tuple(range(channel_count)) if config.allocation_mode == ALL else (0,)
+
+
+def node_clique(fabrics: Sequence[FabricInfo | None]) -> str | None:
+    """The clique whose IMEX channels the node offers, from its GPUs' fabric (None: a GPU not registered with the
+    fabric manager, state not COMPLETED): none while any GPU reports a degraded bandwidth either."""
+    return clique_of([f.domain_id if f is not None and not f.degraded else None for f in fabrics])
 
 
 def clique_of(fabrics: Sequence[str | None]) -> str | None:

@@ -151,12 +151,13 @@ class ComputeDomainPlugin:
             self.published = True
             return
         generation = int(((current or {}).get("spec") or {}).get("pool", {}).get("generation", 0))
-        want = channels.resource_slice(self.settings.node_name, node_uid, generation)
+        want = channels.resource_slice(self.settings.node_name, node_uid, generation, self.clique_id)
         if current is None:
             self._rest.create(RESOURCE_SLICES, None, want)
         elif current["spec"] != want["spec"] or current["metadata"].get("ownerReferences") != want[
                 "metadata"].get("ownerReferences"):
-            want = channels.resource_slice(self.settings.node_name, node_uid, generation + 1)
+            want = channels.resource_slice(self.settings.node_name, node_uid, generation + 1,
+                                            self.clique_id)
             want["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             self._rest.replace(RESOURCE_SLICES, want)
         self.published = True

@@ -15,6 +15,7 @@ import random
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -32,7 +33,7 @@ from fakes.computedomains import CRDS, NAMESPACES, OVERLAY, _documents, wait_for
 from fakes.kubelet import FakeKubelet, KubeletError, Retry
 from fakes.nvml import persist
 from fakes.nvml.control import FakeNvml
-from fakes.nvml.machines import nvl72_node
+from fakes.nvml.machines import NVL72_CLIQUE_ID, NVL72_CLUSTER_UUID, nvl72_node
 from tests.integration.test_node_support import Daemon, short_tmpdir
 
 NODE = "gb200-nvl72-node00"
@@ -269,6 +270,16 @@ def test_a_node_that_leaves_its_fabric_clique_withdraws_its_channels_and_republi
             wait_for(lambda: not published(), timeout=30, what="the channels to be withdrawn")
             fake.set_fabric(0, state=N.NVML_GPU_FABRIC_STATE_COMPLETED)
             wait_for(published, timeout=30, what="the channels to come back")
+            # the channels name the node's clique, by which the arbiter keeps a domain's gang in one clique
+            body = rest.get(RESOURCE_SLICES, None, name)
+            assert {d["attributes"]["cliqueID"]["string"] for d in body["spec"]["devices"]} == {
+                f"{uuid.UUID(bytes=NVL72_CLUSTER_UUID)}.{NVL72_CLIQUE_ID}"}
+            # a degraded bandwidth (healthMask DEGRADED_BW) withdraws them too: a clique that is not whole is
+            # not offered to new domains
+            fake.set_fabric(1, degraded=True)
+            wait_for(lambda: not published(), timeout=30, what="the channels withdrawn on a degraded fabric")
+            fake.set_fabric(1, degraded=False)
+            wait_for(published, timeout=30, what="the channels back once the bandwidth is whole")
             assert node.agent.terminate() == 0
         finally:
             node.agent.close()

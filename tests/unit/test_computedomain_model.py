@@ -7,6 +7,7 @@ import pytest
 from agent.computedomain import channels, imexconfig, model, templates
 from agent.computedomain.channels import ChannelConfig, ConfigError, DaemonConfig
 from agent.computedomain.model import NOT_READY, READY, DomainNode, InvalidComputeDomain
+from agent.devices.model import FabricInfo
 
 UID = "2f0b4f3e-8d6a-4c3e-9a43-5b1b9f0e7c11"
 
@@ -120,10 +121,19 @@ def test_a_node_serves_channels_only_when_every_gpu_is_in_one_clique() -> None:
     assert channels.clique_of([]) is None
 
 
-def test_the_published_devices_are_nvidias() -> None:
-    body = channels.resource_slice("n1", "node-uid", 3)
+def test_a_node_whose_fabric_is_degraded_offers_no_channels() -> None:
+    # a degraded bandwidth (healthMask DEGRADED_BW) on any GPU: the clique is not offered to new domains
+    whole, degraded = FabricInfo("u", 1), FabricInfo("u", 1, degraded=True)
+    assert channels.node_clique([whole, whole]) == "u.1"
+    assert channels.node_clique([whole, degraded]) is None
+    assert channels.node_clique([whole, None]) is None  # registration not COMPLETED: discovery reports no fabric
+
+
+def test_the_published_devices_are_nvidias_with_their_clique() -> None:
+    body = channels.resource_slice("n1", "node-uid", 3, "u.1")
     assert [(d["name"], d["attributes"]["type"]["string"], d["attributes"]["id"]["int"])
             for d in body["spec"]["devices"]] == [("channel-0", "channel", 0), ("daemon-0", "daemon", 0)]
+    assert {d["attributes"]["cliqueID"]["string"] for d in body["spec"]["devices"]} == {"u.1"}
     assert body["spec"]["pool"] == {"name": "n1", "generation": 3, "resourceSliceCount": 1}
 
 

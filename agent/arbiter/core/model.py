@@ -56,6 +56,9 @@ class NodeSpec:
     # what is free of its other resources (pods, ephemeral-storage, hugepages-*, extended resources), checked
     # only for pods that ask for them: a resource it does not list, it does not have
     other: Mapping[str, float] = field(default_factory=dict)
+    # the multi-node NVLink fabric clique whose IMEX channels the node offers (a complete, undegraded fabric);
+    # None: it offers none
+    clique: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,8 @@ class JobSpec:
     pending_since: float | None = None  # when it last became pending (None: since created_at)
     # when its scheduler first saw it waiting, to the sub-second (evict.same_burst); None: created_at
     weighed_since: float | None = None
+    # its pods share a ComputeDomain: all of them run on nodes of one clique (NodeSpec.clique), or none does
+    one_clique: bool = False
 
 
 @dataclass(frozen=True, slots=True)

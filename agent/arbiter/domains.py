@@ -1,0 +1,54 @@
+"""ComputeDomain channels as the arbiter weighs them: pure, from the informers' objects.
+
+A node in a complete, undegraded NVLink fabric clique publishes IMEX channels in its own pool of the driver
+`compute-domain.nvidia.com` (agent.computedomain.channels), each with its clique as the `cliqueID` attribute; a node
+in no such clique publishes none. A pod of a ComputeDomain asks for one channel per channel claim, and one claim
+takes `channel-0`, so at most one pod of one domain runs on a node. The arbiter does not allocate channel claims:
+it places the pod (and its GPU claims) on a node that has a free channel, inside one clique for the whole gang,
+and kube-scheduler allocates the channel there once the pod is ungated for that node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agent.computedomain.channels import CHANNEL, CLIQUE_ATTRIBUTE
+from agent.computedomain.model import CHANNEL_CLASS, DRIVER
+
+CHANNEL_RESOURCE = f"{DRIVER}/channel"  # the node resource a channel claim takes (NodeSpec.other, PodSpec.other)
+
+
+def is_channel_claim(claim: Mapping[str, Any]) -> bool:
+    """Whether every request of the claim asks for a ComputeDomain channel (NVIDIA's template has one)."""
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
+    return bool(requests) and all((r.get("exactly") or {}).get("deviceClassName") == CHANNEL_CLASS
+                                  for r in requests)
+
+
+def offered(slices: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, int]]:
+    """node -> (its clique, the channel devices it publishes), for the nodes that publish channels."""
+    out: dict[str, tuple[str, int]] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
+            continue
+        for d in spec.get("devices") or ():
+            attrs = d.get("attributes") or {}
+            clique = (attrs.get(CLIQUE_ATTRIBUTE) or {}).get("string")
+            if (attrs.get("type") or {}).get("string") == CHANNEL and clique:
+                node = str(spec["nodeName"])
+                out[node] = (str(clique), out.get(node, ("", 0))[1] + 1)
+    return out
+
+
+def held(claims: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """node -> its channels allocated to claims."""
+    out: dict[str, int] = {}
+    for c in claims:
+        results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
+        for r in results:
+            if r.get("driver") == DRIVER and str(r.get("device", "")).startswith(f"{CHANNEL}-"):
+                pool = str(r.get("pool"))
+                out[pool] = out.get(pool, 0) + 1
+    return out
