@@ -308,6 +308,7 @@ def _device_room(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[s
     return {n: ((float(c[0]), c[1]), (float(c[2]), c[3])) for n, c in out.items()}
 
 
+@functools.lru_cache(maxsize=65536)  # a node's device names, sorted again every snapshot
 def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
     """gpu-2 before gpu-10."""
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)
@@ -448,11 +449,17 @@ class WorldCache:
     def __init__(self) -> None:
         self.pods: dict[str, _PodRead] = {}
         self.jobs: dict[str, _JobRead] = {}
+        self.pools_read: list[Json] = []  # the slices `pools` was read from
+        self.pools: dict[str, set[str]] | None = None  # _pool_devices
         self.slices_read: list[Json] = []  # the slices `devices` was read from
         self.devices: tuple[dict[tuple[str, str], float], dict[tuple[str, str], dict[str, Capacity]],
                             dict[tuple[str, str], dict[str, float]]] | None = None
         self.pods_read = 0  # pods read afresh by the last snapshot (tests, the benchmark)
         self.jobs_weighed = 0  # gangs weighed afresh by the last snapshot
+
+
+def _same_objects(before: Sequence[Json], now: Sequence[Json]) -> bool:
+    return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
 
 
 def _read_pod_cached(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json], default_queue: str | None,
@@ -528,8 +535,14 @@ class _Served:
     unserved: dict[str, tuple[int, str]]  # told to the gangs that wait for GPUs (waiting.py)
 
 
-def _serve_nodes(nodes: Iterable[Json], slices: Sequence[Json], driver: str) -> _Served:
-    devices = _pool_devices(slices, driver)
+def _serve_nodes(nodes: Iterable[Json], slices: Sequence[Json], driver: str,
+                 cache: WorldCache | None = None) -> _Served:
+    if cache is not None and _same_objects(cache.pools_read, slices) and cache.pools is not None:
+        devices = cache.pools
+    else:
+        devices = _pool_devices(slices, driver)
+        if cache is not None:
+            cache.pools_read, cache.pools = list(slices), devices
     managed: list[Json] = []
     unserved: dict[str, tuple[int, str]] = {}
     for n in nodes:
@@ -762,9 +775,7 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
     waiting: dict[str, str] = {}
     invalid: dict[str, Invalid] = {}
     # what the published devices are worth, and which are shareable: read again only when a slice changed
-    same_slices = cache is not None and len(cache.slices_read) == len(slices) and all(
-        a is b for a, b in zip(cache.slices_read, slices, strict=True))
-    if cache is not None and same_slices and cache.devices is not None:
+    if cache is not None and _same_objects(cache.slices_read, slices) and cache.devices is not None:
         worth, shareable, capacities = cache.devices
     else:
         worth = device_gpus(slices, driver)
@@ -941,7 +952,7 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     `cache`: the WorldCache of the caller's earlier snapshots; the snapshot is the same with it, built faster.
     `refused_claims`: claim key -> why a node refused it as written; a pending pod with one waits, saying so."""
     objects = _read_objects(claims, pod_groups, queues, slices)
-    served = _serve_nodes(nodes, objects.slices, driver)
+    served = _serve_nodes(nodes, objects.slices, driver, cache)
     if cache is not None:
         cache.pods_read = cache.jobs_weighed = 0
     found = _group_gangs(pods, objects, NodeRules(served.managed), default_queue=default_queue,

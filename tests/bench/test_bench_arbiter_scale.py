@@ -26,6 +26,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,7 +100,7 @@ def _cycle(snapshot: Snapshot) -> dict[str, float]:
     times: dict[str, float] = {}
     gc.collect()
     with gc_paused():
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         session = Session(snapshot)
         times["session (snapshot + fair share)"] = time.perf_counter() - start
         for name in ("allocate", "consolidate", "reclaim", "preempt"):
@@ -107,6 +108,7 @@ def _cycle(snapshot: Snapshot) -> dict[str, float]:
             ACTIONS[name](session)
             times[name] = time.perf_counter() - t
         times["total"] = time.perf_counter() - start
+        times["total, CPU"] = time.thread_time() - cpu_start
     bound = sum(1 for p in session.pods if p.state in ("bound", "pipelined"))
     evicted = sum(1 for p in session.pods if p.state == "evicted")
     del session
@@ -116,6 +118,14 @@ def _cycle(snapshot: Snapshot) -> dict[str, float]:
     t = time.perf_counter()
     result = run_cycle(snapshot)  # as `simulate` times it: with the decisions and the next round's snapshot
     times["run_cycle (simulate's cycleSeconds)"] = time.perf_counter() - t
+    # the next cycle, one pod more: the core builds its session whole every cycle (the snapshot from the API
+    # objects is incremental, test_the_snapshot_after_one_pod_arrives), so this costs what a full cycle does
+    arrived = dataclasses.replace(snapshot, jobs=(*snapshot.jobs, JobSpec(
+        "arrived", snapshot.jobs[-1].queue, 50, True, 1, 1.8e9, (PodSpec("arrived-0", MILLI, 4000, 32 * GIB),))))
+    t, cpu = time.perf_counter(), time.thread_time()
+    run_cycle(arrived)
+    times["run_cycle after one pod arrives"] = time.perf_counter() - t
+    times["run_cycle after one pod arrives, CPU"] = time.thread_time() - cpu
     times["pods placed"] = bound
     times["pods evicted"] = evicted
     times["decisions"] = int(hashlib.sha256(repr(sorted(result.pods.items())).encode()).hexdigest()[:8], 16)
@@ -188,3 +198,82 @@ def test_one_full_cycle(nodes: int, running: int, pending: int, tmp_path: Path) 
             print(f"  {name:38s} {value:10.3f}" + (f" {other:10.3f}" if other is not None else "") + " s")
         if nodes == 1_000:
             assert times["total"] < 1.0
+
+
+def _api_objects(nodes: int, running: int, pending: int) -> dict[str, Any]:
+    """The informers' objects for a cluster like `synthetic`'s: nodes with their agents' annotations and a slice
+    of 8 GPUs each, 50 leaf queues under 5 departments, gangs of 1-16 one-GPU pods with their PodGroups and
+    claims (running ones allocated and bound)."""
+    from tests.unit.test_arbiter_incremental import _claim, _group, _node, _pod, _queue, _slice
+
+    rng = random.Random(1)
+    queues = [_queue("root", None, 0)]
+    for d in range(5):
+        queues.append(_queue(f"dept-{d}", "root", nodes * 8 / 5))
+        queues += [_queue(f"team-{d}-{t}", f"dept-{d}", nodes * 8 / 50) for t in range(9)]
+    leaves = [str(q["metadata"]["name"]) for q in queues if q["spec"].get("parentQueue", "root") != "root"]
+    out: dict[str, Any] = {"queues": queues, "nodes": [], "slices": [], "pods": [], "claims": [], "pod_groups": []}
+    for i in range(nodes):
+        out["nodes"].append(_node(f"node-{i}"))
+        out["slices"].append(_slice(f"node-{i}", 1, 8))
+    seat = 0
+    for placed, wanted in ((True, running), (False, pending)):
+        made = 0
+        while made < wanted:
+            size = min(rng.randint(1, 16), wanted - made)
+            group = f"{'r' if placed else 'p'}{len(out['pod_groups'])}"
+            out["pod_groups"].append(_group(group, size, 50))
+            for k in range(size):
+                name = f"{group}-{k}"
+                claim, pod = _claim(f"{name}-gpu", 1, False), _pod(name, f"{name}-gpu", group, rng.choice(leaves))
+                if placed:
+                    node = f"node-{seat // 8}"
+                    claim["status"] = {"allocation": {"devices": {"results": [
+                        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": node, "device": f"gpu-{seat % 8}"}]},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+                        "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]}
+                    del pod["spec"]["schedulingGates"]
+                    pod["spec"]["nodeName"] = node
+                    seat += 1
+                out["claims"].append(claim)
+                out["pods"].append(pod)
+            made += size
+    return out
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(900)
+def test_the_snapshot_after_one_pod_arrives() -> None:
+    """The arbiter's snapshot from the informers' objects (agent.arbiter.world), 1,000 nodes and 14,000 pods: built
+    from scratch, as every cycle did before issue 37, against the next one built with the last one's WorldCache after
+    one pod (and its claim) arrives. CPU seconds of this thread, so a busy machine does not count."""
+    from agent.arbiter.world import WorldCache, build_world
+    from tests.unit.test_arbiter_incremental import _claim, _pod
+
+    objects = _api_objects(1_000, 4_000, 10_000)
+
+    def build(cache: WorldCache | None, weighed: dict[str, float]) -> tuple[Any, float]:
+        gc.collect()
+        cpu = time.thread_time()
+        built = build_world(**objects, driver="gpu.nvidia.com", now=1.8e9, weighed=weighed, cache=cache)
+        return built, time.thread_time() - cpu
+
+    first, _ = build(None, {})
+    full = [build(None, first.weighed)[1] for _ in range(3)]
+    cache = WorldCache()
+    build(cache, first.weighed)  # the cache filled, as by the cycle before
+    arrived: list[float] = []
+    weighed_again: list[tuple[int, int]] = []
+    for i in range(3):
+        name = f"arrived-{i}"
+        objects["claims"] = [*objects["claims"], _claim(f"{name}-gpu", 1, False)]
+        objects["pods"] = [*objects["pods"], _pod(name, f"{name}-gpu", None, "team-0-0")]
+        built, seconds = build(cache, first.weighed)
+        arrived.append(seconds)
+        weighed_again.append((cache.pods_read, cache.jobs_weighed))
+    fresh, _ = build(None, first.weighed)
+    assert built.snapshot == fresh.snapshot
+    print(f"\nthe arbiter's snapshot of 1,000 nodes and 14,000 pods ({len(fresh.snapshot.jobs)} gangs), CPU: from "
+          "scratch " + ", ".join(f"{s:.3f}" for s in full) + " s; the next after one pod arrives, incremental "
+          + ", ".join(f"{s:.3f}" for s in arrived) + f" s (pods read, gangs weighed again: {weighed_again})")
