@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv compiled test lint demo proto bench trials coexistence clean control-plane container-tools node-stack node-deps image image-tools
+.PHONY: venv compiled test check demo proto bench trials coexistence clean control-plane container-tools node-stack node-deps image image-tools
 
 venv: $(STAMP)
 
@@ -55,10 +55,14 @@ image-tools:
 	      apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null; }; } || \
 	  echo "mmdebstrap not installed: the image tests will skip"
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check agent fakes tests proto native
+# What keeps the tree as it is meant to be, run by .ci/run before the tests: formatting, lint, strict types on
+# agent/, the import contracts (pyproject.toml) and generated protos that match their sources.
+check: $(STAMP)
+	$(VENV)/bin/ruff format --check agent fakes tests proto native daemonset
+	$(VENV)/bin/ruff check agent fakes tests proto native daemonset
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) proto/generate.py --check
 
 demo: $(STAMP) $(COMPILED)
 	$(PY) -m fakes.demo
