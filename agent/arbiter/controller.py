@@ -277,6 +277,7 @@ class Arbiter:
         self.doubles: dict[tuple[str, str], list[str]] = {}  # devices in two claims, as last seen
         self.unbindable: dict[str, str] = {}  # admitted pods kube-scheduler refuses -> its message, as last told
         self.cycles = 0
+        self.unchanged_cycles = 0  # cycles the run loop started with no change seen since the last one
         self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
         self.cpu_timings: dict[str, float] = {}  # CPU seconds of the cycle's own thread per phase (wall time
@@ -316,9 +317,11 @@ class Arbiter:
     def run(self, stop: threading.Event) -> None:
         started = -math.inf
         while not stop.is_set():
-            self._changed.wait(self.config.period_s)
+            changed = self._changed.wait(self.config.period_s)
             if stop.wait(started + self.config.cycle_gap_s - time.monotonic()):
                 return
+            if not (changed or self._changed.is_set()):
+                self.unchanged_cycles += 1  # woken by the period alone: only the clock moved
             self._changed.clear()
             started = time.monotonic()
             try:

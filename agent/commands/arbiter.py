@@ -198,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("arbiter stopped", extra={
             "thread_cpu_seconds": {k: round(v, 3) for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
                                    if v >= 0.001},
-            "cycles": arbiter.cycles, "evictions": dict(arbiter.evictions),
+            "cycles": arbiter.cycles, "unchanged_cycles": arbiter.unchanged_cycles,
+            "evictions": dict(arbiter.evictions),
             "seconds": {k: round(v, 3) for k, v in arbiter.timings.items()},
             "cpu_seconds": {k: round(v, 3) for k, v in arbiter.cpu_timings.items()},
             "commit_seconds": {k: round(v, 3) for k, v in arbiter.commit_timings().items()}})

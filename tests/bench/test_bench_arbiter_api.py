@@ -274,7 +274,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
     print(f"  arbiter CPU {cpu:.1f} s over {wall:.1f} s")
     print(occupancy.report("GPU turns", 256, admitted_at))
     print(f"  kube-scheduler binding the admitted pods: {kubelet.binding()}")
-    print(f"  arbiter cycles {run.cycles}; time in: " + ", ".join(
+    print(f"  arbiter cycles {run.cycles} ({run.unchanged} started with no change seen); time in: " + ", ".join(
         f"{k} {v:.2f} s" for k, v in sorted(run.seconds.items(), key=lambda kv: -kv[1])))
     print("  of which the cycle thread's CPU: " + ", ".join(
         f"{k} {v:.2f} s" for k, v in sorted(run.cpu_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.01))
@@ -340,6 +340,7 @@ class _Run:
     thrash: int
     refused: dict[str, int]  # commits a node or the API refused, by reason (the gang waits for the next cycle)
     given_back: int  # reservations kube-scheduler took from admitted pods, which the arbiter put back
+    unchanged: int = 0  # cycles started by the period alone, no change seen since the last one
 
 
 _ADMITTED = re.compile(r"admitted gang (\S+) of queue")
@@ -374,7 +375,8 @@ def _read_log(path: Path) -> _Run:
             summary = entry
     assert summary, f"the arbiter wrote no summary: see {path}"
     return _Run(summary["cycles"], summary["evictions"], summary["seconds"], summary["cpu_seconds"],
-                summary["commit_seconds"], summary.get("thread_cpu_seconds", {}), thrash, refused, given_back)
+                summary["commit_seconds"], summary.get("thread_cpu_seconds", {}), thrash, refused, given_back,
+                summary.get("unchanged_cycles", 0))
 
 
 def _kube_scheduler_run(cluster: FakeCluster, timed: _Timed) -> float:

@@ -79,3 +79,23 @@ def test_objects_are_copied_before_they_are_edited_for_a_write() -> None:
     ungated = narrowed(pod, "node-1", 1.7e9)
     assert pod["spec"]["schedulingGates"] and "affinity" not in pod["spec"]  # the informer's copy untouched
     assert "schedulingGates" not in ungated["spec"] and pod["metadata"]["annotations"] == {"a": "1"}
+
+
+def test_cycles_started_by_the_period_alone_are_counted() -> None:
+    """What a cycle that wakes only on change would spare: the run loop counts the cycles no change started."""
+    from agent.arbiter.controller import Arbiter, ArbiterConfig
+
+    arbiter = Arbiter(rest=None, token="t", config=ArbiterConfig(period_s=0.01, cycle_gap_s=0.0))  # type: ignore[arg-type]
+    stop = threading.Event()
+    ran: list[int] = []
+
+    def cycle(*, pipelined: bool = False) -> None:
+        ran.append(1)
+        if len(ran) == 3:
+            arbiter._changed.set()  # an informer's change: the next cycle is not counted
+        if len(ran) == 6:
+            stop.set()
+
+    arbiter.cycle = cycle  # type: ignore[assignment,method-assign]
+    arbiter.run(stop)
+    assert len(ran) == 6 and arbiter.unchanged_cycles == 5
