@@ -1,5 +1,7 @@
 """Names users and other components depend on (DESIGN section 4): fixed, never renamed."""
 
+GPU_CLASS = "gpu.nvidia.com"  # the DeviceClasses, as NVIDIA's driver names them
+MIG_CLASS = "mig.nvidia.com"
 GATE = "scheduling.gpu-dra-agent.io/arbiter"  # the scheduling gate that hands a pod to the arbiter
 QUEUE_LABEL = "scheduling.gpu-dra-agent.io/queue"  # on a pod or its PodGroup: the leaf Queue it waits in
 # on a Node: where its agent serves the reservation API (host:port), written by the agent itself

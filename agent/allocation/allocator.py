@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 
 from agent.allocation.catalog import (
     DRIVER,
-    GPU_CLASS,
-    MIG_CLASS,
     Candidate,
     NodeUsage,
     candidates,
@@ -35,6 +33,7 @@ from agent.allocation.selectors import SelectorEngine
 from agent.devices.geometry import PlacedProfile, count_free_placements, is_valid_layout
 from agent.devices.model import Inventory
 from agent.devices.names import gpu_device_name
+from agent.names import GPU_CLASS, MIG_CLASS
 
 # The request mix fgd assumes when the caller knows none: whole GPUs and common fractions.
 DEFAULT_MIX = RequestMix((

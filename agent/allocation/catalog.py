@@ -22,8 +22,6 @@ from agent.slices import build as slice_devices
 from agent.slices.build import DEFAULT_DRIVER
 
 DRIVER = DEFAULT_DRIVER  # the local allocator serves the default driver name
-GPU_CLASS = "gpu.nvidia.com"
-MIG_CLASS = "mig.nvidia.com"
 
 
 @dataclass(frozen=True)

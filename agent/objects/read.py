@@ -13,9 +13,8 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
 from agent.devices.shares import Capacity
-from agent.names import GATE
+from agent.names import GATE, GPU_CLASS, MIG_CLASS
 from agent.quantity import QuantityError, parse
 
 # a node that reports none of its standard resources is not limited by them (extended resources: it has none)

@@ -15,10 +15,10 @@ from fractions import Fraction
 from typing import Any
 
 from agent.allocation.allocator import Claim, DeviceRequest
-from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
 from agent.allocation.fragmentation import MILLI
 from agent.devices.shares import Capacity, ShareError, describe, requests_of, share_of, to_quantities
 from agent.jsontypes import Json
+from agent.names import GPU_CLASS, MIG_CLASS
 from agent.objects.read import Choice, ShareDevices, chosen_requests, claim_requests
 
 

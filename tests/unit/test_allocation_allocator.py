@@ -6,10 +6,11 @@ import pytest
 
 from agent.allocation.allocator import Allocator, Claim, DeviceRequest, NoFit, Policy
 from agent.allocation.capacity import summarize
-from agent.allocation.catalog import MIG_CLASS, NodeUsage
+from agent.allocation.catalog import NodeUsage
 from agent.allocation.selectors import CelSelectors, SelectorError
 from agent.devices.geometry import PlacedProfile, count_free_placements
 from agent.devices.model import Gpu, GpuInstance, Inventory, MigDevice, MigPlacement, MigProfile
+from agent.names import MIG_CLASS
 
 GiB = 1 << 30
 
