@@ -35,7 +35,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.allocation.allocator import Claim
-from agent.allocation.catalog import GPU_CLASS, MIG_CLASS
 from agent.arbiter import domains
 from agent.arbiter.core.model import (
     MILLI,
@@ -57,6 +56,8 @@ from agent.names import (
     ADMITTED_ANNOTATION,
     DEFAULT_QUEUE,
     FINGERPRINT_ANNOTATION,
+    GPU_CLASS,
+    MIG_CLASS,
     QUEUE_LABEL,
 )
 from agent.objects.read import (
