@@ -432,7 +432,11 @@ class _JobRead:
     inputs: tuple[Any, ...]
     objects: tuple[Any, ...]  # the objects whose ids `inputs` holds, kept so that no id is reused meanwhile
     job: JobSpec
-    exact_after: float  # its queue's running sum (exact) after it
+    exact_before: float  # its queue's running sum (exact) before it
+    exact_after: float  # and after it
+    # a fraction of a GPU among its pods: their milli-GPUs round against the running sum, so it is weighed from
+    # that sum's value; a gang of whole GPUs, from whether the sum is whole (its pods' milli-GPUs are then exact)
+    fractional: bool
     claims: tuple[str, ...]  # the claims it counted
     first_seen: float | None
 
@@ -804,12 +808,13 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             continue
         inputs: tuple[Any, ...] = ()
         if cache is not None:
-            inputs = _job_inputs(gang, found, groups, known_nodes, exact_before=exact.get(gang.queue, 0.0),
-                                 weighed=weighed)
+            before = exact.get(gang.queue, 0.0)
+            inputs = _job_inputs(gang, found, groups, known_nodes, whole_before=before.is_integer(), weighed=weighed)
             hit = cache.jobs.get(job)
-            if hit is not None and hit.inputs == inputs and counted.isdisjoint(hit.claims):
+            if (hit is not None and hit.inputs == inputs and counted.isdisjoint(hit.claims)
+                    and (not hit.fractional or hit.exact_before == before)):
                 jobs.append(hit.job)
-                exact[gang.queue] = hit.exact_after
+                exact[gang.queue] = hit.exact_after if hit.fractional else before + (hit.exact_after - hit.exact_before)
                 counted.update(hit.claims)
                 if hit.first_seen is not None:
                     first_seen[job] = hit.first_seen
@@ -817,6 +822,8 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                 continue
             cache.jobs_weighed += 1
         volatile = False  # weighed from more than `inputs`: not remembered
+        exact_before = exact.get(gang.queue, 0.0)
+        fractional = not exact_before.is_integer()  # (half a milli rounds to even: after a fraction, all depend)
         one_clique = False  # its pods share a ComputeDomain (a channel claim): one NVLink clique for all
         channels_asked: dict[str, int] = {}  # pod key -> its channel claims not allocated yet
         claims_counted: list[str] = []
@@ -869,6 +876,7 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             if born is not None and (created is None or born < created) and group is None:
                 created = born
             before = exact.get(gang.queue, 0.0)
+            fractional = fractional or not (gpus * MILLI).is_integer()
             exact[gang.queue] = before + gpus * MILLI
             milli = round(exact[gang.queue]) - round(before)
             index = None
@@ -915,15 +923,16 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                        weighed_since=since, one_clique=one_clique)
         jobs.append(spec)
         if cache is not None and not volatile:
-            cached_jobs[job] = _JobRead(inputs, _job_objects(gang, groups), spec, exact.get(gang.queue, 0.0),
-                                        tuple(claims_counted), first_seen.get(job))
+            cached_jobs[job] = _JobRead(inputs, _job_objects(gang, groups), spec, exact_before,
+                                        exact.get(gang.queue, 0.0), fractional, tuple(claims_counted),
+                                        first_seen.get(job))
     if cache is not None:
         cache.jobs = cached_jobs  # gangs gone, or weighed from more than their inputs, are forgotten
     return _Jobs(jobs, shareable, first_seen, waiting, invalid)
 
 
 def _job_inputs(gang: Gang, found: _Gangs, groups: Mapping[str, Json], known_nodes: set[str], *,
-                exact_before: float, weighed: Mapping[str, float] | None) -> tuple[Any, ...]:
+                whole_before: bool, weighed: Mapping[str, float] | None) -> tuple[Any, ...]:
     """What a gang is weighed from (WorldCache): objects by identity (_job_objects keeps them alive), the rest by
     value."""
     group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
@@ -931,7 +940,7 @@ def _job_inputs(gang: Gang, found: _Gangs, groups: Mapping[str, Json], known_nod
         (key, id(m.pod), found.statuses[key], m.node, m.node in known_nodes, tuple(id(c) for c in m.claims),
          found.allowed.get(key))
         for key, m in sorted(gang.members.items()))
-    return (gang.queue, gang.min_member, gang.pod_group, id(group), exact_before, (weighed or {}).get(gang.name),
+    return (gang.queue, gang.min_member, gang.pod_group, id(group), whole_before, (weighed or {}).get(gang.name),
             gang.name in found.flying, members)
 
 

@@ -6,8 +6,9 @@ resourceVersion, the others stay the same objects. Covered: pods added, gated, u
 deleted; claims made, allocated (on a node, by devices) and freed while their pods stay as they were; a claim
 shared by pods of two gangs; a firstAvailable claim; PodGroups made, changed and deleted; a Queue's quota; a
 node's slice republished; a node cordoned and uncordoned; gangs whose commit is under way (in_flight); the
-clock. Not covered: consumable-capacity shares and MIG devices, whose fractions round against the queue's
-running sum (the cache weighs a gang holding a share afresh every time, as it does a firstAvailable claim)."""
+clock; MIG devices, each worth a fraction of a GPU, whose milli-GPUs round against their queue's running sum.
+Not covered: consumable-capacity shares (the cache weighs a gang holding one afresh every time, as it does a
+firstAvailable claim)."""
 
 from __future__ import annotations
 
@@ -51,14 +52,25 @@ def _node(name: str) -> dict[str, Any]:
         "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}})
 
 
-def _slice(name: str, generation: int, gpus: int) -> dict[str, Any]:
+def _slice(name: str, generation: int, gpus: int, migs: int = 0) -> dict[str, Any]:
+    """`migs`: MIG devices of 20 GB beside the GPUs, on a 70 GB GPU of their own (each worth 2/7 of a GPU)."""
+    devices: list[dict[str, Any]] = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
+                                     for i in range(gpus)]
+    if migs:
+        devices.append({"name": "gpu-parent", "attributes": {"type": {"string": "gpu"},
+                                                             "uuid": {"string": f"GPU-{name}"}},
+                        "capacity": {"memory": {"value": "70G"}}})
+        devices += [{"name": f"mig-{i}", "attributes": {"type": {"string": "mig"},
+                                                        "parentUUID": {"string": f"GPU-{name}"}},
+                     "capacity": {"memory": {"value": "20G"}}} for i in range(migs)]
     return _new({"metadata": {"name": f"{name}-gpu", "uid": f"s-{name}"}, "spec": {
         "driver": DRIVER, "nodeName": name, "pool": {"name": name, "generation": generation, "resourceSliceCount": 1},
-        "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(gpus)]}})
+        "devices": devices}})
 
 
-def _claim(name: str, count: int, first_available: bool) -> dict[str, Any]:
-    request: dict[str, Any] = {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}
+def _claim(name: str, count: int, first_available: bool, mig: bool = False) -> dict[str, Any]:
+    request: dict[str, Any] = {"name": "gpus", "exactly": {
+        "deviceClassName": "mig.nvidia.com" if mig else "gpu.nvidia.com", "count": count}}
     if first_available:
         request = {"name": "gpus", "firstAvailable": [
             {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": count + 2},
@@ -89,12 +101,13 @@ class Cluster:
     def __init__(self) -> None:
         self.queues = {n: _queue(n, p, q) for n, p, q in (("root", None, 0), ("a", "root", 4), ("b", "root", 4))}
         self.nodes = {n: _node(n) for n in NODES}
-        self.slices = {n: _slice(n, 1, 4) for n in NODES}
+        self.slices = {n: _slice(n, 1, 4, migs=3) for n in NODES}
         self.pods: dict[str, dict[str, Any]] = {}
         self.claims: dict[str, dict[str, Any]] = {}
         self.groups: dict[str, dict[str, Any]] = {}
         self.now = NOW
         self.free = {n: [f"gpu-{i}" for i in range(4)] for n in NODES}
+        self.free_migs = {n: [f"mig-{i}" for i in range(3)] for n in NODES}
 
     def apply(self, event: tuple[Any, ...]) -> None:  # noqa: C901, PLR0912 - one branch per kind of event
         kind, i, j = event
@@ -107,7 +120,7 @@ class Cluster:
             claim = (self.pods[pods[j % len(pods)]]["spec"]["resourceClaims"][0]["resourceClaimName"] if shared
                      else f"{name}-gpu")
             if not shared:
-                self.claims[claim] = _claim(claim, 1 + j % 2, first_available=j % 5 == 4)
+                self.claims[claim] = _claim(claim, 1 + j % 2, first_available=j % 5 == 4, mig=j % 6 == 5)
             group = f"g{j % 3}" if j % 4 else None
             self.pods[name] = _pod(name, claim, group, "a" if i % 2 else "b")
         elif kind == "group" and (i % 4 or not self.groups):
@@ -122,12 +135,14 @@ class Cluster:
             claim_name = pod["spec"]["resourceClaims"][0]["resourceClaimName"]
             claim = self.claims.get(claim_name)
             node = NODES[i % 2]
-            if claim is None or claim.get("status") or not self.free[node]:
+            mig = claim is not None and "mig" in str(claim["spec"]["devices"]["requests"][0])
+            free = self.free_migs[node] if mig else self.free[node]
+            if claim is None or claim.get("status") or not free:
                 return
             claim = _new(claim)
             claim["status"] = {"allocation": {
                 "devices": {"results": [{"request": "gpus", "driver": DRIVER, "pool": node,
-                                         "device": self.free[node].pop()}]},
+                                         "device": free.pop()}]},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                     {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
                 "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]}
@@ -140,8 +155,7 @@ class Cluster:
             if claim is None or not claim.get("status"):
                 return
             if kind == "free":  # rolled back, or freed by its owner: the pod unchanged
-                for r in claim["status"]["allocation"]["devices"]["results"]:
-                    self.free[r["pool"]].append(r["device"])
+                self._give_back(claim)
                 self.claims[claim_name] = _new({k: v for k, v in claim.items() if k != "status"})
                 return
             pod = _new(pod)  # ungated, and bound by kube-scheduler (or not yet)
@@ -162,8 +176,7 @@ class Cluster:
                 claim_name = pod["spec"]["resourceClaims"][0]["resourceClaimName"]
                 claim = self.claims.get(claim_name)
                 if claim is not None and claim.get("status"):
-                    for r in claim["status"]["allocation"]["devices"]["results"]:
-                        self.free[r["pool"]].append(r["device"])
+                    self._give_back(claim)
                     self.claims[claim_name] = _new({k: v for k, v in claim.items() if k != "status"})
             else:
                 pod = _new(pod)
@@ -175,7 +188,7 @@ class Cluster:
         elif kind == "slice":  # republished: a new generation, maybe a GPU more or less
             node = NODES[i % 2]
             generation = int(self.slices[node]["spec"]["pool"]["generation"]) + 1
-            self.slices[node] = _slice(node, generation, 4 + j % 2)
+            self.slices[node] = _slice(node, generation, 4 + j % 2, migs=3)
         elif kind == "node":  # cordoned, or uncordoned: served or not
             node = NODES[i % 2]
             changed = _new(self.nodes[node])
@@ -183,6 +196,11 @@ class Cluster:
             self.nodes[node] = changed
         elif kind == "clock":
             self.now += 1 + j
+
+    def _give_back(self, claim: dict[str, Any]) -> None:
+        for r in claim["status"]["allocation"]["devices"]["results"]:
+            free = self.free_migs if r["device"].startswith("mig-") else self.free
+            free[r["pool"]].append(r["device"])
 
     def build(self, cache: WorldCache | None, weighed: dict[str, float], in_flight: dict[str, str]) -> World:
         return build_world(pods=list(self.pods.values()), claims=list(self.claims.values()),
