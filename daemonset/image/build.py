@@ -49,7 +49,8 @@ PIP_TOOLS = "pip-tools==7.6.2"
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-DEBIAN_PACKAGES = ("python3", "libc-bin")  # libc-bin: ldconfig, run once to write /etc/ld.so.cache
+# libc-bin: ldconfig, run once to write /etc/ld.so.cache; libstdc++6: grpcio's compiled core links it
+DEBIAN_PACKAGES = ("python3", "libc-bin", "libstdc++6")
 # The Debian and dependency layers' files keep their packaged times up to this instant and later ones are clamped
 # to it, so those layers do not change with each commit (2026-01-01T00:00:00Z); the project's layer takes
 # SOURCE_DATE_EPOCH.
@@ -422,6 +423,7 @@ def build(tree: Path = REPO, out: Path | None = None, tag: str | None = None,
         shutil.copytree(tree / "fakes/nvml", fake / "nvml", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for part in ("deps", "agent", "fake"):
             _compile_all(work, [f"{STAGE}/{part}/{SITE}"], log, strip=f"{STAGE}/{part}")
+        _check_imports(work, log)
         layers = [_debian_layer(root)]
         layers.append(Layer.of(layer_tar(stage / "deps", BASE_EPOCH),
                                f"pip install --require-hashes -r {LOCK.name}"))  # fmt: skip
@@ -451,6 +453,18 @@ def _check_abi(root: Path, log: Path) -> None:
             f"the image's python loads {theirs} modules, this python builds {ours}: run the build "
             f"with a {PYTHON} (the venv of a Debian {SUITE} host, as `make image` does)"
         )
+
+
+def _check_imports(root: Path, log: Path) -> None:
+    """What the agent's commands load, compiled extensions and the libraries they link included, loads in the
+    image's root: a shared library missing from the Debian layer fails the build, not the first pod."""
+    paths = [f"{STAGE}/{part}/{SITE}" for part in ("deps", "agent")]
+    code = (f"import sys; sys.path[:0] = {paths!r}; import grpc._cython.cygrpc, agent.commands.node, "
+            "agent.commands.arbiter, agent.arbiter.core")  # fmt: skip
+    try:
+        _chroot(root, ["/usr/bin/python3", "-c", code], log)
+    except ImageError as error:
+        raise ImageError(f"the agent does not load in the image's root: {error}") from None
 
 
 def relock() -> None:

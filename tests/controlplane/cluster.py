@@ -53,6 +53,10 @@ CONTROLLERS = (
     "serviceaccount-controller",  # the `default` ServiceAccount pod admission requires
     "device-taint-eviction-controller",  # evicts pods from devices with NoExecute taints
     "podgroup-protection-controller",
+    "root-ca-certificate-publisher-controller",  # kube-root-ca.crt, which every service-account token volume mounts
+    "daemonset-controller",  # the product as deployed: the node agent's DaemonSet, the arbiter's Deployment
+    "deployment-controller",
+    "replicaset-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
 
@@ -261,6 +265,9 @@ class ControlPlane:
             f"--runtime-config={','.join(RUNTIME_CONFIG)}",
             f"--feature-gates={gates}",
             "--allow-privileged=true",  # as real clusters run: the node agent's DaemonSet is privileged
+            # `kubectl logs`/`exec`: a real node's kubelet by its InternalIP (127.0.0.1), as a client it trusts
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.admin_cert}", f"--kubelet-client-key={pki.admin_key}",
             "--profiling=false",
         ])  # fmt: skip
         self._wait(apiserver, lambda: self._get_tls(f"{self.url}/readyz"))

@@ -135,7 +135,10 @@ def _kubelet_credentials(cp: ControlPlane, directory: Path, node: str) -> tuple[
 
 class RealNode:
     def __init__(self, cp: ControlPlane, binaries: Path, root: Path | None = None, *, name: str = "node-r",
-                 machine: str = "mixed-mig", cdi_hook: Path | None = None) -> None:  # fmt: skip
+                 machine: str = "mixed-mig", cdi_hook: Path | None = None,
+                 host_agent: bool = True) -> None:  # fmt: skip
+        """`host_agent`: run the agent as a host process once the node is Ready; False leaves the node to the
+        agent's DaemonSet (the product as deployed: tests/integration/test_deployed.py)."""
         self.cp = cp
         self.binaries = binaries
         self._own_root = root is None
@@ -143,6 +146,7 @@ class RealNode:
         self.name = name
         self.machine = machine
         self.cdi_hook = cdi_hook  # nvidia-cdi-hook for the specs' hooks (ldcache, symlinks); None: specs run none
+        self.host_agent = host_agent
         self.logs = self.root / "logs"
         self.containerd_sock = self.root / "containerd" / "containerd.sock"
         self.kubelet_root = self.root / "kubelet"  # the kubelet's --root-dir: plugins/, plugins_registry/
@@ -155,6 +159,7 @@ class RealNode:
         # The host paths' first missing ancestor before start: what stop may remove again.
         self._made_on_host = [_first_missing(p) for p in HOST_PATHS]
         self.components: dict[str, Component] = {}
+        self._shared = False  # the root bind-mounted on itself, shared (see _share_mounts)
         self.agent: Daemon | None = None
         self.startup_seconds: dict[str, float] = {}
 
@@ -211,6 +216,7 @@ class RealNode:
     def start(self) -> RealNode:
         try:
             started = time.monotonic()
+            self._share_mounts()
             self._make_cgroup()
             self._make_devices()
             self._start_containerd()
@@ -218,7 +224,8 @@ class RealNode:
             self._start_kubelet()
             self._wait_ready()
             self.startup_seconds["kubelet"] = time.monotonic() - started
-            self.start_agent()
+            if self.host_agent:
+                self.start_agent()
             self.startup_seconds["all"] = time.monotonic() - started
         except BaseException:
             self.stop()
@@ -246,9 +253,24 @@ class RealNode:
             self.components.pop("containerd").stop()
         self._remove_cgroup()
         self._unmount_below(self.root)
+        if self._shared:
+            subprocess.run(["umount", "-l", str(self.root)], check=False, capture_output=True)
         self._clean_host_paths()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- mounts --------------------------------------------------------------------------------------------
+
+    def _share_mounts(self) -> None:
+        """The node's root bind-mounted on itself as a shared mount: the agent pod's plugin directory is
+        mounted Bidirectional and its driver root HostToContainer, which containerd refuses on a private
+        mount (this machine's / is one). What the kubelet and runc mount below it then propagates, as on a
+        real node's /var/lib/kubelet."""
+        for argv in (["mount", "--bind", str(self.root), str(self.root)], ["mount", "--make-rshared", str(self.root)]):
+            done = subprocess.run(argv, check=False, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise NodeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+            self._shared = True
 
     # -- cgroups -------------------------------------------------------------------------------------------
 
@@ -486,6 +508,9 @@ temp = "{base / "tmp"}"
         self._spawn("kubelet", [
             str(self.binaries / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--root-dir={self.kubelet_root}", f"--cert-dir={pki}", f"--hostname-override={self.name}",
+            # The node's addresses are set by the test, as a cloud controller manager would (_wait_ready): the
+            # kubelet refuses a loopback --node-ip, and any other address of this machine is off limits.
+            "--cloud-provider=external",
             "--v=4",
         ], {**os.environ, "PATH": f"{self.binaries}:{os.environ.get('PATH', '/usr/bin:/bin')}"})  # fmt: skip
 
@@ -519,10 +544,16 @@ temp = "{base / "tmp"}"
             node = wait_for(f"Node {self.name} to be Ready", ready, 120, kubelet.check_running, NodeError)
         except NodeError as error:
             raise NodeError(f"{error}\nkubelet log:\n{kubelet.tail(40)}") from None
-        # Admission gave the new Node the not-ready taint; the node-lifecycle controller that lifts it once
-        # the kubelet reports Ready does not run in this control plane. Do its part.
+        # The cloud controller manager's part: the node's InternalIP is 127.0.0.1, where the API server reaches
+        # the kubelet (`kubectl logs`) and hostNetwork pods have their IP (probes, status.hostIP).
+        node["status"]["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"},
+                                       {"type": "Hostname", "address": self.name}]  # fmt: skip
+        node = self.cp.request("PUT", f"/api/v1/nodes/{self.name}/status", node)
+        # Admission gave the new Node the not-ready taint, the kubelet the uninitialized one; the node-lifecycle
+        # controller and the cloud controller manager that lift them do not run in this control plane. Do their part.
         taints = node["spec"].get("taints", [])
-        kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
+        lifted = ("node.kubernetes.io/not-ready", "node.cloudprovider.kubernetes.io/uninitialized")
+        kept = [t for t in taints if t["key"] not in lifted]
         if kept != taints:
             node["spec"]["taints"] = kept
             self.cp.request("PUT", f"/api/v1/nodes/{self.name}", node)

@@ -15,6 +15,22 @@
 {{- toJson $env -}}
 {{- end -}}
 
+{{/* `.env` with `.extra` after it, an entry of `.extra` replacing the one of `.env` of the same name (a
+container's env is merged by name: two of one name would be refused by server-side apply). */}}
+{{- define "gpu-dra-agent.mergeEnv" -}}
+{{- $names := list -}}
+{{- range .extra }}{{ $names = append $names .name }}{{ end -}}
+{{- $env := list -}}
+{{- range .env }}{{ if not (has .name $names) }}{{ $env = append $env . }}{{ end }}{{ end -}}
+{{- toJson (concat $env .extra) -}}
+{{- end -}}
+
+{{/* The DaemonSet's host paths, each mounted at the same path in the pod, as the values say. */}}
+{{- define "gpu-dra-agent.nodePaths" -}}
+{{- $k := .kubeletPlugin -}}
+{{- toJson (dict "plugins" (printf "%s/plugins" (trimSuffix "/" $k.kubeletRoot)) "plugins-registry" (printf "%s/plugins_registry" (trimSuffix "/" $k.kubeletRoot)) "cdi" $k.cdiRoot "state" $k.stateDir) -}}
+{{- end -}}
+
 {{/* The node agent's DaemonSet (base/daemonset.yaml) as the values say; `.obj` is changed in place. */}}
 {{- define "gpu-dra-agent.daemonset" -}}
 {{- $v := .root.Values -}}
@@ -26,8 +42,19 @@
 {{- $_ := set $pod "nodeSelector" $v.kubeletPlugin.nodeSelector -}}
 {{- $_ := set $pod "tolerations" $v.kubeletPlugin.tolerations -}}
 {{- with $v.imagePullSecrets }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
+{{- if $v.kubeletPlugin.hostNetwork }}{{ $_ := set $pod "hostNetwork" true }}{{ end -}}
+{{- $paths := include "gpu-dra-agent.nodePaths" $v | fromJson -}}
 {{- range $pod.volumes }}{{ if eq .name "driver-root" }}{{ $_ := set .hostPath "path" $v.nvidiaDriverRoot }}{{ end }}{{ end -}}
+{{- range $pod.volumes }}{{ if hasKey $paths .name }}{{ $_ := set .hostPath "path" (get $paths .name) }}{{ end }}{{ end -}}
 {{- $agent := index $pod.containers 0 -}}
+{{- range $agent.volumeMounts }}{{ if hasKey $paths .name }}{{ $_ := set . "mountPath" (get $paths .name) }}{{ end }}{{ end -}}
+{{- $metricsPort := int $v.kubeletPlugin.metricsPort -}}
+{{- $healthPort := int $v.kubeletPlugin.healthcheckPort -}}
+{{- range $agent.ports -}}
+{{- if eq .name "metrics" }}{{ $_ := set . "containerPort" $metricsPort }}{{ end -}}
+{{- if eq .name "healthz" }}{{ $_ := set . "containerPort" $healthPort }}{{ end -}}
+{{- end -}}
+{{- $_ := set $agent.livenessProbe.grpc "port" $healthPort -}}
 {{- $gpus := $v.kubeletPlugin.containers.gpus -}}
 {{- $_ := set $agent "image" (include "gpu-dra-agent.image" .root) -}}
 {{- $_ := set $agent "imagePullPolicy" $v.image.pullPolicy -}}
@@ -36,8 +63,14 @@
 {{- $env := list -}}
 {{- range $agent.env -}}
 {{- if eq .name "NVIDIA_HOST_DRIVER_ROOT" }}{{ $_ := set . "value" $v.nvidiaDriverRoot }}{{ end -}}
+{{- if eq .name "KUBELET_ROOT" }}{{ $_ := set . "value" $v.kubeletPlugin.kubeletRoot }}{{ end -}}
+{{- if eq .name "CDI_ROOT" }}{{ $_ := set . "value" $v.kubeletPlugin.cdiRoot }}{{ end -}}
+{{- if eq .name "STATE_DIR" }}{{ $_ := set . "value" $v.kubeletPlugin.stateDir }}{{ end -}}
+{{- if eq .name "METRICS_ADDR" }}{{ $_ := set . "value" (printf "0.0.0.0:%d" $metricsPort) }}{{ end -}}
+{{- if eq .name "HEALTHCHECK_ADDR" }}{{ $_ := set . "value" (printf "0.0.0.0:%d" $healthPort) }}{{ end -}}
 {{- $env = append $env . -}}
 {{- end -}}
+{{- if ne $v.kubeletPlugin.devRoot "/" }}{{ $env = append $env (dict "name" "NVIDIA_DEV_ROOT" "value" $v.kubeletPlugin.devRoot) }}{{ end -}}
 {{- with $v.nvidiaCDIHookPath }}{{ $env = append $env (dict "name" "NVIDIA_CDI_HOOK_PATH" "value" .) }}{{ end -}}
 {{- with $v.consumableShares }}{{ $env = append $env (dict "name" "CONSUMABLE_SHARES" "value" .) }}{{ end -}}
 {{- if $v.partitionableDevices }}{{ $env = append $env (dict "name" "PARTITIONABLE_DEVICES" "value" "true") }}{{ end -}}
@@ -51,8 +84,8 @@
 {{- $env = append $env (dict "name" "ARBITER_USER" "value" (printf "system:serviceaccount:%s:gpu-dra-agent-arbiter" $ns)) -}}
 {{- end -}}
 {{- end -}}
-{{- $env = concat $env (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $gpus.env -}}
-{{- $_ := set $agent "env" $env -}}
+{{- $extra := concat (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $gpus.env -}}
+{{- $_ := set $agent "env" (include "gpu-dra-agent.mergeEnv" (dict "env" $env "extra" $extra) | fromJsonArray) -}}
 {{- end -}}
 
 {{/* The arbiter's Deployment (overlays/arbiter/arbiter.yaml) as the values say; `.obj` is changed in place. */}}
@@ -65,6 +98,15 @@
 {{- $_ := set $arbiter "image" (include "gpu-dra-agent.image" .root) -}}
 {{- $_ := set $arbiter "imagePullPolicy" $v.image.pullPolicy -}}
 {{- $_ := set $arbiter "resources" $v.arbiter.resources -}}
-{{- range $arbiter.env }}{{ if eq .name "GPU_PLACEMENT" }}{{ $_ := set . "value" $v.arbiter.gpuPlacement }}{{ end }}{{ end -}}
-{{- $_ := set $arbiter "env" (concat $arbiter.env (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray)) -}}
+{{- if $v.arbiter.hostNetwork }}{{ $_ := set $pod "hostNetwork" true }}{{ end -}}
+{{- $port := int $v.arbiter.metricsPort -}}
+{{- if $port }}
+{{- range $arbiter.ports }}{{ if eq .name "metrics" }}{{ $_ := set . "containerPort" $port }}{{ end }}{{ end -}}
+{{- else }}{{ $_ := unset $arbiter "ports" }}{{ end -}}
+{{- range $arbiter.env -}}
+{{- if eq .name "GPU_PLACEMENT" }}{{ $_ := set . "value" $v.arbiter.gpuPlacement }}{{ end -}}
+{{- if eq .name "METRICS_ADDR" }}{{ $_ := set . "value" (ternary (printf ":%d" $port) "" (ne $port 0)) }}{{ end -}}
+{{- end -}}
+{{- $extra := concat (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $v.arbiter.env -}}
+{{- $_ := set $arbiter "env" (include "gpu-dra-agent.mergeEnv" (dict "env" $arbiter.env "extra" $extra) | fromJsonArray) -}}
 {{- end -}}
