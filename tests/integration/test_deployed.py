@@ -10,13 +10,12 @@ pointed at loopback, the pods on the node's network): on these machines a test s
 127.0.0.0/8. The node's paths (kubelet root, CDI root, state directory, stand-in device nodes, the fake
 driver root) are the chart's values. One control plane and one node for the module, several checks per start;
 the tests run in file order and build on each other. Real nodes on one machine share fixed host paths, so
-this module takes ~/.cache/gpu-dra-agent/real-node.lock.
+RealNode takes ~/.cache/gpu-dra-agent/real-node.lock.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import shutil
 import subprocess
@@ -38,7 +37,7 @@ from tests.controlplane.cluster import ControlPlane, free_port, wait_for
 from tests.helm import build as helm_build
 from tests.integration import test_real_node as real
 from tests.integration.test_image_on_node import _builder
-from tests.node.node import RealNode
+from tests.node.node import RealNode, real_node_lock
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "gpu-dra-agent"
@@ -164,37 +163,34 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     _, test_image = builder.build(out=work / "image")
     current = test_image.name.rsplit(":", 1)[1]
     next_archive = _retagged(builder, test_image, NEXT, work / NEXT)
-    lock_path = cp_build.cache_root().parent / "real-node.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with ControlPlane(binaries).start() as cp, RealNode(cp, stack, host_agent=False).start() as node:
-            for archive in (test_image.path, next_archive):
-                node.ctr("images", "import", "--snapshotter", "native", "--local", str(archive))
-            labelled = node.node_object()
-            labelled["metadata"].setdefault("labels", {})["nvidia.com/gpu.present"] = "true"
-            cp.request("PUT", f"/api/v1/nodes/{node.name}", labelled)
-            # the fake driver's binaries run in the agent's container: its python (the test image has the fake)
-            driver_root = install_driver_root(node.root / "driver-root", python="/usr/bin/python3").parents[1]
-            metrics_port, health_port = free_port(), free_port()
-            values = work / "values.yaml"
-            values.write_text(yaml.safe_dump({
-                "image": {"repository": "gpu-dra-agent", "tag": current, "pullPolicy": "Never"},
-                "nvidiaDriverRoot": str(driver_root),
-                "apiServer": {"host": "127.0.0.1", "port": str(cp.port)},
-                "kubeletPlugin": {
-                    "kubeletRoot": str(node.kubelet_root), "cdiRoot": str(node.cdi_root),
-                    "stateDir": str(node.root / "state"), "devRoot": str(node.dev_root),
-                    "hostNetwork": True, "metricsPort": metrics_port, "healthcheckPort": health_port,
-                    # the node's network: listen on loopback only (entries named as the chart's replace them)
-                    "containers": {"gpus": {"env": [
-                        {"name": "NVML", "value": f"fake:{node.machine}"},
-                        {"name": "METRICS_ADDR", "value": f"127.0.0.1:{metrics_port}"},
-                        {"name": "HEALTHCHECK_ADDR", "value": f"127.0.0.1:{health_port}"},
-                    ]}},
-                },
-            }))  # fmt: skip
-            yield Deployed(cp, node, helm, {"current": current, NEXT: NEXT}, values, metrics_port)
+    # the lock before the control plane starts (RealNode takes it again, nested)
+    with real_node_lock(), ControlPlane(binaries).start() as cp, RealNode(cp, stack, host_agent=False).start() as node:
+        for archive in (test_image.path, next_archive):
+            node.ctr("images", "import", "--snapshotter", "native", "--local", str(archive))
+        labelled = node.node_object()
+        labelled["metadata"].setdefault("labels", {})["nvidia.com/gpu.present"] = "true"
+        cp.request("PUT", f"/api/v1/nodes/{node.name}", labelled)
+        # the fake driver's binaries run in the agent's container: its python (the test image has the fake)
+        driver_root = install_driver_root(node.root / "driver-root", python="/usr/bin/python3").parents[1]
+        metrics_port, health_port = free_port(), free_port()
+        values = work / "values.yaml"
+        values.write_text(yaml.safe_dump({
+            "image": {"repository": "gpu-dra-agent", "tag": current, "pullPolicy": "Never"},
+            "nvidiaDriverRoot": str(driver_root),
+            "apiServer": {"host": "127.0.0.1", "port": str(cp.port)},
+            "kubeletPlugin": {
+                "kubeletRoot": str(node.kubelet_root), "cdiRoot": str(node.cdi_root),
+                "stateDir": str(node.root / "state"), "devRoot": str(node.dev_root),
+                "hostNetwork": True, "metricsPort": metrics_port, "healthcheckPort": health_port,
+                # the node's network: listen on loopback only (entries named as the chart's replace them)
+                "containers": {"gpus": {"env": [
+                    {"name": "NVML", "value": f"fake:{node.machine}"},
+                    {"name": "METRICS_ADDR", "value": f"127.0.0.1:{metrics_port}"},
+                    {"name": "HEALTHCHECK_ADDR", "value": f"127.0.0.1:{health_port}"},
+                ]}},
+            },
+        }))  # fmt: skip
+        yield Deployed(cp, node, helm, {"current": current, NEXT: NEXT}, values, metrics_port)
 
 
 # -- helm install --------------------------------------------------------------------------------------------

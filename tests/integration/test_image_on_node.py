@@ -4,13 +4,12 @@ node's containerd, then a pod of that image run by kubelet 1.37, containerd 2.4 
 kubelet resolves a manifest's `gpu-dra-agent:<tag>`, and the layers make a root runc can start the agent in.
 
 Not yet here (issue 35, item 2): the DaemonSet from `helm install` as the node's agent (the node still runs the
-agent as a host process). Real nodes on one machine share fixed host paths, so this module takes
-~/.cache/gpu-dra-agent/real-node.lock for as long as its node runs.
+agent as a host process). Real nodes on one machine share fixed host paths, so RealNode takes
+~/.cache/gpu-dra-agent/real-node.lock for as long as it runs.
 """
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import shutil
@@ -23,9 +22,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY, built_binaries
-from tests.controlplane import build
 from tests.controlplane.cluster import ControlPlane, wait_for
-from tests.node.node import RealNode
+from tests.node.node import RealNode, real_node_lock
 
 REPO = Path(__file__).resolve().parents[2]
 PODS = "/api/v1/namespaces/default/pods"
@@ -52,12 +50,9 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     binaries = built_binaries(request, CONTROL_PLANE_KEY, "node tier")
     stack = built_binaries(request, NODE_STACK_KEY, "node tier")
     _, test_image = _builder().build(out=tmp_path_factory.mktemp("image"))
-    lock_path = build.cache_root().parent / "real-node.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with ControlPlane(binaries).start() as cp, RealNode(cp, stack).start() as real:
-            yield test_image, real
+    # the lock before the control plane starts (RealNode takes it again, nested)
+    with real_node_lock(), ControlPlane(binaries).start() as cp, RealNode(cp, stack).start() as real:
+        yield test_image, real
 
 
 def test_containerd_imports_the_archive_and_runs_the_agent_in_a_pod(node: tuple[Any, RealNode]) -> None:

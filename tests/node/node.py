@@ -19,6 +19,8 @@ mount, the memory controller already used by the machine's process manager), and
   the runtime reports its network ready, which the kubelet needs before the node turns Ready.
 - GPU device nodes: stand-ins (`mknod` copies of /dev/null) under a dev root the node owns; the agent's
   `--dev-root` points its CDI specs' hostPath there. The host's /dev/nvidia* are never touched.
+Only one real node runs on a machine at a time: start() waits for ~/.cache/gpu-dra-agent/real-node.lock and
+stop() lets it go (re-entrant within a process, so a test module may hold it across several nodes).
 On stop, every pod sandbox is removed through CRI, the daemons stop, whatever is left in the node's cgroups is
 killed and the cgroups removed, and mounts left under the node's directory are lazily unmounted.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import json
 import os
 import shutil
@@ -39,8 +42,9 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 from cryptography import x509
@@ -52,6 +56,7 @@ from agent.claims import cdi
 from fakes.nvml import persist
 from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.machines import get_machine
+from tests.controlplane import build as cp_build
 from tests.controlplane import cluster
 from tests.controlplane.cluster import Component, ControlPlane, ControlPlaneError, free_port, wait_for
 from tests.integration.test_node_support import Daemon
@@ -66,6 +71,42 @@ SHIM_SOCKETS = Path("/run/containerd/s")
 HOST_PATHS = (DEVICE_PLUGIN_SOCKET, CONTAINER_LOG_LINKS, SHIM_SOCKETS)
 # None needed: DRA, ResourceHealthStatus (beta since 1.36) and device taints are on by default in 1.37.
 KUBELET_FEATURE_GATES: dict[str, bool] = {}
+
+
+_held: list[IO[str]] = []  # the lock file, once per level this process holds the real-node lock
+
+
+def _lock_path() -> Path:
+    return cp_build.cache_root().parent / "real-node.lock"
+
+
+def acquire_node_lock() -> None:
+    """Wait for the machine's one real node slot (the kubelet's device-plugin socket path is fixed); a
+    process that holds it already just counts one more level."""
+    if _held:
+        _held.append(_held[0])
+        return
+    path = _lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(path, "w")  # noqa: SIM115 -- held until release_node_lock
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    _held.append(lock)
+
+
+def release_node_lock() -> None:
+    lock = _held.pop()
+    if not _held:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+@contextlib.contextmanager
+def real_node_lock() -> Iterator[None]:
+    acquire_node_lock()
+    try:
+        yield
+    finally:
+        release_node_lock()
 
 
 class NodeError(ControlPlaneError):
@@ -162,6 +203,7 @@ class RealNode:
         self._shared = False  # the root bind-mounted on itself, shared (see _share_mounts)
         self.agent: Daemon | None = None
         self.startup_seconds: dict[str, float] = {}
+        self._locked = False
 
     # -- what tests use ------------------------------------------------------------------------------------
 
@@ -214,6 +256,8 @@ class RealNode:
     # -- start and stop ------------------------------------------------------------------------------------
 
     def start(self) -> RealNode:
+        acquire_node_lock()
+        self._locked = True
         try:
             started = time.monotonic()
             self._share_mounts()
@@ -258,6 +302,9 @@ class RealNode:
         self._clean_host_paths()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._locked:
+            self._locked = False
+            release_node_lock()
 
     # -- mounts --------------------------------------------------------------------------------------------
 
