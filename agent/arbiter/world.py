@@ -876,7 +876,7 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             if born is not None and (created is None or born < created) and group is None:
                 created = born
             before = exact.get(gang.queue, 0.0)
-            fractional = fractional or not (gpus * MILLI).is_integer()
+            fractional = fractional or not float(gpus * MILLI).is_integer()  # gpus may be an int 0
             exact[gang.queue] = before + gpus * MILLI
             milli = round(exact[gang.queue]) - round(before)
             index = None
