@@ -57,6 +57,7 @@ CONTROLLERS = (
     "daemonset-controller",  # the product as deployed: the node agent's DaemonSet, the arbiter's Deployment
     "deployment-controller",
     "replicaset-controller",
+    "job-controller",  # the chart's pre-delete hook (the arbiter's uninstall) is a Job
 )
 SERVICE_CIDR = "10.0.0.0/24"
 

@@ -101,6 +101,8 @@ def test_the_arbiter_rbac_is_what_it_calls() -> None:
         ("", "pods/eviction", "create"),
         ("resource.k8s.io", "resourceclaims", "update"),  # the delete-protection finalizer
         ("resource.k8s.io", "resourceclaims/status", "update"),  # allocation and reservedFor
+        # ... which kube-apiserver 1.36+ also checks as this (found on the real cluster: test_deployed.py)
+        ("resource.k8s.io", "resourceclaims/binding", "update"),
         ("scheduling.gpu-dra-agent.io", "queues/status", "patch"),
         ("scheduling.gpu-dra-agent.io", "queues", "create"),  # the default Queue, when missing
         ("", "events", "create"), ("", "events", "patch"),

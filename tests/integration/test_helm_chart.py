@@ -90,7 +90,7 @@ def test_helm_lint_is_clean(helm: str) -> None:
 
 @pytest.mark.parametrize("path", ["daemonset", "daemonset/base"])
 def test_the_chart_renders_the_base(helm: str, path: str) -> None:
-    _assert_same(_template(helm, *MATCH_BASE), _kustomize(path))
+    _assert_same(_template(helm, "--no-hooks", *MATCH_BASE), _kustomize(path))
 
 
 @pytest.mark.parametrize(
@@ -102,7 +102,8 @@ def test_the_chart_renders_the_base(helm: str, path: str) -> None:
     ],
 )
 def test_the_chart_renders_each_overlay(helm: str, overlay: str, values: list[str]) -> None:
-    _assert_same(_template(helm, *MATCH_BASE, *values), _kustomize(f"daemonset/overlays/{overlay}"))
+    # the chart's hooks aside (the arbiter's uninstall Job, below), which kustomize has no place for
+    _assert_same(_template(helm, "--no-hooks", *MATCH_BASE, *values), _kustomize(f"daemonset/overlays/{overlay}"))
 
 
 def test_the_chart_renders_the_custom_mig_config_overlay(helm: str, tmp_path: Path) -> None:
@@ -139,6 +140,32 @@ def test_values_named_as_nvidias_chart_change_what_they_say(helm: str) -> None:
     policies = [o for k, o in objects.items() if k[0] == "ValidatingAdmissionPolicy"]
     assert "system:serviceaccount:gpu-dra-agent:" not in yaml.safe_dump(policies)
     assert "system:serviceaccount:gpus:gpu-dra-agent-node" in yaml.safe_dump(policies)
+
+
+def test_helm_uninstall_with_the_arbiter_runs_its_uninstall_first(helm: str) -> None:
+    """A pre-delete hook Job, `gpu-dra-agent arbiter --uninstall`, with an account allowed just that (the
+    test on the real node: test_deployed.py); no hook without the arbiter."""
+    assert not [k for k in _template(helm, *MATCH_BASE) if "uninstall" in k[2]]
+    objects = _template(helm, *MATCH_BASE, "--set", "arbiter.enabled=true", "--set", "arbiter.hostNetwork=true")
+    job = objects[("Job", NS, "gpu-dra-agent-arbiter-uninstall")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["gpu-dra-agent", "arbiter", "--uninstall"]
+    assert pod["hostNetwork"] is True and pod["serviceAccountName"] == "gpu-dra-agent-arbiter-uninstall"
+    role = objects[("ClusterRole", "", "gpu-dra-agent-arbiter-uninstall")]
+    assert {"devicetaintrules"} in [set(r["resources"]) for r in role["rules"]]
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):  # made before the Job, gone with it
+        key = next(k for k in objects if k[0] == kind and k[2] == "gpu-dra-agent-arbiter-uninstall")
+        assert objects[key]["metadata"]["annotations"]["helm.sh/hook-weight"] == "-10"
+
+
+def test_arbiter_metrics_port_0_turns_its_metrics_endpoint_off(helm: str) -> None:
+    """Tried: two replicas on the node's network both bound :9401 when the chart set METRICS_ADDR empty, which
+    the agent's options read as unset (the default)."""
+    objects = _template(helm, *MATCH_BASE, "--set", "arbiter.enabled=true", "--set", "arbiter.metricsPort=0")
+    (arbiter,) = objects[("Deployment", NS, "gpu-dra-agent-arbiter")]["spec"]["template"]["spec"]["containers"]
+    assert arbiter["command"][-1] == "--metrics-addr=" and "ports" not in arbiter
+    assert "METRICS_ADDR" not in {e["name"] for e in arbiter["env"]}
 
 
 def test_a_value_the_chart_cannot_honour_is_refused(helm: str) -> None:

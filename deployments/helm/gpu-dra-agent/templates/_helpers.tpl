@@ -103,10 +103,14 @@ container's env is merged by name: two of one name would be refused by server-si
 {{- if $port }}
 {{- range $arbiter.ports }}{{ if eq .name "metrics" }}{{ $_ := set . "containerPort" $port }}{{ end }}{{ end -}}
 {{- else }}{{ $_ := unset $arbiter "ports" }}{{ end -}}
+{{- $env := list -}}
 {{- range $arbiter.env -}}
 {{- if eq .name "GPU_PLACEMENT" }}{{ $_ := set . "value" $v.arbiter.gpuPlacement }}{{ end -}}
-{{- if eq .name "METRICS_ADDR" }}{{ $_ := set . "value" (ternary (printf ":%d" $port) "" (ne $port 0)) }}{{ end -}}
+{{- if eq .name "METRICS_ADDR" }}{{ $_ := set . "value" (printf ":%d" $port) }}{{ end -}}
+{{- /* port 0: no endpoint, said as an empty flag (an empty variable means the default, :9401) */ -}}
+{{- if or $port (ne .name "METRICS_ADDR") }}{{ $env = append $env . }}{{ end -}}
 {{- end -}}
+{{- if not $port }}{{ $_ := set $arbiter "command" (append $arbiter.command "--metrics-addr=") }}{{ end -}}
 {{- $extra := concat (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $v.arbiter.env -}}
-{{- $_ := set $arbiter "env" (include "gpu-dra-agent.mergeEnv" (dict "env" $arbiter.env "extra" $extra) | fromJsonArray) -}}
+{{- $_ := set $arbiter "env" (include "gpu-dra-agent.mergeEnv" (dict "env" $env "extra" $extra) | fromJsonArray) -}}
 {{- end -}}
