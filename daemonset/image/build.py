@@ -225,18 +225,20 @@ def agent_wheel(tree: Path, out: Path, log: Path, epoch: int) -> Path:
     """The project's wheel with the compiled arbiter core, built from a copy of `tree` at a fixed path (the
     path would otherwise reach the compiled modules)."""
     source = cache_root() / "source"
-    shutil.rmtree(source, ignore_errors=True)
-    for name in ("pyproject.toml", "README.md"):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(tree / name, source / name)
-    for name in ("agent", "native"):
-        shutil.copytree(tree / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch), "CFLAGS": "-g0"}  # no debug info: no build paths
-    _run([sys.executable, "native/compile.py"], log, cwd=source, env=env)
-    if not list((source / "agent/arbiter/core").glob("*.so")):
-        raise ImageError("mypyc compiled no arbiter core module (see the log)")
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-          "-w", str(out), str(source)], log, env=env)  # fmt: skip
+    # one fixed path: two builds at once (a test beside `make image`, two checkouts) take turns
+    with _locked("source"):
+        shutil.rmtree(source, ignore_errors=True)
+        for name in ("pyproject.toml", "README.md"):
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tree / name, source / name)
+        for name in ("agent", "native"):
+            shutil.copytree(tree / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch), "CFLAGS": "-g0"}  # no debug info: no build paths
+        _run([sys.executable, "native/compile.py"], log, cwd=source, env=env)
+        if not list((source / "agent/arbiter/core").glob("*.so")):
+            raise ImageError("mypyc compiled no arbiter core module (see the log)")
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+              "-w", str(out), str(source)], log, env=env)  # fmt: skip
     (built,) = out.glob("gpu_dra_agent-*.whl")
     return built
 
