@@ -3,7 +3,10 @@ the test image (`make image`'s product plus the NVML fake layer) imported into t
 agent as a host process. kubelet 1.37 runs the DaemonSet's pod; its probes pass through the kubelet; it
 registers through the hostPath plugin directories and publishes the node's slices; workload pods get their
 devices through it. Then the DaemonSet rolls to another image and back with claims in use (NVIDIA's
-test_gpu_updowngrade as the model), and `helm uninstall` shows what it leaves.
+test_gpu_updowngrade as the model), and `helm uninstall` shows what it leaves. Then the chart again with the
+arbiter: two replicas, one leads and admits a gang, the standby takes over when the leader's pod goes, and
+`helm uninstall` removes the fence through its pre-delete hook. Last, `kubectl apply -k` / `delete -k` of
+daemonset/ under a kustomization that sets this node's paths.
 
 In-cluster clients reach the API server as the chart's apiServer.host/port say (KUBERNETES_SERVICE_HOST/PORT
 pointed at loopback, the pods on the node's network): on these machines a test sends packets only to
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -30,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.names import COMPONENT, DEFAULT_QUEUE, FENCE_RULE, GATE, QUEUE_LABEL
 from fakes.nvml.binaries import install_driver_root
 from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY, built_binaries
 from tests.controlplane import build as cp_build
@@ -331,3 +336,215 @@ def test_helm_uninstall_leaves_running_pods_and_the_kubelet_withdraws_the_slices
     assert not roles["items"]
     assert site.get(f"/api/v1/namespaces/{NS}") is not None
     assert not site.cp.request("GET", f"/apis/apps/v1/namespaces/{NS}/daemonsets")["items"]
+
+
+# -- the arbiter's Deployment: two replicas, one leads, the standby takes over ----------------------------------
+
+ARBITER_PODS = f"/api/v1/namespaces/{NS}/pods?labelSelector=app.kubernetes.io%2Fcomponent%3Darbiter"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{COMPONENT}"
+PODGROUPS = f"/apis/scheduling.k8s.io/v1beta1/namespaces/{real.NS}/podgroups"
+
+
+def _gang(deployed: Deployed, name: str) -> list[real.RunningPod]:
+    """A PodGroup of two pods in the Queue `default`, each with one whole H100: gated by the chart's admission
+    policy, admitted whole by the arbiter (which allocates their claims), bound by kube-scheduler."""
+    site = deployed.site
+    site.cp.request("POST", PODGROUPS, {
+        "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: DEFAULT_QUEUE}},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}})  # fmt: skip
+    template, pod = real.example("one-h100-80gb", name)
+    with contextlib.suppress(urllib.error.HTTPError):  # made by an earlier test
+        site.cp.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{real.NS}/resourceclaimtemplates", template)
+    for i in range(2):
+        member = json.loads(json.dumps(pod))
+        member["metadata"] = {"name": f"{name}-{i}", "labels": {QUEUE_LABEL: DEFAULT_QUEUE}}
+        member["spec"]["schedulingGroup"] = {"podGroupName": name}
+        created = site.cp.request("POST", real.PODS, member)
+        assert any(g["name"] == GATE for g in created["spec"].get("schedulingGates", [])), "not gated"
+    return [real.wait_running(site, f"{name}-{i}") for i in range(2)]
+
+
+def _arbiters(deployed: Deployed) -> list[dict[str, Any]]:
+    return [p for p in deployed.cp.request("GET", ARBITER_PODS)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _leader(deployed: Deployed) -> tuple[str, str] | None:
+    """The Lease's holder and the arbiter pod it is (its identity is in its "arbiter running" log line)."""
+    holder = (deployed.cp.request("GET", LEASE).get("spec") or {}).get("holderIdentity")
+    for pod in _arbiters(deployed) if holder else ():
+        name = pod["metadata"]["name"]
+        with contextlib.suppress(urllib.error.HTTPError):
+            if holder in deployed.pod_log(NS, name):
+                return name, holder
+    return None
+
+
+def test_the_arbiter_s_two_replicas_admit_a_gang_and_the_standby_takes_over(deployed: Deployed) -> None:
+    site = deployed.site
+    reservation_port = free_port()
+    deployed.run_helm("install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace",
+                      "-f", str(deployed.values), "-f", str(_arbiter_values(deployed, reservation_port)))  # fmt: skip
+    deployed.ready_agent(_image_name(deployed.tags["current"]))
+    # A pod left from the uninstall test holds a GPU: the new agent unprepares it.
+    with contextlib.suppress(urllib.error.HTTPError):
+        real.delete_pod(site, "outlives-uninstall")
+    running = lambda: [p for p in _arbiters(deployed) if p.get("status", {}).get("phase") == "Running"]  # noqa: E731
+    wait_for("two arbiter pods running", lambda: len(running()) == 2 or None, 180, deployed.node.check_running)
+    leader, holder = wait_for("an arbiter to lead", lambda: _leader(deployed), 120)
+    first = _gang(deployed, "gang-a")
+    assert {p.devices[0] for p in first} == {"gpu-2", "gpu-3"}  # both whole GPUs, one each
+    assert f"admitted gang {real.NS}/gang-a" in deployed.pod_log(NS, leader)
+    for pod in first:
+        real.delete_pod(site, pod.name)
+
+    # The leader's pod deleted: the standby takes the Lease and admits the next gang.
+    started = time.monotonic()
+    site.cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{leader}")
+    new_leader, new_holder = wait_for("the standby to lead", lambda: (lead := _leader(deployed)) and lead[1] != holder
+                                      and lead, 120)  # fmt: skip
+    takeover_s = time.monotonic() - started
+    second = _gang(deployed, "gang-b")
+    admitted_s = time.monotonic() - started
+    print(f"arbiter takeover {takeover_s:.1f}s after the leader's pod was deleted; next gang running {admitted_s:.1f}s")
+    assert new_leader != leader
+    assert f"admitted gang {real.NS}/gang-b" in deployed.pod_log(NS, new_leader)
+    for pod in second:
+        real.delete_pod(site, pod.name)
+
+
+def _arbiter_values(deployed: Deployed, reservation_port: int) -> Path:
+    """The arbiter on the node's network too, beside the agent: two replicas on one node ask for no metrics
+    port; the agent serves reservations on loopback (the Node's InternalIP, so the arbiter calls it there)."""
+    base = yaml.safe_load(deployed.values.read_text())
+    env = [*base["kubeletPlugin"]["containers"]["gpus"]["env"],
+           {"name": "RESERVATION_ADDR", "value": f"127.0.0.1:{reservation_port}"}]  # fmt: skip
+    path = deployed.values.with_name("arbiter-values.yaml")
+    path.write_text(yaml.safe_dump({
+        "arbiter": {"enabled": True, "hostNetwork": True, "metricsPort": 0},
+        "kubeletPlugin": {"containers": {"gpus": {"env": env}}},
+    }))  # fmt: skip
+    return path
+
+
+def test_helm_uninstall_with_the_arbiter_removes_its_fence_and_gate_and_hands_waiting_pods_back(
+    deployed: Deployed,
+) -> None:
+    site = deployed.site
+    # A pod that waits for the arbiter (its Queue does not exist): gated.
+    _, pod = real.example("one-h100-80gb", "waits-for-arbiter")
+    pod["metadata"]["labels"] = {QUEUE_LABEL: "no-such-queue"}
+    pod["spec"]["nodeSelector"] = {"no-such": "node"}  # once ungated, Pending: the agent is gone with the chart
+    created = site.cp.request("POST", real.PODS, pod)
+    assert any(g["name"] == GATE for g in created["spec"].get("schedulingGates", []))
+    started = time.monotonic()
+    deployed.run_helm("uninstall", RELEASE, "--namespace", NS)  # runs the pre-delete hook Job, then deletes
+    print(f"helm uninstall with the arbiter: {time.monotonic() - started:.1f}s")
+    assert site.get(f"/apis/resource.k8s.io/v1/devicetaintrules/{FENCE_RULE}") is None
+    assert site.get(f"/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies/{GATE_POLICY}") is None
+    assert site.get(LEASE) is None
+    waiting = site.get(f"{real.PODS}/waits-for-arbiter")
+    assert waiting is not None and not waiting["spec"].get("schedulingGates"), "still gated"
+    # The hook's Job and its account went with it (hook-succeeded); what is left of ours: the namespace.
+    assert not site.cp.request("GET", f"/apis/batch/v1/namespaces/{NS}/jobs")["items"]
+
+    def left() -> list[str]:
+        return [f"{kind}/{o['metadata']['name']}" for kind, path in LEFT_BEHIND
+                for o in site.cp.request("GET", path)["items"]
+                if ("gpu-dra" in o["metadata"]["name"] and "-test:" not in o["metadata"]["name"])  # the test's own
+                or o["metadata"]["name"].endswith("nvidia.com")]  # fmt: skip
+
+    # The Queue CRD goes last (its Queues, the default one included, with it): the API server empties it first.
+    with contextlib.suppress(AssertionError):
+        wait_for("nothing of ours left", lambda: not left() or None, 60)
+    assert left() == []
+    real.delete_pod(site, "waits-for-arbiter")
+
+
+GATE_POLICY = "gpu-dra-agent-arbiter-gate"
+# where something of ours could be left behind
+LEFT_BEHIND = [
+    ("CustomResourceDefinition", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"),
+    ("ClusterRole", "/apis/rbac.authorization.k8s.io/v1/clusterroles"),
+    ("ClusterRoleBinding", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"),
+    ("DeviceClass", "/apis/resource.k8s.io/v1/deviceclasses"),
+    ("DeviceTaintRule", "/apis/resource.k8s.io/v1/devicetaintrules"),
+    ("MutatingAdmissionPolicy", "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"),
+    ("ValidatingAdmissionPolicy", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"),
+    ("ServiceAccount", f"/api/v1/namespaces/{NS}/serviceaccounts"),
+    ("ConfigMap", f"/api/v1/namespaces/{NS}/configmaps"),
+    ("Lease", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"),
+]
+
+
+# -- kubectl apply -k / delete -k -------------------------------------------------------------------------
+
+
+def _kustomization(deployed: Deployed, directory: Path) -> Path:
+    """daemonset/ as an operator would adapt it to this node: a kustomization of their own over it that sets
+    what the chart's values set in the test (image, node paths, node network, loopback API server)."""
+    values = yaml.safe_load(deployed.values.read_text())
+    plugin = values["kubeletPlugin"]
+    kubelet_root = plugin["kubeletRoot"]
+    # base/daemonset.yaml's first four volumes and mounts, in its order
+    paths = {0: f"{kubelet_root}/plugins", 1: f"{kubelet_root}/plugins_registry", 2: plugin["cdiRoot"],
+             3: plugin["stateDir"]}  # fmt: skip
+    container = "/spec/template/spec/containers/0"
+    ops: list[dict[str, Any]] = [
+        {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
+        {"op": "replace", "path": f"{container}/image", "value": _image_name(deployed.tags["current"])},
+        {"op": "replace", "path": f"{container}/imagePullPolicy", "value": "Never"},
+        {"op": "replace", "path": f"{container}/ports", "value": [
+            {"name": "metrics", "containerPort": plugin["metricsPort"], "protocol": "TCP"},
+            {"name": "healthz", "containerPort": plugin["healthcheckPort"], "protocol": "TCP"}]},
+        {"op": "replace", "path": f"{container}/livenessProbe/grpc/port", "value": plugin["healthcheckPort"]},
+        {"op": "replace", "path": "/spec/template/spec/volumes/5/hostPath/path", "value": values["nvidiaDriverRoot"]},
+    ]  # fmt: skip
+    for index, path in paths.items():
+        ops.append({"op": "replace", "path": f"/spec/template/spec/volumes/{index}/hostPath/path", "value": path})
+        ops.append({"op": "replace", "path": f"{container}/volumeMounts/{index}/mountPath", "value": path})
+    env = {"KUBELET_ROOT": kubelet_root, "CDI_ROOT": plugin["cdiRoot"], "STATE_DIR": plugin["stateDir"],
+           "NVIDIA_HOST_DRIVER_ROOT": values["nvidiaDriverRoot"], "NVIDIA_DEV_ROOT": plugin["devRoot"],
+           "KUBERNETES_SERVICE_HOST": values["apiServer"]["host"],
+           "KUBERNETES_SERVICE_PORT": values["apiServer"]["port"],
+           **{e["name"]: e["value"] for e in plugin["containers"]["gpus"]["env"]}}  # fmt: skip
+    env_patch = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                 "metadata": {"name": "gpu-dra-agent-node", "namespace": NS},
+                 "spec": {"template": {"spec": {"containers": [
+                     {"name": "agent", "env": [{"name": k, "value": str(v)} for k, v in env.items()]}]}}}}  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(REPO / "daemonset", directory)],  # kustomize takes no absolute path
+        "patches": [{"target": {"kind": "DaemonSet", "name": "gpu-dra-agent-node"}, "patch": json.dumps(ops)},
+                    {"patch": yaml.safe_dump(env_patch)}],
+    }))  # fmt: skip
+    return directory
+
+
+def _kubectl(deployed: Deployed, *args: str) -> str:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    done = subprocess.run([kubectl, "--kubeconfig", str(deployed.cp.kubeconfig_path), *args], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def test_kubectl_apply_k_runs_the_agent_and_delete_k_removes_it(deployed: Deployed, tmp_path: Path) -> None:
+    overlay = _kustomization(deployed, tmp_path / "node-r")
+    started = time.monotonic()
+    _kubectl(deployed, "apply", "--server-side", "-k", str(overlay))
+    wait_for("the node's first slice", lambda: deployed.slices() or None, 240, deployed.node.check_running)
+    deployed.ready_agent(_image_name(deployed.tags["current"]))
+    print(f"kubectl apply -k -> agent pod Ready, slices published {time.monotonic() - started:.1f}s")
+    assert {"gpu-2", "gpu-3"} <= set(deployed.site.devices())
+    started = time.monotonic()
+    _kubectl(deployed, "delete", "-k", str(overlay), "--wait=true")
+    wait_for("the agent pod to be gone", lambda: None if deployed.agent_pods() else True, 120)
+    wait_for("the node's slices to be withdrawn", lambda: None if deployed.slices() else True, 180)
+    print(f"kubectl delete -k -> slices gone {time.monotonic() - started:.1f}s")
+    assert deployed.site.get(f"/api/v1/namespaces/{NS}") is None  # the base's Namespace, deleted with it
+    assert not [c for c in deployed.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+                if c["metadata"]["name"].endswith("nvidia.com")]  # fmt: skip
