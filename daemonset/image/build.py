@@ -64,6 +64,7 @@ DEBIAN_DROP = (
     "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian", "usr/share/doc-base",
     "usr/share/bug", "usr/share/applications", "usr/share/pixmaps", "usr/share/polkit-1", "usr/share/binfmts",
     "usr/lib/valgrind", "usr/lib/binfmt.d", "usr/lib/x86_64-linux-gnu/gconv",  # iconv's charsets: python has its own
+    "usr/lib/python3.11/pydoc_data",  # help()'s topics, for a person at a prompt
     "usr/bin/dpkg", "usr/bin/dpkg-deb", "usr/bin/dpkg-divert", "usr/bin/dpkg-maintscript-helper",
     "usr/bin/dpkg-query", "usr/bin/dpkg-realpath", "usr/bin/dpkg-split", "usr/bin/dpkg-statoverride",
     "usr/bin/dpkg-trigger", "usr/bin/update-alternatives", "usr/libexec/dpkg", "usr/share/dpkg",
