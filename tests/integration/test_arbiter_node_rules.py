@@ -58,6 +58,9 @@ def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: F
     cluster.pod(NS, "inference", NS, 1, spec_extra={  # zone a, and tolerating its taint: only the tainted node
         "nodeSelector": {"zone": "a"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]})
     cluster.pod(NS, "nowhere", NS, 1, spec_extra={"nodeSelector": {"zone": "c"}})  # no node has zone c
+    # claims made first: a cycle before that tells "waiting for the ResourceClaims" too, before the node reason
+    wait_for(lambda: all((p.get("status") or {}).get("resourceClaimStatuses") for p in cluster.pods(NS)),
+             timeout=30, interval=0.05, what="the pods' claims made from their templates")
     arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05))
 
     def bound() -> dict[str, str] | None:
