@@ -58,14 +58,18 @@ def waiting_pods(pods: Iterable[Json], claims: Iterable[Json], *, fenced: bool) 
     """The pods that wait for the arbiter, each with how: gated (they carry its scheduling gate), or, while
     the fence stands, unbound and ungated with a claim of the driver's classes nobody allocated (kube-scheduler
     may not allocate it)."""
-    by_key = {f"{(c.get('metadata') or {}).get('namespace')}/{(c.get('metadata') or {}).get('name')}": c
-              for c in claims}
+    by_key = {
+        f"{(c.get('metadata') or {}).get('namespace')}/{(c.get('metadata') or {}).get('name')}": c for c in claims
+    }
     out: list[tuple[Json, str]] = []
     for pod in pods:
         m = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
-        if m.get("deletionTimestamp") or spec.get("nodeName") or (pod.get("status") or {}).get("phase") not in (
-                None, "Pending"):
+        if (
+            m.get("deletionTimestamp")
+            or spec.get("nodeName")
+            or (pod.get("status") or {}).get("phase") not in (None, "Pending")
+        ):
             continue
         if any(g.get("name") == GATE for g in spec.get("schedulingGates") or ()):
             out.append((pod, f"it carries the scheduling gate {GATE}, which only the arbiter removes"))
@@ -80,15 +84,31 @@ def waiting_pods(pods: Iterable[Json], claims: Iterable[Json], *, fenced: bool) 
 class AbsenceTeller:
     """One node agent's part: `check()` every period; tells only while it holds ABSENCE_LEASE."""
 
-    def __init__(self, rest: Rest, namespace: str, identity: str, recorder: EventRecorder, *,
-                 period_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        namespace: str,
+        identity: str,
+        recorder: EventRecorder,
+        *,
+        period_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._rest = rest
         self.namespace = namespace
         self.period_s = period_s
         self._clock = clock
         self._recorder = recorder
-        self._elector = LeaderElector(rest, namespace, ABSENCE_LEASE, identity, lease_duration=3 * period_s,
-                                      renew_deadline=2 * period_s, retry_period=period_s, clock=clock)
+        self._elector = LeaderElector(
+            rest,
+            namespace,
+            ABSENCE_LEASE,
+            identity,
+            lease_duration=3 * period_s,
+            renew_deadline=2 * period_s,
+            retry_period=period_s,
+            clock=clock,
+        )
         self._told: dict[str, tuple[str, float]] = {}  # pod uid -> (message, when told)
 
     def check(self) -> int:
@@ -127,9 +147,11 @@ class AbsenceTeller:
         self._told = {uid: t for uid, t in self._told.items() if uid in still}
         for pod, how in waiting:
             uid = str((pod.get("metadata") or {}).get("uid"))
-            message = (f"waiting for the gpu-dra-agent queue arbiter: {absence}; {how}. Start the arbiter again "
-                       f"(Deployment gpu-dra-agent-arbiter), or hand these pods to kube-scheduler with "
-                       f"`gpu-dra-agent arbiter --uninstall` (README, \"Running without the arbiter\")")
+            message = (
+                f"waiting for the gpu-dra-agent queue arbiter: {absence}; {how}. Start the arbiter again "
+                f"(Deployment gpu-dra-agent-arbiter), or hand these pods to kube-scheduler with "
+                f'`gpu-dra-agent arbiter --uninstall` (README, "Running without the arbiter")'
+            )
             before = self._told.get(uid)
             if before is not None and before[0] == message and now - before[1] < REFRESH_S:
                 continue

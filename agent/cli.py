@@ -17,8 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("agent.commands.node", "run the node agent: DRA kubelet plugin and ResourceSlice publisher"),
     "inventory": ("agent.commands.inventory", "print this node's GPU inventory"),
     "arbiter": ("agent.commands.arbiter", "run the queue arbiter: gangs admitted through the API, whole or not at all"),
-    "compute-domain-controller": ("agent.commands.compute_domain_controller",
-                                  "run the ComputeDomain controller: channel claim templates and domain status"),
+    "compute-domain-controller": (
+        "agent.commands.compute_domain_controller",
+        "run the ComputeDomain controller: channel claim templates and domain status",
+    ),
     "simulate": ("agent.commands.simulate", "run arbiter cycles on a cluster snapshot"),
     "replay-trace": ("agent.commands.replay_trace", "replay a GPU cluster trace under placement policies"),
 }
@@ -49,8 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra = EXTRAS.get((exc.name or "").partition(".")[0])
                 if extra is None:
                     raise
-                print(f"gpu-dra-agent {name}: needs {exc.name}, from the {extra!r} extra: "
-                      f"pip install 'gpu-dra-agent[{extra}]'", file=sys.stderr)
+                print(
+                    f"gpu-dra-agent {name}: needs {exc.name}, from the {extra!r} extra: "
+                    f"pip install 'gpu-dra-agent[{extra}]'",
+                    file=sys.stderr,
+                )
                 return 2
             module.add_arguments(p)
             p.set_defaults(_run=module.run)

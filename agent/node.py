@@ -178,8 +178,9 @@ class NodeAgent:
                 is_healthy=lambda name: self._healthy_by_events(name) and not self._reconfiguring(name),
                 migs=MigControl(),  # creates the MIG placements claims are allocated, destroys them after
                 on_inventory_changed=self._on_inventory_changed,
-                sharing=ClaimSharing(SharingControl(SubprocessRunner(DriverRoot(config.driver_root)),
-                                                    config.state_dir)),
+                sharing=ClaimSharing(
+                    SharingControl(SubprocessRunner(DriverRoot(config.driver_root)), config.state_dir)
+                ),
                 reserved=self._reserved_for_other,
                 share_mode=config.share_mode,
                 dev_root=config.dev_root,
@@ -228,9 +229,13 @@ class NodeAgent:
     def start(self) -> None:
         self._events = EventRecorder(self._rest, COMPONENT, self.config.node_name)  # before anything tells of claims
         if writable := self.driver.files.world_writable:
-            self._notify(None, "Warning", "DriverFilesWorldWritable",
-                         f"{len(writable)} driver file(s) under {self.config.driver_root} that every container mounts "
-                         f"are writable by every user on the host: {', '.join(writable)}")  # fmt: skip
+            self._notify(
+                None,
+                "Warning",
+                "DriverFilesWorldWritable",
+                f"{len(writable)} driver file(s) under {self.config.driver_root} that every container mounts "
+                f"are writable by every user on the host: {', '.join(writable)}",
+            )
         recovery = self._preparer.recover()
         log.info("claim checkpoint ready", extra={"recovery": str(recovery)})
         self._record_health(self._inventory)
@@ -262,12 +267,17 @@ class NodeAgent:
             from agent.reservation.auth import TokenReviewer
             from agent.reservation.node_service import NodeReservations
 
-            reviewer = TokenReviewer(self._rest, audience=self.config.reservation_audience,
-                                     username=self.config.arbiter_user)
+            reviewer = TokenReviewer(
+                self._rest, audience=self.config.reservation_audience, username=self.config.arbiter_user
+            )
             self.reservations = NodeReservations(
-                node_name=self.config.node_name, driver=self.config.driver_name, inventory=self._offered,
+                node_name=self.config.node_name,
+                driver=self.config.driver_name,
+                inventory=self._offered,
                 prepared=self._preparer.holders,
-                unhealthy=lambda: list(self._unhealthy), token=reviewer, rest=self._rest,
+                unhealthy=lambda: list(self._unhealthy),
+                token=reviewer,
+                rest=self._rest,
                 share_mode=self.config.share_mode,
             )
             self.reservations.start(self.config.reservation_address, self.config.node_ip)
@@ -282,8 +292,13 @@ class NodeAgent:
         if self.config.arbiter_namespace:
             from agent.absent_arbiter import AbsenceTeller
 
-            teller = AbsenceTeller(self._rest, self.config.arbiter_namespace, self.config.node_name, self._events,
-                                   period_s=self.config.absent_arbiter_period_s)
+            teller = AbsenceTeller(
+                self._rest,
+                self.config.arbiter_namespace,
+                self.config.node_name,
+                self._events,
+                period_s=self.config.absent_arbiter_period_s,
+            )
             self._spawn("absent-arbiter", lambda: teller.run(self._stop))
         if self._mig is not None:
             self._spawn("mig-reconfigure", self._mig_loop)
@@ -333,12 +348,18 @@ class NodeAgent:
 
         c = self.config
         settings = ComputeDomainSettings(
-            node_name=c.node_name, kubelet_root=c.kubelet_root, cdi_root=c.cdi_root, state_dir=c.state_dir,
-            driver_root=c.driver_root, ip_address=c.imex_address, dev_root=c.dev_root, proc_devices=c.proc_devices,
-            channel_count=c.imex_channel_count)
+            node_name=c.node_name,
+            kubelet_root=c.kubelet_root,
+            cdi_root=c.cdi_root,
+            state_dir=c.state_dir,
+            driver_root=c.driver_root,
+            ip_address=c.imex_address,
+            dev_root=c.dev_root,
+            proc_devices=c.proc_devices,
+            channel_count=c.imex_channel_count,
+        )
         clique = node_clique([g.fabric for g in self._inventory.gpus])
         return ComputeDomainPlugin(settings, self._rest, clique, read_boot_id())
-
 
     def _notify(self, claim: ClaimRef | None, type_: str, reason: str, message: str) -> None:
         """An Event on the claim, or on this Node for None (from the claim code, under the node lock: queued)."""
@@ -584,16 +605,20 @@ class NodeAgent:
                 claim = {"metadata": {"namespace": r.namespace, "name": r.name, "uid": r.uid}}
                 if not r.error:
                     told.pop(r.uid, None)
-                    message = (f"the MPS control daemon of this claim (pid {r.old_pid}) was gone; started it "
-                               f"again (pid {r.new_pid})")  # fmt: skip
+                    message = (
+                        f"the MPS control daemon of this claim (pid {r.old_pid}) was gone; started it "
+                        f"again (pid {r.new_pid})"
+                    )
                     log.warning("claim %s/%s: %s", r.namespace, r.name, message, extra={"claim_uid": r.uid})
-                    self._events.record(claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestarted", message,
-                                        type_="Warning")  # fmt: skip
+                    self._events.record(
+                        claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestarted", message, type_="Warning"
+                    )
                 elif told.get(r.uid) != r.error:
                     told[r.uid] = r.error
                     log.error("claim %s/%s: %s", r.namespace, r.name, r.error, extra={"claim_uid": r.uid})
-                    self._events.record(claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestartFailed",
-                                        r.error, type_="Warning")  # fmt: skip
+                    self._events.record(
+                        claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestartFailed", r.error, type_="Warning"
+                    )
 
     def _health_publish_loop(self) -> None:
         while True:

@@ -85,20 +85,35 @@ def arbiter_token(rest: Rest, expiration_s: int = 3600) -> str:
     with contextlib.suppress(Conflict):
         rest.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     with contextlib.suppress(Conflict):
-        rest.create(SERVICE_ACCOUNTS, namespace, {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                  "metadata": {"name": account}})
+        rest.create(
+            SERVICE_ACCOUNTS, namespace, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}
+        )
     token_request = Resource("", "v1", f"serviceaccounts/{account}/token", True)  # a POST to the subresource
-    answer = rest.create(token_request, namespace, {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [RESERVATION_AUDIENCE], "expirationSeconds": expiration_s}})
+    answer = rest.create(
+        token_request,
+        namespace,
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": [RESERVATION_AUDIENCE], "expirationSeconds": expiration_s},
+        },
+    )
     return str(answer["status"]["token"])
 
 
 class FakeCluster:
-    def __init__(self, nodes: int = 2, machine: str = "dgx-h100", *, cpu: str = "224", memory: str = "2Ti",
-                 apiserver_process: bool = False, kubeconfig: pathlib.Path | None = None,
-                 make_node: Callable[[str], dict[str, Any]] | None = None,
-                 share_mode: ShareMode | None = None) -> None:
+    def __init__(
+        self,
+        nodes: int = 2,
+        machine: str = "dgx-h100",
+        *,
+        cpu: str = "224",
+        memory: str = "2Ti",
+        apiserver_process: bool = False,
+        kubeconfig: pathlib.Path | None = None,
+        make_node: Callable[[str], dict[str, Any]] | None = None,
+        share_mode: ShareMode | None = None,
+    ) -> None:
         """`share_mode`: the nodes publish their GPUs for consumable capacity (`--consumable-shares`).
         `apiserver_process`: run the API server fake as its own process (`python -m fakes.apiserver`), as a
         real one would be, instead of in this one (where tests can reach into it as `server`).
@@ -117,7 +132,9 @@ class FakeCluster:
         elif apiserver_process:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "fakes.apiserver", "--port", "0", "--kubeconfig-out", str(self.kubeconfig)],
-                stdout=subprocess.PIPE, text=True)
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert self._process.stdout is not None
             self._process.stdout.readline()  # the URL, once it serves
             self.rest = connect(str(self.kubeconfig))
@@ -139,8 +156,9 @@ class FakeCluster:
         # one claim informer for every node of this process: a real node watches claims on its own machine's
         # CPU; here one copy spares the process a decode of every claim event per node
         self._pools = claim_pools(DRIVER)
-        self.node_claims = Informer(self.rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: self._pools},
-                                    on_event=self._claim_seen)
+        self.node_claims = Informer(
+            self.rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: self._pools}, on_event=self._claim_seen
+        )
         self.node_claims.start()
         for i in range(nodes):
             self.add_node(f"gpu-node-{i}", cpu=cpu, memory=memory)
@@ -160,26 +178,42 @@ class FakeCluster:
             node = self._make_node(name)
         else:
             node = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-            node["status"] = {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
-                              "conditions": [{"type": "Ready", "status": "True"}]}
+            node["status"] = {
+                "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
             self.rest.replace(NODES, node, "status")
-        for s in build_resource_slices(self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"],
-                                       share_mode=self.share_mode):
+        for s in build_resource_slices(
+            self.inventory, name, DRIVER, node_uid=node["metadata"]["uid"], share_mode=self.share_mode
+        ):
             self.rest.create(RESOURCE_SLICES, None, s)
         # as the node agent checks the arbiter: its service-account token, through TokenReview
-        agent = NodeReservations(node_name=name, driver=DRIVER, inventory=lambda: self.inventory,
-                                 prepared=lambda: (), unhealthy=lambda: (), token=TokenReviewer(self.rest),
-                                 rest=self.rest,
-                                 claims=self.node_claims, share_mode=self.share_mode)
+        agent = NodeReservations(
+            node_name=name,
+            driver=DRIVER,
+            inventory=lambda: self.inventory,
+            prepared=lambda: (),
+            unhealthy=lambda: (),
+            token=TokenReviewer(self.rest),
+            rest=self.rest,
+            claims=self.node_claims,
+            share_mode=self.share_mode,
+        )
         agent.start("127.0.0.1:0")
         self.agents[name] = agent
         return agent
 
-    def arbiter(self, config: ArbiterConfig | None = None, *, start: bool = True,
-                clock: Callable[[], float] = time.time) -> Arbiter:
+    def arbiter(
+        self, config: ArbiterConfig | None = None, *, start: bool = True, clock: Callable[[], float] = time.time
+    ) -> Arbiter:
         """An arbiter in this process, running its cycles in a thread (stopped with the cluster)."""
-        arbiter = Arbiter(self.rest, TokenFile(self.token_file), config or ArbiterConfig(period_s=0.2),
-                          recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"), clock=clock)
+        arbiter = Arbiter(
+            self.rest,
+            TokenFile(self.token_file),
+            config or ArbiterConfig(period_s=0.2),
+            recorder=EventRecorder(self.rest, "gpu-dra-arbiter", "test"),
+            clock=clock,
+        )
         arbiter.start()
         stop = threading.Event()
         thread = threading.Thread(target=arbiter.run, args=(stop,), name="arbiter", daemon=True)
@@ -231,41 +265,96 @@ class FakeCluster:
         with contextlib.suppress(Conflict):  # exists already
             self.rest.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
-    def queue(self, name: str, *, parent: str | None = None, gpu_quota: float = 0, gpu_limit: float = -1,
-              weight: float = 1, priority: int | None = None, **spec: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"resources": {"gpu": {"quota": gpu_quota, "limit": gpu_limit,
-                                                      "overQuotaWeight": weight},
-                                              "cpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
-                                              "memory": {"quota": -1, "limit": -1, "overQuotaWeight": 1}}, **spec}
+    def queue(
+        self,
+        name: str,
+        *,
+        parent: str | None = None,
+        gpu_quota: float = 0,
+        gpu_limit: float = -1,
+        weight: float = 1,
+        priority: int | None = None,
+        **spec: Any,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "resources": {
+                "gpu": {"quota": gpu_quota, "limit": gpu_limit, "overQuotaWeight": weight},
+                "cpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
+                "memory": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
+            },
+            **spec,
+        }
         if parent:
             body["parentQueue"] = parent
         if priority is not None:
             body["priority"] = priority
-        return self.rest.create(QUEUES, None, {"apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1",
-                                               "kind": "Queue", "metadata": {"name": name}, "spec": body})
+        return self.rest.create(
+            QUEUES,
+            None,
+            {
+                "apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1",
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": body,
+            },
+        )
 
     def template(self, namespace: str, gpus: int) -> str:
         name = f"gpus-{gpus}"
         self.namespace(namespace)
         with contextlib.suppress(Conflict):  # exists already
-            self.rest.create(RESOURCE_CLAIM_TEMPLATES, namespace, {
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                    "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": gpus}}]}}},
-            })
+            self.rest.create(
+                RESOURCE_CLAIM_TEMPLATES,
+                namespace,
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "spec": {
+                            "devices": {
+                                "requests": [
+                                    {
+                                        "name": "gpus",
+                                        "exactly": {
+                                            "deviceClassName": "gpu.nvidia.com",
+                                            "allocationMode": "ExactCount",
+                                            "count": gpus,
+                                        },
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                },
+            )
         return name
 
-    def pod(self, namespace: str, name: str, queue: str | None, gpus: int, *, group: str | None = None,
-            priority: int | None = None, gated: bool = True, gates: Sequence[str] = (),
-            spec_extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def pod(
+        self,
+        namespace: str,
+        name: str,
+        queue: str | None,
+        gpus: int,
+        *,
+        group: str | None = None,
+        priority: int | None = None,
+        gated: bool = True,
+        gates: Sequence[str] = (),
+        spec_extra: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """A pod with a claim of `gpus` GPUs from a template; with no queue and ungated, an ordinary DRA pod
         as kube-scheduler would get it before the arbiter's admission policy existed. `spec_extra`: more of its
         spec (a nodeSelector, tolerations)."""
         template = self.template(namespace, gpus)
         spec: dict[str, Any] = {
-            "containers": [{"name": "main", "image": "trainer:1",
-                            "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "claims": [{"name": "gpus"}]}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "trainer:1",
+                    "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "claims": [{"name": "gpus"}]},
+                }
+            ],
             "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}],
             "terminationGracePeriodSeconds": 30,
         }
@@ -276,16 +365,40 @@ class FakeCluster:
         if priority is not None:
             spec["priority"] = priority
         spec.update(spec_extra or {})
-        return self.rest.create(PODS, namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue} if queue else {}}, "spec": spec})
+        return self.rest.create(
+            PODS,
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue} if queue else {}},
+                "spec": spec,
+            },
+        )
 
-    def gang(self, namespace: str, name: str, queue: str, *, pods: int, gpus: int, min_count: int | None = None,
-             priority: int | None = None) -> list[dict[str, Any]]:
+    def gang(
+        self,
+        namespace: str,
+        name: str,
+        queue: str,
+        *,
+        pods: int,
+        gpus: int,
+        min_count: int | None = None,
+        priority: int | None = None,
+    ) -> list[dict[str, Any]]:
         self.namespace(namespace)
         group_spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count or pods}}}
-        self.rest.create(POD_GROUPS, namespace, {
-            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}}, "spec": group_spec})
+        self.rest.create(
+            POD_GROUPS,
+            namespace,
+            {
+                "apiVersion": "scheduling.k8s.io/v1beta1",
+                "kind": "PodGroup",
+                "metadata": {"name": name, "namespace": namespace, "labels": {QUEUE_LABEL: queue}},
+                "spec": group_spec,
+            },
+        )
         return [self.pod(namespace, f"{name}-{i}", queue, gpus, group=name, priority=priority) for i in range(pods)]
 
     # -- looking ------------------------------------------------------------------------------------------

@@ -98,8 +98,7 @@ class NodeKubelet:
             if pod["metadata"].get("deletionTimestamp"):
                 if self._release(uid):
                     with contextlib.suppress(NotFound):
-                        self.rest.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"],
-                                         grace_period_s=0)
+                        self.rest.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"], grace_period_s=0)
             elif uid not in self.prepared:
                 self._prepare(pod)
         for uid in set(self.prepared) - live:  # deleted at once (grace 0) by someone else
@@ -135,11 +134,15 @@ class NodeKubelet:
             return
         self.errors.pop(key, None)
         self._refs[meta["uid"]] = refs
-        self.prepared[meta["uid"]] = {uid: tuple(i for d in r.devices for i in d.cdi_device_ids)
-                                      for uid, r in results.items()}
+        self.prepared[meta["uid"]] = {
+            uid: tuple(i for d in r.devices for i in d.cdi_device_ids) for uid, r in results.items()
+        }
         with contextlib.suppress(ApiError):
-            pod["status"] = {**(pod.get("status") or {}), "phase": "Running",
-                             "conditions": [{"type": "Ready", "status": "True"}]}
+            pod["status"] = {
+                **(pod.get("status") or {}),
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
             self.rest.replace(PODS, pod, "status")
 
     def _release(self, pod_uid: str) -> bool:
@@ -174,10 +177,18 @@ class RackNode:
             d.mkdir(parents=True, exist_ok=True)
         self.fake = FakeNvml(self.machine, self.gpu_state)
         self.settings = ComputeDomainSettings(
-            node_name=self.name, kubelet_root=self.kubelet_root, cdi_root=self.cdi_root, state_dir=self.state_dir,
-            driver_root=rack.driver_root, ip_address=self.address, dev_root=self.dev_root,
-            proc_devices=rack.driver_root / PROC_DEVICES, channel_count=rack.channel_count,
-            check_interval_s=0.2, daemon_env={persist.ENV: str(self.gpu_state)})
+            node_name=self.name,
+            kubelet_root=self.kubelet_root,
+            cdi_root=self.cdi_root,
+            state_dir=self.state_dir,
+            driver_root=rack.driver_root,
+            ip_address=self.address,
+            dev_root=self.dev_root,
+            proc_devices=rack.driver_root / PROC_DEVICES,
+            channel_count=rack.channel_count,
+            check_interval_s=0.2,
+            daemon_env={persist.ENV: str(self.gpu_state)},
+        )
         self.plugin: ComputeDomainPlugin | None = None
         self.kubelet = FakeKubelet(self.kubelet_root, timeout=30.0)
         self.pods = NodeKubelet(rack.rest, self.name, self.kubelet)
@@ -190,8 +201,11 @@ class RackNode:
     def start_plugin(self, rest: Rest, node_uid: str, clique: str | None) -> None:
         self.plugin = ComputeDomainPlugin(self.settings, rest, clique, boot_id="fake-boot")
         self.plugin.start(node_uid)
-        wait_for(lambda: self.kubelet.scan() or _registered(self.kubelet), timeout=30,
-                 what=f"{self.name}'s compute-domain plugin to register")
+        wait_for(
+            lambda: self.kubelet.scan() or _registered(self.kubelet),
+            timeout=30,
+            what=f"{self.name}'s compute-domain plugin to register",
+        )
 
     def channel_nodes(self) -> list[str]:
         directory = self.dev_root / "dev" / "nvidia-caps-imex-channels"
@@ -220,9 +234,16 @@ def _registered(kubelet: FakeKubelet) -> bool:
 
 
 class NvlRack:
-    def __init__(self, root: pathlib.Path | None = None, nodes: int = 4, *, channel_count: int = 2048,
-                 kubeconfig: pathlib.Path | None = None, cliques: Mapping[int, int] | None = None,
-                 make_node: Callable[[str], Json] | None = None) -> None:
+    def __init__(
+        self,
+        root: pathlib.Path | None = None,
+        nodes: int = 4,
+        *,
+        channel_count: int = 2048,
+        kubeconfig: pathlib.Path | None = None,
+        cliques: Mapping[int, int] | None = None,
+        make_node: Callable[[str], Json] | None = None,
+    ) -> None:
         """`cliques`: node index -> clique ID, for a rack partitioned into several NVLink cliques (default: one).
         `kubeconfig`: a real API server, whose kube-scheduler and kube-controller-manager do what the stand-ins do
         here (none is started); `make_node(name)` creates a Ready Node there."""
@@ -253,11 +274,13 @@ class NvlRack:
         for node in self.nodes:
             self._add_node(node)
         self.stop = threading.Event()
-        self.controller = ComputeDomainController(self.rest, period_s=0.5,
-                                                  recorder=EventRecorder(self.rest, COMPONENT, "rack")).start()
-        self._threads = [threading.Thread(target=self.controller.run, args=(self.stop,), daemon=True,
-                                          name="cd-controller"),
-                         threading.Thread(target=self._kubelets, daemon=True, name="rack-kubelets")]
+        self.controller = ComputeDomainController(
+            self.rest, period_s=0.5, recorder=EventRecorder(self.rest, COMPONENT, "rack")
+        ).start()
+        self._threads = [
+            threading.Thread(target=self.controller.run, args=(self.stop,), daemon=True, name="cd-controller"),
+            threading.Thread(target=self._kubelets, daemon=True, name="rack-kubelets"),
+        ]
         self.controllers = Controllers(self.rest, period_s=0.2).start() if kubeconfig is None else None
         for t in self._threads:
             t.start()
@@ -273,12 +296,21 @@ class NvlRack:
         node.start_plugin(self.rest, body["metadata"]["uid"], clique)
 
     def _create_node(self, node: RackNode) -> Json:
-        body = self.rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node.name, "labels": {"kubernetes.io/hostname": node.name}}})
-        body["status"] = {"allocatable": {"cpu": "144", "memory": "800Gi", "pods": "110"},
-                          "capacity": {"cpu": "144", "memory": "800Gi", "pods": "110"},
-                          "conditions": [{"type": "Ready", "status": "True"}],
-                          "addresses": [{"type": "InternalIP", "address": node.address}]}
+        body = self.rest.create(
+            NODES,
+            None,
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name}},
+            },
+        )
+        body["status"] = {
+            "allocatable": {"cpu": "144", "memory": "800Gi", "pods": "110"},
+            "capacity": {"cpu": "144", "memory": "800Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "addresses": [{"type": "InternalIP", "address": node.address}],
+        }
         return self.rest.replace(NODES, body, "status")
 
     def _kubelets(self) -> None:
@@ -343,13 +375,23 @@ class NvlRack:
 MPI_JOBS = Resource("kubeflow.org", "v2beta1", "mpijobs", True)
 # Kubeflow's MPIJob as far as the stand-in reads it (the real CRD's schema is the MPI operator's; not checked here)
 MPI_JOB_CRD: Json = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "mpijobs.kubeflow.org"},
-    "spec": {"group": "kubeflow.org", "scope": "Namespaced",
-             "names": {"kind": "MPIJob", "listKind": "MPIJobList", "plural": "mpijobs", "singular": "mpijob"},
-             "versions": [{"name": "v2beta1", "served": True, "storage": True, "subresources": {"status": {}},
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+    "spec": {
+        "group": "kubeflow.org",
+        "scope": "Namespaced",
+        "names": {"kind": "MPIJob", "listKind": "MPIJobList", "plural": "mpijobs", "singular": "mpijob"},
+        "versions": [
+            {
+                "name": "v2beta1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
 }
 
 
@@ -365,20 +407,38 @@ def mpi_workers(rest: Rest) -> int:
         worker = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get("Worker") or {}
         template = worker.get("template") or {}
         for i in range(int(worker.get("replicas") or 0)):
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {**(template.get("metadata") or {}), "name": f"{meta['name']}-worker-{i}",
-                                "ownerReferences": [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
-                                                     "name": meta["name"], "uid": meta["uid"], "controller": True}]},
-                   "spec": template.get("spec") or {}}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    **(template.get("metadata") or {}),
+                    "name": f"{meta['name']}-worker-{i}",
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "kubeflow.org/v2beta1",
+                            "kind": "MPIJob",
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": template.get("spec") or {},
+            }
             with contextlib.suppress(Conflict):
                 rest.create(PODS, meta["namespace"], pod)
                 made += 1
     return made
 
 
-_KINDS = {"MPIJob": MPI_JOBS, "Pod": PODS, "ComputeDomain": COMPUTE_DOMAINS, "Namespace": NAMESPACES,
-          "ResourceClaimTemplate": Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True),
-          "ResourceClaim": RESOURCE_CLAIMS}
+_KINDS = {
+    "MPIJob": MPI_JOBS,
+    "Pod": PODS,
+    "ComputeDomain": COMPUTE_DOMAINS,
+    "Namespace": NAMESPACES,
+    "ResourceClaimTemplate": Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True),
+    "ResourceClaim": RESOURCE_CLAIMS,
+}
 
 
 def _resource(doc: Json) -> Resource:

@@ -41,8 +41,12 @@ def main(argv: list[str]) -> int:
 
     os.chdir(ROOT)  # mypyc names modules after their paths, and writes its C under ./build
     modules = [str(p.relative_to(ROOT)) for p in sources()]
-    setup(name="gpu-dra-agent-core", packages=[], script_args=["-q", "build_ext", "--inplace"],
-          ext_modules=mypycify(modules, opt_level="3", group_name=GROUP))
+    setup(
+        name="gpu-dra-agent-core",
+        packages=[],
+        script_args=["-q", "build_ext", "--inplace"],
+        ext_modules=mypycify(modules, opt_level="3", group_name=GROUP),
+    )
     for path in compiled():  # built from the sources as they are now (a copy from the build cache keeps its
         path.touch()  # old time, and the test suite compares these times with the sources')
     return 0

@@ -38,8 +38,13 @@ def kubernetes_descriptors(out: Path) -> Path:
     """Compile proto/kubernetes into one FileDescriptorSet (imports included, no source info) at out."""
     protos = sorted(p.relative_to(KUBERNETES_ROOT).as_posix() for p in KUBERNETES_ROOT.rglob("*.proto"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    args = ["grpc_tools.protoc", f"--proto_path={KUBERNETES_ROOT}", "--include_imports",
-            f"--descriptor_set_out={out}", *protos]
+    args = [
+        "grpc_tools.protoc",
+        f"--proto_path={KUBERNETES_ROOT}",
+        "--include_imports",
+        f"--descriptor_set_out={out}",
+        *protos,
+    ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed on proto/kubernetes")
     return out

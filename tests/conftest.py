@@ -50,8 +50,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     oldest = min(p.stat().st_mtime for p in built)
     changed = [p.name for p in sources() if p.stat().st_mtime > oldest]
     if changed:
-        pytest.exit(f"agent/arbiter/core was compiled before {', '.join(changed)} last changed: run `make compiled` "
-                    "(or `python native/compile.py --clean` to run it interpreted)", returncode=2)
+        pytest.exit(
+            f"agent/arbiter/core was compiled before {', '.join(changed)} last changed: run `make compiled` "
+            "(or `python native/compile.py --clean` to run it interpreted)",
+            returncode=2,
+        )
 
 
 def pytest_report_header() -> str:
@@ -139,8 +142,9 @@ def _node_stack(config: pytest.Config) -> BuildOutcome:
         return "real node tier skipped: its binaries are not built; `make node-stack` builds them"
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"building the node stack for the real node tier (first use; log beside "
-                            f"{node_build.binary_dir()})")  # fmt: skip
+        reporter.write_line(
+            f"building the node stack for the real node tier (first use; log beside {node_build.binary_dir()})"
+        )
     budget = float(os.environ.get("GPU_DRA_AGENT_NODE_STACK_BUILD_BUDGET", NODE_BUILD_BUDGET_S))
     try:
         return node_build.build(budget_s=budget)

@@ -36,10 +36,16 @@ from agent.devices.names import gpu_device_name
 from agent.names import GPU_CLASS, MIG_CLASS
 
 # The request mix fgd assumes when the caller knows none: whole GPUs and common fractions.
-DEFAULT_MIX = RequestMix((
-    RequestKind(0, 1, 1000, (), 4), RequestKind(0, 1, 500, (), 2), RequestKind(0, 1, 250, (), 2),
-    RequestKind(0, 2, 1000, (), 1), RequestKind(0, 4, 1000, (), 1), RequestKind(0, 8, 1000, (), 1),
-))
+DEFAULT_MIX = RequestMix(
+    (
+        RequestKind(0, 1, 1000, (), 4),
+        RequestKind(0, 1, 500, (), 2),
+        RequestKind(0, 1, 250, (), 2),
+        RequestKind(0, 2, 1000, (), 1),
+        RequestKind(0, 4, 1000, (), 1),
+        RequestKind(0, 8, 1000, (), 1),
+    )
+)
 
 
 class Policy(enum.Enum):
@@ -71,8 +77,9 @@ class DeviceRequest:
             raise ValueError(f"request {self.name!r}: unknown device class {self.device_class!r}")
         if self.count < 1:
             raise ValueError(f"request {self.name!r}: count must be at least 1, got {self.count}")
-        if self.gpu_milli is not None and (self.device_class != GPU_CLASS or self.count != 1
-                                           or not 0 < self.gpu_milli < MILLI):
+        if self.gpu_milli is not None and (
+            self.device_class != GPU_CLASS or self.count != 1 or not 0 < self.gpu_milli < MILLI
+        ):
             raise ValueError(f"request {self.name!r}: a GPU fraction is 1..999 milli of one {GPU_CLASS} GPU")
 
 
@@ -113,8 +120,7 @@ def _shape(inv: Inventory, usage: NodeUsage) -> tuple[NodeShape, list[str]]:
 
 
 class Allocator:
-    def __init__(self, selectors: SelectorEngine, policy: Policy = Policy.FGD,
-                 mix: RequestMix = DEFAULT_MIX) -> None:
+    def __init__(self, selectors: SelectorEngine, policy: Policy = Policy.FGD, mix: RequestMix = DEFAULT_MIX) -> None:
         self.selectors = selectors
         self.policy = policy
         self.mix = mix
@@ -204,8 +210,14 @@ class Allocator:
             return min(pool, key=growth)
         return min(pool, key=lambda c: (c.free_milli, c.gpu.minor))  # tightest: keep whole GPUs whole
 
-    def _pick_mig(self, inv: Inventory, usage: NodeUsage, pool: list[Candidate], count: int,
-                  planned: dict[int, list[PlacedProfile]]) -> list[Candidate]:
+    def _pick_mig(
+        self,
+        inv: Inventory,
+        usage: NodeUsage,
+        pool: list[Candidate],
+        count: int,
+        planned: dict[int, list[PlacedProfile]],
+    ) -> list[Candidate]:
         picked: list[Candidate] = []
         occupied: dict[int, list[PlacedProfile]] = {}  # parent minor -> its layout before this claim
         for _ in range(count):

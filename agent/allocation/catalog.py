@@ -113,8 +113,10 @@ def mig_candidate(
     gpu: Gpu, inv: Inventory, profile: MigProfile, pl: MigPlacement, mig: MigDevice | None = None
 ) -> Candidate:
     """An existing MIG device (`mig`), or the possible one `profile` at `pl`."""
-    device = slice_devices.mig_device(inv, gpu, mig=mig) if mig else slice_devices.mig_device(
-        inv, gpu, profile=profile, placement=pl
+    device = (
+        slice_devices.mig_device(inv, gpu, mig=mig)
+        if mig
+        else slice_devices.mig_device(inv, gpu, profile=profile, placement=pl)
     )
     return Candidate(device["name"], "mig", gpu, gpu.nvlink_domain, _env(device), profile, pl, mig is not None)
 

@@ -56,8 +56,9 @@ class RequestMix:
         return cls.of_counts(Counter((r.cpu_milli, r.gpu_count, r.gpu_milli, r.models) for r in requests), coverage)
 
     @classmethod
-    def of_counts(cls, counts: Mapping[tuple[int, int, int, tuple[str, ...]], int],
-                  coverage: float = 0.95) -> RequestMix:
+    def of_counts(
+        cls, counts: Mapping[tuple[int, int, int, tuple[str, ...]], int], coverage: float = 0.95
+    ) -> RequestMix:
         """`typical` from counts already taken: (CPU milli, GPU count, GPU milli, models) -> requests seen."""
         if not 0 < coverage <= 1:
             raise ValueError(f"coverage must be in (0, 1], got {coverage}")
@@ -100,8 +101,10 @@ def fragmentation(node: NodeShape, mix: RequestMix) -> int:
             split = by_threshold.get(k.gpu_milli)
             if split is None:
                 t = k.gpu_milli
-                split = by_threshold[t] = (sum(1 for f in node.gpu_free if f >= t),
-                                           sum(f for f in node.gpu_free if f < t))
+                split = by_threshold[t] = (
+                    sum(1 for f in node.gpu_free if f >= t),
+                    sum(f for f in node.gpu_free if f < t),
+                )
             if split[0] >= k.gpu_count:
                 x = split[1]
         total += k.weight * x

@@ -114,8 +114,11 @@ def narrowed(pod: Json, node: str, now: float) -> Json:
     out = json_copy(pod)
     spec = out["spec"]
     field_req = {"key": "metadata.name", "operator": "In", "values": [node]}
-    required = (spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    required = (
+        spec.setdefault("affinity", {})
+        .setdefault("nodeAffinity", {})
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    )
     terms = required.get("nodeSelectorTerms") or []
     if not terms:
         terms = [{}]
@@ -140,8 +143,15 @@ def json_copy(obj: Json) -> Json:
 
 
 class Committer:
-    def __init__(self, rest: Rest, driver: str, clients: Callable[[], Mapping[str, NodeClient]], *,
-                 ttl_seconds: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        driver: str,
+        clients: Callable[[], Mapping[str, NodeClient]],
+        *,
+        ttl_seconds: float,
+        clock: Callable[[], float],
+    ) -> None:
         self._rest = rest
         self._driver = driver
         self._clients = clients
@@ -162,9 +172,16 @@ class Committer:
 
     # -- commit ---------------------------------------------------------------------------------------
 
-    def commit(self, gang_id: str, members: Sequence[tuple[Member, str]],
-               classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices | None = None,
-               pod_group: Json | None = None, *, decided_at: float | None = None) -> Outcome:
+    def commit(
+        self,
+        gang_id: str,
+        members: Sequence[tuple[Member, str]],
+        classes: Mapping[str, Mapping[str, Any]],
+        shareable: ShareDevices | None = None,
+        pod_group: Json | None = None,
+        *,
+        decided_at: float | None = None,
+    ) -> Outcome:
         """Reserve every member's claims on its node, write the allocations, confirm, ungate, marking `pod_group`
         (the gang's PodGroup, if it has one) scheduled meanwhile. `shareable`: the devices published for sharing
         (World.shareable), where a request for consumable capacity takes a share of a GPU: the node books its
@@ -214,8 +231,11 @@ class Committer:
         except ClaimRefused as e:  # what was reserved is released; the claim waits until it changes
             self._add("reserve", t)
             claim = to_write[e.member][1]
-            return Outcome(False, f"node {e.node} refused ResourceClaim {_claim_key(claim)}: {e.message}",
-                           refused=(claim, e.message))
+            return Outcome(
+                False,
+                f"node {e.node} refused ResourceClaim {_claim_key(claim)}: {e.message}",
+                refused=(claim, e.message),
+            )
         t = self._add("reserve", t)
         if refused is not None:
             return Outcome(False, refused.reason)
@@ -226,9 +246,18 @@ class Committer:
             for name, (member, claim, node) in to_write.items():
                 devices = held[name][1].fit.devices
                 choice = member.choices.get(str(meta(claim).get("name")))
-                statuses[name] = {"allocation": allocation_status(claim, node, self._driver, devices, classes,
-                                                                  shareable=shareable, share_id=_share_id,
-                                                                  choice=choice)}
+                statuses[name] = {
+                    "allocation": allocation_status(
+                        claim,
+                        node,
+                        self._driver,
+                        devices,
+                        classes,
+                        shareable=shareable,
+                        share_id=_share_id,
+                        choice=choice,
+                    )
+                }
         except Unsupported as e:  # the slice changed under the reservation: nothing was written yet
             coordinator.release_all(held)
             return Outcome(False, f"unsupported claim: {e}")
@@ -260,8 +289,9 @@ class Committer:
         # the PodGroup marked while its pods are ungated: kube-scheduler's informers lag the writes, so the
         # mark is there before it takes the group up, as a rule (if not, it writes the mark itself)
         marking = self._io.submit(self.mark_scheduled, pod_group) if pod_group is not None and gated else None
-        ungated, error = self._each(lambda mn: self.ungate(mn[0].pod, mn[1], decided_at), gated,
-                                    distinct=[m.key for m, _ in gated])
+        ungated, error = self._each(
+            lambda mn: self.ungate(mn[0].pod, mn[1], decided_at), gated, distinct=[m.key for m, _ in gated]
+        )
         if marking is not None:
             marking.result()
         outcome.writes.extend(ungated)
@@ -275,22 +305,37 @@ class Committer:
         reason Scheduled, no message, this generation): equal to its own, it is not written again. Best effort:
         without it kube-scheduler writes it itself, only later."""
         m = meta(pod_group)
-        condition = {"type": SCHEDULED, "status": "True", "reason": "Scheduled", "message": "",
-                     "observedGeneration": m.get("generation")}
+        condition = {
+            "type": SCHEDULED,
+            "status": "True",
+            "reason": "Scheduled",
+            "message": "",
+            "observedGeneration": m.get("generation"),
+        }
         held = scheduled_condition(pod_group)
         if held is not None and all(held.get(k) == v for k, v in condition.items()):
             return
         condition["lastTransitionTime"] = rfc3339(self._clock())
         try:  # a strategic merge: the conditions are merged by type, the others (DisruptionTarget) kept
-            self._rest.patch(POD_GROUPS, str(m.get("namespace")), str(m.get("name")),
-                             {"status": {"conditions": [condition]}}, content_type=STRATEGIC_MERGE_PATCH,
-                             subresource="status")
+            self._rest.patch(
+                POD_GROUPS,
+                str(m.get("namespace")),
+                str(m.get("name")),
+                {"status": {"conditions": [condition]}},
+                content_type=STRATEGIC_MERGE_PATCH,
+                subresource="status",
+            )
         except ApiError as e:
-            log.warning("could not mark PodGroup %s/%s scheduled (kube-scheduler will): %s", m.get("namespace"),
-                        m.get("name"), e)
+            log.warning(
+                "could not mark PodGroup %s/%s scheduled (kube-scheduler will): %s",
+                m.get("namespace"),
+                m.get("name"),
+                e,
+            )
 
-    def _each(self, fn: Callable[[Any], Any], items: Sequence[Any], *, distinct: Sequence[str]
-              ) -> tuple[list[Any], ApiError | None]:
+    def _each(
+        self, fn: Callable[[Any], Any], items: Sequence[Any], *, distinct: Sequence[str]
+    ) -> tuple[list[Any], ApiError | None]:
         """`fn` on every item, at once when the items touch distinct objects (else in order); the results of
         those that succeeded and the first ApiError."""
         if len(items) < 2 or len(set(distinct)) < len(distinct):
@@ -317,12 +362,15 @@ class Committer:
         new_status = body.setdefault("status", {})
         new_status.update(status)
         pm = meta(pod)
-        new_status["reservedFor"] = [*(new_status.get("reservedFor") or ()),
-                                     {"resource": "pods", "name": pm.get("name"), "uid": pm.get("uid")}]
+        new_status["reservedFor"] = [
+            *(new_status.get("reservedFor") or ()),
+            {"resource": "pods", "name": pm.get("name"), "uid": pm.get("uid")},
+        ]
         written = self._rest.replace(RESOURCE_CLAIMS, body, "status")
         m = meta(written)
-        outcome.writes.append((RESOURCE_CLAIMS, str(m.get("namespace")), str(m.get("name")),
-                               str(m.get("resourceVersion"))))
+        outcome.writes.append(
+            (RESOURCE_CLAIMS, str(m.get("namespace")), str(m.get("name")), str(m.get("resourceVersion")))
+        )
         return written
 
     # -- undo -----------------------------------------------------------------------------------------
@@ -389,8 +437,9 @@ class Committer:
         ns, name = str(m.get("namespace")), str(m.get("name"))
         body = json_copy(pod)
         body.setdefault("kind", "Pod")
-        body["spec"]["schedulingGates"] = [g for g in body["spec"].get("schedulingGates") or ()
-                                           if g.get("name") != GATE]
+        body["spec"]["schedulingGates"] = [
+            g for g in body["spec"].get("schedulingGates") or () if g.get("name") != GATE
+        ]
         written = self._rest.replace(PODS, body)
         return (PODS, ns, name, str(meta(written).get("resourceVersion")))
 
@@ -405,8 +454,12 @@ class Committer:
         allocated claims are reserved for no one, gets the reservation its PreBind would write."""
         pod = member.pod
         m = meta(pod)
-        if is_gated(pod) or (pod.get("spec") or {}).get("nodeName") or m.get("deletionTimestamp") \
-                or ADMITTED_ANNOTATION not in (m.get("annotations") or {}):
+        if (
+            is_gated(pod)
+            or (pod.get("spec") or {}).get("nodeName")
+            or m.get("deletionTimestamp")
+            or ADMITTED_ANNOTATION not in (m.get("annotations") or {})
+        ):
             return []
         given = Outcome(True)
         for claim in member.claims:
@@ -417,8 +470,11 @@ class Committer:
             except ApiError as e:  # changed meanwhile, or gone: the next cycle looks again
                 log.warning("could not reserve claim %s again for %s: %s", _claim_key(claim), member.key, e)
                 continue
-            log.warning("kube-scheduler took %s out of the reservedFor of claim %s (a failed binding attempt): "
-                        "put back", member.key, _claim_key(claim))
+            log.warning(
+                "kube-scheduler took %s out of the reservedFor of claim %s (a failed binding attempt): put back",
+                member.key,
+                _claim_key(claim),
+            )
         return given.writes
 
     def recover(self, gangs: Iterable[Gang]) -> tuple[list[Write], list[str]]:
@@ -438,12 +494,12 @@ class Committer:
             holding = [(m, held) for m, held in holding if held]
             if not holding:
                 continue
-            committed = [(m, held) for m, held in holding
-                         if len(held) == sum(1 for c in m.claims if not is_channel_claim(c))]
+            committed = [
+                (m, held) for m, held in holding if len(held) == sum(1 for c in m.claims if not is_channel_claim(c))
+            ]
             running = sum(1 for m in gang.members.values() if not is_gated(m.pod) and m.node is not None)
             nodes = {m.key: _node_of(held) for m, held in committed}
-            if len(committed) == len(holding) and len(committed) + running >= gang.min_member \
-                    and all(nodes.values()):
+            if len(committed) == len(holding) and len(committed) + running >= gang.min_member and all(nodes.values()):
                 for m, _ in committed:
                     try:
                         writes.append(self.ungate(m.pod, str(nodes[m.key])))
@@ -459,8 +515,9 @@ class Committer:
 
 def scheduled_condition(pod_group: Json) -> Json | None:
     """The PodGroup's `PodGroupInitiallyScheduled` condition, if it has one."""
-    return next((c for c in (pod_group.get("status") or {}).get("conditions") or () if c.get("type") == SCHEDULED),
-                None)
+    return next(
+        (c for c in (pod_group.get("status") or {}).get("conditions") or () if c.get("type") == SCHEDULED), None
+    )
 
 
 def _call(fn: Callable[[Any], Any], item: Any) -> tuple[Any, ApiError | None]:

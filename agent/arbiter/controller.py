@@ -67,8 +67,11 @@ from agent.times import parse_rfc3339, rfc3339
 log = logging.getLogger(__name__)
 WAIT_REFRESH_S = 30.0  # a wait reason whose numbers changed is told again at most this often
 # the apiVersion of each kind the snapshot may leave out (a Pod's is v1)
-_API_VERSIONS = {"Queue": QUEUES.api_version, "PodGroup": POD_GROUPS.api_version,
-                 "ResourceClaim": RESOURCE_CLAIMS.api_version}
+_API_VERSIONS = {
+    "Queue": QUEUES.api_version,
+    "PodGroup": POD_GROUPS.api_version,
+    "ResourceClaim": RESOURCE_CLAIMS.api_version,
+}
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,13 @@ class NodeDirectory:
     raise CertificateMismatch, a NodeUnavailable), and no token is sent to it. `write_gate`: the API client's
     (Rest.write_gate), consulted before every Reserve, Confirm and Release too."""
 
-    def __init__(self, token: str | Callable[[], str], timeout_s: float = 5.0,
-                 fingerprint: Callable[[str], str] = lambda node: "",
-                 write_gate: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        token: str | Callable[[], str],
+        timeout_s: float = 5.0,
+        fingerprint: Callable[[str], str] = lambda node: "",
+        write_gate: Callable[[], None] | None = None,
+    ) -> None:
         self._token = token
         self._write_gate = write_gate
         self._timeout = timeout_s
@@ -196,8 +203,9 @@ class NodeDirectory:
                 raise NodeUnavailable(e.reason) from e
 
     def clients(self) -> dict[str, NodeClient]:
-        return {node: PinnedClient(self, node, address, self._fingerprint(node))
-                for node, address in self.addresses.items()}
+        return {
+            node: PinnedClient(self, node, address, self._fingerprint(node)) for node, address in self.addresses.items()
+        }
 
     def client(self, node: str, address: str, fingerprint: str) -> GrpcNodeClient:
         """The client over the channel for this node, address and fingerprint, connecting first if needed."""
@@ -227,9 +235,16 @@ class NodeDirectory:
 
 
 class Arbiter:
-    def __init__(self, rest: Rest, token: str | Callable[[], str], config: ArbiterConfig = ArbiterConfig(), *,
-                 metrics: ArbiterMetrics | None = None, recorder: EventRecorder | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        token: str | Callable[[], str],
+        config: ArbiterConfig = ArbiterConfig(),
+        *,
+        metrics: ArbiterMetrics | None = None,
+        recorder: EventRecorder | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self._rest = rest
         self._clock = clock
@@ -245,13 +260,23 @@ class Arbiter:
         self.slices = Informer(rest, RESOURCE_SLICES, wake)
         self.classes = Informer(rest, DEVICE_CLASSES, wake)
         self.taint_rules = Informer(rest, DEVICE_TAINT_RULES, wake, optional=True)  # served from 1.37
-        self._informers = [self.pods, self.claims, self.pod_groups, self.queues, self.nodes, self.slices,
-                           self.classes, self.taint_rules]
+        self._informers = [
+            self.pods,
+            self.claims,
+            self.pod_groups,
+            self.queues,
+            self.nodes,
+            self.slices,
+            self.classes,
+            self.taint_rules,
+        ]
         # one write gate for the API and the nodes alike (a leader's Lease check: agent.kube.leader)
-        self.directory = NodeDirectory(token, fingerprint=self._fingerprint,
-                                       write_gate=getattr(rest, "write_gate", None))  # tests may pass no Rest
-        self._committer = Committer(rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds,
-                                    clock=clock)
+        self.directory = NodeDirectory(
+            token, fingerprint=self._fingerprint, write_gate=getattr(rest, "write_gate", None)
+        )  # tests may pass no Rest
+        self._committer = Committer(
+            rest, config.driver, self.directory.clients, ttl_seconds=config.ttl_seconds, clock=clock
+        )
         self._expected: list[Write] = []
         self._weighed: dict[str, float] = {}  # waiting job -> when a snapshot first had it waiting (World.weighed)
         self._world_cache = WorldCache()  # what the last snapshot read from objects unchanged since
@@ -291,9 +316,11 @@ class Arbiter:
             self._rest.list(DEVICE_TAINT_RULES)
         except NotFound:
             self._fence_served = False
-            log.warning("this API server serves no DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37): "
-                        "nothing keeps kube-scheduler off %s devices; gate every pod that uses them",
-                        self.config.driver)
+            log.warning(
+                "this API server serves no DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37): "
+                "nothing keeps kube-scheduler off %s devices; gate every pod that uses them",
+                self.config.driver,
+            )
         except ApiError as e:
             log.warning("cannot list DeviceTaintRules: %s", e)
         self._keep_fence(self._clock())
@@ -401,11 +428,21 @@ class Arbiter:
 
     def _world(self, now: float, unseen: Mapping[str, list[tuple[Member, str]]]) -> World:
         in_flight = {m.key: node for members in unseen.values() for m, node in members}
-        return build_world(pods=self.pods.items(), claims=self.claims.items(), pod_groups=self.pod_groups.items(),
-                           queues=self.queues.items(), nodes=self.nodes.items(), slices=self.slices.items(),
-                           driver=self.config.driver, now=now, default_queue=self.config.default_queue,
-                           in_flight=in_flight, weighed=self._weighed, refused_claims=self._still_refused(),
-                           cache=self._world_cache)
+        return build_world(
+            pods=self.pods.items(),
+            claims=self.claims.items(),
+            pod_groups=self.pod_groups.items(),
+            queues=self.queues.items(),
+            nodes=self.nodes.items(),
+            slices=self.slices.items(),
+            driver=self.config.driver,
+            now=now,
+            default_queue=self.config.default_queue,
+            in_flight=in_flight,
+            weighed=self._weighed,
+            refused_claims=self._still_refused(),
+            cache=self._world_cache,
+        )
 
     # -- the fence ----------------------------------------------------------------------------------------
 
@@ -442,12 +479,18 @@ class Arbiter:
                 written = self._rest.create(DEVICE_TAINT_RULES, None, body)
             else:  # ours by name, changed by someone: put our selector and taint back
                 written = self._rest.replace(DEVICE_TAINT_RULES, {**rule, "spec": body["spec"]})
-            log.info("device taint rule %s in place: only the arbiter allocates %s devices", FENCE_RULE,
-                     self.config.driver)
+            log.info(
+                "device taint rule %s in place: only the arbiter allocates %s devices", FENCE_RULE, self.config.driver
+            )
             self._expected.append((DEVICE_TAINT_RULES, "", FENCE_RULE, str(meta(written).get("resourceVersion"))))
         except ApiError as e:
-            log.warning("cannot put the device taint rule %s in place (kube-scheduler may allocate %s devices "
-                        "beside the arbiter): %s", FENCE_RULE, self.config.driver, e)
+            log.warning(
+                "cannot put the device taint rule %s in place (kube-scheduler may allocate %s devices "
+                "beside the arbiter): %s",
+                FENCE_RULE,
+                self.config.driver,
+                e,
+            )
 
     def _fence_settled(self, now: float) -> bool:
         """Whether commits may go ahead: the fence has been in force for fence_settle_s. Where the API serves
@@ -469,9 +512,15 @@ class Arbiter:
                 claim = self.claims.get(ns, name)
                 if claim is not None:
                     others = ", ".join(k for k in keys if k != key)
-                    self._event(claim, "ResourceClaim", RESOURCE_CLAIMS.api_version, "DeviceInTwoClaims",
-                                f"device {device[1]} of pool {device[0]} is also allocated to {others}; the arbiter "
-                                "counts it as used and places nothing else on it", type_="Warning")
+                    self._event(
+                        claim,
+                        "ResourceClaim",
+                        RESOURCE_CLAIMS.api_version,
+                        "DeviceInTwoClaims",
+                        f"device {device[1]} of pool {device[0]} is also allocated to {others}; the arbiter "
+                        "counts it as used and places nothing else on it",
+                        type_="Warning",
+                    )
         self.doubles = dict(world.doubles)
         if self.metrics is not None:
             self.metrics.double_allocated.set(len(world.doubles))
@@ -481,17 +530,30 @@ class Arbiter:
         read (pod affinity, topology spread, host ports, volumes): say so once per refusal, in kube-scheduler's
         words (a Warning Event on the pod, the log, the metric). Their claims stay allocated, as the pod may only
         go to that node; removing the pod is its owner's call."""
-        lasting = {key: u for key, u in world.unbindable.items()
-                   if u.since is None or now - u.since >= self.config.unbindable_after_s}
+        lasting = {
+            key: u
+            for key, u in world.unbindable.items()
+            if u.since is None or now - u.since >= self.config.unbindable_after_s
+        }
         for key, stuck in lasting.items():
             if self.unbindable.get(key) == stuck.message:
                 continue
             member = world.members[key]
-            log.warning("kube-scheduler does not bind %s to %s, where the arbiter admitted it: %s", key, stuck.node,
-                        stuck.message)
-            self._event(member.pod, "Pod", "v1", "Unbindable",
-                        f"kube-scheduler does not bind this pod to {stuck.node}, where the arbiter admitted it and "
-                        f"its claims are allocated: {stuck.message}", type_="Warning")
+            log.warning(
+                "kube-scheduler does not bind %s to %s, where the arbiter admitted it: %s",
+                key,
+                stuck.node,
+                stuck.message,
+            )
+            self._event(
+                member.pod,
+                "Pod",
+                "v1",
+                "Unbindable",
+                f"kube-scheduler does not bind this pod to {stuck.node}, where the arbiter admitted it and "
+                f"its claims are allocated: {stuck.message}",
+                type_="Warning",
+            )
         self.unbindable = {key: u.message for key, u in lasting.items()}
         if self.metrics is not None:
             self.metrics.unbindable.set(len(lasting))
@@ -507,8 +569,10 @@ class Arbiter:
             if not (self._expected or self._terminating):
                 return
             if time.monotonic() > deadline:
-                log.warning("informers did not show %d writes in time; deciding anyway",
-                            len(self._expected) + len(self._terminating))
+                log.warning(
+                    "informers did not show %d writes in time; deciding anyway",
+                    len(self._expected) + len(self._terminating),
+                )
                 self._expected.clear()
                 self._terminating.clear()
                 return
@@ -545,12 +609,24 @@ class Arbiter:
             victim = gang_of.get(name)
             gang, queue = decision.evicted_for or ("a waiting gang", "its queue")
             what = "moved to node " + decision.moved_to if decision.moved_to else "evicted"
-            self._event(member.pod, "Pod", "v1", "Evicted",
-                        f"{what} by the arbiter ({decision.cause}) to make room for gang {gang} of queue {queue}",
-                        type_="Warning")
-            log.info("evicted %s (gang %s, queue %s) on node %s: %s for gang %s of queue %s", name,
-                     victim.name if victim else "?", victim.queue if victim else "?", member.node or decision.node,
-                     decision.cause, gang, queue)
+            self._event(
+                member.pod,
+                "Pod",
+                "v1",
+                "Evicted",
+                f"{what} by the arbiter ({decision.cause}) to make room for gang {gang} of queue {queue}",
+                type_="Warning",
+            )
+            log.info(
+                "evicted %s (gang %s, queue %s) on node %s: %s for gang %s of queue %s",
+                name,
+                victim.name if victim else "?",
+                victim.queue if victim else "?",
+                member.node or decision.node,
+                decision.cause,
+                gang,
+                queue,
+            )
 
     def _commit(self, world: World, result: CycleResult) -> None:
         """Start the commit of each gang the cycle bound, each on a worker of its own."""
@@ -565,21 +641,29 @@ class Arbiter:
             if job in self._flights:
                 continue  # cannot happen (a gang under way counts as running), but never commit one twice
             gang, members = world.gangs[job], [(world.members[name], node) for name, node in pods]
-            outcome = self._pool.submit(self._commit_gang, gang, members, classes, world.shareable,
-                                        result.before.now)
+            outcome = self._pool.submit(self._commit_gang, gang, members, classes, world.shareable, result.before.now)
             self._flights[job] = _Flight(outcome, members)
 
-    def _commit_gang(self, gang: Gang, members: list[tuple[Member, str]],
-                     classes: Mapping[str, Mapping[str, Any]], shareable: ShareDevices,
-                     decided_at: float | None = None) -> Outcome:
+    def _commit_gang(
+        self,
+        gang: Gang,
+        members: list[tuple[Member, str]],
+        classes: Mapping[str, Mapping[str, Any]],
+        shareable: ShareDevices,
+        decided_at: float | None = None,
+    ) -> Outcome:
         """One gang's commit, told as soon as it has landed (a worker's)."""
         # the gang id is the job's name: stable across arbiters, so a successor can release what it left
         group = self.pod_groups.get(gang.namespace, gang.pod_group) if gang.pod_group else None
         outcome = self._committer.commit(gang.name, members, classes, shareable, group, decided_at=decided_at)
         if outcome.committed:
             placed = ", ".join(f"{meta(m.pod).get('name')} on {node}" for m, node in members)
-            log.info("admitted gang %s of queue %s on nodes %s", gang.name, gang.queue,
-                     ",".join(sorted({node for _, node in members})))
+            log.info(
+                "admitted gang %s of queue %s on nodes %s",
+                gang.name,
+                gang.queue,
+                ",".join(sorted({node for _, node in members})),
+            )
             # one Event per gang: on its PodGroup, or on the pod of a gang of one (kube-scheduler writes one
             # per pod; an Event per member as well would cost more writes than the admission itself)
             if not self._tell(gang.pod_group, gang.namespace, gang.name, "Admitted", f"admitted: {placed}"):
@@ -618,9 +702,14 @@ class Arbiter:
         key = f"{m.get('namespace')}/{m.get('name')}"
         self._refused_claims[key] = (str(m.get("uid")), str(m.get("resourceVersion")), message)
         log.warning("ResourceClaim %s refused by a node, not tried again until it changes: %s", key, message)
-        self._event(claim, "ResourceClaim", RESOURCE_CLAIMS.api_version, "InvalidClaim",
-                    f"a node refused this claim as written: {message}; the arbiter tries it again once the claim "
-                    "changes", type_="Warning")
+        self._event(
+            claim,
+            "ResourceClaim",
+            RESOURCE_CLAIMS.api_version,
+            "InvalidClaim",
+            f"a node refused this claim as written: {message}; the arbiter tries it again once the claim changes",
+            type_="Warning",
+        )
 
     def _still_refused(self) -> dict[str, str]:
         """The refused claims not changed since (claim key -> the node's words); changed or gone, forgotten."""
@@ -643,8 +732,10 @@ class Arbiter:
             elif now > landed.deadline:
                 log.warning("informers did not show the commit of %s in time; deciding on what they show", job)
                 del self._landed[job]
-        return {**{job: f.members for job, f in self._flights.items()},
-                **{job: g.members for job, g in self._landed.items()}}
+        return {
+            **{job: f.members for job, f in self._flights.items()},
+            **{job: g.members for job, g in self._landed.items()},
+        }
 
     def _tell_waiting(self, world: World, waiting: Mapping[str, str], now: float) -> None:
         """Why each gang waits, as an Event on what it is about: the PodGroup, or the pod of a gang of one. A
@@ -656,8 +747,10 @@ class Arbiter:
             if gang is None:
                 continue
             told = self._waits.get(job)
-            if told is not None and (told[0] == reason or (
-                    told[0].split(":", 1)[0] == reason.split(":", 1)[0] and now - told[1] < WAIT_REFRESH_S)):
+            if told is not None and (
+                told[0] == reason
+                or (told[0].split(":", 1)[0] == reason.split(":", 1)[0] and now - told[1] < WAIT_REFRESH_S)
+            ):
                 continue
             self._waits[job] = (reason, now)
             type_ = "Normal" if reason.startswith("waiting for") else "Warning"  # progress, not a problem
@@ -672,8 +765,9 @@ class Arbiter:
             if m.node is None:
                 self._event(m.pod, "Pod", "v1", reason, message, type_=type_)
 
-    def _tell(self, pod_group: str | None, namespace: str, job: str, reason: str, message: str, *,
-              type_: str = "Normal") -> bool:
+    def _tell(
+        self, pod_group: str | None, namespace: str, job: str, reason: str, message: str, *, type_: str = "Normal"
+    ) -> bool:
         """An Event on the gang's PodGroup; False when it has none (the caller tells the pods)."""
         if pod_group is None:
             return False
@@ -683,8 +777,9 @@ class Arbiter:
         self._event(group, "PodGroup", POD_GROUPS.api_version, reason, message, type_=type_)
         return True
 
-    def _event(self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *,
-               type_: str = "Normal") -> None:
+    def _event(
+        self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *, type_: str = "Normal"
+    ) -> None:
         if self._recorder is not None:
             self._recorder.record(obj, kind, api_version, reason, message, type_=type_)
 
@@ -721,7 +816,8 @@ class Arbiter:
         self._status_written = now
         statuses: dict[str, dict[str, Any]] = {
             name: {**status, "conditions": [self._valid_condition(name, None, now)]}
-            for name, status in queue_statuses(snapshot, result).items()}
+            for name, status in queue_statuses(snapshot, result).items()
+        }
         for key, bad in world.invalid.items():
             if bad.kind == "Queue":
                 name = key.removeprefix("Queue ")
@@ -751,12 +847,16 @@ class Arbiter:
 
     def _valid_condition(self, name: str, problem: str | None, now: float) -> dict[str, str]:
         """The Queue's `Valid` condition."""
-        return self._condition(name, "Valid", "False" if problem else "True", now,
-                               reason="InvalidSpec" if problem else "Accepted",
-                               message=problem or "the arbiter weighs this queue")
+        return self._condition(
+            name,
+            "Valid",
+            "False" if problem else "True",
+            now,
+            reason="InvalidSpec" if problem else "Accepted",
+            message=problem or "the arbiter weighs this queue",
+        )
 
-    def _condition(self, name: str, kind: str, status: str, now: float, *, reason: str,
-                   message: str) -> dict[str, str]:
+    def _condition(self, name: str, kind: str, status: str, now: float, *, reason: str, message: str) -> dict[str, str]:
         """A condition of the Queue; its lastTransitionTime moves only when its status does."""
         since = rfc3339(now)
         current = ((self.queues.get("", name) or {}).get("status") or {}).get("conditions") or ()

@@ -22,8 +22,7 @@ CHANNEL_RESOURCE = f"{DRIVER}/channel"  # the node resource a channel claim take
 def is_channel_claim(claim: Mapping[str, Any]) -> bool:
     """Whether every request of the claim asks for a ComputeDomain channel (NVIDIA's template has one)."""
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
-    return bool(requests) and all((r.get("exactly") or {}).get("deviceClassName") == CHANNEL_CLASS
-                                  for r in requests)
+    return bool(requests) and all((r.get("exactly") or {}).get("deviceClassName") == CHANNEL_CLASS for r in requests)
 
 
 def offered(slices: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, int]]:

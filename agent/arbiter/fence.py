@@ -51,7 +51,11 @@ def default_queue(name: str) -> dict[str, Any]:
         "apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1",
         "kind": "Queue",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpu-dra-agent"}},
-        "spec": {"resources": {"gpu": {"quota": 0, "limit": -1, "overQuotaWeight": 1},
-                               "cpu": dict(unlimited), "memory": dict(unlimited)}},
+        "spec": {
+            "resources": {
+                "gpu": {"quota": 0, "limit": -1, "overQuotaWeight": 1},
+                "cpu": dict(unlimited),
+                "memory": dict(unlimited),
+            }
+        },
     }
-

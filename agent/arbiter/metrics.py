@@ -77,33 +77,70 @@ class ArbiterMetrics:
     """The arbiter's collectors, registered on `registry` (a fresh one per test; the default in the service)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.queue_depth = Gauge(QUEUE_DEPTH, "Jobs waiting in a leaf queue (pending pods or gang below minMember).",
-                                 ["queue"], registry=registry)
+        self.queue_depth = Gauge(
+            QUEUE_DEPTH,
+            "Jobs waiting in a leaf queue (pending pods or gang below minMember).",
+            ["queue"],
+            registry=registry,
+        )
         self.time_to_admission = Histogram(
-            TIME_TO_ADMISSION, "Seconds from a job's creation until its gang was admitted (every member bound).",
-            ["queue"], buckets=ADMISSION_BUCKETS, registry=registry)
-        self.fair_share = Gauge(FAIR_SHARE, "Fair share of a queue this cycle (gpu: devices, cpu: millicores, "
-                                "memory: bytes).", ["queue", "resource"], registry=registry)
-        self.allocated = Gauge(ALLOCATED, "Resources a queue holds after this cycle (same units as fair share).",
-                               ["queue", "resource"], registry=registry)
-        self.preemptions = PromCounter(PREEMPTIONS, "Pods evicted by preemption inside their queue.",
-                                       ["queue"], registry=registry)
-        self.reclaims = PromCounter(RECLAIMS, "Pods evicted from a queue above its fair share by another queue.",
-                                    ["queue"], registry=registry)
-        self.consolidation_moves = PromCounter(CONSOLIDATIONS, "Pods moved to defragment nodes.",
-                                               ["queue"], registry=registry)
-        self.usage = Gauge(USAGE, "Time-aware fair share: a queue's decayed past usage as a share of the cluster "
-                           "(0..1).", ["queue", "resource"], registry=registry)
-        self.protected = Gauge(PROTECTED, "Jobs a protection shields this cycle (preemptMinRuntime, "
-                               "reclaimMinRuntime: too young to be victims; preemptionDelay: may not evict yet).",
-                               ["queue", "protection"], registry=registry)
-        self.double_allocated = Gauge(DOUBLE_ALLOCATED, "Devices of the driver allocated to two or more "
-                                      "ResourceClaims at once (each claim gets a Warning Event).", registry=registry)
-        self.unbindable = Gauge(UNBINDABLE, "Admitted pods kube-scheduler has refused to bind, for a while, to the "
-                                "node the arbiter placed them on (each gets a Warning Event in its words).",
-                                registry=registry)
-        self.cycle_duration = Histogram(CYCLE_DURATION, "Seconds one arbiter cycle took, snapshot to decisions.",
-                                        buckets=CYCLE_BUCKETS, registry=registry)
+            TIME_TO_ADMISSION,
+            "Seconds from a job's creation until its gang was admitted (every member bound).",
+            ["queue"],
+            buckets=ADMISSION_BUCKETS,
+            registry=registry,
+        )
+        self.fair_share = Gauge(
+            FAIR_SHARE,
+            "Fair share of a queue this cycle (gpu: devices, cpu: millicores, memory: bytes).",
+            ["queue", "resource"],
+            registry=registry,
+        )
+        self.allocated = Gauge(
+            ALLOCATED,
+            "Resources a queue holds after this cycle (same units as fair share).",
+            ["queue", "resource"],
+            registry=registry,
+        )
+        self.preemptions = PromCounter(
+            PREEMPTIONS, "Pods evicted by preemption inside their queue.", ["queue"], registry=registry
+        )
+        self.reclaims = PromCounter(
+            RECLAIMS, "Pods evicted from a queue above its fair share by another queue.", ["queue"], registry=registry
+        )
+        self.consolidation_moves = PromCounter(
+            CONSOLIDATIONS, "Pods moved to defragment nodes.", ["queue"], registry=registry
+        )
+        self.usage = Gauge(
+            USAGE,
+            "Time-aware fair share: a queue's decayed past usage as a share of the cluster (0..1).",
+            ["queue", "resource"],
+            registry=registry,
+        )
+        self.protected = Gauge(
+            PROTECTED,
+            "Jobs a protection shields this cycle (preemptMinRuntime, "
+            "reclaimMinRuntime: too young to be victims; preemptionDelay: may not evict yet).",
+            ["queue", "protection"],
+            registry=registry,
+        )
+        self.double_allocated = Gauge(
+            DOUBLE_ALLOCATED,
+            "Devices of the driver allocated to two or more ResourceClaims at once (each claim gets a Warning Event).",
+            registry=registry,
+        )
+        self.unbindable = Gauge(
+            UNBINDABLE,
+            "Admitted pods kube-scheduler has refused to bind, for a while, to the "
+            "node the arbiter placed them on (each gets a Warning Event in its words).",
+            registry=registry,
+        )
+        self.cycle_duration = Histogram(
+            CYCLE_DURATION,
+            "Seconds one arbiter cycle took, snapshot to decisions.",
+            buckets=CYCLE_BUCKETS,
+            registry=registry,
+        )
 
     def record(self, values: CycleValues) -> None:
         for queue, depth in values.queue_depth.items():
@@ -112,8 +149,11 @@ class ArbiterMetrics:
             self.fair_share.labels(queue=queue, resource=resource).set(v)
         for (queue, resource), v in values.allocated.items():
             self.allocated.labels(queue=queue, resource=resource).set(v)
-        for counter, counts in ((self.preemptions, values.preemptions), (self.reclaims, values.reclaims),
-                                (self.consolidation_moves, values.consolidation_moves)):
+        for counter, counts in (
+            (self.preemptions, values.preemptions),
+            (self.reclaims, values.reclaims),
+            (self.consolidation_moves, values.consolidation_moves),
+        ):
             for queue, n in counts.items():
                 counter.labels(queue=queue).inc(n)
         for (queue, resource), v in values.usage.items():

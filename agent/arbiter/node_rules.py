@@ -60,15 +60,17 @@ def selector_allows(selector: Json | None, node: Json) -> bool:
         exprs, fields = term.get("matchExpressions") or (), term.get("matchFields") or ()
         if not exprs and not fields:
             continue
-        if all(_holds(e, labels.get(e.get("key"))) for e in exprs) and \
-                all(_holds(f, name if f.get("key") == "metadata.name" else None) for f in fields):
+        if all(_holds(e, labels.get(e.get("key"))) for e in exprs) and all(
+            _holds(f, name if f.get("key") == "metadata.name" else None) for f in fields
+        ):
             return True
     return False
 
 
 def _required_affinity(spec: Json) -> Json | None:
     return ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution")
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
 
 
 def _affinity_allows(pod: Json, node: Json) -> bool:
@@ -95,8 +97,10 @@ def tolerates(toleration: Json, taint: Json) -> bool:
 
 def _untolerated(node: Json, tolerations: Sequence[Json]) -> bool:
     """Whether the node has a NoSchedule or NoExecute taint no toleration tolerates."""
-    return any(taint.get("effect") in _NOT_SCHEDULED_ON and not any(tolerates(t, taint) for t in tolerations)
-               for taint in (node.get("spec") or {}).get("taints") or ())
+    return any(
+        taint.get("effect") in _NOT_SCHEDULED_ON and not any(tolerates(t, taint) for t in tolerations)
+        for taint in (node.get("spec") or {}).get("taints") or ()
+    )
 
 
 def refusal(pod: Json, node: Json) -> str | None:
@@ -124,8 +128,9 @@ class NodeRules:
 
     def __init__(self, nodes: Sequence[Json]) -> None:
         self._nodes = nodes
-        self._tainted = any(t.get("effect") in _NOT_SCHEDULED_ON for n in nodes
-                            for t in (n.get("spec") or {}).get("taints") or ())
+        self._tainted = any(
+            t.get("effect") in _NOT_SCHEDULED_ON for n in nodes for t in (n.get("spec") or {}).get("taints") or ()
+        )
         self._seen: dict[str, tuple[frozenset[str] | None, str]] = {}
 
     def allowed(self, pod: Json, key: str) -> tuple[frozenset[str] | None, str]:

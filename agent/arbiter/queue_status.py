@@ -66,10 +66,14 @@ def stranded_reasons(snapshot: Snapshot, stranded: Mapping[str, int]) -> dict[st
     for parent, count in sorted(stranded.items()):
         below = sorted(children.get(parent, []))
         pods = f"{count} pending pod(s) name queue {parent}"
-        until = (f"they wait until they name a leaf queue, or {parent} has no child queue again (pods may only be "
-                 "submitted to leaf queues)")
-        out[parent] = ("ParentQueueHasPods", f"{pods}, a parent queue since {', '.join(below)} named it as "
-                                             f"parentQueue; {until}")
+        until = (
+            f"they wait until they name a leaf queue, or {parent} has no child queue again (pods may only be "
+            "submitted to leaf queues)"
+        )
+        out[parent] = (
+            "ParentQueueHasPods",
+            f"{pods}, a parent queue since {', '.join(below)} named it as parentQueue; {until}",
+        )
         for child in below:
             out[child] = ("MadeParentOfPods", f"this queue made {parent} a parent queue, and {pods}; {until}")
     return out

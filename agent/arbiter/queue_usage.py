@@ -39,8 +39,11 @@ def held(snapshot: Snapshot) -> dict[str, Vector]:
 
 def capacity(snapshot: Snapshot) -> Vector:
     nodes = snapshot.nodes
-    return (float(sum(n.gpus for n in nodes) * MILLI), float(sum(n.cpu_milli for n in nodes)),
-            float(sum(n.mem_bytes for n in nodes)))
+    return (
+        float(sum(n.gpus for n in nodes) * MILLI),
+        float(sum(n.cpu_milli for n in nodes)),
+        float(sum(n.mem_bytes for n in nodes)),
+    )
 
 
 def _vector(raw: object) -> Vector | None:
@@ -66,8 +69,11 @@ def from_status(status: Mapping[str, Any] | None) -> Accumulator:
 
 
 def to_status(acc: Accumulator) -> dict[str, Any]:
-    return {"used": dict(zip(_KEYS, acc.used, strict=True)), "possible": dict(zip(_KEYS, acc.possible, strict=True)),
-            "updatedAt": rfc3339(acc.at or 0.0)}
+    return {
+        "used": dict(zip(_KEYS, acc.used, strict=True)),
+        "possible": dict(zip(_KEYS, acc.possible, strict=True)),
+        "updatedAt": rfc3339(acc.at or 0.0),
+    }
 
 
 def shown(acc: Accumulator) -> dict[str, float]:

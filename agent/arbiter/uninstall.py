@@ -28,8 +28,11 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments", True)
 GATE_POLICIES = tuple(
     (kind, Resource("admissionregistration.k8s.io", version, plural, False))
     for version in ("v1", "v1beta1")
-    for kind, plural in (("MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings"),
-                         ("MutatingAdmissionPolicy", "mutatingadmissionpolicies")))
+    for kind, plural in (
+        ("MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings"),
+        ("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
+    )
+)
 
 
 class StillRunning(Exception):
@@ -69,9 +72,15 @@ def _ungate(rest: Rest, pod: Json) -> bool:
             return False
         rest_gates = [g for g in gates if g.get("name") != GATE]
         try:
-            rest.patch(PODS, namespace, name, {
-                "metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
-                "spec": {"schedulingGates": rest_gates or None}})
+            rest.patch(
+                PODS,
+                namespace,
+                name,
+                {
+                    "metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
+                    "spec": {"schedulingGates": rest_gates or None},
+                },
+            )
             return True
         except Conflict:
             try:
@@ -81,8 +90,15 @@ def _ungate(rest: Rest, pod: Json) -> bool:
     raise ApiError(409, f"pod {namespace}/{name} kept changing; run --uninstall again")
 
 
-def uninstall(rest: Rest, namespace: str, *, wait_s: float = 60.0, say: Callable[[str], None] = print,
-              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
+def uninstall(
+    rest: Rest,
+    namespace: str,
+    *,
+    wait_s: float = 60.0,
+    say: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     """Remove the arbiter's hold on pods (module doc); says each step; returns the number of pods ungated.
     Raises StillRunning when an arbiter keeps the Lease, ApiError when the API server refuses a step (each step
     can be run again: --uninstall is idempotent)."""
@@ -101,7 +117,8 @@ def uninstall(rest: Rest, namespace: str, *, wait_s: float = 60.0, say: Callable
         if clock() >= deadline:
             raise StillRunning(
                 f"an arbiter ({holder}) still holds the Lease {namespace}/{COMPONENT} {wait_s:g} s after its "
-                f"Deployment was deleted; stop it (it puts the fence back), then run --uninstall again")
+                f"Deployment was deleted; stop it (it puts the fence back), then run --uninstall again"
+            )
         sleep(1.0)
     for kind, resource in GATE_POLICIES:
         if _delete(rest, resource, None, GATE_POLICY):
@@ -115,6 +132,8 @@ def uninstall(rest: Rest, namespace: str, *, wait_s: float = 60.0, say: Callable
             say(f"ungated pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}")
     if _delete(rest, LEASES, namespace, COMPONENT):
         say(f"deleted Lease {namespace}/{COMPONENT}")
-    say(f"{ungated} pod(s) handed to kube-scheduler; the Queues and the arbiter's RBAC stay "
-        f"(kubectl apply -k daemonset/overlays/arbiter installs the arbiter again)")
+    say(
+        f"{ungated} pod(s) handed to kube-scheduler; the Queues and the arbiter's RBAC stay "
+        f"(kubectl apply -k daemonset/overlays/arbiter installs the arbiter again)"
+    )
     return ungated

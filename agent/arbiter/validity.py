@@ -102,10 +102,16 @@ def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
         raw = spec.get(key)
         seconds = go_duration(raw)
         if raw not in (None, "") and seconds is None:
-            raise _Bad(f"spec.{key} must be a Go duration such as \"5m\", not {raw!r}")
+            raise _Bad(f'spec.{key} must be a Go duration such as "5m", not {raw!r}')
         runtimes.append(seconds)
-    return QueueSpec(name=name, parent=parent, priority=priority if priority is not None else 100,
-                     terms=(gpu, cpu, memory), preempt_min_runtime=runtimes[0], reclaim_min_runtime=runtimes[1])
+    return QueueSpec(
+        name=name,
+        parent=parent,
+        priority=priority if priority is not None else 100,
+        terms=(gpu, cpu, memory),
+        preempt_min_runtime=runtimes[0],
+        reclaim_min_runtime=runtimes[1],
+    )
 
 
 def valid_queues(objs: Iterable[Mapping[str, Any]]) -> tuple[list[QueueSpec], dict[str, Invalid]]:
@@ -130,8 +136,9 @@ def valid_queues(objs: Iterable[Mapping[str, Any]]) -> tuple[list[QueueSpec], di
             seen.append(parent)
             parent = specs[parent].parent
         if parent == name:  # back where it started: a queue on the cycle (one below it is left out below)
-            invalid[name] = Invalid("Queue", objects[name],
-                                    f"invalid Queue: the parentQueue chain {' -> '.join([*seen, name])} is a cycle")
+            invalid[name] = Invalid(
+                "Queue", objects[name], f"invalid Queue: the parentQueue chain {' -> '.join([*seen, name])} is a cycle"
+            )
     # a missing parent (or one left out) leaves out the whole branch below it, top-down
     changed = True
     while changed:

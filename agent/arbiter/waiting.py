@@ -10,8 +10,9 @@ from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, PodSpec, QueueSp
 NO_RESERVATIONS = "serve no reservations"  # a node whose agent runs without --reservation-addr (World.unserved)
 
 
-def wait_reasons(snapshot: Snapshot, result: CycleResult,
-                 unserved: Mapping[str, tuple[int, str]] | None = None) -> dict[str, str]:
+def wait_reasons(
+    snapshot: Snapshot, result: CycleResult, unserved: Mapping[str, tuple[int, str]] | None = None
+) -> dict[str, str]:
     """job name -> reason, for every job with pods still pending (or pipelined) after the cycle. `unserved`:
     the nodes that publish GPUs the arbiter does not place on -> (their GPUs, why; World.unserved): a gang that
     does not fit is told of them, since they, not the cluster's size, may be what it waits for."""
@@ -45,17 +46,28 @@ def _left_out(unserved: Mapping[str, tuple[int, str]], reason: str, *, placed_on
     for why, nodes in causes.items():
         gpus = sum(unserved[n][0] for n in nodes)
         names = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-        hint = (" (their node agents run without --reservation-addr, which the arbiter overlay sets; to leave the "
-                "arbiter, run gpu-dra-agent arbiter --uninstall)"
-                if why == NO_RESERVATIONS else "")
+        hint = (
+            " (their node agents run without --reservation-addr, which the arbiter overlay sets; to leave the "
+            "arbiter, run gpu-dra-agent arbiter --uninstall)"
+            if why == NO_RESERVATIONS
+            else ""
+        )
         told.append(f"{len(nodes)} node(s) with {gpus} GPUs {why}{hint}: {names}")
     if not placed_on:
         return f"no node the arbiter may place on: {'; '.join(told)}"
     return f"{reason}; left out, {'; '.join(told)}"
 
 
-def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str, QueueSpec], result: CycleResult,
-            free: Mapping[str, int], *, capacity: Mapping[str, int], cliques: Mapping[str, str]) -> str:
+def _reason(
+    job: JobSpec,
+    decisions: Sequence[PodDecision],
+    queues: Mapping[str, QueueSpec],
+    result: CycleResult,
+    free: Mapping[str, int],
+    *,
+    capacity: Mapping[str, int],
+    cliques: Mapping[str, str],
+) -> str:
     if any(d.action == "pipeline" for d in decisions):
         return "waiting for evicted pods to release their devices (reclaim or preemption under way)"
     if len(job.pods) < job.min_member:
@@ -66,11 +78,15 @@ def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str,
         held = result.allocated.get(q.name, (0.0, 0.0, 0.0))[0]
         limit, quota = q.terms[0].limit, q.terms[0].quota
         if limit != UNLIMITED and held + want > limit:
-            return (f"over limit: queue {q.name} holds {held / MILLI:g} GPUs, its limit is {limit / MILLI:g}, "
-                    f"the gang needs {want / MILLI:g} more")
+            return (
+                f"over limit: queue {q.name} holds {held / MILLI:g} GPUs, its limit is {limit / MILLI:g}, "
+                f"the gang needs {want / MILLI:g} more"
+            )
         if not job.preemptible and quota != UNLIMITED and held + want > quota:
-            return (f"over quota: a non-preemptible gang may only use queue {q.name}'s quota of "
-                    f"{quota / MILLI:g} GPUs ({held / MILLI:g} in use)")
+            return (
+                f"over quota: a non-preemptible gang may only use queue {q.name}'s quota of "
+                f"{quota / MILLI:g} GPUs ({held / MILLI:g} in use)"
+            )
         q = queues.get(q.parent) if q.parent else None
     waiting = [p for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending"]
     pending = [p.gpu_milli for p in waiting]
@@ -83,10 +99,12 @@ def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str,
         free = {n: f for n, f in free.items() if n in allowed}
         where, whole = "the nodes its pods may run on have", "those nodes have"
     largest, total = max(pending, default=0), sum(capacity.values())
-    text = (f"no fit: the gang needs {want / MILLI:g} GPUs in {len(pending)} pod(s), up to {largest / MILLI:g} "
-            f"on one node; {where} {total / MILLI:g} GPUs on {len(capacity)} node(s), at most "
-            f"{max(capacity.values(), default=0) / MILLI:g} on one; {sum(free.values()) / MILLI:g} free, at most "
-            f"{max(free.values(), default=0) / MILLI:g} on one")
+    text = (
+        f"no fit: the gang needs {want / MILLI:g} GPUs in {len(pending)} pod(s), up to {largest / MILLI:g} "
+        f"on one node; {where} {total / MILLI:g} GPUs on {len(capacity)} node(s), at most "
+        f"{max(capacity.values(), default=0) / MILLI:g} on one; {sum(free.values()) / MILLI:g} free, at most "
+        f"{max(free.values(), default=0) / MILLI:g} on one"
+    )
     if want > total:
         return f"{text}: the gang asks for more than {whole}"
     if largest > max(capacity.values(), default=0):
@@ -96,8 +114,14 @@ def _reason(job: JobSpec, decisions: Sequence[PodDecision], queues: Mapping[str,
     return f"{text}: its pods do not fit the free GPUs, CPU and memory of any node"
 
 
-def _no_clique(waiting: Sequence[PodSpec], want: int, cliques: Mapping[str, str], *, free: Mapping[str, int],
-               capacity: Mapping[str, int]) -> str:
+def _no_clique(
+    waiting: Sequence[PodSpec],
+    want: int,
+    cliques: Mapping[str, str],
+    *,
+    free: Mapping[str, int],
+    capacity: Mapping[str, int],
+) -> str:
     """Why a gang sharing a ComputeDomain does not fit: it needs one clique, and none has the room."""
     allowed: set[str] | None = None
     if waiting and all(p.allowed_nodes is not None for p in waiting):
@@ -106,15 +130,21 @@ def _no_clique(waiting: Sequence[PodSpec], want: int, cliques: Mapping[str, str]
     for node, clique in cliques.items():
         if allowed is None or node in allowed:
             members.setdefault(clique, []).append(node)
-    head = (f"no fit in one NVLink clique: the gang shares a ComputeDomain, so its {len(waiting)} pod(s) needing "
-            f"{want / MILLI:g} GPUs must all run on nodes of one clique")
+    head = (
+        f"no fit in one NVLink clique: the gang shares a ComputeDomain, so its {len(waiting)} pod(s) needing "
+        f"{want / MILLI:g} GPUs must all run on nodes of one clique"
+    )
     if not members:
-        return f"{head}; no node{' its pods may run on' if allowed is not None else ''} offers IMEX channels " \
-               "(no GPUs there are in a complete, undegraded fabric clique)"
+        return (
+            f"{head}; no node{' its pods may run on' if allowed is not None else ''} offers IMEX channels "
+            "(no GPUs there are in a complete, undegraded fabric clique)"
+        )
     most = max(sum(capacity[n] for n in nodes) for nodes in members.values())
     freest = max(sum(free[n] for n in nodes) for nodes in members.values())
-    text = (f"{head}; {len(members)} clique(s) offer IMEX channels, the largest with {most / MILLI:g} GPUs, "
-            f"the freest with {freest / MILLI:g} GPUs free")
+    text = (
+        f"{head}; {len(members)} clique(s) offer IMEX channels, the largest with {most / MILLI:g} GPUs, "
+        f"the freest with {freest / MILLI:g} GPUs free"
+    )
     if want > most:
         return f"{text}: the gang asks for more than any clique has"
     return f"{text}: the rest is held by running pods, or its pods do not fit the free GPUs, CPU and memory there"

@@ -120,9 +120,15 @@ def device_gpus(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[tuple[
     return out
 
 
-def claim_gpus(claim: Mapping[str, Any], driver: str, worth: Mapping[tuple[str, str], float],
-               capacities: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
-               share_devices: ShareDevices | None = None, *, choice: Choice | None = None) -> float:
+def claim_gpus(
+    claim: Mapping[str, Any],
+    driver: str,
+    worth: Mapping[tuple[str, str], float],
+    capacities: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+    share_devices: ShareDevices | None = None,
+    *,
+    choice: Choice | None = None,
+) -> float:
     """GPUs a claim counts toward its queue: once allocated, what was allocated (a firstAvailable claim its
     chosen subrequest, a MIG device its share of a GPU, a consumable-capacity share the part of the GPU it
     consumed: nine 8Gi shares of a 79.6 GiB H100 are 72/79.6 of a GPU); before, what it asks for
@@ -201,9 +207,17 @@ def _read_facts(pod: Mapping[str, Any]) -> _PodFacts:
     names, missing = claim_names(pod)
     asked = pod_requests(pod)
     other = {resource: amount for resource, amount in asked.items() if resource not in ("cpu", "memory")}
-    return _PodFacts(tuple(names), tuple(missing), is_gated(pod), asks_extended_gpus(pod), asked.get("cpu", 0.0),
-                     asked.get("memory", 0.0), other, parse_rfc3339(meta(pod).get("creationTimestamp")),
-                     rules_key(pod))
+    return _PodFacts(
+        tuple(names),
+        tuple(missing),
+        is_gated(pod),
+        asks_extended_gpus(pod),
+        asked.get("cpu", 0.0),
+        asked.get("memory", 0.0),
+        other,
+        parse_rfc3339(meta(pod).get("creationTimestamp")),
+        rules_key(pod),
+    )
 
 
 def _facts(pod: Mapping[str, Any]) -> _PodFacts:
@@ -287,8 +301,9 @@ def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str,
     return out
 
 
-def _device_room(slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], driver: str,
-                 nodes: Iterable[str]) -> dict[str, tuple[tuple[float, int], tuple[float, int]]]:
+def _device_room(
+    slices: Sequence[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], driver: str, nodes: Iterable[str]
+) -> dict[str, tuple[tuple[float, int], tuple[float, int]]]:
     """node -> ((whole GPUs, MIG devices) no claim holds, (whole GPUs, MIG devices) published), of the newest
     generation of each node's pool."""
     newest: dict[str, int] = {}
@@ -315,8 +330,9 @@ def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", name) if p)
 
 
-def _share_index(claims: Sequence[Mapping[str, Any]], driver: str, node: str,
-                 gpu_index: Mapping[str, Mapping[str, int]]) -> int | None:
+def _share_index(
+    claims: Sequence[Mapping[str, Any]], driver: str, node: str, gpu_index: Mapping[str, Mapping[str, int]]
+) -> int | None:
     """The core's index of the one GPU a pod's claims hold shares of, when that is all they hold there."""
     shared = {device for c in claims for pool, device, _ in allocated_shares(c, driver) if pool == node}
     whole = [d for c in claims for d in allocated_devices(c, driver, shares=False)]
@@ -329,8 +345,12 @@ def _managed(node: Json, devices: Mapping[str, set[str]]) -> bool:
     """A node the arbiter places on: ready and schedulable, its agent's address and fingerprint annotated, its
     GPUs published."""
     annotations = meta(node).get("annotations") or {}
-    return bool(annotations.get(ADDRESS_ANNOTATION) and annotations.get(FINGERPRINT_ANNOTATION)
-                and str(meta(node).get("name")) in devices and _node_ready(node))
+    return bool(
+        annotations.get(ADDRESS_ANNOTATION)
+        and annotations.get(FINGERPRINT_ANNOTATION)
+        and str(meta(node).get("name")) in devices
+        and _node_ready(node)
+    )
 
 
 def _unserved(node: Json) -> str:
@@ -368,8 +388,9 @@ class _Pod:
 RELEASE = "release"  # _read_pod: a gated pod that is not the arbiter's, to be ungated as it is
 
 
-def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
-              default_queue: str | None) -> _Pod | str | None:
+def _read_pod(
+    pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json], default_queue: str | None
+) -> _Pod | str | None:
     """An arbiter pod as the snapshot sees it; None for a pod that is not the arbiter's (no queue, or ungated and
     holding nothing: kube-scheduler's); RELEASE for a gated one that is not (its claims are other drivers')."""
     m = meta(pod)
@@ -384,11 +405,22 @@ def _read_pod(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json],
     deleting = bool(m.get("deletionTimestamp"))
     phase = (pod.get("status") or {}).get("phase")
     # ungated, unbound, with a claim of ours no one allocated: kube-scheduler cannot (the fence); we do
-    caught = (not gated and not deleting and not spec.get("nodeName") and phase in (None, "Pending")
-              and any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in found))
+    caught = (
+        not gated
+        and not deleting
+        and not spec.get("nodeName")
+        and phase in (None, "Pending")
+        and any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in found)
+    )
     if not queue and default_queue:
-        if gated and not facts.missing and None not in found and not any(claim_is_ours(c) for c in found if c) \
-                and not facts.extended and not deleting:
+        if (
+            gated
+            and not facts.missing
+            and None not in found
+            and not any(claim_is_ours(c) for c in found if c)
+            and not facts.extended
+            and not deleting
+        ):
             return RELEASE  # gated by the admission policy for claims that are not ours
         if gated or caught or ADMITTED_ANNOTATION in (m.get("annotations") or {}):
             queue = default_queue
@@ -457,8 +489,14 @@ class WorldCache:
         self.pools_read: list[Json] = []  # the slices `pools` was read from
         self.pools: dict[str, set[str]] | None = None  # _pool_devices
         self.slices_read: list[Json] = []  # the slices `devices` was read from
-        self.devices: tuple[dict[tuple[str, str], float], dict[tuple[str, str], dict[str, Capacity]],
-                            dict[tuple[str, str], dict[str, float]]] | None = None
+        self.devices: (
+            tuple[
+                dict[tuple[str, str], float],
+                dict[tuple[str, str], dict[str, Capacity]],
+                dict[tuple[str, str], dict[str, float]],
+            ]
+            | None
+        ) = None
         self.pods_read = 0  # pods read afresh by the last snapshot (tests, the benchmark)
         self.jobs_weighed = 0  # gangs weighed afresh by the last snapshot
 
@@ -467,16 +505,27 @@ def _same_objects(before: Sequence[Json], now: Sequence[Json]) -> bool:
     return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
 
 
-def _read_pod_cached(pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json], default_queue: str | None,
-                     *, cache: WorldCache | None, seen: dict[str, _PodRead]) -> _Pod | str | None:
+def _read_pod_cached(
+    pod: Json,
+    groups: Mapping[str, Json],
+    claims: Mapping[str, Json],
+    default_queue: str | None,
+    *,
+    cache: WorldCache | None,
+    seen: dict[str, _PodRead],
+) -> _Pod | str | None:
     if cache is None:
         return _read_pod(pod, groups, claims, default_queue)
     m = meta(pod)
     key = f"{m.get('namespace')}/{m.get('name')}"
     hit = cache.pods.get(key)
-    if (hit is not None and hit.pod is pod and hit.default_queue == default_queue
-            and (hit.group_key is None or groups.get(hit.group_key) is hit.group)
-            and all(claims.get(k) is c for k, c in zip(hit.claim_keys, hit.claims, strict=True))):
+    if (
+        hit is not None
+        and hit.pod is pod
+        and hit.default_queue == default_queue
+        and (hit.group_key is None or groups.get(hit.group_key) is hit.group)
+        and all(claims.get(k) is c for k, c in zip(hit.claim_keys, hit.claims, strict=True))
+    ):
         seen[key] = hit
         return hit.read
     read = _read_pod(pod, groups, claims, default_queue)  # raises for a malformed pod: nothing remembered
@@ -484,8 +533,15 @@ def _read_pod_cached(pod: Json, groups: Mapping[str, Json], claims: Mapping[str,
     group_name = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
     group_key = f"{ns}/{group_name}" if group_name else None
     claim_keys = tuple(f"{ns}/{n}" for n in _facts(pod).names)
-    seen[key] = _PodRead(pod, group_key, groups.get(group_key) if group_key else None, claim_keys,
-                         tuple(claims.get(k) for k in claim_keys), default_queue, read)
+    seen[key] = _PodRead(
+        pod,
+        group_key,
+        groups.get(group_key) if group_key else None,
+        claim_keys,
+        tuple(claims.get(k) for k in claim_keys),
+        default_queue,
+        read,
+    )
     cache.pods_read += 1
     return read
 
@@ -514,8 +570,9 @@ class _Objects:
         return {q.parent for q in self.queues if q.parent}
 
 
-def _read_objects(claims: Iterable[Json], pod_groups: Iterable[Json], queues: Iterable[Json],
-                  slices: Iterable[Json]) -> _Objects:
+def _read_objects(
+    claims: Iterable[Json], pod_groups: Iterable[Json], queues: Iterable[Json], slices: Iterable[Json]
+) -> _Objects:
     slices = list(slices)  # read thrice: devices per node, what each device is worth, the shareable ones
     claims_by_key = {f"{meta(c).get('namespace')}/{meta(c).get('name')}": c for c in claims}
     groups = {f"{meta(g).get('namespace')}/{meta(g).get('name')}": g for g in pod_groups}
@@ -540,8 +597,9 @@ class _Served:
     unserved: dict[str, tuple[int, str]]  # told to the gangs that wait for GPUs (waiting.py)
 
 
-def _serve_nodes(nodes: Iterable[Json], slices: Sequence[Json], driver: str,
-                 cache: WorldCache | None = None) -> _Served:
+def _serve_nodes(
+    nodes: Iterable[Json], slices: Sequence[Json], driver: str, cache: WorldCache | None = None
+) -> _Served:
     if cache is not None and _same_objects(cache.pools_read, slices) and cache.pools is not None:
         devices = cache.pools
     else:
@@ -580,13 +638,21 @@ class _Gangs:
     @functools.cached_property
     def left_out(self) -> set[str]:
         """The gangs left out of the snapshot: they hold their devices all the same, as others' claims."""
-        return self.unweighed | {job for job in self.waiting
-                                 if any(self.statuses[k] == "Pending" for k in self.gangs[job].members)}
+        return self.unweighed | {
+            job for job in self.waiting if any(self.statuses[k] == "Pending" for k in self.gangs[job].members)
+        }
 
 
-def _group_gangs(pods: Iterable[Json], objects: _Objects, rules: NodeRules, *, default_queue: str | None,
-                 in_flight: Mapping[str, str] | None, refused_claims: Mapping[str, str] | None,
-                 cache: WorldCache | None = None) -> _Gangs:
+def _group_gangs(
+    pods: Iterable[Json],
+    objects: _Objects,
+    rules: NodeRules,
+    *,
+    default_queue: str | None,
+    in_flight: Mapping[str, str] | None,
+    refused_claims: Mapping[str, str] | None,
+    cache: WorldCache | None = None,
+) -> _Gangs:
     out = _Gangs()
     waiting, unweighed = out.waiting, out.unweighed
     seen: dict[str, _PodRead] = {}
@@ -624,25 +690,33 @@ def _group_gangs(pods: Iterable[Json], objects: _Objects, rules: NodeRules, *, d
             unweighed.add(job)
         elif queue in objects.parents:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
             below = ", ".join(sorted(q.name for q in objects.queues if q.parent == queue))
-            waiting[job] = (f"queue {queue} is a parent queue (of {below}); only leaf queues take pods: the gang "
-                            f"waits until it names a leaf queue or {queue} has no child queue again")
+            waiting[job] = (
+                f"queue {queue} is a parent queue (of {below}); only leaf queues take pods: the gang "
+                f"waits until it names a leaf queue or {queue} has no child queue again"
+            )
             unweighed.add(job)
             if read.status == "Pending":
                 out.stranded[str(queue)] = out.stranded.get(str(queue), 0) + 1
         if read.status == "Pending":
             if read.facts.extended:
-                waiting[job] = (f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
-                                f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})")
+                waiting[job] = (
+                    f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
+                    f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})"
+                )
             elif read.facts.missing:
-                waiting.setdefault(job, f"waiting for the ResourceClaims of {name} "
-                                        f"({', '.join(read.facts.missing)}) to be created from their templates")
+                waiting.setdefault(
+                    job,
+                    f"waiting for the ResourceClaims of {name} "
+                    f"({', '.join(read.facts.missing)}) to be created from their templates",
+                )
             elif any(c is None for c in read.found):
                 waiting.setdefault(job, f"ResourceClaim of {name} not found")
             for c in read.found:
                 problem = None if c is None else (refused_claims or {}).get(f"{ns}/{meta(c).get('name')}")
                 if c is not None and problem is not None:  # the claim's error: it waits until the claim changes
-                    waiting.setdefault(job, f"ResourceClaim {meta(c).get('name')} of {name} was refused as "
-                                            f"written: {problem}")
+                    waiting.setdefault(
+                        job, f"ResourceClaim {meta(c).get('name')} of {name} was refused as written: {problem}"
+                    )
             # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
             nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
             if nodes_allowed is not None:
@@ -656,8 +730,9 @@ def _group_gangs(pods: Iterable[Json], objects: _Objects, rules: NodeRules, *, d
                 policy = (group.get("spec") or {}).get("schedulingPolicy") or {}
                 min_count = int((policy.get("gang") or {}).get("minCount") or 1)
             gang = out.gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
-        member = Member(pod_key(pod), pod, [c for c in read.found if c is not None],
-                        read.node if read.status != "Pending" else None)
+        member = Member(
+            pod_key(pod), pod, [c for c in read.found if c is not None], read.node if read.status != "Pending" else None
+        )
         gang.members[member.key] = member
         out.members[member.key] = member
         out.statuses[member.key] = read.status
@@ -721,16 +796,25 @@ def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str)
     # The core's GPU indices of each node: its GPUs nobody else holds, in name order. A running share is seated
     # on the GPU it really uses, so the arbiter's picture of a node is the node's (unseated, pods of different
     # sizes could be packed where they do not fit, and a whole-GPU pod would be planned onto a shared GPU).
-    gpu_index = {node: {d: i for i, d in enumerate(sorted(names - held_devices.get(node, set()), key=_natural))}
-                 for node, names in devices.items()}  # fmt: skip
+    gpu_index = {
+        node: {d: i for i, d in enumerate(sorted(names - held_devices.get(node, set()), key=_natural))}
+        for node, names in devices.items()
+    }
     # what each node's pods ask of it (pod_requests): outside the snapshot (other pods, the running pods of gangs
     # left out), taken from the node; inside it, loaded by the core
     outside: dict[str, dict[str, float]] = {}
     inside: dict[str, dict[str, float]] = {}
-    placed = [((p.get("spec") or {}).get("nodeName"), p, outside) for p in found.other_pods
-              if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-    placed += [(m.node, m.pod, outside if job in left_out else inside)
-               for job, gang in gangs.items() for m in gang.members.values() if statuses[m.key] != "Pending"]
+    placed = [
+        ((p.get("spec") or {}).get("nodeName"), p, outside)
+        for p in found.other_pods
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+    placed += [
+        (m.node, m.pod, outside if job in left_out else inside)
+        for job, gang in gangs.items()
+        for m in gang.members.values()
+        if statuses[m.key] != "Pending"
+    ]
     for node_name, pod, asked in placed:
         if node_name:
             facts = _facts(pod)
@@ -751,10 +835,16 @@ def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str)
         # never less CPU and memory than the snapshot's pods there ask: an over-committed node (its allocatable
         # shrank, a resize) is full, not a snapshot the cycle refuses
         cpu, mem = max(mine.get("cpu", 0.0), free.pop("cpu")), max(mine.get("memory", 0.0), free.pop("memory"))
-        node_specs.append(NodeSpec(
-            name=name, gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
-            cpu_milli=cpu, mem_bytes=mem, other=_with_channels(free, channels.get(name), channels_held.get(name, 0)),
-            clique=channels[name][0] if name in channels else None))
+        node_specs.append(
+            NodeSpec(
+                name=name,
+                gpus=max(0, len(devices[name]) - len(held_devices.get(name, ())) + counted_twice.get(name, 0)),
+                cpu_milli=cpu,
+                mem_bytes=mem,
+                other=_with_channels(free, channels.get(name), channels_held.get(name, 0)),
+                clique=channels[name][0] if name in channels else None,
+            )
+        )
     return _Nodes(node_specs, addresses, doubles, gpu_index)
 
 
@@ -769,8 +859,16 @@ class _Jobs:
     invalid: dict[str, Invalid]  # the claims the arbiter cannot read
 
 
-def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *, now: float,
-                 weighed: Mapping[str, float] | None, cache: WorldCache | None = None) -> _Jobs:
+def _weigh_gangs(
+    objects: _Objects,
+    found: _Gangs,
+    nodes: _Nodes,
+    driver: str,
+    *,
+    now: float,
+    weighed: Mapping[str, float] | None,
+    cache: WorldCache | None = None,
+) -> _Jobs:
     """Each gang not left out as a job: its pods' GPUs (a claim shared by pods counted once; a firstAvailable
     claim of a pending pod planned with the subrequests `choose` picks, recorded in Member.choices), CPU and
     memory, its priority and times."""
@@ -803,6 +901,7 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             room.update(_device_room(slices, objects.claims.values(), driver, known_nodes))
         picked = [room[n] for n in (known_nodes if nodes is None else nodes & known_nodes)]
         return [now for now, _ in picked], [ever for _, ever in picked]
+
     for job, gang in sorted(found.gangs.items()):
         if job in found.left_out:
             continue
@@ -811,8 +910,12 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             before = exact.get(gang.queue, 0.0)
             inputs = _job_inputs(gang, found, groups, known_nodes, whole_before=before.is_integer(), weighed=weighed)
             hit = cache.jobs.get(job)
-            if (hit is not None and hit.inputs == inputs and counted.isdisjoint(hit.claims)
-                    and (not hit.fractional or hit.exact_before == before)):
+            if (
+                hit is not None
+                and hit.inputs == inputs
+                and counted.isdisjoint(hit.claims)
+                and (not hit.fractional or hit.exact_before == before)
+            ):
                 jobs.append(hit.job)
                 exact[gang.queue] = hit.exact_after if hit.fractional else before + (hit.exact_after - hit.exact_before)
                 counted.update(hit.claims)
@@ -886,11 +989,21 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
                 if index is not None:  # never more than a GPU, whatever the rounding: the cycle must go on
                     milli = min(milli, MILLI - seated.get((member.node, index), 0))
                     seated[(member.node, index)] = seated.get((member.node, index), 0) + milli
-            pods_out.append(PodSpec(name=key, gpu_milli=milli, cpu_milli=cpu, gpu_index=index if milli else None,
-                                    mem_bytes=mem, status=status, node=member.node if status != "Pending" else None,
-                                    allowed_nodes=allowed.get(key),
-                                    other={**facts.other, domains.CHANNEL_RESOURCE: channels_asked[key]}
-                                    if channels_asked.get(key) else facts.other))
+            pods_out.append(
+                PodSpec(
+                    name=key,
+                    gpu_milli=milli,
+                    cpu_milli=cpu,
+                    gpu_index=index if milli else None,
+                    mem_bytes=mem,
+                    status=status,
+                    node=member.node if status != "Pending" else None,
+                    allowed_nodes=allowed.get(key),
+                    other={**facts.other, domains.CHANNEL_RESOURCE: channels_asked[key]}
+                    if channels_asked.get(key)
+                    else facts.other,
+                )
+            )
             admitted = parse_rfc3339((meta(member.pod).get("annotations") or {}).get(ADMITTED_ANNOTATION))
             if status == "Running" and admitted is not None:
                 started = admitted if started is None else max(started, admitted)
@@ -916,32 +1029,69 @@ def _weigh_gangs(objects: _Objects, found: _Gangs, nodes: _Nodes, driver: str, *
             first_seen[job] = (weighed or {}).get(job, now)
             since = min(first_seen[job], (created or now) + 1.0)
         # minCount may exceed the pods created so far: the gang then waits for the rest
-        spec = JobSpec(name=job, queue=gang.queue, priority=priority,
-                       preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in found.flying,
-                       min_member=gang.min_member,
-                       created_at=created or now, pods=tuple(pods_out), started_at=started,
-                       weighed_since=since, one_clique=one_clique)
+        spec = JobSpec(
+            name=job,
+            queue=gang.queue,
+            priority=priority,
+            preemptible=priority < NON_PREEMPTIBLE_PRIORITY and job not in found.flying,
+            min_member=gang.min_member,
+            created_at=created or now,
+            pods=tuple(pods_out),
+            started_at=started,
+            weighed_since=since,
+            one_clique=one_clique,
+        )
         jobs.append(spec)
         if cache is not None and not volatile:
-            cached_jobs[job] = _JobRead(inputs, _job_objects(gang, groups), spec, exact_before,
-                                        exact.get(gang.queue, 0.0), fractional, tuple(claims_counted),
-                                        first_seen.get(job))
+            cached_jobs[job] = _JobRead(
+                inputs,
+                _job_objects(gang, groups),
+                spec,
+                exact_before,
+                exact.get(gang.queue, 0.0),
+                fractional,
+                tuple(claims_counted),
+                first_seen.get(job),
+            )
     if cache is not None:
         cache.jobs = cached_jobs  # gangs gone, or weighed from more than their inputs, are forgotten
     return _Jobs(jobs, shareable, first_seen, waiting, invalid)
 
 
-def _job_inputs(gang: Gang, found: _Gangs, groups: Mapping[str, Json], known_nodes: set[str], *,
-                whole_before: bool, weighed: Mapping[str, float] | None) -> tuple[Any, ...]:
+def _job_inputs(
+    gang: Gang,
+    found: _Gangs,
+    groups: Mapping[str, Json],
+    known_nodes: set[str],
+    *,
+    whole_before: bool,
+    weighed: Mapping[str, float] | None,
+) -> tuple[Any, ...]:
     """What a gang is weighed from (WorldCache): objects by identity (_job_objects keeps them alive), the rest by
     value."""
     group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
     members = tuple(
-        (key, id(m.pod), found.statuses[key], m.node, m.node in known_nodes, tuple(id(c) for c in m.claims),
-         found.allowed.get(key))
-        for key, m in sorted(gang.members.items()))
-    return (gang.queue, gang.min_member, gang.pod_group, id(group), whole_before, (weighed or {}).get(gang.name),
-            gang.name in found.flying, members)
+        (
+            key,
+            id(m.pod),
+            found.statuses[key],
+            m.node,
+            m.node in known_nodes,
+            tuple(id(c) for c in m.claims),
+            found.allowed.get(key),
+        )
+        for key, m in sorted(gang.members.items())
+    )
+    return (
+        gang.queue,
+        gang.min_member,
+        gang.pod_group,
+        id(group),
+        whole_before,
+        (weighed or {}).get(gang.name),
+        gang.name in found.flying,
+        members,
+    )
 
 
 def _job_objects(gang: Gang, groups: Mapping[str, Json]) -> tuple[Any, ...]:
@@ -949,11 +1099,22 @@ def _job_objects(gang: Gang, groups: Mapping[str, Json]) -> tuple[Any, ...]:
     return (group, *(m.pod for m in gang.members.values()), *(c for m in gang.members.values() for c in m.claims))
 
 
-def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Iterable[Json],
-                queues: Iterable[Json], nodes: Iterable[Json], slices: Iterable[Json], driver: str,
-                now: float, default_queue: str | None = DEFAULT_QUEUE,
-                in_flight: Mapping[str, str] | None = None, weighed: Mapping[str, float] | None = None,
-                refused_claims: Mapping[str, str] | None = None, cache: WorldCache | None = None) -> World:
+def build_world(
+    *,
+    pods: Iterable[Json],
+    claims: Iterable[Json],
+    pod_groups: Iterable[Json],
+    queues: Iterable[Json],
+    nodes: Iterable[Json],
+    slices: Iterable[Json],
+    driver: str,
+    now: float,
+    default_queue: str | None = DEFAULT_QUEUE,
+    in_flight: Mapping[str, str] | None = None,
+    weighed: Mapping[str, float] | None = None,
+    refused_claims: Mapping[str, str] | None = None,
+    cache: WorldCache | None = None,
+) -> World:
     """`in_flight`: pod key -> node, the members of gangs whose commit is still under way. They count as
     running there whatever part of the commit the informers show yet, so the cycle neither decides them again
     nor places anything on what they take; and they are no one's victims until the commit has landed.
@@ -965,17 +1126,35 @@ def build_world(*, pods: Iterable[Json], claims: Iterable[Json], pod_groups: Ite
     served = _serve_nodes(nodes, objects.slices, driver, cache)
     if cache is not None:
         cache.pods_read = cache.jobs_weighed = 0
-    found = _group_gangs(pods, objects, NodeRules(served.managed), default_queue=default_queue,
-                         in_flight=in_flight, refused_claims=refused_claims, cache=cache)
+    found = _group_gangs(
+        pods,
+        objects,
+        NodeRules(served.managed),
+        default_queue=default_queue,
+        in_flight=in_flight,
+        refused_claims=refused_claims,
+        cache=cache,
+    )
     weighed_nodes = _weigh_nodes(objects, served, found, driver)
     weighed_gangs = _weigh_gangs(objects, found, weighed_nodes, driver, now=now, weighed=weighed, cache=cache)
     waiting = {**found.waiting}
     waiting.update(weighed_gangs.waiting)
     invalid = {**objects.invalid, **found.invalid, **weighed_gangs.invalid}
     leaf_jobs = [j for j in weighed_gangs.jobs if j.queue in objects.by_queue and j.queue not in objects.parents]
-    snapshot = Snapshot(nodes=tuple(weighed_nodes.specs), queues=tuple(objects.queues), jobs=tuple(leaf_jobs),
-                        now=now)
-    return World(snapshot, found.gangs, found.members, waiting, weighed_nodes.addresses,
-                 [q.name for q in objects.queues], invalid, found.release, weighed_nodes.doubles,
-                 shareable=weighed_gangs.shareable, unbindable=found.refused, unserved=served.unserved,
-                 weighed=weighed_gangs.first_seen, stranded=found.stranded)
+    snapshot = Snapshot(nodes=tuple(weighed_nodes.specs), queues=tuple(objects.queues), jobs=tuple(leaf_jobs), now=now)
+    return World(
+        snapshot,
+        found.gangs,
+        found.members,
+        waiting,
+        weighed_nodes.addresses,
+        [q.name for q in objects.queues],
+        invalid,
+        found.release,
+        weighed_nodes.doubles,
+        shareable=weighed_gangs.shareable,
+        unbindable=found.refused,
+        unserved=served.unserved,
+        weighed=weighed_gangs.first_seen,
+        stranded=found.stranded,
+    )

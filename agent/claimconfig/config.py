@@ -275,9 +275,7 @@ def resolve_device_configs(entries: Sequence[ConfigEntry], devices: Sequence[Dev
                 f"the {claim_wide.source} {_kind(claim_wide)} for every request configures no device: the "
                 f"claim's devices ({', '.join(d.name for d in devices)}) take {' or '.join(kinds)}"
             )
-    chosen: list[ConfigEntry | None] = [
-        next((e for e in reversed(entries) if applies(e, d)), None) for d in devices
-    ]
+    chosen: list[ConfigEntry | None] = [next((e for e in reversed(entries) if applies(e, d)), None) for d in devices]
     resolved = []
     for device, entry in zip(devices, chosen, strict=True):
         want = KIND_FOR_TYPE.get(device.type)

@@ -287,8 +287,11 @@ def _salvaged_devices(raw: bytes | None) -> tuple[str, ...]:
     """The device names a damaged record still shows (its checksum, version or shape aside), so they stay held."""
     try:
         devices = json.loads(raw or b"")["data"]["devices"]
-        return tuple(dict.fromkeys(str(d["deviceName"]) for d in devices if isinstance(d, dict) and
-                                   isinstance(d.get("deviceName"), str)))  # fmt: skip
+        return tuple(
+            dict.fromkeys(
+                str(d["deviceName"]) for d in devices if isinstance(d, dict) and isinstance(d.get("deviceName"), str)
+            )
+        )
     except (ValueError, UnicodeDecodeError, LookupError, TypeError):
         return ()
 

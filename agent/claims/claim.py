@@ -96,8 +96,10 @@ def _check_config_requests(configs: Sequence[Mapping[str, Any]], driver: str, cl
             continue
         for name in item.get("requests") or ():
             if name not in known:
-                raise ConfigError(f"config[{i}] names request {name!r}, which the claim does not have "
-                                  f"(its requests: {', '.join(sorted(known)) or 'none'})")  # fmt: skip
+                raise ConfigError(
+                    f"config[{i}] names request {name!r}, which the claim does not have "
+                    f"(its requests: {', '.join(sorted(known)) or 'none'})"
+                )
 
 
 def _text(value: object, field: str) -> str:

@@ -147,8 +147,12 @@ class ClaimPreparer:
             if record not in self._told:
                 self._told.add(record)
                 log.error("claim %s fenced: %s", record.uid, record.describe(), extra={"claim_uid": record.uid})
-                self.notify(None, "Warning", "ClaimRecordFenced", f"{record.describe()}; its claim is fenced, its "
-                            "devices held, other claims go on")  # fmt: skip
+                self.notify(
+                    None,
+                    "Warning",
+                    "ClaimRecordFenced",
+                    f"{record.describe()}; its claim is fenced, its devices held, other claims go on",
+                )
 
     def revive_dead_daemons(self) -> list[Revival]:
         """Start again the MPS daemons of prepared claims whose process is gone (the watch calls this often:
@@ -189,7 +193,20 @@ def _log_refused(action: str, claims: Sequence[ClaimRef], errors: Mapping[str, s
 def _log_done(action: str, ref: ClaimRef, devices: Sequence[str], elapsed: float) -> None:
     """One line per claim prepared or unprepared: which claim, which devices, how long its call took."""
     ms = round(elapsed * 1000, 1)
-    fields = {"claim_uid": ref.uid, "claim_namespace": ref.namespace, "claim_name": ref.name,
-              "devices": list(devices), "ms": ms}  # fmt: skip
-    log.info("%s claim %s/%s (uid %s): %s in %.1f ms", action, ref.namespace, ref.name, ref.uid,
-             ", ".join(devices) or "no devices", ms, extra=fields)  # fmt: skip
+    fields = {
+        "claim_uid": ref.uid,
+        "claim_namespace": ref.namespace,
+        "claim_name": ref.name,
+        "devices": list(devices),
+        "ms": ms,
+    }
+    log.info(
+        "%s claim %s/%s (uid %s): %s in %.1f ms",
+        action,
+        ref.namespace,
+        ref.name,
+        ref.uid,
+        ", ".join(devices) or "no devices",
+        ms,
+        extra=fields,
+    )

@@ -25,9 +25,13 @@ class ClaimSharing:
         self.control = control
 
     def apply(
-        self, uid: str, devices: Sequence[CheckpointedDevice], configs: Mapping[str, DeviceConfig],
-        inventory: Inventory, spec: Mapping[str, Any] | None,
-    ) -> Mapping[str, Any] | None:  # fmt: skip
+        self,
+        uid: str,
+        devices: Sequence[CheckpointedDevice],
+        configs: Mapping[str, DeviceConfig],
+        inventory: Inventory,
+        spec: Mapping[str, Any] | None,
+    ) -> Mapping[str, Any] | None:
         """Apply the claim's sharing; returns its CDI spec with what the containers need for it added to the
         devices that need it (those of an MPS config), not claim-wide. Raises ClaimError (the caller undoes)."""
         shared = [
@@ -45,8 +49,11 @@ class ClaimSharing:
             raise ClaimError(f"cannot apply the sharing of claim {uid}: {exc}") from exc
         if edits is None or spec is None:
             return spec
-        served = {cdi_name(uid, d.device_name, d.share_id) for d in devices
-                  if d.device_name in configs and isinstance(configs[d.device_name].sharing, Mps)}  # fmt: skip
+        served = {
+            cdi_name(uid, d.device_name, d.share_id)
+            for d in devices
+            if d.device_name in configs and isinstance(configs[d.device_name].sharing, Mps)
+        }
         return with_device_edits(spec, served, edits)
 
     def undo(self, uid: str) -> None:
@@ -65,8 +72,9 @@ class ClaimSharing:
         try:
             return self.control.revive(uid)
         except SharingError as exc:
-            raise ClaimError(f"the MPS control daemon of claim {uid} is gone and cannot be started again: "
-                             f"{exc}") from exc  # fmt: skip
+            raise ClaimError(
+                f"the MPS control daemon of claim {uid} is gone and cannot be started again: {exc}"
+            ) from exc
 
     def dead_daemons(self) -> dict[str, int | None]:
         """Claims whose MPS daemon's pid is gone (or was never written), with that pid. Reads files only: cheap

@@ -101,13 +101,22 @@ def _sharing_name(config: DeviceConfig) -> str:
 def _notices(entry: ClaimEntry, configs: Mapping[str, DeviceConfig]) -> tuple[tuple[str, str], ...]:
     """What the user should hear of a claim just prepared: a MIG device configured for TimeSlicing is prepared
     (as NVIDIA's driver does) but gets no time slice, which a MIG device cannot have (agent.sharing.plan)."""
-    untimed = [d.device_name for d in entry.devices
-               if (c := configs.get(d.device_name)) is not None and c.kind == MIG_DEVICE_CONFIG
-               and isinstance(c.sharing, TimeSlicing)]  # fmt: skip
+    untimed = [
+        d.device_name
+        for d in entry.devices
+        if (c := configs.get(d.device_name)) is not None
+        and c.kind == MIG_DEVICE_CONFIG
+        and isinstance(c.sharing, TimeSlicing)
+    ]
     if not untimed:
         return ()
-    return (("MigTimeSliceNotSet", f"MIG device(s) {', '.join(untimed)} are shared by time as configured, but a "
-             "MIG device's time slice cannot be set: processes on it take turns at the driver's default time slice"),)
+    return (
+        (
+            "MigTimeSliceNotSet",
+            f"MIG device(s) {', '.join(untimed)} are shared by time as configured, but a "
+            "MIG device's time slice cannot be set: processes on it take turns at the driver's default time slice",
+        ),
+    )
 
 
 def _result(entry: ClaimEntry) -> PrepareResult:
@@ -237,8 +246,9 @@ class ClaimStates:
         try:
             self.migs.switch_mig_mode(parent, on)
         except Exception as exc:
-            raise ClaimError(f"cannot turn MIG mode {'on' if on else 'off'} on the GPU of {device.device_name}: "
-                             f"{exc}") from exc  # fmt: skip
+            raise ClaimError(
+                f"cannot turn MIG mode {'on' if on else 'off'} on the GPU of {device.device_name}: {exc}"
+            ) from exc
         self._migs_changed = True
 
     def _create_migs(self, cp: Checkpoint, entry: ClaimEntry, devices: list[CdiDevice]) -> ClaimEntry:
@@ -299,8 +309,10 @@ class ClaimStates:
         if entry is not None and (entry.namespace, entry.name) != (ref.namespace, ref.name):
             # A UID names one claim for its whole life: another name for it is a confused or forged request,
             # and answering it would hand that caller the stored claim's devices.
-            raise ClaimError(f"claim UID {ref.uid} is prepared here as ResourceClaim {entry.namespace}/{entry.name}, "
-                             f"not {ref.namespace}/{ref.name}: refused")  # fmt: skip
+            raise ClaimError(
+                f"claim UID {ref.uid} is prepared here as ResourceClaim {entry.namespace}/{entry.name}, "
+                f"not {ref.namespace}/{ref.name}: refused"
+            )
         if entry is not None and entry.state is ClaimState.COMPLETED:
             if not self.specs.exists(ref.uid) and entry.cdi_spec is not None:
                 self.specs.write(ref.uid, entry.cdi_spec)  # someone cleared the CDI root: put it back
@@ -311,8 +323,10 @@ class ClaimStates:
             log.info("claim %s was left in PrepareStarted: rolling back before preparing again", ref.uid)
             self.rollback(cp, ref.uid)
         if fetched is None:  # it was Completed when the caller looked, and another agent unprepared it since
-            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} was unprepared while being prepared; "
-                             "the kubelet's retry prepares it")  # fmt: skip
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name} was unprepared while being prepared; "
+                "the kubelet's retry prepares it"
+            )
         if isinstance(fetched, Exception):
             raise ClaimError(f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {fetched}")
         planned = self._plan(cp, ref, fetched)
@@ -394,8 +408,9 @@ class ClaimStates:
             assert plan is not None
             if plan.gpu_instance_id is None or plan.compute_instance_id is None:
                 raise ClaimError(f"MIG device {device_name} is being created for another claim; try again")
-            nodes = cdi.mig_device_nodes(parsed.parent_minor, plan.gpu_instance_id, plan.compute_instance_id,
-                                         self.mig_caps)  # fmt: skip
+            nodes = cdi.mig_device_nodes(
+                parsed.parent_minor, plan.gpu_instance_id, plan.compute_instance_id, self.mig_caps
+            )
             found = _Resolved("mig", CdiDevice(device_name, held.uuid, nodes), plan, held.mig_mode_switched)
         else:
             mig = next(
@@ -437,9 +452,15 @@ class ClaimStates:
         return True
 
     def _plan_creation(
-        self, cp: Checkpoint, inventory: Inventory, uid: str, name: names.MigName, *, device_name: str,
+        self,
+        cp: Checkpoint,
+        inventory: Inventory,
+        uid: str,
+        name: names.MigName,
+        *,
+        device_name: str,
         pending: Sequence[DynamicMig],
-    ) -> tuple[DynamicMig, bool]:  # fmt: skip
+    ) -> tuple[DynamicMig, bool]:
         """The placement to create for a MIG device that does not exist, if it is one of the GPU's possible
         placements and still free (no overlap with existing GPU instances or other claims' creations, and
         within the profile's instance limit); and whether prepare turns MIG mode on for it (see
@@ -460,8 +481,10 @@ class ClaimStates:
             if not deliverable.switches_mig_mode_at_once(gpu):
                 raise ClaimError(f"{missing} and cannot be created: GPU {gpu.minor} does not have MIG mode enabled")
             if (holder := next(_held_by_others(cp, uid, whole), None)) is not None:
-                raise ClaimError(f"{missing} and cannot be created: GPU {gpu.minor} is prepared as a whole GPU "
-                                 f"for ResourceClaim {holder[0].namespace}/{holder[0].name}")  # fmt: skip
+                raise ClaimError(
+                    f"{missing} and cannot be created: GPU {gpu.minor} is prepared as a whole GPU "
+                    f"for ResourceClaim {holder[0].namespace}/{holder[0].name}"
+                )
         switch = not gpu.mig_enabled or any(
             d.mig_mode_switched and d.dynamic_mig is not None and d.dynamic_mig.parent_uuid == gpu.uuid
             for e in cp.claims.values()
@@ -476,22 +499,30 @@ class ClaimStates:
         return DynamicMig(gpu.uuid, profile.gi_profile_id, placement.start), switch
 
     def _check_share(
-        self, ref: ClaimRef, device: CheckpointedDevice, held: Sequence[tuple[ClaimEntry, CheckpointedDevice]],
-        mine: Sequence[CheckpointedDevice], inventory: Inventory,
-    ) -> None:  # fmt: skip
+        self,
+        ref: ClaimRef,
+        device: CheckpointedDevice,
+        held: Sequence[tuple[ClaimEntry, CheckpointedDevice]],
+        mine: Sequence[CheckpointedDevice],
+        inventory: Inventory,
+    ) -> None:
         """A share of a consumable-capacity GPU: refused when it comes with a TimeSlicing or MPS config (both
         change the whole GPU, which other claims' shares use), and when it and the GPU's other shares would
         consume more than the GPU has (a scheduler bug, or an allocation made from stale slices)."""
         what = f"ResourceClaim {ref.namespace}/{ref.name}"
         if device.sharing:
-            raise ClaimError(f"{what}: device {device.device_name} is a share of a GPU other claims use too; "
-                             f"its {device.sharing} config would change the whole GPU for them (use no sharing "
-                             "config with consumable shares)")  # fmt: skip
+            raise ClaimError(
+                f"{what}: device {device.device_name} is a share of a GPU other claims use too; "
+                f"its {device.sharing} config would change the whole GPU for them (use no sharing "
+                "config with consumable shares)"
+            )
         parsed = names.parse_device_name(device.device_name)
         gpu = inventory.gpu(parsed.minor) if isinstance(parsed, names.GpuName) else None
         if gpu is None:
-            raise ClaimError(f"{what}: share {device.share_id} is of {device.device_name}, which is not a whole GPU "
-                             f"on node {self.node_name}; only whole GPUs are shared by capacity")  # fmt: skip
+            raise ClaimError(
+                f"{what}: share {device.share_id} is of {device.device_name}, which is not a whole GPU "
+                f"on node {self.node_name}; only whole GPUs are shared by capacity"
+            )
         if self.share_mode is not None:
             capacities = shares.capacities(gpu.memory_bytes, self.share_mode)
         else:  # published without shares now (e.g. the server dropped them): the GPU's memory still bounds them
@@ -500,14 +531,15 @@ class ClaimStates:
         # other shares, a missing one set no limit, and a missing `shares` let one share too many in.
         if problem := shares.consumed_problem(dict(device.consumed), capacities, every=self.share_mode is not None):
             given = ", ".join(f"{k}={v}" for k, v in device.consumed) or "nothing"
-            raise ClaimError(f"{what}: share {device.share_id} of {device.device_name} consumes {given[:200]}: "
-                             f"{problem}; no allocation from this node's slices has that: refused")  # fmt: skip
+            raise ClaimError(
+                f"{what}: share {device.share_id} of {device.device_name} consumes {given[:200]}: "
+                f"{problem}; no allocation from this node's slices has that: refused"
+            )
         others = [d for _, d in held if d.share_id]
         others += [d for d in mine if d.device_name == device.device_name and d.share_id]
         this = _consumed(device)
         if not shares.fits(this, capacities, [_consumed(d) for d in others]):
-            used = {k: sum((_consumed(d).get(k, Fraction(0)) for d in others), Fraction(0))
-                    for k in capacities}  # fmt: skip
+            used = {k: sum((_consumed(d).get(k, Fraction(0)) for d in others), Fraction(0)) for k in capacities}
             raise ClaimError(
                 f"{what}: share {device.share_id} of {device.device_name} ({shares.describe(this) or 'nothing'}) "
                 f"does not fit beside the {len(others)} share(s) prepared on it ({shares.describe(used)} of "
@@ -515,9 +547,7 @@ class ClaimStates:
                 "wrong; it is refused so no share loses memory it was promised"
             )
 
-    def _check_free(
-        self, device: CheckpointedDevice, holders: Sequence[tuple[ClaimEntry, CheckpointedDevice]]
-    ) -> None:
+    def _check_free(self, device: CheckpointedDevice, holders: Sequence[tuple[ClaimEntry, CheckpointedDevice]]) -> None:
         """Refuse a device another claim holds (`holders`: their entries for it), unless the two may share it:
         admin access (monitoring, never exclusive), consumable-capacity shares (each checked by `_check_share`),
         or TimeSlicing/MPS configs of the same strategy. A share and a whole-device claim never meet on one
@@ -634,16 +664,19 @@ class ClaimStates:
             if not plan.created and not find_unsaved:
                 continue
             if self.migs is None:
-                raise ClaimError(f"MIG device {device.device_name} was created for claim {entry.uid}, "
-                                 "but this agent cannot destroy MIG devices (no NVML)")  # fmt: skip
+                raise ClaimError(
+                    f"MIG device {device.device_name} was created for claim {entry.uid}, "
+                    "but this agent cannot destroy MIG devices (no NVML)"
+                )
             try:
                 if plan.created:
                     self.migs.destroy(plan.parent_uuid, plan.gpu_instance_id or 0, plan.compute_instance_id)
                 elif not self.migs.destroy_at(plan.parent_uuid, plan.gi_profile_id, plan.start):
                     continue  # it was never made
             except Exception as exc:
-                raise ClaimError(f"cannot destroy MIG device {device.device_name} created for claim "
-                                 f"{entry.uid}: {exc}") from exc  # fmt: skip
+                raise ClaimError(
+                    f"cannot destroy MIG device {device.device_name} created for claim {entry.uid}: {exc}"
+                ) from exc
             log.info("destroyed MIG device %s (created for claim %s)", device.device_name, entry.uid)
             self._migs_changed = True
         self._switch_back(cp, entry)
@@ -657,8 +690,10 @@ class ClaimStates:
             parent = _parent_uuid(device)
             if any(
                 d.mig_mode_switched and _parent_uuid(d) == parent
-                for other in cp.claims.values() if other.uid != entry.uid for d in other.devices
-            ):  # fmt: skip
+                for other in cp.claims.values()
+                if other.uid != entry.uid
+                for d in other.devices
+            ):
                 continue
             self._set_mig_mode(device, on=device.dynamic_mig is None)
             log.info("switched MIG mode of the GPU of %s back (claim %s)", device.device_name, entry.uid)
@@ -699,8 +734,14 @@ class ClaimStates:
         if self.sharing is not None:  # after rollbacks: stop daemons of claims gone, adopt the others' (and fenced)
             prepared = {u for u, e in cp.claims.items() if e.state is ClaimState.COMPLETED} | cp.fenced.keys()
             adoption = self.sharing.reconcile(prepared)
-            log.info("sharing reconciled", extra={"mps_adopted": adoption.adopted, "mps_restarted": adoption.restarted,
-                                                   "sharing_undone": adoption.undone})  # fmt: skip
+            log.info(
+                "sharing reconciled",
+                extra={
+                    "mps_adopted": adoption.adopted,
+                    "mps_restarted": adoption.restarted,
+                    "sharing_undone": adoption.undone,
+                },
+            )
         restored = tuple(
             uid
             for uid, e in cp.claims.items()

@@ -37,49 +37,142 @@ log = logging.getLogger("agent.arbiter")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
-    switch(p, "--uninstall", env="UNINSTALL", default=False,
-           help="hand the pods that wait for the arbiter to kube-scheduler, then exit: delete the arbiter's "
-                "Deployment, its admission gate policy, its fence (DeviceTaintRule) and its Lease, and ungate the "
-                "waiting pods (Queues stay); run with an admin --kubeconfig")
-    option(p, "--reservation-token-file", env="RESERVATION_TOKEN_FILE", default="",
-           help="the arbiter's service-account token for the node agents (a projected token, audience "
-                "gpu-dra-agent-reservations), read again whenever it changes (required)")
-    switch(p, "--leader-elect", env="LEADER_ELECT", default=False,
-           help="decide only while holding the Lease (run several replicas)")
+    switch(
+        p,
+        "--uninstall",
+        env="UNINSTALL",
+        default=False,
+        help="hand the pods that wait for the arbiter to kube-scheduler, then exit: delete the arbiter's "
+        "Deployment, its admission gate policy, its fence (DeviceTaintRule) and its Lease, and ungate the "
+        "waiting pods (Queues stay); run with an admin --kubeconfig",
+    )
+    option(
+        p,
+        "--reservation-token-file",
+        env="RESERVATION_TOKEN_FILE",
+        default="",
+        help="the arbiter's service-account token for the node agents (a projected token, audience "
+        "gpu-dra-agent-reservations), read again whenever it changes (required)",
+    )
+    switch(
+        p,
+        "--leader-elect",
+        env="LEADER_ELECT",
+        default=False,
+        help="decide only while holding the Lease (run several replicas)",
+    )
     option(p, "--leader-elect-namespace", env="POD_NAMESPACE", default="gpu-dra-agent", help="namespace of the Lease")
     # kube-scheduler's names and defaults; a leader writes nothing once its last renewal is renew-deadline old
-    option(p, "--leader-elect-lease-duration", env="LEADER_ELECT_LEASE_DURATION", type=float, default=15.0,
-           metavar="SECONDS", help="how long a standby waits after the leader's last renewal before taking the Lease")
-    option(p, "--leader-elect-renew-deadline", env="LEADER_ELECT_RENEW_DEADLINE", type=float, default=10.0,
-           metavar="SECONDS", help="the leader stops writing, and exits, when it has not renewed for this long "
-                                   "(less than the lease duration)")
-    option(p, "--leader-elect-retry-period", env="LEADER_ELECT_RETRY_PERIOD", type=float, default=2.0,
-           metavar="SECONDS", help="seconds between attempts to acquire or renew the Lease")
+    option(
+        p,
+        "--leader-elect-lease-duration",
+        env="LEADER_ELECT_LEASE_DURATION",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how long a standby waits after the leader's last renewal before taking the Lease",
+    )
+    option(
+        p,
+        "--leader-elect-renew-deadline",
+        env="LEADER_ELECT_RENEW_DEADLINE",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="the leader stops writing, and exits, when it has not renewed for this long "
+        "(less than the lease duration)",
+    )
+    option(
+        p,
+        "--leader-elect-retry-period",
+        env="LEADER_ELECT_RETRY_PERIOD",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between attempts to acquire or renew the Lease",
+    )
     option(p, "--metrics-addr", env="METRICS_ADDR", default=":9401", help="Prometheus [host]:port, empty to disable")
     # kube-scheduler's flag names; the arbiter's commit writers must not flood the API server in a burst
-    option(p, "--kube-api-qps", env="KUBE_API_QPS", type=float, default=500.0,
-           help="requests a second to the API server, on average (watches excepted)")
-    option(p, "--kube-api-burst", env="KUBE_API_BURST", type=int, default=1000,
-           help="requests allowed at once above --kube-api-qps")
+    option(
+        p,
+        "--kube-api-qps",
+        env="KUBE_API_QPS",
+        type=float,
+        default=500.0,
+        help="requests a second to the API server, on average (watches excepted)",
+    )
+    option(
+        p,
+        "--kube-api-burst",
+        env="KUBE_API_BURST",
+        type=int,
+        default=1000,
+        help="requests allowed at once above --kube-api-qps",
+    )
     option(p, "--driver-name", env="DRIVER_NAME", default="gpu.nvidia.com", help="DRA driver name")
-    option(p, "--reservation-ttl", env="RESERVATION_TTL", type=float, default=30.0, metavar="SECONDS",
-           help="seconds a node holds an unconfirmed reservation")
-    option(p, "--period", env="PERIOD", type=float, default=1.0, metavar="SECONDS",
-           help="seconds between cycles when nothing changes")
-    option(p, "--cycle-gap", env="CYCLE_GAP", type=float, default=0.5, metavar="SECONDS",
-           help="least seconds from one cycle's start to the next: changes arriving meanwhile are decided together")
+    option(
+        p,
+        "--reservation-ttl",
+        env="RESERVATION_TTL",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds a node holds an unconfirmed reservation",
+    )
+    option(
+        p,
+        "--period",
+        env="PERIOD",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between cycles when nothing changes",
+    )
+    option(
+        p,
+        "--cycle-gap",
+        env="CYCLE_GAP",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="least seconds from one cycle's start to the next: changes arriving meanwhile are decided together",
+    )
     option(p, "--log-format", env="LOG_FORMAT", choices=logs.FORMATS, default="text", help="json or text")
-    option(p, "--usage-half-life", env="USAGE_HALF_LIFE", type=float, default=None, metavar="SECONDS",
-           help="time-aware fair share: past usage decays with this half-life and shifts the over-quota "
-                "division (kept in each Queue's status); off when absent")
-    option(p, "--usage-k-value", env="USAGE_K_VALUE", type=float, default=1.0,
-           help="how strongly past usage shifts the over-quota division (KAI's kValue)")
-    option(p, "--default-queue", env="DEFAULT_QUEUE", default=DEFAULT_QUEUE,
-           help="the Queue a pod that uses the driver's devices but names no queue waits in (the overlay creates "
-                "`default`); empty: such pods are left alone")
-    option(p, "--gpu-placement", env="GPU_PLACEMENT", choices=GPU_POLICIES, default="fgd",
-           help="how GPU pods choose a node: fgd (least fragmentation growth for the workload the cluster runs, "
-                "then a node in use), binpack (fewest free GPUs, KAI's default) or spread")
+    option(
+        p,
+        "--usage-half-life",
+        env="USAGE_HALF_LIFE",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time-aware fair share: past usage decays with this half-life and shifts the over-quota "
+        "division (kept in each Queue's status); off when absent",
+    )
+    option(
+        p,
+        "--usage-k-value",
+        env="USAGE_K_VALUE",
+        type=float,
+        default=1.0,
+        help="how strongly past usage shifts the over-quota division (KAI's kValue)",
+    )
+    option(
+        p,
+        "--default-queue",
+        env="DEFAULT_QUEUE",
+        default=DEFAULT_QUEUE,
+        help="the Queue a pod that uses the driver's devices but names no queue waits in (the overlay creates "
+        "`default`); empty: such pods are left alone",
+    )
+    option(
+        p,
+        "--gpu-placement",
+        env="GPU_PLACEMENT",
+        choices=GPU_POLICIES,
+        default="fgd",
+        help="how GPU pods choose a node: fgd (least fragmentation growth for the workload the cluster runs, "
+        "then a node in use), binpack (fewest free GPUs, KAI's default) or spread",
+    )
 
 
 GATE_POLICY_API = ("admissionregistration.k8s.io/v1", "mutatingadmissionpolicies")
@@ -100,7 +193,8 @@ def warn_without_gate_policy(rest: Rest) -> bool:
         "from Kubernetes 1.36; on 1.34-1.35 start kube-apiserver with --feature-gates=MutatingAdmissionPolicy=true "
         "--runtime-config=admissionregistration.k8s.io/v1beta1=true and apply the policy as v1beta1): pods "
         "labelled scheduling.gpu-dra-agent.io/queue get no scheduling gate and are scheduled past the arbiter; "
-        "until then have your workload controller add the gate scheduling.gpu-dra-agent.io/arbiter to them")
+        "until then have your workload controller add the gate scheduling.gpu-dra-agent.io/arbiter to them"
+    )
     return True
 
 
@@ -125,8 +219,9 @@ def run(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.cycle_gap) and args.cycle_gap >= 0):
         return _fail(f"--cycle-gap must be a number of seconds at or above 0, not {args.cycle_gap}")
     try:
-        check_timings(args.leader_elect_lease_duration, args.leader_elect_renew_deadline,
-                      args.leader_elect_retry_period)
+        check_timings(
+            args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period
+        )
     except ValueError as exc:
         return _fail(str(exc))
     half_life = args.usage_half_life
@@ -144,8 +239,10 @@ def run(args: argparse.Namespace) -> int:
 
     stop_on_signals(stop.set, log)
     if not args.kube_api_qps > 0 or args.kube_api_burst < 1:  # not nan, not zero
-        return _fail(f"--kube-api-qps must be above 0 and --kube-api-burst at least 1, not {args.kube_api_qps} "
-                     f"and {args.kube_api_burst}")
+        return _fail(
+            f"--kube-api-qps must be above 0 and --kube-api-burst at least 1, not {args.kube_api_qps} "
+            f"and {args.kube_api_burst}"
+        )
     try:
         rest = connect(args.kubeconfig)
     except KubeconfigError as exc:
@@ -163,10 +260,15 @@ def run(args: argparse.Namespace) -> int:
         log.info("metrics serving", extra={"address": f"{metrics_at[0]}:{server.server_port}"})
     elector = None
     if args.leader_elect:
-        elector = LeaderElector(rest, args.leader_elect_namespace, COMPONENT, identity,
-                                lease_duration=args.leader_elect_lease_duration,
-                                renew_deadline=args.leader_elect_renew_deadline,
-                                retry_period=args.leader_elect_retry_period)
+        elector = LeaderElector(
+            rest,
+            args.leader_elect_namespace,
+            COMPONENT,
+            identity,
+            lease_duration=args.leader_elect_lease_duration,
+            renew_deadline=args.leader_elect_renew_deadline,
+            retry_period=args.leader_elect_retry_period,
+        )
         # every write of the arbiter (claims, pods, evictions, Queue status, Events, the fence, the nodes'
         # reservations) passes this one check: none leaves a process that could have lost the Lease
         rest = rest.gated(elector.check_leading)
@@ -174,11 +276,16 @@ def run(args: argparse.Namespace) -> int:
         while not elector.leading.wait(0.5):
             if stop.is_set():
                 return 0
-    config = ArbiterConfig(driver=args.driver_name, ttl_seconds=args.reservation_ttl, period_s=args.period,
-                           cycle_gap_s=args.cycle_gap,
-                           usage_half_life_s=args.usage_half_life, k_value=args.usage_k_value,
-                           placement=Placement(gpu=cast(GpuPolicy, args.gpu_placement)),
-                           default_queue=args.default_queue or None)
+    config = ArbiterConfig(
+        driver=args.driver_name,
+        ttl_seconds=args.reservation_ttl,
+        period_s=args.period,
+        cycle_gap_s=args.cycle_gap,
+        usage_half_life_s=args.usage_half_life,
+        k_value=args.usage_k_value,
+        placement=Placement(gpu=cast(GpuPolicy, args.gpu_placement)),
+        default_queue=args.default_queue or None,
+    )
     arbiter = Arbiter(rest, token, config, metrics=metrics, recorder=EventRecorder(rest, COMPONENT, identity))
     started: dict[str, float] = {}
     try:
@@ -195,14 +302,20 @@ def run(args: argparse.Namespace) -> int:
         threads = {k: v - started.get(k, 0.0) for k, v in thread_cpu_seconds().items()}
         arbiter.stop()
         # what an operator (or the benchmark) asks after a run: how much it decided and where the time went
-        log.info("arbiter stopped", extra={
-            "thread_cpu_seconds": {k: round(v, 3) for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
-                                   if v >= 0.001},
-            "cycles": arbiter.cycles, "unchanged_cycles": arbiter.unchanged_cycles,
-            "evictions": dict(arbiter.evictions),
-            "seconds": {k: round(v, 3) for k, v in arbiter.timings.items()},
-            "cpu_seconds": {k: round(v, 3) for k, v in arbiter.cpu_timings.items()},
-            "commit_seconds": {k: round(v, 3) for k, v in arbiter.commit_timings().items()}})
+        log.info(
+            "arbiter stopped",
+            extra={
+                "thread_cpu_seconds": {
+                    k: round(v, 3) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.001
+                },
+                "cycles": arbiter.cycles,
+                "unchanged_cycles": arbiter.unchanged_cycles,
+                "evictions": dict(arbiter.evictions),
+                "seconds": {k: round(v, 3) for k, v in arbiter.timings.items()},
+                "cpu_seconds": {k: round(v, 3) for k, v in arbiter.cpu_timings.items()},
+                "commit_seconds": {k: round(v, 3) for k, v in arbiter.commit_timings().items()},
+            },
+        )
         if elector is not None and not elector.lost.is_set():
             elector.release()
     if elector is not None and elector.lost.is_set():

@@ -28,10 +28,22 @@ LEASE = "gpu-dra-compute-domains"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
-    option(p, "--period", env="PERIOD", type=float, default=10.0, metavar="SECONDS",
-           help="seconds between passes over every ComputeDomain (changes are handled at once)")
-    switch(p, "--leader-elect", env="LEADER_ELECT", default=True,
-           help="only the holder of the Lease gpu-dra-compute-domains writes (run two replicas)")
+    option(
+        p,
+        "--period",
+        env="PERIOD",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between passes over every ComputeDomain (changes are handled at once)",
+    )
+    switch(
+        p,
+        "--leader-elect",
+        env="LEADER_ELECT",
+        default=True,
+        help="only the holder of the Lease gpu-dra-compute-domains writes (run two replicas)",
+    )
     option(p, "--leader-elect-namespace", env="POD_NAMESPACE", default="gpu-dra-agent", help="namespace of the Lease")
     option(p, "--log-format", env="LOG_FORMAT", default="text", choices=logs.FORMATS, help="json or text")
 
@@ -62,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
             stop.set()
 
         threading.Thread(target=stop_when_lost, name="lease-lost", daemon=True).start()
-    controller = ComputeDomainController(rest, period_s=args.period,
-                                         recorder=EventRecorder(rest, COMPONENT, identity))
+    controller = ComputeDomainController(rest, period_s=args.period, recorder=EventRecorder(rest, COMPONENT, identity))
     try:
         controller.start()
         log.info("compute-domain controller running", extra={"identity": identity})

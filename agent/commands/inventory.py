@@ -29,12 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="NVML to read: the host's library, or a fake machine such as fake:dgx-h100 (default: real)",
     )
     parser.add_argument("--output", choices=("json", "table"), default="table", help="output format")
-    option(parser, "--driver-root", env="NVIDIA_DRIVER_ROOT",
-           help="the NVIDIA driver's root, to show the files containers get from it (default: / with real NVML; "
-                "none with a fake machine, whose driver is not this host's)")
-    option(parser, "--host-driver-root", env="NVIDIA_HOST_DRIVER_ROOT", default="/",
-           help="the same root as the host sees it")
+    option(
+        parser,
+        "--driver-root",
+        env="NVIDIA_DRIVER_ROOT",
+        help="the NVIDIA driver's root, to show the files containers get from it (default: / with real NVML; "
+        "none with a fake machine, whose driver is not this host's)",
+    )
+    option(
+        parser,
+        "--host-driver-root",
+        env="NVIDIA_HOST_DRIVER_ROOT",
+        default="/",
+        help="the same root as the host sees it",
+    )
     option(parser, "--nvidia-cdi-hook-path", env="NVIDIA_CDI_HOOK_PATH", help="host path of nvidia-cdi-hook")
+
 
 def _spec(text: str) -> NvmlSpec:
     try:
@@ -49,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
             inventory = nvml.discover()
         # a fake machine's driver is not the host's: its files are shown only from a root named for it
         root = args.driver_root or (None if args.nvml.is_fake else "/")
-        driver = set_up(Path(root), args.host_driver_root, inventory.driver_version,
-                        args.nvidia_cdi_hook_path) if root else None  # fmt: skip
+        driver = (
+            set_up(Path(root), args.host_driver_root, inventory.driver_version, args.nvidia_cdi_hook_path)
+            if root
+            else None
+        )
     except (NvmlError, InvalidNvmlSpec, DriverVersionMismatch) as exc:
         raise StartupFailure(str(exc)) from exc
     if args.output == "json":
@@ -184,8 +197,20 @@ def inventory_table(inv: Inventory) -> str:
     """The inventory for a person at a terminal."""
     lines = [f"Driver {inv.driver_version}, CUDA {inv.cuda_driver_version}, {len(inv.gpus)} GPU(s)", ""]
     lines += _table(
-        ("NAME", "INDEX", "PRODUCT", "MEMORY", "PCI BUS ID", "NUMA", "MIG", "PLACEMENTS", "COMPUTE MODE", "MPS",
-         "NVLINK DOMAIN", "UUID"),
+        (
+            "NAME",
+            "INDEX",
+            "PRODUCT",
+            "MEMORY",
+            "PCI BUS ID",
+            "NUMA",
+            "MIG",
+            "PLACEMENTS",
+            "COMPUTE MODE",
+            "MPS",
+            "NVLINK DOMAIN",
+            "UUID",
+        ),
         [
             (
                 gpu_device_name(g.minor),

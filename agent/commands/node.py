@@ -40,65 +40,177 @@ DRIVER_BINARIES = (NVIDIA_SMI, MPS_CONTROL)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     option(p, "--node-name", env="NODE_NAME", help="this node's name")
     option(p, "--driver-name", env="DRIVER_NAME", default=DEFAULT_DRIVER, help="DRA driver name")
-    option(p, "--nvml", env="NVML", default="real", metavar="real|fake:MACHINE",
-           help="NVML to use: the host's library, or a fake machine such as fake:dgx-h100")
+    option(
+        p,
+        "--nvml",
+        env="NVML",
+        default="real",
+        metavar="real|fake:MACHINE",
+        help="NVML to use: the host's library, or a fake machine such as fake:dgx-h100",
+    )
     option(p, "--kubeconfig", env="KUBECONFIG", help="kubeconfig file; the in-cluster config when absent")
-    option(p, "--kubelet-root", env="KUBELET_ROOT", default="/var/lib/kubelet",
-           help="the kubelet's root directory, where its plugin sockets live")
+    option(
+        p,
+        "--kubelet-root",
+        env="KUBELET_ROOT",
+        default="/var/lib/kubelet",
+        help="the kubelet's root directory, where its plugin sockets live",
+    )
     option(p, "--cdi-root", env="CDI_ROOT", default="/var/run/cdi", help="CDI spec directory")
-    option(p, "--state-dir", env="STATE_DIR", default="/var/run/gpu-dra-agent",
-           help="checkpoint directory; claims are void after a reboot, so /run (tmpfs) suits it")
+    option(
+        p,
+        "--state-dir",
+        env="STATE_DIR",
+        default="/var/run/gpu-dra-agent",
+        help="checkpoint directory; claims are void after a reboot, so /run (tmpfs) suits it",
+    )
     option(p, "--metrics-addr", env="METRICS_ADDR", default=":9400", help="Prometheus [host]:port, empty to disable")
-    option(p, "--healthcheck-addr", env="HEALTHCHECK_ADDR", default="",
-           help="[host]:port for the gRPC liveness probe, empty to disable")
+    option(
+        p,
+        "--healthcheck-addr",
+        env="HEALTHCHECK_ADDR",
+        default="",
+        help="[host]:port for the gRPC liveness probe, empty to disable",
+    )
     option(p, "--log-format", env="LOG_FORMAT", default="text", choices=logs.FORMATS, help="json or text")
-    switch(p, "--partitionable-devices", env="PARTITIONABLE_DEVICES", default=False,
-           help="publish every MIG placement prepare can deliver as a partitionable device (falls back to whole "
-                "GPUs where the server drops counters)")
-    option(p, "--consumable-shares", env="CONSUMABLE_SHARES", default="disabled", metavar="disabled|memory|unlimited|N",
-           help="publish whole GPUs shareable by many claims (consumable capacity, Kubernetes 1.36+): memory, "
-                "unlimited, a share count N, or disabled")
-    option(p, "--additional-xids-to-ignore", env="ADDITIONAL_XIDS_TO_IGNORE", default="",
-           help="comma-separated XIDs that do not make a GPU unhealthy, beyond the application XIDs")
-    switch(p, "--health-events", env="HEALTH_EVENTS", default=True,
-           help="watch NVML for critical XIDs and lost GPUs")
-    option(p, "--driver-root", env="NVIDIA_DRIVER_ROOT", default="/",
-           help="where the NVIDIA driver (its libraries, nvidia-smi, nvidia-cuda-mps-control) is installed, as the "
-                "agent sees it (the DaemonSet mounts it at /driver-root)")
-    option(p, "--host-driver-root", env="NVIDIA_HOST_DRIVER_ROOT", default="/",
-           help="the same driver root as the container runtime on the host sees it, for the CDI specs' host paths, "
-                "as NVIDIA's nvidiaDriverRoot: / or e.g. /run/nvidia/driver")
-    option(p, "--nvidia-cdi-hook-path", env="NVIDIA_CDI_HOOK_PATH",
-           help="host path of NVIDIA's nvidia-cdi-hook, run by the CDI specs' hooks; default: where NVIDIA's "
-                "container toolkit installs it")
-    option(p, "--dev-root", env="NVIDIA_DEV_ROOT", default="/",
-           help="where the host's /dev/nvidia* nodes are, when not at /dev (a driver container's, or stand-ins); "
-                "CDI specs then name them as hostPath beneath it")
-    option(p, "--resync-interval", env="RESYNC_INTERVAL", default=30.0, type=float, metavar="SECONDS",
-           help="seconds between slice resyncs, positive")
-    option(p, "--reservation-addr", env="RESERVATION_ADDR", default="",
-           help="HOST:PORT to serve the arbiter's reservation API on, empty to disable")
-    option(p, "--reservation-audience", env="RESERVATION_AUDIENCE", default=RESERVATION_AUDIENCE,
-           help="the audience the arbiter's service-account token must be for (checked through TokenReview)")
-    option(p, "--arbiter-user", env="ARBITER_USER", default=ARBITER_USER,
-           help="the only user that may reserve devices: the arbiter's service account, "
-                "system:serviceaccount:NAMESPACE:NAME")
-    option(p, "--arbiter-namespace", env="POD_NAMESPACE", default="gpu-dra-agent",
-           help="namespace of the queue arbiter's Lease: while no arbiter holds it, one node agent tells the pods "
-                "that wait for it, in an Event; empty: never")
-    option(p, "--mig-config-file", env="MIG_CONFIG_FILE",
-           help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's")
-    switch(p, "--mig-reconfigure", env="MIG_RECONFIGURE", default=True,
-           help="apply the MIG config the node label nvidia.com/mig.config names")
-    switch(p, "--compute-domains", env="COMPUTE_DOMAINS", default=False,
-           help="also serve compute-domain.nvidia.com: IMEX channels for NVIDIA's ComputeDomains on nodes in a "
-                "multi-node NVLink fabric clique, and their IMEX daemons (nvidia-imex from the driver root)")
-    option(p, "--imex-address", env="POD_IP", default="",
-           help="the IP address this node's IMEX daemons listen on and peers reach (the DaemonSet: the pod's IP)")
-    option(p, "--proc-devices", env="PROC_DEVICES", default="/proc/devices",
-           help="the kernel's device list, whose nvidia-caps-imex-channels line gives the IMEX channels' major")
-    option(p, "--imex-channel-count", env="IMEX_CHANNEL_COUNT", type=int, default=2048,
-           help="IMEX channels of the node (the driver's NVreg_ImexChannelCount): what allocationMode All injects")
+    switch(
+        p,
+        "--partitionable-devices",
+        env="PARTITIONABLE_DEVICES",
+        default=False,
+        help="publish every MIG placement prepare can deliver as a partitionable device (falls back to whole "
+        "GPUs where the server drops counters)",
+    )
+    option(
+        p,
+        "--consumable-shares",
+        env="CONSUMABLE_SHARES",
+        default="disabled",
+        metavar="disabled|memory|unlimited|N",
+        help="publish whole GPUs shareable by many claims (consumable capacity, Kubernetes 1.36+): memory, "
+        "unlimited, a share count N, or disabled",
+    )
+    option(
+        p,
+        "--additional-xids-to-ignore",
+        env="ADDITIONAL_XIDS_TO_IGNORE",
+        default="",
+        help="comma-separated XIDs that do not make a GPU unhealthy, beyond the application XIDs",
+    )
+    switch(p, "--health-events", env="HEALTH_EVENTS", default=True, help="watch NVML for critical XIDs and lost GPUs")
+    option(
+        p,
+        "--driver-root",
+        env="NVIDIA_DRIVER_ROOT",
+        default="/",
+        help="where the NVIDIA driver (its libraries, nvidia-smi, nvidia-cuda-mps-control) is installed, as the "
+        "agent sees it (the DaemonSet mounts it at /driver-root)",
+    )
+    option(
+        p,
+        "--host-driver-root",
+        env="NVIDIA_HOST_DRIVER_ROOT",
+        default="/",
+        help="the same driver root as the container runtime on the host sees it, for the CDI specs' host paths, "
+        "as NVIDIA's nvidiaDriverRoot: / or e.g. /run/nvidia/driver",
+    )
+    option(
+        p,
+        "--nvidia-cdi-hook-path",
+        env="NVIDIA_CDI_HOOK_PATH",
+        help="host path of NVIDIA's nvidia-cdi-hook, run by the CDI specs' hooks; default: where NVIDIA's "
+        "container toolkit installs it",
+    )
+    option(
+        p,
+        "--dev-root",
+        env="NVIDIA_DEV_ROOT",
+        default="/",
+        help="where the host's /dev/nvidia* nodes are, when not at /dev (a driver container's, or stand-ins); "
+        "CDI specs then name them as hostPath beneath it",
+    )
+    option(
+        p,
+        "--resync-interval",
+        env="RESYNC_INTERVAL",
+        default=30.0,
+        type=float,
+        metavar="SECONDS",
+        help="seconds between slice resyncs, positive",
+    )
+    option(
+        p,
+        "--reservation-addr",
+        env="RESERVATION_ADDR",
+        default="",
+        help="HOST:PORT to serve the arbiter's reservation API on, empty to disable",
+    )
+    option(
+        p,
+        "--reservation-audience",
+        env="RESERVATION_AUDIENCE",
+        default=RESERVATION_AUDIENCE,
+        help="the audience the arbiter's service-account token must be for (checked through TokenReview)",
+    )
+    option(
+        p,
+        "--arbiter-user",
+        env="ARBITER_USER",
+        default=ARBITER_USER,
+        help="the only user that may reserve devices: the arbiter's service account, "
+        "system:serviceaccount:NAMESPACE:NAME",
+    )
+    option(
+        p,
+        "--arbiter-namespace",
+        env="POD_NAMESPACE",
+        default="gpu-dra-agent",
+        help="namespace of the queue arbiter's Lease: while no arbiter holds it, one node agent tells the pods "
+        "that wait for it, in an Event; empty: never",
+    )
+    option(
+        p,
+        "--mig-config-file",
+        env="MIG_CONFIG_FILE",
+        help="mig-parted v1 configs the nvidia.com/mig.config label names; default: the GPU Operator's",
+    )
+    switch(
+        p,
+        "--mig-reconfigure",
+        env="MIG_RECONFIGURE",
+        default=True,
+        help="apply the MIG config the node label nvidia.com/mig.config names",
+    )
+    switch(
+        p,
+        "--compute-domains",
+        env="COMPUTE_DOMAINS",
+        default=False,
+        help="also serve compute-domain.nvidia.com: IMEX channels for NVIDIA's ComputeDomains on nodes in a "
+        "multi-node NVLink fabric clique, and their IMEX daemons (nvidia-imex from the driver root)",
+    )
+    option(
+        p,
+        "--imex-address",
+        env="POD_IP",
+        default="",
+        help="the IP address this node's IMEX daemons listen on and peers reach (the DaemonSet: the pod's IP)",
+    )
+    option(
+        p,
+        "--proc-devices",
+        env="PROC_DEVICES",
+        default="/proc/devices",
+        help="the kernel's device list, whose nvidia-caps-imex-channels line gives the IMEX channels' major",
+    )
+    option(
+        p,
+        "--imex-channel-count",
+        env="IMEX_CHANNEL_COUNT",
+        type=int,
+        default=2048,
+        help="IMEX channels of the node (the driver's NVreg_ImexChannelCount): what allocationMode All injects",
+    )
 
 
 def _xids(text: str) -> frozenset[int]:
@@ -150,8 +262,9 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         try:
             ipaddress.ip_address(args.imex_address)
         except ValueError:
-            raise StartupError(f"--compute-domains needs --imex-address (or POD_IP), an IP address, not "
-                               f"{args.imex_address!r}") from None
+            raise StartupError(
+                f"--compute-domains needs --imex-address (or POD_IP), an IP address, not {args.imex_address!r}"
+            ) from None
         if not 1 <= args.imex_channel_count <= 1 << 20:
             raise StartupError(f"--imex-channel-count must be between 1 and 1048576, not {args.imex_channel_count}")
     return NodeConfig(

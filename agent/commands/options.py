@@ -50,8 +50,15 @@ def _describe(help_text: str, env: str | None, default: Any) -> str:
     return f"{help_text} ({'; '.join(notes)})" if notes else help_text
 
 
-def _from_env(parser: argparse.ArgumentParser, flag: str, env: str | None, *, convert: Callable[[str], Any],
-              default: Any, choices: Sequence[Any] | None) -> Any:
+def _from_env(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    env: str | None,
+    *,
+    convert: Callable[[str], Any],
+    default: Any,
+    choices: Sequence[Any] | None,
+) -> Any:
     text = os.environ.get(env) if env else None
     if text is None or text == "":
         return default
@@ -65,17 +72,32 @@ def _from_env(parser: argparse.ArgumentParser, flag: str, env: str | None, *, co
     return value
 
 
-def option(parser: argparse.ArgumentParser, flag: str, *, env: str | None, help: str, default: Any = None,
-           type: Callable[[str], Any] = str, choices: Sequence[Any] | None = None, metavar: str | None = None,
-           required: bool = False) -> None:
+def option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    env: str | None,
+    help: str,
+    default: Any = None,
+    type: Callable[[str], Any] = str,
+    choices: Sequence[Any] | None = None,
+    metavar: str | None = None,
+    required: bool = False,
+) -> None:
     """A valued flag; its environment variable (when set and not empty) replaces the default."""
     value = _from_env(parser, flag, env, convert=type, default=default, choices=choices)
-    parser.add_argument(flag, type=type, default=value, choices=choices, metavar=metavar,
-                        required=required and value is None, help=_describe(help, env, default))
+    parser.add_argument(
+        flag,
+        type=type,
+        default=value,
+        choices=choices,
+        metavar=metavar,
+        required=required and value is None,
+        help=_describe(help, env, default),
+    )
 
 
 def switch(parser: argparse.ArgumentParser, flag: str, *, env: str | None, default: bool, help: str) -> None:
     """--flag / --no-flag; the environment's true/false/1/0 replaces the default, anything else is refused."""
     value = _from_env(parser, flag, env, convert=boolean, default=default, choices=None)
-    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value,
-                        help=_describe(help, env, default))
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value, help=_describe(help, env, default))

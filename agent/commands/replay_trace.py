@@ -40,21 +40,34 @@ ALL_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace-dir", required=True, type=pathlib.Path,
-                        help="directory with the openb CSV files")
-    parser.add_argument("--pods", default="openb_pod_list_default.csv",
-                        help="pod list file in --trace-dir, or `all` for every openb_pod_list_*.csv there")
+    parser.add_argument("--trace-dir", required=True, type=pathlib.Path, help="directory with the openb CSV files")
+    parser.add_argument(
+        "--pods",
+        default="openb_pod_list_default.csv",
+        help="pod list file in --trace-dir, or `all` for every openb_pod_list_*.csv there",
+    )
     parser.add_argument("--nodes", default="openb_node_list_gpu_node.csv", help="node list file in --trace-dir")
-    parser.add_argument("--policy", default=",".join(ALL_POLICIES),
-                        help=f"comma-separated policies (default all: {','.join(ALL_POLICIES)}; also `near`, "
-                             "the alternative DESIGN.md compares)")
-    parser.add_argument("--seeds", type=int, default=len(PAPER_SEEDS),
-                        help="number of seeds, 42, 43, ... (default 10); the median is reported")
-    parser.add_argument("--ties", choices=(*TIE_REGIMES, "both"), default="fixed",
-                        help="fixed: one random node order per run (the paper); random: per pod (kube-scheduler); "
-                             "both: each")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="processes to spread the runs over (default: one per CPU)")
+    parser.add_argument(
+        "--policy",
+        default=",".join(ALL_POLICIES),
+        help=f"comma-separated policies (default all: {','.join(ALL_POLICIES)}; also `near`, "
+        "the alternative DESIGN.md compares)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=len(PAPER_SEEDS),
+        help="number of seeds, 42, 43, ... (default 10); the median is reported",
+    )
+    parser.add_argument(
+        "--ties",
+        choices=(*TIE_REGIMES, "both"),
+        default="fixed",
+        help="fixed: one random node order per run (the paper); random: per pod (kube-scheduler); both: each",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="processes to spread the runs over (default: one per CPU)"
+    )
 
 
 class TraceError(ValueError):
@@ -96,8 +109,9 @@ def _pod_lists(trace_dir: pathlib.Path, pods: str) -> list[pathlib.Path]:
     """The pod list files to replay: one, or with `all` every openb list, default first, then by name."""
     if pods != "all":
         return [trace_dir / pods]
-    found = sorted(trace_dir.glob("openb_pod_list_*.csv"), key=lambda p: (p.name != "openb_pod_list_default.csv",
-                                                                          p.name))
+    found = sorted(
+        trace_dir.glob("openb_pod_list_*.csv"), key=lambda p: (p.name != "openb_pod_list_default.csv", p.name)
+    )
     if not found:
         raise TraceError(f"{trace_dir}: no openb_pod_list_*.csv files")
     return found
@@ -137,8 +151,11 @@ def _results(runs: list[_Run], jobs: int) -> list[float]:
 
 
 def _entry(vals: list[float]) -> dict[str, Any]:
-    return {"unallocatedGpuPercent": round(statistics.median(vals), 2), "seeds": len(vals),
-            "perSeed": [round(v, 2) for v in vals]}
+    return {
+        "unallocatedGpuPercent": round(statistics.median(vals), 2),
+        "seeds": len(vals),
+        "perSeed": [round(v, 2) for v in vals],
+    }
 
 
 def _print_table(regime: str, by_list: dict[str, dict[str, list[float]]], names: list[str]) -> None:
@@ -187,8 +204,13 @@ def run(args: argparse.Namespace) -> int:
     seeds = [PAPER_SEEDS[0] + i for i in range(args.seeds)]
     # a policy that settles ties itself gives the same placements under every regime: run it once
     regime_of = {n: regimes if policies[n].tie_rule == "regime" else regimes[:1] for n in names}
-    runs = [(str(path), str(nodes_path), name, seed, regime)
-            for path in lists for name in names for regime in regime_of[name] for seed in seeds]
+    runs = [
+        (str(path), str(nodes_path), name, seed, regime)
+        for path in lists
+        for name in names
+        for regime in regime_of[name]
+        for seed in seeds
+    ]
     started = time.monotonic()
     try:
         got = dict(zip(runs, _results(runs, args.jobs), strict=True))
@@ -200,25 +222,31 @@ def run(args: argparse.Namespace) -> int:
         ran = regime if regime in regime_of[name] else regime_of[name][0]
         return [got[(str(path), str(nodes_path), name, seed, ran)] for seed in seeds]
 
-    table = {regime: {_short(path): {name: per_seed(path, name, regime) for name in names} for path in lists}
-             for regime in regimes}
+    table = {
+        regime: {_short(path): {name: per_seed(path, name, regime) for name in names} for path in lists}
+        for regime in regimes
+    }
     if len(lists) == 1 and len(regimes) == 1:  # one list, one regime: the policies at the top level
         out: dict[str, Any] = {name: _entry(vals) for name, vals in table[regimes[0]][_short(lists[0])].items()}
     else:
-        out = {regime: {lst: {name: _entry(vals) for name, vals in by.items()} for lst, by in by_list.items()}
-               for regime, by_list in table.items()}
+        out = {
+            regime: {lst: {name: _entry(vals) for name, vals in by.items()} for lst, by in by_list.items()}
+            for regime, by_list in table.items()
+        }
     print(json.dumps(out))
     sys.stdout.flush()
-    print(f"\n{len(lists)} pod list(s), {len(names)} policies, {len(seeds)} seeds, ties {args.ties}: "
-          f"{len(runs)} runs on {min(args.jobs, len(runs))} process(es), {took:.1f} s", file=sys.stderr)
+    print(
+        f"\n{len(lists)} pod list(s), {len(names)} policies, {len(seeds)} seeds, ties {args.ties}: "
+        f"{len(runs)} runs on {min(args.jobs, len(runs))} process(es), {took:.1f} s",
+        file=sys.stderr,
+    )
     if len(lists) == 1:
         for regime in regimes:
             results = table[regime][_short(lists[0])]
             print(f"\n{lists[0].name}, ties {regime}", file=sys.stderr)
             print(f"{'policy':<12}{'unallocated GPU % (median)':>28}{'min':>8}{'max':>8}", file=sys.stderr)
             for name, vals in results.items():
-                print(f"{name:<12}{statistics.median(vals):>28.2f}{min(vals):>8.2f}{max(vals):>8.2f}",
-                      file=sys.stderr)
+                print(f"{name:<12}{statistics.median(vals):>28.2f}{min(vals):>8.2f}{max(vals):>8.2f}", file=sys.stderr)
     else:
         for regime in regimes:
             _print_table(regime, table[regime], names)

@@ -23,27 +23,40 @@ from agent.simulation.rounds import Simulation, simulate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("snapshot", metavar="SNAPSHOT.json",
-                        help="cluster snapshot: nodes, queues, jobs; the format is agent/simulation/snapshot/"
-                             "snapshot.schema.json, an example agent/simulation/snapshot/example.json")
+    parser.add_argument(
+        "snapshot",
+        metavar="SNAPSHOT.json",
+        help="cluster snapshot: nodes, queues, jobs; the format is agent/simulation/snapshot/"
+        "snapshot.schema.json, an example agent/simulation/snapshot/example.json",
+    )
     parser.add_argument(
         "--actions",
         default=",".join(DEFAULT_ACTIONS),
         help="comma-separated actions run once per round, in this order (default: %(default)s)",
     )
     parser.add_argument("--rounds", type=int, default=1, help="cycles to run (default: 1)")
-    parser.add_argument("--no-reservations", dest="reservations", action="store_false",
-                        help="take the arbiter's decisions as they are, without reserving devices on the nodes")
-    parser.add_argument("--report-reservations", action="store_true",
-                        help='add a "reservations" summary: gangs committed, refused, relocated; releases')
+    parser.add_argument(
+        "--no-reservations",
+        dest="reservations",
+        action="store_false",
+        help="take the arbiter's decisions as they are, without reserving devices on the nodes",
+    )
+    parser.add_argument(
+        "--report-reservations",
+        action="store_true",
+        help='add a "reservations" summary: gangs committed, refused, relocated; releases',
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     actions = [a.strip() for a in str(args.actions).split(",") if a.strip()]
     unknown = unknown_actions(actions)
     if unknown or not actions:
-        return _fail(f"unknown action {unknown[0]!r}; choose from {', '.join(ACTIONS)}."
-                     if unknown else "--actions names no action.")
+        return _fail(
+            f"unknown action {unknown[0]!r}; choose from {', '.join(ACTIONS)}."
+            if unknown
+            else "--actions names no action."
+        )
     if args.rounds < 1:
         return _fail(f"--rounds must be at least 1, not {args.rounds}.")
     # one shot: what it builds (a pod object or three per pod) lives until the process ends, so a collector
@@ -65,8 +78,9 @@ def _simulate(args: argparse.Namespace, actions: list[str]) -> int:
     try:
         snapshot = parse_snapshot(doc)  # its sentences name the object; the schema then checks the rest
         _check_schema(doc)
-        commit = ReservationCommit(snapshot.nodes, time.monotonic, secrets.token_urlsafe(32)) \
-            if args.reservations else None
+        commit = (
+            ReservationCommit(snapshot.nodes, time.monotonic, secrets.token_urlsafe(32)) if args.reservations else None
+        )
         result = simulate(snapshot, actions, args.rounds, time.perf_counter, commit)
     except SnapshotError as e:
         return _fail(f"{args.snapshot}: {e}")
@@ -108,8 +122,13 @@ def reservations_summary(commit: ReservationCommit | None) -> dict[str, Any]:
     if commit is None:
         return {"committed": 0, "released": 0, "refused": 0, "relocated": 0, "commitSeconds": []}
     s = commit.stats
-    return {"committed": s.committed, "released": s.released, "refused": s.refused, "relocated": s.relocated,
-            "commitSeconds": [round(t, 6) for t in s.seconds]}
+    return {
+        "committed": s.committed,
+        "released": s.released,
+        "refused": s.refused,
+        "relocated": s.relocated,
+        "commitSeconds": [round(t, 6) for t in s.seconds],
+    }
 
 
 SCHEMA = Path(__file__).resolve().parents[1] / "simulation" / "snapshot" / "snapshot.schema.json"
@@ -121,8 +140,9 @@ def _check_schema(doc: object) -> None:
     try:
         import jsonschema  # type: ignore[import-untyped]
     except ModuleNotFoundError:
-        _fail("checking a snapshot needs jsonschema, from the 'simulation' extra: "
-              "pip install 'gpu-dra-agent[simulation]'")
+        _fail(
+            "checking a snapshot needs jsonschema, from the 'simulation' extra: pip install 'gpu-dra-agent[simulation]'"
+        )
 
     validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
     error = jsonschema.exceptions.best_match(validator.iter_errors(doc))

@@ -46,20 +46,32 @@ def slice_devices(clique_id: str) -> list[Json]:
     """The devices of a node in a fabric clique, as resource.k8s.io/v1 ResourceSlice devices: NVIDIA's `type` and
     `id`, and the clique (`<clusterUUID>.<cliqueId>`), which a claim's CEL selector can name and by which the
     arbiter keeps a domain's gang inside one clique."""
-    return [{"name": name, "attributes": {"type": {"string": kind}, "id": {"int": 0},
-                                          CLIQUE_ATTRIBUTE: {"string": clique_id}}}
-            for name, kind in ((CHANNEL_DEVICE, CHANNEL), (DAEMON_DEVICE, DAEMON))]
+    return [
+        {
+            "name": name,
+            "attributes": {"type": {"string": kind}, "id": {"int": 0}, CLIQUE_ATTRIBUTE: {"string": clique_id}},
+        }
+        for name, kind in ((CHANNEL_DEVICE, CHANNEL), (DAEMON_DEVICE, DAEMON))
+    ]
 
 
 def resource_slice(node_name: str, node_uid: str | None, generation: int, clique_id: str) -> Json:
     meta: Json = {"name": f"{node_name}-{DRIVER}"}
     if node_uid:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
-                                    "controller": True}]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": meta,
-            "spec": {"driver": DRIVER, "nodeName": node_name,
-                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
-                     "devices": slice_devices(clique_id)}}
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": meta,
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+            "devices": slice_devices(clique_id),
+        },
+    }
 
 
 def imex_channels_major(proc_devices: str) -> int | None:
@@ -142,8 +154,10 @@ def config_for(request: str, device_name: str, configs: Sequence[tuple[tuple[str
         if not requests and isinstance(config, wanted):
             return config
     missing = CHANNEL_CONFIG if kind == CHANNEL else DAEMON_CONFIG
-    raise ConfigError(f"request {request!r} ({device_name}) has no {missing} naming its ComputeDomain (domainID); "
-                      "claims come from the domain's ResourceClaimTemplate")
+    raise ConfigError(
+        f"request {request!r} ({device_name}) has no {missing} naming its ComputeDomain (domainID); "
+        "claims come from the domain's ResourceClaimTemplate"
+    )
 
 
 # --- CDI ----------------------------------------------------------------------------------------------------
@@ -166,17 +180,24 @@ def channel_node(channel: int, major: int, dev_root: str) -> Json:
     return node
 
 
-def claim_spec(claim_uid: str, devices: Mapping[str, Sequence[int]], major: int, dev_root: str,
-               env: Mapping[str, str]) -> Json:
+def claim_spec(
+    claim_uid: str, devices: Mapping[str, Sequence[int]], major: int, dev_root: str, env: Mapping[str, str]
+) -> Json:
     """One claim's CDI spec: per device, its channels' device nodes (none for the daemon device) and `env`."""
     env_list = [f"{k}={v}" for k, v in {"NVIDIA_VISIBLE_DEVICES": "void", **env}.items()]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
-        "devices": [{"name": f"{claim_uid}-{name}",
-                     "containerEdits": {"env": env_list,
-                                        "deviceNodes": [channel_node(c, major, dev_root) for c in channels]}}
-                    for name, channels in devices.items()],
+        "devices": [
+            {
+                "name": f"{claim_uid}-{name}",
+                "containerEdits": {
+                    "env": env_list,
+                    "deviceNodes": [channel_node(c, major, dev_root) for c in channels],
+                },
+            }
+            for name, channels in devices.items()
+        ],
     }
 
 

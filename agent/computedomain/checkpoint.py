@@ -76,15 +76,19 @@ class CheckpointStore:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointCorrupt(
                 f"{self.path} cannot be read ({exc}); the channel claims it records are unknown: remove it after "
-                "removing the CDI specs k8s.compute-domain.nvidia.com-claim_*.json, and restart the agent") from exc
+                "removing the CDI specs k8s.compute-domain.nvidia.com-claim_*.json, and restart the agent"
+            ) from exc
         if data.get("bootID") != self.boot_id:
             return Checkpoint(self.boot_id), bool(claims)
         return Checkpoint(self.boot_id, claims), False
 
     def save(self, checkpoint: Checkpoint) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        data = {"format": FORMAT, "bootID": checkpoint.boot_id,
-                "claims": {uid: _json(r) for uid, r in sorted(checkpoint.claims.items())}}
+        data = {
+            "format": FORMAT,
+            "bootID": checkpoint.boot_id,
+            "claims": {uid: _json(r) for uid, r in sorted(checkpoint.claims.items())},
+        }
         files.write_atomic(self.path, json.dumps(data, indent=1).encode())
 
 
@@ -94,19 +98,38 @@ def _check_format(data: Mapping[str, Any]) -> None:
 
 
 def _json(r: ClaimRecord) -> dict[str, Any]:
-    return {"namespace": r.namespace, "name": r.name, "state": r.state, "domainUID": r.domain_uid,
-            "domain": r.domain, "madeNodes": list(r.made_nodes),
-            "devices": [{"request": d.request, "device": d.device, "channels": list(d.channels),
-                         "cdiDeviceIDs": list(d.cdi_ids)} for d in r.devices]}
+    return {
+        "namespace": r.namespace,
+        "name": r.name,
+        "state": r.state,
+        "domainUID": r.domain_uid,
+        "domain": r.domain,
+        "madeNodes": list(r.made_nodes),
+        "devices": [
+            {"request": d.request, "device": d.device, "channels": list(d.channels), "cdiDeviceIDs": list(d.cdi_ids)}
+            for d in r.devices
+        ],
+    }
 
 
 def _record(uid: str, r: Mapping[str, Any]) -> ClaimRecord:
     if r["state"] not in (STARTED, COMPLETED):
         raise ValueError(f"claim {uid}: state {r['state']!r}")
     return ClaimRecord(
-        uid=uid, namespace=str(r["namespace"]), name=str(r["name"]), state=str(r["state"]),
-        domain_uid=str(r["domainUID"]), domain=str(r["domain"]),
+        uid=uid,
+        namespace=str(r["namespace"]),
+        name=str(r["name"]),
+        state=str(r["state"]),
+        domain_uid=str(r["domainUID"]),
+        domain=str(r["domain"]),
         made_nodes=tuple(int(c) for c in r.get("madeNodes") or ()),
-        devices=tuple(PreparedDevice(str(d["request"]), str(d["device"]), tuple(int(c) for c in d["channels"]),
-                                     tuple(str(i) for i in d.get("cdiDeviceIDs") or ())) for d in r["devices"]),
+        devices=tuple(
+            PreparedDevice(
+                str(d["request"]),
+                str(d["device"]),
+                tuple(int(c) for c in d["channels"]),
+                tuple(str(i) for i in d.get("cdiDeviceIDs") or ()),
+            )
+            for d in r["devices"]
+        ),
     )

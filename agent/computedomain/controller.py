@@ -99,13 +99,20 @@ class ComputeDomainController:
                 self._rest.create(RESOURCE_CLAIM_TEMPLATES, domain.namespace, templates.channel_template(domain))
             except Conflict:
                 return  # made meanwhile: checked on the next pass
-            log.info("ComputeDomain %s/%s: created ResourceClaimTemplate %s", domain.namespace, domain.name,
-                     domain.template_name)
+            log.info(
+                "ComputeDomain %s/%s: created ResourceClaimTemplate %s",
+                domain.namespace,
+                domain.name,
+                domain.template_name,
+            )
             return
         if not templates.belongs_to(existing, domain.uid):
-            self._warn(obj, "ResourceClaimTemplateTaken",
-                       f"ResourceClaimTemplate {domain.namespace}/{domain.template_name} exists and is not this "
-                       "ComputeDomain's; delete it or name another template in spec.channel.resourceClaimTemplate")
+            self._warn(
+                obj,
+                "ResourceClaimTemplateTaken",
+                f"ResourceClaimTemplate {domain.namespace}/{domain.template_name} exists and is not this "
+                "ComputeDomain's; delete it or name another template in spec.channel.resourceClaimTemplate",
+            )
 
     def _update_status(self, namespace: str, name: str) -> None:
         """status.status from status.nodes, written only when it changes (a Conflict: a node agent wrote its entry
@@ -125,8 +132,12 @@ class ComputeDomainController:
             template = self._rest.get(RESOURCE_CLAIM_TEMPLATES, domain.namespace, domain.template_name)
             if templates.belongs_to(template, domain.uid):
                 if not (template.get("metadata") or {}).get("deletionTimestamp"):
-                    self._rest.delete(RESOURCE_CLAIM_TEMPLATES, domain.namespace, domain.template_name,
-                                      preconditions={"uid": template["metadata"]["uid"]})
+                    self._rest.delete(
+                        RESOURCE_CLAIM_TEMPLATES,
+                        domain.namespace,
+                        domain.template_name,
+                        preconditions={"uid": template["metadata"]["uid"]},
+                    )
                     template = self._rest.get(RESOURCE_CLAIM_TEMPLATES, domain.namespace, domain.template_name)
                 _drop_finalizer(self._rest, RESOURCE_CLAIM_TEMPLATES, template)
         if FINALIZER in domain.finalizers:
@@ -153,8 +164,9 @@ def _drop_finalizer(rest: Rest, resource: Resource, obj: Json) -> None:
         rest.replace(resource, obj)
 
 
-def run_in_thread(controller: ComputeDomainController, stop: threading.Event,
-                  spawn: Callable[..., Any] = threading.Thread) -> Any:
+def run_in_thread(
+    controller: ComputeDomainController, stop: threading.Event, spawn: Callable[..., Any] = threading.Thread
+) -> Any:
     """The controller's loop in a daemon thread (tests and the demo)."""
     thread = spawn(target=controller.run, args=(stop,), name="compute-domain-controller", daemon=True)
     thread.start()

@@ -35,8 +35,16 @@ class DaemonError(RuntimeError):
 
 
 class DomainDaemon:
-    def __init__(self, domain_uid: str, directory: Path, imex: Path, ctl: Path, *, bind_address: str,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        domain_uid: str,
+        directory: Path,
+        imex: Path,
+        ctl: Path,
+        *,
+        bind_address: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.domain_uid = domain_uid
         self.directory = directory
         self.config = directory / "imexd.cfg"
@@ -60,11 +68,14 @@ class DomainDaemon:
     def start(self, peers: Sequence[str]) -> None:
         for binary in (self.imex, self.ctl):
             if not os.access(binary, os.X_OK):
-                raise DaemonError(f"{binary} is not an executable: the driver root has no IMEX (driver 550+ for "
-                                  "GB200 installs nvidia-imex and nvidia-imex-ctl)")
+                raise DaemonError(
+                    f"{binary} is not an executable: the driver root has no IMEX (driver 550+ for "
+                    "GB200 installs nvidia-imex and nvidia-imex-ctl)"
+                )
         self.directory.mkdir(parents=True, exist_ok=True)
-        files.write_atomic(self.config, imexconfig.daemon_config(str(self.nodes_file), self.bind_address).encode(),
-                           durable=False)
+        files.write_atomic(
+            self.config, imexconfig.daemon_config(str(self.nodes_file), self.bind_address).encode(), durable=False
+        )
         self._write_nodes(peers)
         self._spawn()
 
@@ -89,8 +100,14 @@ class DomainDaemon:
     def check(self, timeout: float = 10.0) -> tuple[bool, str]:
         """(ready, what nvidia-imex-ctl said)."""
         try:
-            done = subprocess.run([str(self.ctl), "-c", str(self.config), "-q"], capture_output=True, text=True,
-                                  timeout=timeout, env=self.env, check=False)
+            done = subprocess.run(
+                [str(self.ctl), "-c", str(self.config), "-q"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=self.env,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, str(exc)
         said = (done.stdout + done.stderr).strip() or f"exit {done.returncode}"
@@ -113,12 +130,19 @@ class DomainDaemon:
 
     def _spawn(self) -> None:
         with (self.directory / "imex.log").open("ab") as out:
-            self._process = subprocess.Popen([str(self.imex), "-c", str(self.config)], stdout=out,
-                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                                             start_new_session=True)
+            self._process = subprocess.Popen(
+                [str(self.imex), "-c", str(self.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
         files.write_atomic(self.pid_file, f"{self._process.pid}\n".encode(), durable=False)
-        log.info("IMEX daemon started", extra={"domain_uid": self.domain_uid, "pid": self._process.pid,
-                                              "peers": list(self.peers)})
+        log.info(
+            "IMEX daemon started",
+            extra={"domain_uid": self.domain_uid, "pid": self._process.pid, "peers": list(self.peers)},
+        )
 
     def _terminate(self) -> None:
         process, self._process = self._process, None

@@ -31,7 +31,8 @@ def daemon_config(nodes_config_path: str, bind_address: str) -> str:
         "IMEX_NODE_DISCONNECTED_GRACE_TIME": "-1",
     }
     return "# written by gpu-dra-agent for one ComputeDomain's IMEX daemon on this node\n" + "".join(
-        f"{k}={v}\n" for k, v in settings.items())
+        f"{k}={v}\n" for k, v in settings.items()
+    )
 
 
 def nodes_config(peers: Sequence[str]) -> str:

@@ -30,7 +30,6 @@ SINGLE, ALL = "Single", "All"
 MAX_NODES_PER_CLIQUE = 18  # an NVL72 rack: the most nodes one IMEX domain spans (NVIDIA's maxNodesPerIMEXDomain)
 
 
-
 class InvalidComputeDomain(ValueError):
     """The object cannot be a ComputeDomain this driver serves; the message says which field and why."""
 
@@ -46,8 +45,13 @@ class DomainNode:
     status: str = NOT_READY
 
     def to_json(self) -> Json:
-        return {"name": self.name, "ipAddress": self.ip_address, "cliqueID": self.clique_id, "index": self.index,
-                "status": self.status}
+        return {
+            "name": self.name,
+            "ipAddress": self.ip_address,
+            "cliqueID": self.clique_id,
+            "index": self.index,
+            "status": self.status,
+        }
 
 
 @dataclass(frozen=True)
@@ -83,18 +87,28 @@ def parse(obj: Mapping[str, Any]) -> ComputeDomain:
         raise InvalidComputeDomain(f"{where}: spec.numNodes must be an integer of at least 0, not {num_nodes!r}")
     status = obj.get("status") or {}
     return ComputeDomain(
-        namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""), uid=str(meta.get("uid") or ""),
-        num_nodes=num_nodes, template_name=template, allocation_mode=mode,
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        num_nodes=num_nodes,
+        template_name=template,
+        allocation_mode=mode,
         nodes=tuple(parse_node(n) for n in status.get("nodes") or () if isinstance(n, Mapping)),
-        status=str(status.get("status") or NOT_READY), deleting=bool(meta.get("deletionTimestamp")),
+        status=str(status.get("status") or NOT_READY),
+        deleting=bool(meta.get("deletionTimestamp")),
         finalizers=tuple(meta.get("finalizers") or ()),
     )
 
 
 def parse_node(raw: Mapping[str, Any]) -> DomainNode:
     index = raw.get("index")
-    return DomainNode(str(raw.get("name") or ""), str(raw.get("ipAddress") or ""), str(raw.get("cliqueID") or ""),
-                      index if isinstance(index, int) else -1, str(raw.get("status") or NOT_READY))
+    return DomainNode(
+        str(raw.get("name") or ""),
+        str(raw.get("ipAddress") or ""),
+        str(raw.get("cliqueID") or ""),
+        index if isinstance(index, int) else -1,
+        str(raw.get("status") or NOT_READY),
+    )
 
 
 def global_status(num_nodes: int, nodes: Sequence[DomainNode]) -> str:
@@ -113,13 +127,17 @@ def free_index(nodes: Iterable[DomainNode], clique_id: str, limit: int = MAX_NOD
     return index
 
 
-def with_node(nodes: Sequence[DomainNode], node_name: str, ip_address: str, clique_id: str,
-              status: str) -> tuple[DomainNode, ...]:
+def with_node(
+    nodes: Sequence[DomainNode], node_name: str, ip_address: str, clique_id: str, status: str
+) -> tuple[DomainNode, ...]:
     """status.nodes with this node's entry added or updated (its index kept while its clique is the same)."""
     mine = next((n for n in nodes if n.name == node_name), None)
     others = [n for n in nodes if n.name != node_name]
-    index = mine.index if mine is not None and mine.clique_id == clique_id and mine.index >= 0 else (
-        free_index(others, clique_id))
+    index = (
+        mine.index
+        if mine is not None and mine.clique_id == clique_id and mine.index >= 0
+        else (free_index(others, clique_id))
+    )
     entry = DomainNode(node_name, ip_address, clique_id, index, status)
     return tuple(entry if n.name == node_name else n for n in nodes) if mine is not None else (*nodes, entry)
 
@@ -130,8 +148,12 @@ def without_node(nodes: Sequence[DomainNode], node_name: str) -> tuple[DomainNod
 
 def clique_peers(nodes: Iterable[DomainNode], clique_id: str) -> tuple[str, ...]:
     """The addresses one IMEX domain spans: the nodes of this clique only, in index order."""
-    return tuple(n.ip_address for n in sorted((n for n in nodes if n.clique_id == clique_id and n.ip_address),
-                                              key=lambda n: (n.index, n.name)))
+    return tuple(
+        n.ip_address
+        for n in sorted(
+            (n for n in nodes if n.clique_id == clique_id and n.ip_address), key=lambda n: (n.index, n.name)
+        )
+    )
 
 
 def nodes_json(nodes: Iterable[DomainNode]) -> list[Json]:

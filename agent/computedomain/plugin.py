@@ -85,8 +85,13 @@ class ComputeDomainPlugin:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self.domains = Informer(rest, COMPUTE_DOMAINS, self._wake.set, optional=True,
-                                indexers={UID_INDEX: lambda o: [str((o.get("metadata") or {}).get("uid"))]})
+        self.domains = Informer(
+            rest,
+            COMPUTE_DOMAINS,
+            self._wake.set,
+            optional=True,
+            indexers={UID_INDEX: lambda o: [str((o.get("metadata") or {}).get("uid"))]},
+        )
         self.kubelet: KubeletPlugin | None = None
         self._major: int | None = None
         self._node_uid: str | None = None
@@ -130,8 +135,9 @@ class ComputeDomainPlugin:
         withdraws or republishes its channels; prepared claims and running daemons stay until unprepared."""
         if clique_id == self.clique_id:
             return
-        log.warning("compute domains: this node's fabric clique changed", extra={"old": self.clique_id,
-                                                                                 "new": clique_id})
+        log.warning(
+            "compute domains: this node's fabric clique changed", extra={"old": self.clique_id, "new": clique_id}
+        )
         self.clique_id = clique_id
         self.published = False
         self._wake.set()
@@ -154,10 +160,10 @@ class ComputeDomainPlugin:
         want = channels.resource_slice(self.settings.node_name, node_uid, generation, self.clique_id)
         if current is None:
             self._rest.create(RESOURCE_SLICES, None, want)
-        elif current["spec"] != want["spec"] or current["metadata"].get("ownerReferences") != want[
-                "metadata"].get("ownerReferences"):
-            want = channels.resource_slice(self.settings.node_name, node_uid, generation + 1,
-                                            self.clique_id)
+        elif current["spec"] != want["spec"] or current["metadata"].get("ownerReferences") != want["metadata"].get(
+            "ownerReferences"
+        ):
+            want = channels.resource_slice(self.settings.node_name, node_uid, generation + 1, self.clique_id)
             want["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             self._rest.replace(RESOURCE_SLICES, want)
         self.published = True
@@ -172,8 +178,13 @@ class ComputeDomainPlugin:
             try:
                 out[ref.uid] = self._prepare(ref, deadline)
             except (ConfigError, InvalidComputeDomain, DaemonError, ApiError, OSError) as exc:
-                log.warning("prepare of channel claim %s/%s failed: %s", ref.namespace, ref.name, exc,
-                            extra={"claim_uid": ref.uid})
+                log.warning(
+                    "prepare of channel claim %s/%s failed: %s",
+                    ref.namespace,
+                    ref.name,
+                    exc,
+                    extra={"claim_uid": ref.uid},
+                )
                 out[ref.uid] = PrepareResult(error=str(exc))
         return out
 
@@ -194,8 +205,10 @@ class ComputeDomainPlugin:
                 return _result(self.settings.node_name, record)
         claim = self._claims.get(ref.namespace, ref.name, timeout=max(deadline - time.monotonic(), 1.0))
         if str((claim.get("metadata") or {}).get("uid")) != ref.uid:
-            return PrepareResult(error=f"claim {ref.namespace}/{ref.name} is not the one the kubelet asked for "
-                                       f"(UID {ref.uid}): it was deleted and created again")
+            return PrepareResult(
+                error=f"claim {ref.namespace}/{ref.name} is not the one the kubelet asked for "
+                f"(UID {ref.uid}): it was deleted and created again"
+            )
         wanted = self._allocated(claim)
         domain = self._domain_of(ref, wanted)
         with self._lock:
@@ -205,9 +218,11 @@ class ComputeDomainPlugin:
             daemon = self._ensure_daemon(domain)
         ready, said = self._wait_ready(daemon, deadline)
         if not ready:
-            return PrepareResult(error=f"the IMEX daemon of ComputeDomain {domain.namespace}/{domain.name} is not "
-                                       f"ready on node {self.settings.node_name} yet ({said}); the kubelet will ask "
-                                       "again")
+            return PrepareResult(
+                error=f"the IMEX daemon of ComputeDomain {domain.namespace}/{domain.name} is not "
+                f"ready on node {self.settings.node_name} yet ({said}); the kubelet will ask "
+                "again"
+            )
         with self._lock:
             self._set_status(domain.uid, model.READY)
             return self._complete(ref, domain, wanted, made)
@@ -223,8 +238,10 @@ class ComputeDomainPlugin:
             if result.get("driver") != DRIVER:
                 continue
             if result.get("pool") != self.settings.node_name:
-                raise ConfigError(f"device {result.get('device')} is from pool {result.get('pool')}, not this "
-                                  f"node's ({self.settings.node_name})")
+                raise ConfigError(
+                    f"device {result.get('device')} is from pool {result.get('pool')}, not this "
+                    f"node's ({self.settings.node_name})"
+                )
             device = str(result.get("device"))
             if channels.device_type(device) is None:
                 raise ConfigError(f"{device} is not a device of {DRIVER} (channel-0, daemon-0)")
@@ -237,22 +254,28 @@ class ComputeDomainPlugin:
     def _domain_of(self, ref: ClaimRef, wanted: Sequence[tuple[str, str, channels.DeviceConfig]]) -> ComputeDomain:
         uids = {config.domain_id for _, _, config in wanted}
         if len(uids) != 1:
-            raise ConfigError(f"the claim names {len(uids)} ComputeDomains ({', '.join(sorted(uids))}); one claim "
-                              "serves one domain")
+            raise ConfigError(
+                f"the claim names {len(uids)} ComputeDomains ({', '.join(sorted(uids))}); one claim serves one domain"
+            )
         uid = uids.pop()
         found = self.domains.by_index(UID_INDEX, uid)
         if not found:
             try:  # the informer may not have seen a domain created a moment ago
-                found = [o for o in self._rest.list(COMPUTE_DOMAINS, ref.namespace)["items"]
-                         if (o.get("metadata") or {}).get("uid") == uid]
+                found = [
+                    o
+                    for o in self._rest.list(COMPUTE_DOMAINS, ref.namespace)["items"]
+                    if (o.get("metadata") or {}).get("uid") == uid
+                ]
             except NotFound:
                 found = []
         if not found:
             raise ConfigError(f"ComputeDomain with UID {uid} not found in namespace {ref.namespace}")
         domain = model.parse(found[0])
         if domain.namespace != ref.namespace:
-            raise ConfigError(f"the claim is in namespace {ref.namespace}, its ComputeDomain {domain.name} in "
-                              f"{domain.namespace}: a claim may use only a domain of its own namespace")
+            raise ConfigError(
+                f"the claim is in namespace {ref.namespace}, its ComputeDomain {domain.name} in "
+                f"{domain.namespace}: a claim may use only a domain of its own namespace"
+            )
         if domain.deleting:
             raise ConfigError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")
         if self.clique_id is None:
@@ -264,48 +287,82 @@ class ComputeDomainPlugin:
             if other.uid == ref.uid:
                 continue
             if other.domain_uid != domain.uid:
-                return (f"node {self.settings.node_name}'s IMEX daemon serves ComputeDomain {other.domain} (claim "
-                        f"{other.namespace}/{other.name}); one domain per node at a time")
+                return (
+                    f"node {self.settings.node_name}'s IMEX daemon serves ComputeDomain {other.domain} (claim "
+                    f"{other.namespace}/{other.name}); one domain per node at a time"
+                )
             if other.state == COMPLETED and any(d.device == channels.CHANNEL_DEVICE for d in other.devices):
-                return (f"channel 0 already allocated by claim {other.namespace}/{other.name} ({other.uid}) of "
-                        f"ComputeDomain {other.domain}")
+                return (
+                    f"channel 0 already allocated by claim {other.namespace}/{other.name} ({other.uid}) of "
+                    f"ComputeDomain {other.domain}"
+                )
         return ""
 
-    def _intent(self, ref: ClaimRef, domain: ComputeDomain,
-                wanted: Sequence[tuple[str, str, channels.DeviceConfig]]) -> tuple[int, ...]:
+    def _intent(
+        self, ref: ClaimRef, domain: ComputeDomain, wanted: Sequence[tuple[str, str, channels.DeviceConfig]]
+    ) -> tuple[int, ...]:
         """Record PrepareStarted with the channel nodes about to be made (those missing now); returns them."""
-        want = sorted({c for _, _, config in wanted if isinstance(config, ChannelConfig)
-                       for c in channels.channels_for(config, self.settings.channel_count)})
+        want = sorted(
+            {
+                c
+                for _, _, config in wanted
+                if isinstance(config, ChannelConfig)
+                for c in channels.channels_for(config, self.settings.channel_count)
+            }
+        )
         earlier = self._checkpoint.claims.get(ref.uid)
         made = set(earlier.made_nodes if earlier is not None else ())
         made |= {c for c in want if not self._node_path(c).exists()}
-        record = ClaimRecord(ref.uid, ref.namespace, ref.name, STARTED, domain.uid,
-                             f"{domain.namespace}/{domain.name}", made_nodes=tuple(sorted(made)))
+        record = ClaimRecord(
+            ref.uid,
+            ref.namespace,
+            ref.name,
+            STARTED,
+            domain.uid,
+            f"{domain.namespace}/{domain.name}",
+            made_nodes=tuple(sorted(made)),
+        )
         self._save(ref.uid, record)
         return record.made_nodes
 
-    def _complete(self, ref: ClaimRef, domain: ComputeDomain,
-                  wanted: Sequence[tuple[str, str, channels.DeviceConfig]], made: Sequence[int]) -> PrepareResult:
+    def _complete(
+        self,
+        ref: ClaimRef,
+        domain: ComputeDomain,
+        wanted: Sequence[tuple[str, str, channels.DeviceConfig]],
+        made: Sequence[int],
+    ) -> PrepareResult:
         major = self._channels_major()
         devices: dict[str, tuple[int, ...]] = {}
         recorded = []
         for request, device, config in wanted:
-            chans = channels.channels_for(config, self.settings.channel_count) if isinstance(
-                config, ChannelConfig) else ()
+            chans = (
+                channels.channels_for(config, self.settings.channel_count) if isinstance(config, ChannelConfig) else ()
+            )
             devices[device] = chans
             recorded.append(RecordedDevice(request, device, chans, (channels.cdi_device_id(ref.uid, device),)))
         for channel in made:
             self._mknod(channel, major)
-        env = {"COMPUTE_DOMAIN_UUID": domain.uid, "COMPUTE_DOMAIN_NAME": domain.name,
-               "COMPUTE_DOMAIN_NAMESPACE": domain.namespace, "CLIQUE_ID": self.clique_id or ""}
+        env = {
+            "COMPUTE_DOMAIN_UUID": domain.uid,
+            "COMPUTE_DOMAIN_NAME": domain.name,
+            "COMPUTE_DOMAIN_NAMESPACE": domain.namespace,
+            "CLIQUE_ID": self.clique_id or "",
+        }
         spec = channels.claim_spec(ref.uid, devices, major, str(self.settings.dev_root), env)
         self.settings.cdi_root.mkdir(parents=True, exist_ok=True)
         files.write_atomic(self._spec_path(ref.uid), json.dumps(spec).encode(), durable=False)
         record = self._checkpoint.claims[ref.uid].completed(tuple(recorded))
         self._save(ref.uid, record)
-        log.info("channel claim prepared", extra={"claim": f"{ref.namespace}/{ref.name}", "claim_uid": ref.uid,
-                                                  "domain": record.domain,
-                                                  "channels": len(devices.get(channels.CHANNEL_DEVICE, ()))})
+        log.info(
+            "channel claim prepared",
+            extra={
+                "claim": f"{ref.namespace}/{ref.name}",
+                "claim_uid": ref.uid,
+                "domain": record.domain,
+                "channels": len(devices.get(channels.CHANNEL_DEVICE, ())),
+            },
+        )
         return _result(self.settings.node_name, record)
 
     def _unprepare(self, ref: ClaimRef) -> None:
@@ -367,8 +424,12 @@ class ComputeDomainPlugin:
                 if obj:
                     with contextlib.suppress(DaemonError, ApiError, OSError):
                         self._ensure_daemon(model.parse(obj[0]))
-            summary = {"rolled_back": rolled_back, "removed_specs": specs, "stopped_daemons": len(leftovers),
-                       "prepared": len(self._checkpoint.claims)}
+            summary = {
+                "rolled_back": rolled_back,
+                "removed_specs": specs,
+                "stopped_daemons": len(leftovers),
+                "prepared": len(self._checkpoint.claims),
+            }
             log.info("compute-domain checkpoint ready", extra=summary)
             return summary
 
@@ -379,9 +440,15 @@ class ComputeDomainPlugin:
         if daemon is not None:
             return daemon
         clique = self.clique_id or ""
-        written = domain_status.set_entry(self._rest, domain.namespace, domain.name,
-                                          node_name=self.settings.node_name, ip_address=self.settings.ip_address,
-                                          clique_id=clique, status=model.NOT_READY)
+        written = domain_status.set_entry(
+            self._rest,
+            domain.namespace,
+            domain.name,
+            node_name=self.settings.node_name,
+            ip_address=self.settings.ip_address,
+            clique_id=clique,
+            status=model.NOT_READY,
+        )
         peers = model.clique_peers((written or domain).nodes, clique)
         root = DriverRoot(self.settings.driver_root)
         try:
@@ -391,8 +458,9 @@ class ComputeDomainPlugin:
         env = {**os.environ, **(self.settings.daemon_env or {})}
         if library_path := root.library_path():
             env["LD_LIBRARY_PATH"] = library_path
-        daemon = DomainDaemon(domain.uid, self._daemons_root / domain.uid, imex, ctl,
-                              bind_address=self.settings.ip_address, env=env)
+        daemon = DomainDaemon(
+            domain.uid, self._daemons_root / domain.uid, imex, ctl, bind_address=self.settings.ip_address, env=env
+        )
         daemon.start(peers)
         self.daemons[domain.uid] = daemon
         self._ready[domain.uid] = False
@@ -425,9 +493,14 @@ class ComputeDomainPlugin:
         if names is None:
             return
         try:
-            domain_status.set_entry(self._rest, *names, node_name=self.settings.node_name,
-                                    ip_address=self.settings.ip_address, clique_id=self.clique_id or "",
-                                    status=status)
+            domain_status.set_entry(
+                self._rest,
+                *names,
+                node_name=self.settings.node_name,
+                ip_address=self.settings.ip_address,
+                clique_id=self.clique_id or "",
+                status=status,
+            )
             self._ready[uid] = status == model.READY
         except (ApiError, ValueError) as exc:
             log.warning("writing this node's status to ComputeDomain %s/%s failed: %s", *names, exc)
@@ -456,8 +529,9 @@ class ComputeDomainPlugin:
             return  # deleted: its claims' unprepare stops the daemon
         domain = model.parse(obj[0])
         if daemon.revive():
-            log.warning("the IMEX daemon of ComputeDomain %s/%s had exited; started it again", domain.namespace,
-                        domain.name)
+            log.warning(
+                "the IMEX daemon of ComputeDomain %s/%s had exited; started it again", domain.namespace, domain.name
+            )
         mine = next((n for n in domain.nodes if n.name == self.settings.node_name), None)
         if mine is not None:
             daemon.update(model.clique_peers(domain.nodes, self.clique_id or ""))
@@ -490,8 +564,10 @@ class ComputeDomainPlugin:
                 raise ConfigError(f"cannot read {self.settings.proc_devices}: {exc.strerror}") from None
             major = channels.imex_channels_major(text)
             if major is None:
-                raise ConfigError(f"{self.settings.proc_devices} lists no {channels.PROC_DEVICES_NAME}: the NVIDIA "
-                                  "driver on this node does not offer IMEX channels")
+                raise ConfigError(
+                    f"{self.settings.proc_devices} lists no {channels.PROC_DEVICES_NAME}: the NVIDIA "
+                    "driver on this node does not offer IMEX channels"
+                )
             self._major = major
         return self._major
 
@@ -504,8 +580,9 @@ class ComputeDomainPlugin:
 
 
 def _result(node_name: str, record: ClaimRecord) -> PrepareResult:
-    return PrepareResult(devices=tuple(PreparedDevice((d.request,), node_name, d.device, d.cdi_ids)
-                                       for d in record.devices))
+    return PrepareResult(
+        devices=tuple(PreparedDevice((d.request,), node_name, d.device, d.cdi_ids) for d in record.devices)
+    )
 
 
 def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
@@ -513,4 +590,3 @@ def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
         return path.read_text().strip()
     except OSError:
         return "unknown"
-

@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 10
 
 
-def set_entry(rest: Rest, namespace: str, name: str, *, node_name: str, ip_address: str, clique_id: str,
-              status: str) -> ComputeDomain | None:
+def set_entry(
+    rest: Rest, namespace: str, name: str, *, node_name: str, ip_address: str, clique_id: str, status: str
+) -> ComputeDomain | None:
     """Add or update this node's entry; the domain as written, None when it is gone."""
     return _write(rest, namespace, name, lambda d: model.with_node(d.nodes, node_name, ip_address, clique_id, status))
 
@@ -42,8 +43,11 @@ def _write(rest: Rest, namespace: str, name: str, change: Change) -> ComputeDoma
             return None
         domain = model.parse(obj)
         nodes = change(domain)
-        status = {**(obj.get("status") or {}), "nodes": model.nodes_json(nodes),
-                  "status": model.global_status(domain.num_nodes, nodes)}
+        status = {
+            **(obj.get("status") or {}),
+            "nodes": model.nodes_json(nodes),
+            "status": model.global_status(domain.num_nodes, nodes),
+        }
         if status == obj.get("status"):
             return domain
         obj["status"] = status

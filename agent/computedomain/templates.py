@@ -32,15 +32,38 @@ def channel_template(domain: ComputeDomain) -> Json:
             "namespace": domain.namespace,
             "labels": {LABEL: domain.uid, TARGET_LABEL: WORKLOAD},
             "finalizers": [FINALIZER],
-            "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": domain.name, "uid": domain.uid,
-                                 "controller": True, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": KIND,
+                    "name": domain.name,
+                    "uid": domain.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
-        "spec": {"spec": {"devices": {
-            "requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}],
-            "config": [{"requests": ["channel"], "opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": API_VERSION, "kind": CHANNEL_CONFIG, "domainID": domain.uid,
-                "allocationMode": domain.allocation_mode}}}],
-        }}},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}],
+                    "config": [
+                        {
+                            "requests": ["channel"],
+                            "opaque": {
+                                "driver": DRIVER,
+                                "parameters": {
+                                    "apiVersion": API_VERSION,
+                                    "kind": CHANNEL_CONFIG,
+                                    "domainID": domain.uid,
+                                    "allocationMode": domain.allocation_mode,
+                                },
+                            },
+                        }
+                    ],
+                }
+            }
+        },
     }
 
 

@@ -59,11 +59,7 @@ def free_placements(
     """Placements of `profile` that can be added next to `occupied`."""
     taken = list(occupied)
     profiles = list(all_profiles) or [profile]
-    return [
-        pl
-        for pl in profile.placements
-        if is_valid_layout([*taken, PlacedProfile.of(profile, pl)], profiles)
-    ]
+    return [pl for pl in profile.placements if is_valid_layout([*taken, PlacedProfile.of(profile, pl)], profiles)]
 
 
 def count_free_placements(profiles: Sequence[MigProfile], occupied: Iterable[PlacedProfile]) -> int:

@@ -33,7 +33,6 @@ MAX_CLIENTS = 48  # MPS client contexts a Volta-or-later GPU serves at once (NVI
 MODES = ("disabled", "memory", "unlimited", "<N>")
 
 
-
 class ShareError(ValueError):
     """A share setting, policy or request that cannot work; the message says which and why."""
 
@@ -58,8 +57,9 @@ def parse_mode(text: str | None) -> ShareMode | None:
         return ShareMode(value)
     if value.isdigit() and 0 < int(value) <= 10_000:
         return ShareMode("count", int(value))
-    raise ShareError(f"--consumable-shares must be one of disabled, memory, unlimited or a share count 1..10000, "
-                     f"not {text!r}")  # fmt: skip
+    raise ShareError(
+        f"--consumable-shares must be one of disabled, memory, unlimited or a share count 1..10000, not {text!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,9 @@ class Policy:
         out: Json = {}
         if self.default is not None:
             out["default"] = _text(self.default)
-        valid_range = {k: _text(v) for k, v in (("min", self.min), ("max", self.max), ("step", self.step))
-                       if v is not None}  # fmt: skip
+        valid_range = {
+            k: _text(v) for k, v in (("min", self.min), ("max", self.max), ("step", self.step)) if v is not None
+        }
         if valid_range:
             out["validRange"] = valid_range
         if self.valid_values:
@@ -158,9 +159,7 @@ def violates(value: Fraction, policy: Policy | None) -> bool:
     return False
 
 
-def share_of(
-    requests: Mapping[str, Fraction], capacities: Mapping[str, Capacity]
-) -> dict[str, Fraction] | None:
+def share_of(requests: Mapping[str, Fraction], capacities: Mapping[str, Capacity]) -> dict[str, Fraction] | None:
     """Every capacity one share of a device consumes for `requests`, or None when the device cannot serve it
     (it lacks a requested capacity, or a value breaks its policy)."""
     if any(name not in capacities for name in requests):

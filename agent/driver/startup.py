@@ -46,29 +46,38 @@ def log_setup(setup: DriverSetup) -> None:
     files = setup.files
     log.info(
         "driver %s files under %s (host path %s): %d libraries, %d binaries, %d firmware files, %d IPC sockets",
-        files.version, setup.driver_root, setup.host_driver_root, len(files.libraries), len(files.binaries),
-        len(files.firmware), len(files.sockets),
-    )  # fmt: skip
+        files.version,
+        setup.driver_root,
+        setup.host_driver_root,
+        len(files.libraries),
+        len(files.binaries),
+        len(files.firmware),
+        len(files.sockets),
+    )
     if files.missing:
         log.warning(
             "driver files not found under %s, so containers go without them: %s",
-            setup.driver_root, ", ".join(files.missing),
-        )  # fmt: skip
+            setup.driver_root,
+            ", ".join(files.missing),
+        )
     if files.world_writable:
         log.warning(
             "driver files under %s are writable by every user on the host, and every container mounts them: %s; "
-            "make them writable by root alone", setup.driver_root, ", ".join(files.world_writable),
-        )  # fmt: skip
+            "make them writable by root alone",
+            setup.driver_root,
+            ", ".join(files.world_writable),
+        )
     if files.left_out:
         log.warning(
             "driver files left out of the CDI specs, their names holding '::', ',' or a line break, which "
-            "nvidia-cdi-hook arguments cannot carry: %s", ", ".join(map(repr, files.left_out)),
-        )  # fmt: skip
+            "nvidia-cdi-hook arguments cannot carry: %s",
+            ", ".join(map(repr, files.left_out)),
+        )
     if setup.hook is None:
         log.warning(
             "nvidia-cdi-hook not found (looked at %s): CDI specs mount the driver's files but run no hooks, so a "
             "container finds libcuda.so.1 only if it runs ldconfig itself; set --nvidia-cdi-hook-path",
             ", ".join(setup.hook_looked_at),
-        )  # fmt: skip
+        )
     else:
         log.info("CDI specs run nvidia-cdi-hook from %s", setup.hook)

@@ -16,8 +16,14 @@ SPREAD = 0.5
 
 
 class Backoff:
-    def __init__(self, first_s: float = 0.2, max_s: float = 10.0, *, jitter: float = 0.0,
-                 rand: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self,
+        first_s: float = 0.2,
+        max_s: float = 10.0,
+        *,
+        jitter: float = 0.0,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         if not 0 < first_s <= max_s or jitter < 0:
             raise ValueError(f"a backoff needs 0 < first_s <= max_s and jitter >= 0 (got {first_s}, {max_s}, {jitter})")
         self._first, self._max, self._jitter, self._rand = first_s, max_s, jitter, rand

@@ -24,6 +24,7 @@ from agent.kube import writegate
 # node lock is held.
 REQUEST_TIMEOUT = (5.0, 30.0)
 
+
 def _user_agent() -> str:
     try:
         version = metadata.version("gpu-dra-agent")
@@ -134,8 +135,13 @@ class RateLimiter:
     until the request may go. It keeps a busy writer (the arbiter's commit threads) from flooding the API
     server, which answers a flood with 429s and slows every other client."""
 
-    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if qps <= 0 or burst < 1:
             raise ValueError(f"a rate limit needs qps > 0 and burst >= 1, not {qps} and {burst}")
         self.qps, self.burst = qps, burst
@@ -193,9 +199,16 @@ class Server:
 class Client:
     """Requests to one server through a pool of `pool_size` connections (thread-safe: the pool is)."""
 
-    def __init__(self, server: Server, auth: Auth | None = None, *, pool_size: int = POOL_CONNECTIONS,
-                 timeout: tuple[float, float] = REQUEST_TIMEOUT, rate_limit: RateLimiter | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        server: Server,
+        auth: Auth | None = None,
+        *,
+        pool_size: int = POOL_CONNECTIONS,
+        timeout: tuple[float, float] = REQUEST_TIMEOUT,
+        rate_limit: RateLimiter | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.server = server
         self.timeout = timeout
         self.rate_limit = rate_limit
@@ -207,14 +220,24 @@ class Client:
             if server.tls_server_name:
                 tls["server_hostname"] = server.tls_server_name
         self._pool: urllib3.PoolManager = (
-            urllib3.ProxyManager(server.proxy_url, maxsize=pool_size, **tls) if server.proxy_url
+            urllib3.ProxyManager(server.proxy_url, maxsize=pool_size, **tls)
+            if server.proxy_url
             else urllib3.PoolManager(maxsize=pool_size, **tls)
         )
         writegate.install(self._pool)  # a gated write is checked again right before its bytes are sent
 
-    def request(self, method: str, path: str, *, query: Mapping[str, str] | None = None, body: bytes | None = None,
-                headers: Mapping[str, str] | None = None, timeout: tuple[float, float] | float | None = None,
-                stream: bool = False, retries: bool = True) -> urllib3.BaseHTTPResponse:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: tuple[float, float] | float | None = None,
+        stream: bool = False,
+        retries: bool = True,
+    ) -> urllib3.BaseHTTPResponse:
         """One request; the response whatever its status. `timeout`: (connect, read) seconds, or one number
         for both together. `stream`: the body is left unread for the caller.
         `retries` False: no silent retry of a failed connect or read (the caller's deadline is one attempt).
@@ -224,15 +247,23 @@ class Client:
         url = self.server.url + path + (f"?{urlencode(query)}" if query else "")
         limit = timeout or self.timeout
         # by name: Timeout's first positional parameter is `total`, which would cap a watch at the connect time
-        deadline = urllib3.Timeout(total=limit) if isinstance(limit, float | int) else \
-            urllib3.Timeout(connect=limit[0], read=limit[1])
+        deadline = (
+            urllib3.Timeout(total=limit)
+            if isinstance(limit, float | int)
+            else urllib3.Timeout(connect=limit[0], read=limit[1])
+        )
         for attempt in range(1, RETRY_AFTER_ATTEMPTS + 1):
             if self.rate_limit is not None and not stream:
                 self.rate_limit.wait()
             response = self._pool.request(
-                method, url, body=body, headers={"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()},
-                timeout=deadline, preload_content=not stream,
-                retries=_RETRIES if retries else False, redirect=False,
+                method,
+                url,
+                body=body,
+                headers={"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()},
+                timeout=deadline,
+                preload_content=not stream,
+                retries=_RETRIES if retries else False,
+                redirect=False,
             )
             if response.status == 401:
                 self._auth.rejected()

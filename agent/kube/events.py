@@ -23,8 +23,15 @@ log = logging.getLogger(__name__)
 
 
 class EventRecorder:
-    def __init__(self, rest: Rest, component: str, instance: str, clock: Callable[[], float] = time.time, *,
-                 queue_size: int = 1000) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        component: str,
+        instance: str,
+        clock: Callable[[], float] = time.time,
+        *,
+        queue_size: int = 1000,
+    ) -> None:
         self._rest = rest
         self._component = component
         self._instance = instance
@@ -36,8 +43,9 @@ class EventRecorder:
         self._thread = threading.Thread(target=self._drain, name="events", daemon=True)
         self._thread.start()
 
-    def record(self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *,
-               type_: str = "Normal") -> None:
+    def record(
+        self, obj: Mapping[str, Any], kind: str, api_version: str, reason: str, message: str, *, type_: str = "Normal"
+    ) -> None:
         """Queue an Event about `obj`; never blocks, never raises."""
         try:
             self._queue.put_nowait((obj, kind, api_version, reason, message, type_))
@@ -75,15 +83,30 @@ class EventRecorder:
             if count > 1:
                 self._rest.patch(EVENTS, namespace, name, {"count": count, "lastTimestamp": now})
                 return
-            self._rest.create(EVENTS, namespace, {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": name, "namespace": namespace},
-                "involvedObject": {"apiVersion": api_version, "kind": kind, "name": meta.get("name"),
-                                   "namespace": namespace, "uid": meta.get("uid")},
-                "reason": reason, "message": message[:1024], "type": type_, "count": 1,
-                "firstTimestamp": now, "lastTimestamp": now,
-                "source": {"component": self._component},
-                "reportingComponent": self._component, "reportingInstance": self._instance,
-            })
+            self._rest.create(
+                EVENTS,
+                namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "involvedObject": {
+                        "apiVersion": api_version,
+                        "kind": kind,
+                        "name": meta.get("name"),
+                        "namespace": namespace,
+                        "uid": meta.get("uid"),
+                    },
+                    "reason": reason,
+                    "message": message[:1024],
+                    "type": type_,
+                    "count": 1,
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                    "source": {"component": self._component},
+                    "reportingComponent": self._component,
+                    "reportingInstance": self._instance,
+                },
+            )
         except ApiError as exc:
             log.debug("event %s/%s not written: %s", namespace, name, exc)

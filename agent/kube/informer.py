@@ -32,10 +32,18 @@ def key_of(obj: Json) -> Key:
 
 
 class Informer:
-    def __init__(self, rest: Rest, resource: Resource, on_change: Callable[[], None] = lambda: None, *,
-                 watch_timeout_s: int = 300, max_backoff_s: float = 5.0, optional: bool = False,
-                 indexers: Mapping[str, Callable[[Json], Iterable[str]]] | None = None,
-                 on_event: Callable[[str, Json], None] | None = None) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        resource: Resource,
+        on_change: Callable[[], None] = lambda: None,
+        *,
+        watch_timeout_s: int = 300,
+        max_backoff_s: float = 5.0,
+        optional: bool = False,
+        indexers: Mapping[str, Callable[[Json], Iterable[str]]] | None = None,
+        on_event: Callable[[str, Json], None] | None = None,
+    ) -> None:
         self.resource = resource
         self._indexers = dict(indexers or {})
         self._index: dict[str, dict[str, dict[Key, Json]]] = {name: {} for name in self._indexers}
@@ -45,9 +53,16 @@ class Informer:
         self._objects: dict[Key, Json] = {}
         self._synced = threading.Event()
         # optional: a type the server may not serve (a CRD not installed yet): empty until it is
-        self._reflector = Reflector(rest, resource, self._listed, self._changed, watch_timeout_s=watch_timeout_s,
-                                    backoff=Backoff(0.1, max_backoff_s, jitter=SPREAD), optional=optional,
-                                    on_unserved=self._unserved)
+        self._reflector = Reflector(
+            rest,
+            resource,
+            self._listed,
+            self._changed,
+            watch_timeout_s=watch_timeout_s,
+            backoff=Backoff(0.1, max_backoff_s, jitter=SPREAD),
+            optional=optional,
+            on_unserved=self._unserved,
+        )
 
     # -- reading ----------------------------------------------------------------------------------------
 

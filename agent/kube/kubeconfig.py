@@ -74,8 +74,10 @@ def in_cluster(root: Path = SERVICE_ACCOUNT, env: Mapping[str, str] = os.environ
     host = f"[{host}]" if ":" in host else host
     context = ssl.create_default_context(cafile=str(ca_file))
     url = f"https://{host}:{port}"
-    return Client(Server(url, context, proxy_url=proxy_from_environment(url, env)),
-                  BearerToken(lambda: (_read_token(token_file), None)))
+    return Client(
+        Server(url, context, proxy_url=proxy_from_environment(url, env)),
+        BearerToken(lambda: (_read_token(token_file), None)),
+    )
 
 
 def proxy_from_environment(url: str, env: Mapping[str, str] = os.environ) -> str | None:
@@ -145,8 +147,9 @@ def from_files(paths: list[Path]) -> Client:
     return _client(cluster, cluster_base, user, user_base)
 
 
-def _named(named: Mapping[str, Mapping[str, tuple[dict[str, Any], Path]]], section: str, key: str,
-           name: str) -> tuple[dict[str, Any], Path]:
+def _named(
+    named: Mapping[str, Mapping[str, tuple[dict[str, Any], Path]]], section: str, key: str, name: str
+) -> tuple[dict[str, Any], Path]:
     if name not in named[section]:
         raise KubeconfigError(f"no {key} named {name!r} in {section}")
     entry, base = named[section][name]
@@ -235,8 +238,15 @@ class _ExecPlugin:
         info = {"apiVersion": self._api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
         env = os.environ | self._env | {"KUBERNETES_EXEC_INFO": json.dumps(info)}
         try:
-            done = subprocess.run([self.command, *self._args], env=env, capture_output=True, text=True,
-                                  timeout=EXEC_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+            done = subprocess.run(
+                [self.command, *self._args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=EXEC_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise KubeconfigError(f"exec plugin {self.command!r} could not run: {exc}") from None
         if done.returncode != 0:
@@ -256,8 +266,9 @@ class _ExecPlugin:
         expiry = status.get("expirationTimestamp")
         expires = parse_rfc3339(expiry) if expiry else None
         if expiry and expires is None:
-            raise KubeconfigError(f"exec plugin {self.command!r} gave an expirationTimestamp that is not RFC 3339: "
-                                  f"{str(expiry)[:64]!r}")
+            raise KubeconfigError(
+                f"exec plugin {self.command!r} gave an expirationTimestamp that is not RFC 3339: {str(expiry)[:64]!r}"
+            )
         return str(status.get("token") or ""), expires
 
 

@@ -31,14 +31,26 @@ def check_timings(lease_duration: float, renew_deadline: float, retry_period: fl
     """ValueError unless 0 < retry_period < renew_deadline < lease_duration (client-go's rule): the leader
     must try again before its deadline, and stop writing before a standby may take the Lease."""
     if not 0 < retry_period < renew_deadline < lease_duration or not math.isfinite(lease_duration):
-        raise ValueError(f"leader election needs 0 < retry period ({retry_period:g} s) < renew deadline "
-                         f"({renew_deadline:g} s) < lease duration ({lease_duration:g} s)")
+        raise ValueError(
+            f"leader election needs 0 < retry period ({retry_period:g} s) < renew deadline "
+            f"({renew_deadline:g} s) < lease duration ({lease_duration:g} s)"
+        )
 
 
 class LeaderElector:
-    def __init__(self, rest: Rest, namespace: str, name: str, identity: str, *, lease_duration: float = 15.0,
-                 renew_deadline: float = 10.0, retry_period: float = 2.0,
-                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         check_timings(lease_duration, renew_deadline, retry_period)
         self._rest = rest
         self.namespace, self.name, self.identity = namespace, name, identity
@@ -61,11 +73,20 @@ class LeaderElector:
             lease = None
         # rounded up: a standby waits at least as long as this leader keeps writing
         stamp = rfc3339(now, 6)  # metav1.MicroTime
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": math.ceil(self.lease_duration),
-                "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 0}
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": math.ceil(self.lease_duration),
+            "acquireTime": stamp,
+            "renewTime": stamp,
+            "leaseTransitions": 0,
+        }
         if lease is None:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": spec,
+            }
             try:
                 self._rest.create(LEASES, self.namespace, body)
             except Conflict:
@@ -91,7 +112,6 @@ class LeaderElector:
             return False
         return True
 
-
     def run(self, stop: threading.Event) -> None:
         """Campaign until leading, then keep renewing; sets `leading`, and `lost` when a renewal deadline
         passes. Returns when `stop` is set or leadership is lost."""
@@ -107,8 +127,9 @@ class LeaderElector:
             if ok:
                 self._renewed_at = started
                 if not self.leading.is_set():
-                    log.info("became leader", extra={"lease": f"{self.namespace}/{self.name}",
-                                                      "identity": self.identity})
+                    log.info(
+                        "became leader", extra={"lease": f"{self.namespace}/{self.name}", "identity": self.identity}
+                    )
                     self.leading.set()
             elif self.leading.is_set() and self._expired(self._renewed_at):
                 self._lose()
@@ -131,8 +152,11 @@ class LeaderElector:
             return
         if self.leading.is_set():
             self._lose()
-        raise NotLeading(0, f"not writing: this arbiter does not hold the Lease {self.namespace}/{self.name} "
-                            f"(last renewed over {self.renew_deadline:g} s ago, or never)")
+        raise NotLeading(
+            0,
+            f"not writing: this arbiter does not hold the Lease {self.namespace}/{self.name} "
+            f"(last renewed over {self.renew_deadline:g} s ago, or never)",
+        )
 
     def release(self) -> None:
         """On a clean shutdown: empty the holder so a standby takes over at once, not after lease_duration."""

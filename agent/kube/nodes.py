@@ -59,9 +59,7 @@ class NodeWatcher:
     return quickly and make no API calls: hand the work to a thread of your own.
     """
 
-    def __init__(
-        self, rest: Rest, name: str, *, timeout_s: int = 300, backoff: Backoff | None = None
-    ) -> None:
+    def __init__(self, rest: Rest, name: str, *, timeout_s: int = 300, backoff: Backoff | None = None) -> None:
         self.name = name
         self._lock = threading.RLock()  # also held while delivering: subscribers see changes in order
         self._subscribers: list[Subscriber] = []
@@ -136,5 +134,3 @@ class NodeWatcher:
                 subscriber(info)
             except Exception:  # one subscriber's bug must not starve the others of the change
                 log.exception("a Node change subscriber failed")
-
-

@@ -64,8 +64,7 @@ class Reflector:
         self.relists = 0  # lists after the first (410s and failures): for tests and logs
 
     def start(self, name: str = "") -> None:
-        self._thread = threading.Thread(target=self.run, name=name or f"reflector-{self.resource.plural}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.run, name=name or f"reflector-{self.resource.plural}", daemon=True)
         self._thread.start()
 
     def stop(self, join_s: float = 5.0) -> None:
@@ -128,8 +127,13 @@ class Reflector:
 
     def _watch(self) -> None:
         """Follow one watch request until the server ends it (or stop() cuts it)."""
-        events = self._rest.watch(self.resource, self.resource_version, timeout_seconds=self._timeout_s,
-                                  field_selector=self._selector, opened=self._opened)
+        events = self._rest.watch(
+            self.resource,
+            self.resource_version,
+            timeout_seconds=self._timeout_s,
+            field_selector=self._selector,
+            opened=self._opened,
+        )
         try:
             for event in events:
                 if self._stop.is_set():

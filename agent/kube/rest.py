@@ -76,8 +76,7 @@ class Rest:
     `write_gate`, when set, is called before every request but a GET and raises to refuse it: a leader's
     writes all pass one check that it still holds its Lease (agent.kube.leader.LeaderElector.check_leading)."""
 
-    def __init__(self, client: Client, *, retries: bool = True,
-                 write_gate: Callable[[], None] | None = None) -> None:
+    def __init__(self, client: Client, *, retries: bool = True, write_gate: Callable[[], None] | None = None) -> None:
         self.client = client
         self._retries = retries
         self.write_gate = write_gate
@@ -90,9 +89,17 @@ class Rest:
         """The same server and pool, every write first passing `write_gate`."""
         return Rest(self.client, retries=self._retries, write_gate=write_gate)
 
-    def _request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None,
-                 content_type: str = "application/json", stream: bool = False,
-                 timeout: tuple[float, float] | float | None = None) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        stream: bool = False,
+        timeout: tuple[float, float] | float | None = None,
+    ) -> Any:
         headers = {"Accept": "application/json"}
         payload = None
         if body is not None:
@@ -103,8 +110,18 @@ class Rest:
         if gate is not None:
             gate()  # refused before any work; checked again right before each send of its bytes (writegate)
         with writegate.guarded(gate):
-            response = call(lambda: self.client.request(method, path, query=params, body=payload, headers=headers,
-                                                        timeout=timeout, stream=stream, retries=self._retries))
+            response = call(
+                lambda: self.client.request(
+                    method,
+                    path,
+                    query=params,
+                    body=payload,
+                    headers=headers,
+                    timeout=timeout,
+                    stream=stream,
+                    retries=self._retries,
+                )
+            )
         if response.status >= 400:
             data = call(response.read) if stream else response.data
             response.release_conn()
@@ -113,10 +130,16 @@ class Rest:
             return response  # not yet read
         return orjson.loads(response.data) if response.data else {}
 
-    def list(self, resource: Resource, namespace: str | None = None, *, label_selector: str | None = None,
-             field_selector: str | None = None, resource_version: str | None = None) -> Json:
-        query = {"labelSelector": label_selector, "fieldSelector": field_selector,
-                 "resourceVersion": resource_version}
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+    ) -> Json:
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector, "resourceVersion": resource_version}
         out: Json = self._request("GET", resource.path(namespace), query=query)
         return out
 
@@ -149,14 +172,30 @@ class Rest:
         out: Json = self._request("PUT", resource.path(meta.get("namespace"), meta["name"], subresource), body=body)
         return out
 
-    def patch(self, resource: Resource, namespace: str | None, name: str, patch: Any, *,
-              content_type: str = MERGE_PATCH, subresource: str = "") -> Json:
-        out: Json = self._request("PATCH", resource.path(namespace, name, subresource), body=patch,
-                                  content_type=content_type)
+    def patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        *,
+        content_type: str = MERGE_PATCH,
+        subresource: str = "",
+    ) -> Json:
+        out: Json = self._request(
+            "PATCH", resource.path(namespace, name, subresource), body=patch, content_type=content_type
+        )
         return out
 
-    def delete(self, resource: Resource, namespace: str | None, name: str, *,
-               preconditions: Mapping[str, str] | None = None, grace_period_s: int | None = None) -> Json:
+    def delete(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        preconditions: Mapping[str, str] | None = None,
+        grace_period_s: int | None = None,
+    ) -> Json:
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if preconditions:
             body["preconditions"] = dict(preconditions)
@@ -175,20 +214,41 @@ class Rest:
 
     def bind(self, namespace: str, name: str, node: str) -> None:
         """pods/binding: what kube-scheduler's bind step sends."""
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         self._request("POST", PODS.path(namespace, name, "binding"), body=body)
 
-    def watch(self, resource: Resource, resource_version: str, *, timeout_seconds: int = 300,
-              namespace: str | None = None, field_selector: str | None = None,
-              opened: Callable[[Any], None] | None = None) -> Iterator[WatchEvent]:
+    def watch(
+        self,
+        resource: Resource,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 300,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        opened: Callable[[Any], None] | None = None,
+    ) -> Iterator[WatchEvent]:
         """Events after `resource_version`, with bookmarks; raises Gone when that version is too old (HTTP
         410 or an ERROR event with code 410), ApiError on other failures. Ends when the server closes.
         `opened(response)` gets the open stream, whose shutdown() ends a read blocked on a silent server."""
-        query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(timeout_seconds), "fieldSelector": field_selector}
-        response = self._request("GET", resource.path(namespace), query=query, stream=True,
-                                 timeout=(self.client.timeout[0], timeout_seconds + 30.0))
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+            "fieldSelector": field_selector,
+        }
+        response = self._request(
+            "GET",
+            resource.path(namespace),
+            query=query,
+            stream=True,
+            timeout=(self.client.timeout[0], timeout_seconds + 30.0),
+        )
         if opened is not None:
             opened(response)
         try:

@@ -37,9 +37,7 @@ class SliceApi:
             self._rest.delete(RESOURCE_SLICES, None, name)
 
 
-def watch_changes(
-    rest: Rest, node_name: str, driver: str, on_change: Callable[[str, str], None]
-) -> Reflector:
+def watch_changes(rest: Rest, node_name: str, driver: str, on_change: Callable[[str, str], None]) -> Reflector:
     """A watch (not started) of this node's slices of this driver that calls `on_change(kind, name)` for
     each one DELETED, and `on_change("LISTED", "")` after each (re)list, which may hide deletions made while
     the watch was down. ADDED and MODIFIED are left out: they are mostly our own writes."""
@@ -56,4 +54,3 @@ def watch_changes(
         field_selector=f"spec.nodeName={node_name},spec.driver={driver}",
         what=f"ResourceSlices of {driver} on {node_name}",
     )
-

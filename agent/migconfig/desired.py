@@ -81,4 +81,3 @@ def _require_profile(gpu: Gpu, profile: str, config: str) -> None:
             f"MIG config {config!r} asks for profile {profile} on GPU {gpu.index} ({gpu.product_name}), "
             f"which has only {have}"
         )
-

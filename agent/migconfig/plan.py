@@ -109,13 +109,16 @@ def _existing(gpu: Gpu, mig_devices: Sequence[MigDevice]) -> dict[PlacedProfile,
     out: dict[PlacedProfile, bool] = {}
     for gi in gpu.gpu_instances:
         profile = gpu.profile(gi.gi_profile_id)
-        placed = PlacedProfile(gi.placement.start, gi.placement.size, gi.profile, gi.gi_profile_id,
-                               profile.compute_slices if profile else COMPUTE_SLICES)  # fmt: skip
+        placed = PlacedProfile(
+            gi.placement.start,
+            gi.placement.size,
+            gi.profile,
+            gi.gi_profile_id,
+            profile.compute_slices if profile else COMPUTE_SLICES,
+        )
         devices = [m for m in mig_devices if m.gpu_instance_id == gi.gpu_instance_id]
         out[placed] = (
-            profile is not None
-            and len(devices) == 1
-            and devices[0].multiprocessors == profile.multiprocessors
+            profile is not None and len(devices) == 1 and devices[0].multiprocessors == profile.multiprocessors
         )
     return out
 

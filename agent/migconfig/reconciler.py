@@ -134,8 +134,12 @@ class MigReconciler:
                 self.reconcile(value, stop)
             except Exception:  # the thread must survive: the next label change or restart tries again
                 log.exception("MIG reconfiguration for %r failed unexpectedly", value)
-                self._end(value, MigState.FAILED, "MigConfigFailed",
-                          f"MIG config {value!r} failed: unexpected error, see the agent's log")  # fmt: skip
+                self._end(
+                    value,
+                    MigState.FAILED,
+                    "MigConfigFailed",
+                    f"MIG config {value!r} failed: unexpected error, see the agent's log",
+                )
             with self._wake:
                 if self._done != value and self._wanted == value and not stop.is_set():
                     self._wake.wait(self._retry_s)  # a new value or stop wakes it early
@@ -159,8 +163,9 @@ class MigReconciler:
         changing = frozenset(p.minor for p in plans if p.changes)
         if not changing:
             self._hooks.withhold(frozenset())
-            return self._end(value, MigState.SUCCESS, "MigConfigApplied",
-                             f"MIG config {value!r} already in place: nothing to change")  # fmt: skip
+            return self._end(
+                value, MigState.SUCCESS, "MigConfigApplied", f"MIG config {value!r} already in place: nothing to change"
+            )
         if (self._state, self._rebooting) != (MigState.REBOOTING, value):  # a retry stays `rebooting` till done
             self._set_state(MigState.PENDING)
             gpus = ", ".join(str(p.index) for p in plans if p.changes)
@@ -213,10 +218,11 @@ class MigReconciler:
             if held is not None and held != told:
                 names = sorted({c for cs in held.values() for c in cs})
                 self._event(
-                    "Warning", "MigConfigWaiting",
+                    "Warning",
+                    "MigConfigWaiting",
                     f"MIG config {value!r} waits for claim(s) {', '.join(names)} on GPU minor(s) "
                     f"{', '.join(str(m) for m in sorted(held))} to be released (unprepared and deallocated)",
-                )  # fmt: skip
+                )
                 told = held
             with self._wake:
                 self._wake.wait(self._claim_poll_s)
@@ -248,8 +254,12 @@ class MigReconciler:
         if failure is not None:
             return self._end(value, MigState.FAILED, "MigConfigFailed", failure)
         if waiting:
-            return self._end(value, MigState.REBOOTING, "MigConfigRebooting",
-                             f"MIG config {value!r} needs a reset or reboot: " + "; ".join(waiting))  # fmt: skip
+            return self._end(
+                value,
+                MigState.REBOOTING,
+                "MigConfigRebooting",
+                f"MIG config {value!r} needs a reset or reboot: " + "; ".join(waiting),
+            )
         gpus = ", ".join(str(p.index) for p in plans)
         return self._end(value, MigState.SUCCESS, "MigConfigApplied", f"MIG config {value!r} applied to GPU(s) {gpus}")
 

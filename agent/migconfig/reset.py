@@ -26,8 +26,9 @@ def reset_gpu(bus_id: str, driver_root: Path = Path("/")) -> None:
     except NotRun as exc:
         raise GpuResetFailed(f"cannot reset GPU {bus_id}: {exc}") from None
     try:
-        done = subprocess.run([binary, "-r", "-i", bus_id], capture_output=True, text=True,
-                              timeout=RESET_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            [binary, "-r", "-i", bus_id], capture_output=True, text=True, timeout=RESET_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise GpuResetFailed(f"resetting GPU {bus_id} with {binary} failed: {exc}") from exc
     if done.returncode != 0:

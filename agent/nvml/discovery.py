@@ -374,5 +374,8 @@ def _fabric(h: Any, what: str) -> FabricInfo | None:
         return None
     mask = int(getattr(info, "healthMask", 0))  # the v1 struct of drivers before R550 has none
     degraded_bw = (mask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0b11
-    return FabricInfo(str(uuid.UUID(bytes=cluster)), int(info.cliqueId),
-                      degraded=degraded_bw == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE)
+    return FabricInfo(
+        str(uuid.UUID(bytes=cluster)),
+        int(info.cliqueId),
+        degraded=degraded_bw == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE,
+    )

@@ -64,16 +64,22 @@ class MigControl:
         memory_slices = self._memory_slices(h, gi_profile_id, start, what)
         placement = pynvml.c_nvmlGpuInstancePlacement_t(start, memory_slices)
         try:
-            gi = call(f"creating the GPU instance of {what}", pynvml.nvmlDeviceCreateGpuInstanceWithPlacement,
-                      h, gi_profile_id, byref(placement))  # fmt: skip
+            gi = call(
+                f"creating the GPU instance of {what}",
+                pynvml.nvmlDeviceCreateGpuInstanceWithPlacement,
+                h,
+                gi_profile_id,
+                byref(placement),
+            )
         except InsufficientResources as exc:
             raise InsufficientResources(f"{exc}: placement taken or profile limit reached", exc.code) from exc
         gi_id = int(call(f"reading the GPU instance of {what}", pynvml.nvmlGpuInstanceGetInfo, gi).id)
         ci = None
         try:
             ci_profile = self._full_ci_profile(gi, int(profile.sliceCount), what)
-            ci = call(f"creating the compute instance of {what}", pynvml.nvmlGpuInstanceCreateComputeInstance,
-                      gi, ci_profile)  # fmt: skip
+            ci = call(
+                f"creating the compute instance of {what}", pynvml.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile
+            )
             info = call(f"reading the compute instance of {what}", pynvml.nvmlComputeInstanceGetInfo, ci)
             uuid = _text(call(f"reading the uuid of {what}", pynvml.nvmlDeviceGetUUID, info.device))
             return CreatedMig(gi_id, int(info.id), uuid)
@@ -94,13 +100,20 @@ class MigControl:
             return  # MIG mode is off: no GPU instance can exist
         if compute_instance_id is not None:
             try:
-                ci = call(f"finding compute instance {compute_instance_id} of {what}",
-                          pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)  # fmt: skip
+                ci = call(
+                    f"finding compute instance {compute_instance_id} of {what}",
+                    pynvml.nvmlGpuInstanceGetComputeInstanceById,
+                    gi,
+                    compute_instance_id,
+                )
             except (NotFound, InvalidArgument):
                 ci = None
             if ci is not None:
-                call(f"destroying compute instance {compute_instance_id} of {what}",
-                     pynvml.nvmlComputeInstanceDestroy, ci)  # fmt: skip
+                call(
+                    f"destroying compute instance {compute_instance_id} of {what}",
+                    pynvml.nvmlComputeInstanceDestroy,
+                    ci,
+                )
         call(f"destroying {what}", pynvml.nvmlGpuInstanceDestroy, gi)
 
     def find(self, parent: GpuRef, gi_profile_id: int, start: int) -> tuple[int, tuple[int, ...]] | None:
@@ -169,23 +182,29 @@ class MigControl:
             if int(p.start) == start:
                 return int(p.size)
         starts = sorted(int(p.start) for p in buffer[: count.value])
-        raise InvalidArgument(f"{what}: {start} is not a placement of the profile (starts: {starts})",
-                              pynvml.NVML_ERROR_INVALID_ARGUMENT)  # fmt: skip
+        raise InvalidArgument(
+            f"{what}: {start} is not a placement of the profile (starts: {starts})", pynvml.NVML_ERROR_INVALID_ARGUMENT
+        )
 
     @staticmethod
     def _full_ci_profile(gi: Any, compute_slices: int, what: str) -> int:
         """The CI profile spanning the whole GI: the first enum whose slice count is the GI's."""
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
-                info = call(f"reading compute instance profile {enum} of {what}",
-                            pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-                            gi, enum, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)  # fmt: skip
+                info = call(
+                    f"reading compute instance profile {enum} of {what}",
+                    pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                    gi,
+                    enum,
+                    pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
             except (NotSupported, InvalidArgument):
                 continue
             if int(info.sliceCount) == compute_slices:
                 return int(info.id)
-        raise NotSupported(f"{what}: no compute instance profile spans {compute_slices} slices",
-                           pynvml.NVML_ERROR_NOT_SUPPORTED)  # fmt: skip
+        raise NotSupported(
+            f"{what}: no compute instance profile spans {compute_slices} slices", pynvml.NVML_ERROR_NOT_SUPPORTED
+        )
 
     @staticmethod
     def _gpu_instances(h: Any, gi_profile_id: int, what: str) -> list[Any]:
@@ -204,8 +223,13 @@ class MigControl:
         for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             count = c_uint(0)
             try:
-                info = call(f"reading {what}", pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-                            gi, enum, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)  # fmt: skip
+                info = call(
+                    f"reading {what}",
+                    pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                    gi,
+                    enum,
+                    pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
                 buffer = (pynvml.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
                 call(f"listing {what}", pynvml.nvmlGpuInstanceGetComputeInstances, gi, enum, buffer, byref(count))
             except (NotSupported, InvalidArgument):

@@ -35,23 +35,31 @@ class MigMode:
 
     def get(self, gpu_uuid: str) -> tuple[bool, bool]:
         """(current, pending) MIG mode."""
-        current, pending = call(f"reading the MIG mode of GPU {gpu_uuid}", pynvml.nvmlDeviceGetMigMode,
-                                self._gpu(gpu_uuid))  # fmt: skip
+        current, pending = call(
+            f"reading the MIG mode of GPU {gpu_uuid}", pynvml.nvmlDeviceGetMigMode, self._gpu(gpu_uuid)
+        )
         return current == pynvml.NVML_DEVICE_MIG_ENABLE, pending == pynvml.NVML_DEVICE_MIG_ENABLE
 
     def set(self, gpu_uuid: str, enabled: bool) -> ModeSwitch:
         """Ask for MIG mode on or off. Raises NvmlError when NVML refuses (e.g. InUse while instances exist)."""
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
-        status = int(call(f"setting MIG mode {'on' if enabled else 'off'} on GPU {gpu_uuid}",
-                          pynvml.nvmlDeviceSetMigMode, self._gpu(gpu_uuid), mode))  # fmt: skip
+        status = int(
+            call(
+                f"setting MIG mode {'on' if enabled else 'off'} on GPU {gpu_uuid}",
+                pynvml.nvmlDeviceSetMigMode,
+                self._gpu(gpu_uuid),
+                mode,
+            )
+        )
         if status == pynvml.NVML_SUCCESS:
             return ModeSwitch(True)
         return ModeSwitch(False, _REASONS.get(status, f"NVML activation status {status}"))
 
     def processes(self, gpu_uuid: str) -> int:
         """How many compute processes run on the GPU (on any of its MIG devices too)."""
-        procs = call(f"listing the processes on GPU {gpu_uuid}", pynvml.nvmlDeviceGetComputeRunningProcesses,
-                     self._gpu(gpu_uuid))  # fmt: skip
+        procs = call(
+            f"listing the processes on GPU {gpu_uuid}", pynvml.nvmlDeviceGetComputeRunningProcesses, self._gpu(gpu_uuid)
+        )
         return len(procs)
 
     @staticmethod

@@ -65,8 +65,10 @@ def _fake_nvml() -> Any:
     except ModuleNotFoundError as exc:
         if exc.name not in ("fakes", "fakes.nvml"):
             raise
-        raise InvalidNvmlSpec("--nvml fake:<machine> needs the NVML fake, which is not installed: it belongs to the "
-                              "tests (a checkout's test venv, or the image's test layer); use --nvml real") from None
+        raise InvalidNvmlSpec(
+            "--nvml fake:<machine> needs the NVML fake, which is not installed: it belongs to the "
+            "tests (a checkout's test venv, or the image's test layer); use --nvml real"
+        ) from None
 
 
 @contextmanager

@@ -56,8 +56,9 @@ def claim_names(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """The pod's ResourceClaim names, and the names of its pod-level claims whose generated claim does not
     exist yet (kube-controller-manager creates claims from templates and records them in the pod status)."""
     spec = pod.get("spec") or {}
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    statuses = {
+        s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+    }
     names, missing = [], []
     for rc in spec.get("resourceClaims") or ():
         if rc.get("resourceClaimName"):
@@ -76,9 +77,9 @@ def claim_names(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
 
 def allocated_node(claim: Mapping[str, Any]) -> str | None:
     """The node a claim's allocation is bound to (the metadata.name its nodeSelector names), if any."""
-    selector = (((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {})
+    selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}
     for term in selector.get("nodeSelectorTerms") or ():
-        for req in (term.get("matchFields") or ()):
+        for req in term.get("matchFields") or ():
             if req.get("key") == "metadata.name" and req.get("operator") == "In" and len(req.get("values") or ()) == 1:
                 return str(req["values"][0])
     return None
@@ -115,18 +116,24 @@ def asks_extended_gpus(pod: Mapping[str, Any]) -> bool:
 def allocated_devices(claim: Mapping[str, Any], driver: str, *, shares: bool = True) -> list[tuple[str, str]]:
     """(pool, device) of each of our driver's devices in the claim's allocation (without `shares`: only those
     the claim holds whole, not its consumable-capacity shares)."""
-    return [(str(r.get("pool")), str(r.get("device"))) for r in allocation_results(claim)
-            if r.get("driver") == driver and (shares or not r.get("shareID"))]
+    return [
+        (str(r.get("pool")), str(r.get("device")))
+        for r in allocation_results(claim)
+        if r.get("driver") == driver and (shares or not r.get("shareID"))
+    ]
 
 
 def allocation_results(claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    return ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ())
+    return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
 
 
 def allocated_shares(claim: Mapping[str, Any], driver: str) -> list[tuple[str, str, Mapping[str, Any]]]:
     """(pool, device, consumedCapacity) of each consumable-capacity share of our driver in the allocation."""
-    return [(str(r.get("pool")), str(r.get("device")), r.get("consumedCapacity") or {})
-            for r in allocation_results(claim) if r.get("driver") == driver and r.get("shareID")]
+    return [
+        (str(r.get("pool")), str(r.get("device")), r.get("consumedCapacity") or {})
+        for r in allocation_results(claim)
+        if r.get("driver") == driver and r.get("shareID")
+    ]
 
 
 # --- ResourceClaims: their requests, and the firstAvailable subrequests a claim may be allocated with --------
@@ -166,8 +173,9 @@ def choices(claim: Mapping[str, Any]) -> Iterator[Choice]:
         choice[i] += 1
 
 
-def chosen_requests(claim: Mapping[str, Any],
-                    choice: Choice | None = None) -> Iterator[tuple[str, Mapping[str, Any] | None]]:
+def chosen_requests(
+    claim: Mapping[str, Any], choice: Choice | None = None
+) -> Iterator[tuple[str, Mapping[str, Any] | None]]:
     """(name, the `exactly` or subrequest chosen) of each request of the claim; without a `choice`, each
     request's first. None: the request has neither."""
     for i, r in enumerate(claim_requests(claim)):
@@ -210,8 +218,9 @@ def pool_of(spec: Mapping[str, Any]) -> tuple[str, int]:
     return str(pool.get("name")), int(pool.get("generation") or 0)
 
 
-def published_devices(slices: Iterable[Mapping[str, Any]],
-                      driver: str) -> Iterator[tuple[Mapping[str, Any], tuple[str, str], Mapping[str, Any]]]:
+def published_devices(
+    slices: Iterable[Mapping[str, Any]], driver: str
+) -> Iterator[tuple[Mapping[str, Any], tuple[str, str], Mapping[str, Any]]]:
     """(slice spec, (pool, device name), device) of each device `driver`'s slices publish."""
     for s in slices:
         spec = s.get("spec") or {}

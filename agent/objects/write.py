@@ -59,8 +59,9 @@ def share_requests(claim: Mapping[str, Any], choice: Choice | None = None) -> di
     return out
 
 
-def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str, Capacity]] = (),
-                      choice: Choice | None = None) -> Claim:
+def reservation_claim(
+    claim: Mapping[str, Any], shareable: Iterable[Mapping[str, Capacity]] = (), choice: Choice | None = None
+) -> Claim:
     """The allocator's view of a ResourceClaim's spec: `exactly` requests of our classes, ExactCount, with
     their CEL selectors; constraints that span the whole claim. A firstAvailable request takes the subrequest
     `choice` names (without one, its first), named `request/subrequest`.
@@ -87,8 +88,9 @@ def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str,
                 raise Unsupported(f"request {name!r}: a share (capacity.requests) is of one {GPU_CLASS} device")
             part = share_part(wanted[name], shareable)
             if part is None:
-                raise Unsupported(f"request {name!r}: no GPU published for sharing takes a share of "
-                                  f"{describe(wanted[name])}")  # fmt: skip
+                raise Unsupported(
+                    f"request {name!r}: no GPU published for sharing takes a share of {describe(wanted[name])}"
+                )
             milli = share_milli(part)
         requests.append(DeviceRequest(name, klass, selectors, int(exact.get("count") or 1), milli))
     if not requests:
@@ -105,9 +107,17 @@ def reservation_claim(claim: Mapping[str, Any], shareable: Iterable[Mapping[str,
     return Claim(tuple(requests), tuple(match))
 
 
-def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices: Mapping[str, Sequence[str]],
-                      classes: Mapping[str, Mapping[str, Any]], *, shareable: ShareDevices | None = None,
-                      share_id: Callable[[], str] | None = None, choice: Choice | None = None) -> Json:
+def allocation_status(
+    claim: Mapping[str, Any],
+    node: str,
+    driver: str,
+    devices: Mapping[str, Sequence[str]],
+    classes: Mapping[str, Mapping[str, Any]],
+    *,
+    shareable: ShareDevices | None = None,
+    share_id: Callable[[], str] | None = None,
+    choice: Choice | None = None,
+) -> Json:
     """`status.allocation` for devices a node reserved, as kube-scheduler writes it: results naming driver,
     pool (the node's pool is named after the node) and device; the configs (device_config);
     a nodeSelector for exactly that node. A request for consumable capacity gets a share: a fresh `shareID`
@@ -122,8 +132,10 @@ def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices:
                 capacities = (shareable or {}).get((node, d))
                 taken = share_of(wanted[request], capacities) if capacities is not None else None
                 if taken is None or share_id is None:
-                    raise Unsupported(f"request {request!r}: device {d} of node {node} cannot take a share of "
-                                      f"{describe(wanted[request])}")  # fmt: skip
+                    raise Unsupported(
+                        f"request {request!r}: device {d} of node {node} cannot take a share of "
+                        f"{describe(wanted[request])}"
+                    )
                 result["shareID"] = share_id()
                 if taken:
                     result["consumedCapacity"] = to_quantities(taken)
@@ -131,16 +143,18 @@ def allocation_status(claim: Mapping[str, Any], node: str, driver: str, devices:
     config = device_config(claim, classes, choice)
     allocation: Json = {
         "devices": {"results": results},
-        "nodeSelector": {"nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "nodeSelector": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+        },
     }
     if config:
         allocation["devices"]["config"] = config
     return allocation
 
 
-def device_config(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]],
-                  choice: Choice | None = None) -> list[Json]:
+def device_config(
+    claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], choice: Choice | None = None
+) -> list[Json]:
     """`status.allocation.devices.config` as kube-scheduler's structured allocator (1.37) writes it for a claim
     allocated with `choice` (its firstAvailable subrequests; without one, each request's first):
     - FromClass first: the configs of the class of each request's `exactly` or chosen subrequest, in request
@@ -161,8 +175,9 @@ def device_config(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, A
             for entry in of_class[class_name]:
                 entry["requests"].append(name)
             continue
-        entries = [{"source": "FromClass", "requests": [name], **c}
-                   for c in (klass.get("spec") or {}).get("config") or ()]
+        entries = [
+            {"source": "FromClass", "requests": [name], **c} for c in (klass.get("spec") or {}).get("config") or ()
+        ]
         of_class[class_name] = entries
         config.extend(entries)
     parents = [str(r.get("name")) for r in claim_requests(claim)]

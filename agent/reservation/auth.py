@@ -77,9 +77,17 @@ class TokenReviewer:
     ACCEPTED_TTL_S, refused for REFUSED_TTL_S, at most CACHE_ENTRIES, oldest out first); a TokenReview that
     fails (the API server unreachable, or refusing us) is not cached and raises NodeUnavailable."""
 
-    def __init__(self, rest: Rest, *, audience: str = AUDIENCE, username: str = ARBITER_USER,
-                 accepted_ttl_s: float = ACCEPTED_TTL_S, refused_ttl_s: float = REFUSED_TTL_S,
-                 entries: int = CACHE_ENTRIES, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        *,
+        audience: str = AUDIENCE,
+        username: str = ARBITER_USER,
+        accepted_ttl_s: float = ACCEPTED_TTL_S,
+        refused_ttl_s: float = REFUSED_TTL_S,
+        entries: int = CACHE_ENTRIES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._rest = rest
         self.audience = audience
         self.username = username
@@ -113,9 +121,12 @@ class TokenReviewer:
             raise Unauthenticated(refused)
 
     def _review(self, token: str) -> str:
-        """"" when the token is the arbiter's for our audience, otherwise why not."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                "spec": {"token": token, "audiences": [self.audience]}}
+        """ "" when the token is the arbiter's for our audience, otherwise why not."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [self.audience]},
+        }
         with self._lock:
             self.reviews += 1
         try:

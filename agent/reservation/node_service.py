@@ -74,7 +74,10 @@ def self_signed(node_name: str, host: str) -> tuple[bytes, bytes]:
             alt.append(x509.DNSName(host))
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
@@ -82,8 +85,9 @@ def self_signed(node_name: str, host: str) -> tuple[bytes, bytes]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)
 
 
@@ -109,11 +113,21 @@ def advertised(host: str, port: int, node_ip: str | None) -> str:
 class NodeReservations:
     """Serves Reserve/Confirm/Release/Capacity for one node and advertises where."""
 
-    def __init__(self, *, node_name: str, driver: str, inventory: Callable[[], Inventory],
-                 prepared: Callable[[], Iterable[tuple[str, str]]], unhealthy: Callable[[], Iterable[str]],
-                 token: str | Authenticator, rest: Rest, clock: Callable[[], float] = time.time,
-                 claims: Informer | None = None, share_mode: ShareMode | None = None,
-                 selectors: WorkerSelectors | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        driver: str,
+        inventory: Callable[[], Inventory],
+        prepared: Callable[[], Iterable[tuple[str, str]]],
+        unhealthy: Callable[[], Iterable[str]],
+        token: str | Authenticator,
+        rest: Rest,
+        clock: Callable[[], float] = time.time,
+        claims: Informer | None = None,
+        share_mode: ShareMode | None = None,
+        selectors: WorkerSelectors | None = None,
+    ) -> None:
         """`token`: who may call (agent.reservation.auth.TokenReviewer; a str: one shared token, for
         tests). `prepared`: (device, "namespace/name" of its claim) of every device prepared here. `claims`: an
         informer shared by several nodes in one process (fakes), indexed with `claim_pools` and calling
@@ -127,12 +141,24 @@ class NodeReservations:
         self._unhealthy = unhealthy
         self._rest = rest
         self._own_claims = claims is None
-        self._claims = claims or Informer(rest, RESOURCE_CLAIMS, indexers={POOL_INDEX: claim_pools(driver)},
-                                          on_event=lambda _type, claim: self.claim_seen(claim))
+        self._claims = claims or Informer(
+            rest,
+            RESOURCE_CLAIMS,
+            indexers={POOL_INDEX: claim_pools(driver)},
+            on_event=lambda _type, claim: self.claim_seen(claim),
+        )
         self._selectors = selectors or WorkerSelectors()
-        self.book = ReservationBook(inventory, self.usage, Allocator(CelSelectors()), clock,
-                                    lambda: uuid.uuid4().hex, hold_confirmed_s=HOLD_CONFIRMED_S,
-                                    holders=self.holders, sharers=self.sharers, evaluator=self._selectors)
+        self.book = ReservationBook(
+            inventory,
+            self.usage,
+            Allocator(CelSelectors()),
+            clock,
+            lambda: uuid.uuid4().hex,
+            hold_confirmed_s=HOLD_CONFIRMED_S,
+            holders=self.holders,
+            sharers=self.sharers,
+            evaluator=self._selectors,
+        )
         self.service = NodeAllocatorService(self.book, token)
         self._server: grpc.Server | None = None
         self.port = 0
@@ -150,17 +176,25 @@ class NodeReservations:
         shared: dict[str, int] = {}
         published: dict[str, dict[str, float]] | None = None  # read once, and only when a share is allocated
         for claim in self._claims.by_index(POOL_INDEX, self.node_name):
-            allocated.update(device for pool, device in allocated_devices(claim, self._driver, shares=False)
-                             if pool == self.node_name)
+            allocated.update(
+                device
+                for pool, device in allocated_devices(claim, self._driver, shares=False)
+                if pool == self.node_name
+            )
             for pool, device, consumed in allocated_shares(claim, self._driver):
                 if pool == self.node_name:
                     if published is None:
-                        published = {gpu_device_name(g.minor): self._capacities(g.memory_bytes)
-                                     for g in self._inventory().gpus}
+                        published = {
+                            gpu_device_name(g.minor): self._capacities(g.memory_bytes) for g in self._inventory().gpus
+                        }
                     milli = math.ceil(share_gpus(consumed, published.get(device)) * MILLI)
                     shared[device] = min(MILLI, shared.get(device, 0) + max(1, milli))
-        return NodeUsage(allocated=frozenset(allocated), prepared=frozenset(d for d, _ in self._prepared()),
-                         unhealthy=frozenset(self._unhealthy()), shared_milli=shared)
+        return NodeUsage(
+            allocated=frozenset(allocated),
+            prepared=frozenset(d for d, _ in self._prepared()),
+            unhealthy=frozenset(self._unhealthy()),
+            shared_milli=shared,
+        )
 
     def _capacities(self, memory_bytes: int) -> dict[str, float]:
         """A GPU's published capacities: a share counts as the largest part it consumed of any (its memory,
@@ -199,8 +233,10 @@ class NodeReservations:
         host, port = split_address(address)
         advertised_host = advertised(host, port, node_ip).rpartition(":")[0]
         key, self.certificate = self_signed(self.node_name, advertised_host)
-        server = grpc.server(futures.ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="reservations"),
-                             interceptors=[reservation_grpc.TokenInterceptor(self.service)])
+        server = grpc.server(
+            futures.ThreadPoolExecutor(SERVER_THREADS, thread_name_prefix="reservations"),
+            interceptors=[reservation_grpc.TokenInterceptor(self.service)],
+        )
         reservation_grpc.add_to_server(self.service, server)
         self.port = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, self.certificate)]))
         if not self.port:
@@ -209,8 +245,12 @@ class NodeReservations:
         self._server = server
         where = advertised(host, self.port, node_ip)
         sha256 = reservation_grpc.fingerprint(self.certificate.decode())
-        self._rest.patch(NODES, None, self.node_name, {"metadata": {"annotations": {
-            ADDRESS_ANNOTATION: where, FINGERPRINT_ANNOTATION: sha256}}})
+        self._rest.patch(
+            NODES,
+            None,
+            self.node_name,
+            {"metadata": {"annotations": {ADDRESS_ANNOTATION: where, FINGERPRINT_ANNOTATION: sha256}}},
+        )
         log.info("reservation API serving over TLS", extra={"address": where, "certificate_sha256": sha256})
         return where
 

@@ -62,8 +62,9 @@ class SelectorEvaluator(Protocol):
     within a budget; the answer is a SelectorEngine the allocator reads without running CEL again.
     Raises SelectorError (INVALID_ARGUMENT) or TimeoutError (the caller's deadline passed)."""
 
-    def evaluate(self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
-                 timeout_s: float | None) -> SelectorEngine: ...
+    def evaluate(
+        self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]], timeout_s: float | None
+    ) -> SelectorEngine: ...
 
 
 def claim_of(member: str) -> str | None:
@@ -106,10 +107,19 @@ class ReservationBook:
     agent sets it: the arbiter writes the claims before it confirms, so by then the allocation is in the API
     and, once the agent has seen it, counts as allocated on its own; the reservation then ends at once."""
 
-    def __init__(self, inventory: Callable[[], Inventory], usage: Callable[[], NodeUsage],
-                 allocator: Allocator, clock: Clock, new_id: Callable[[], str], *,
-                 hold_confirmed_s: float | None = None, holders: Holders | None = None,
-                 sharers: Holders | None = None, evaluator: SelectorEvaluator | None = None) -> None:
+    def __init__(
+        self,
+        inventory: Callable[[], Inventory],
+        usage: Callable[[], NodeUsage],
+        allocator: Allocator,
+        clock: Clock,
+        new_id: Callable[[], str],
+        *,
+        hold_confirmed_s: float | None = None,
+        holders: Holders | None = None,
+        sharers: Holders | None = None,
+        evaluator: SelectorEvaluator | None = None,
+    ) -> None:
         """`holders`: the claims holding each device, for Confirm's re-check (None: no claims to check);
         `sharers`: those of them that hold only a consumable-capacity share of it (a share reservation may
         sit beside them: the usage counts their fractions).
@@ -144,19 +154,34 @@ class ReservationBook:
         if gone:
             self._changed()
 
-    def _others(self, device: str, claim: str | None, reservation: Reservation | None,
-                reservations: Mapping[str, tuple[Reservation, ...]],
-                holders: Mapping[str, Collection[str]], *, sharers: Mapping[str, Collection[str]]) -> list[str]:
+    def _others(
+        self,
+        device: str,
+        claim: str | None,
+        reservation: Reservation | None,
+        reservations: Mapping[str, tuple[Reservation, ...]],
+        holders: Mapping[str, Collection[str]],
+        *,
+        sharers: Mapping[str, Collection[str]],
+    ) -> list[str]:
         """Who holds `device` besides the claim `claim` and `reservation`: live reservations for other claims
         and claims allocated or prepared here (other shares of a GPU `reservation` shares are not: the allocator
         made them fit). The one check of one holder per device."""
         now = self._clock()
         shares = reservation is not None and device in reservation.fit.shared_milli
-        others = [f"reservation {r.id} (gang {r.gang_id}, member {r.member})" for r in reservations.get(device, ())
-                  if (reservation is None or r.id != reservation.id) and r.expires_at > now
-                  and (claim is None or r.claim != claim) and not (shares and device in r.fit.shared_milli)]
-        others += [f"ResourceClaim {c}" for c in sorted(holders.get(device, ()))
-                   if c != claim and not (shares and c in sharers.get(device, ()))]
+        others = [
+            f"reservation {r.id} (gang {r.gang_id}, member {r.member})"
+            for r in reservations.get(device, ())
+            if (reservation is None or r.id != reservation.id)
+            and r.expires_at > now
+            and (claim is None or r.claim != claim)
+            and not (shares and device in r.fit.shared_milli)
+        ]
+        others += [
+            f"ResourceClaim {c}"
+            for c in sorted(holders.get(device, ()))
+            if c != claim and not (shares and c in sharers.get(device, ()))
+        ]
         return others
 
     def reserved_for_other(self, device: str, claim: str, share: bool = False) -> str:
@@ -180,13 +205,22 @@ class ReservationBook:
             return 0
         base = self._usage()
         held = base.allocated | base.prepared
-        done = [r.id for r in self._live.values()
-                if r.confirmed and not r.fit.shared_milli and set(r.fit.all_devices) <= held]
+        done = [
+            r.id
+            for r in self._live.values()
+            if r.confirmed and not r.fit.shared_milli and set(r.fit.all_devices) <= held
+        ]
         # a share's device stays shared by others: it ends once its own claim holds its share (allocated here)
         if any(r.confirmed and r.fit.shared_milli for r in self._live.values()):
             sharers = self._sharers()
-            done += [r.id for r in self._live.values() if r.confirmed and r.fit.shared_milli and r.claim
-                     and all(r.claim in sharers.get(d, ()) for d in r.fit.shared_milli)]
+            done += [
+                r.id
+                for r in self._live.values()
+                if r.confirmed
+                and r.fit.shared_milli
+                and r.claim
+                and all(r.claim in sharers.get(d, ()) for d in r.fit.shared_milli)
+            ]
         for rid in done:
             del self._live[rid]
         if done:
@@ -206,8 +240,9 @@ class ReservationBook:
             reserved.update(d for d in r.fit.all_devices if d not in r.fit.shared_milli)
         return dataclasses.replace(base, reserved=frozenset(reserved), shared_milli=shared)
 
-    def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float,
-                timeout_s: float | None = None) -> Reservation:
+    def reserve(
+        self, gang_id: str, member: str, claim: Claim, ttl_seconds: float, timeout_s: float | None = None
+    ) -> Reservation:
         """Hold devices for one gang member; raises NoFit when the node cannot take it, ValueError for a bad
         request (a selector included) and TimeoutError when its selectors outlast `timeout_s`."""
         if not gang_id:
@@ -242,13 +277,18 @@ class ReservationBook:
             if r is None:
                 raise UnknownReservation(reservation_id)
             holders, sharers = self._holders(), (self._sharers() if r.fit.shared_milli else {})
-            lost = {d: others for d in sorted(r.fit.all_devices)
-                    if (others := self._others(d, r.claim, r, self._by_device, holders, sharers=sharers))}
+            lost = {
+                d: others
+                for d in sorted(r.fit.all_devices)
+                if (others := self._others(d, r.claim, r, self._by_device, holders, sharers=sharers))
+            }
             if lost:
                 del self._live[reservation_id]
                 self._changed()
-                raise ReservationLost(f"reservation {reservation_id} no longer holds " + "; ".join(
-                    f"{d} (held by {', '.join(o)})" for d, o in lost.items()))
+                raise ReservationLost(
+                    f"reservation {reservation_id} no longer holds "
+                    + "; ".join(f"{d} (held by {', '.join(o)})" for d, o in lost.items())
+                )
             held_until = self._clock() + self._hold_confirmed if self._hold_confirmed is not None else math.inf
             r = self._live[reservation_id] = dataclasses.replace(r, confirmed=True, expires_at=held_until)
             self._changed()
@@ -317,8 +357,15 @@ class NodeAllocatorService:
         else of the request."""
         self._auth.authenticate(bearer)
 
-    def reserve(self, bearer: str | None, gang_id: str, member: str, claim: Claim,  # noqa: PLR0917
-                ttl_seconds: float, timeout_s: float | None = None) -> Reservation:
+    def reserve(  # noqa: PLR0917 (the protocol's fields, in the order the message has them)
+        self,
+        bearer: str | None,
+        gang_id: str,
+        member: str,
+        claim: Claim,
+        ttl_seconds: float,
+        timeout_s: float | None = None,
+    ) -> Reservation:
         self.authenticate(bearer)
         return self.book.reserve(gang_id, member, claim, ttl_seconds, timeout_s)
 
@@ -421,8 +468,9 @@ class GangCoordinator:
             return GangOutcome(False, {}, reason)
         return GangOutcome(True, held)
 
-    def reserve_all(self, gang_id: str, members: Sequence[MemberPlacement],
-                    ttl_seconds: float) -> tuple[Held, Refused | None]:
+    def reserve_all(
+        self, gang_id: str, members: Sequence[MemberPlacement], ttl_seconds: float
+    ) -> tuple[Held, Refused | None]:
         """Reserve every member on its node; on the first refusal release what was got and say why (Refused)."""
         held: Held = {}
         refused: Refused | None = None

@@ -54,7 +54,10 @@ class _Worker:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent.reservation.selector_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
         )
         self._buf = b""
         self.ready = False
@@ -128,8 +131,9 @@ class WorkerSelectors:
                 return
         worker.kill()
 
-    def evaluate(self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
-                 timeout_s: float | None) -> EvaluatedSelectors:
+    def evaluate(
+        self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]], timeout_s: float | None
+    ) -> EvaluatedSelectors:
         for e in expressions:  # cheap, and the same refusal the API server gives, before any process work
             check_length(e)
         deadline = time.monotonic() + min(MAX_CALL_S, timeout_s if timeout_s is not None else MAX_CALL_S)
@@ -147,8 +151,9 @@ class WorkerSelectors:
         finally:
             self._admitted.release()
 
-    def _evaluate(self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
-                  deadline: float) -> EvaluatedSelectors:
+    def _evaluate(
+        self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]], deadline: float
+    ) -> EvaluatedSelectors:
         worker = self._started(deadline)
         ok = False
         try:
@@ -158,8 +163,9 @@ class WorkerSelectors:
         finally:
             self._give_back(worker, ok=ok)
 
-    def _run(self, worker: _Worker, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
-             deadline: float) -> dict[tuple[str, str], bool | str]:
+    def _run(
+        self, worker: _Worker, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]], deadline: float
+    ) -> dict[tuple[str, str], bool | str]:
         keys = [device_key(d) for d in devices]
         try:
             worker.send({"expressions": list(expressions), "devices": list(devices)})
@@ -177,7 +183,8 @@ class WorkerSelectors:
                         raise SelectorTimeout(f"the deadline passed while evaluating selector {_short(expression)}")
                     raise SelectorError(
                         f"selector {_short(expression)} exceeds the cost limit: kube-apiserver allows DRA selectors "
-                        f"{MAX_COST:,} cost units, about {self._per_evaluation:g} s of evaluation per device here")
+                        f"{MAX_COST:,} cost units, about {self._per_evaluation:g} s of evaluation per device here"
+                    )
                 answer = json.loads(line)
                 answers[expression, key] = answer if isinstance(answer, bool) else str(answer)
         return answers
@@ -188,7 +195,6 @@ class WorkerSelectors:
             idle, self._idle = self._idle, []
         for worker in idle:
             worker.kill()
-
 
 
 def _short(expression: str) -> str:

@@ -45,29 +45,47 @@ def claim_from_pb(req: pb.ReserveRequest) -> Claim:
     """The request as the allocator reads it; ValueError for one that asks for nothing it could mean. proto3
     cannot tell a count of 0 from none: both are refused (the arbiter always sends the count)."""
     if claim_of(req.member) is None:
-        raise ValueError(f"member must be <namespace>/<pod>/<claim>, the ResourceClaim the devices are for, not "
-                         f"{req.member!r}: a reservation tied to no claim would block every prepare of its devices")
+        raise ValueError(
+            f"member must be <namespace>/<pod>/<claim>, the ResourceClaim the devices are for, not "
+            f"{req.member!r}: a reservation tied to no claim would block every prepare of its devices"
+        )
     for r in req.requests:
         if r.count < 1:
             raise ValueError(f"request {r.name!r}: count must be at least 1, got {r.count}")
     return Claim(
-        tuple(DeviceRequest(r.name, r.device_class, tuple(r.selectors), r.count, r.gpu_milli or None)
-              for r in req.requests),
+        tuple(
+            DeviceRequest(r.name, r.device_class, tuple(r.selectors), r.count, r.gpu_milli or None)
+            for r in req.requests
+        ),
         tuple(req.match_attributes),
     )
 
 
 def claim_to_pb(gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> pb.ReserveRequest:
     return pb.ReserveRequest(
-        gang_id=gang_id, member=member, ttl_seconds=ttl_seconds, match_attributes=list(claim.match_attributes),
-        requests=[pb.DeviceRequest(name=r.name, device_class=r.device_class, selectors=list(r.selectors),
-                                   count=r.count, gpu_milli=r.gpu_milli or 0) for r in claim.requests],
+        gang_id=gang_id,
+        member=member,
+        ttl_seconds=ttl_seconds,
+        match_attributes=list(claim.match_attributes),
+        requests=[
+            pb.DeviceRequest(
+                name=r.name,
+                device_class=r.device_class,
+                selectors=list(r.selectors),
+                count=r.count,
+                gpu_milli=r.gpu_milli or 0,
+            )
+            for r in claim.requests
+        ],
     )
 
 
 def reservation_to_pb(r: Reservation) -> pb.ReserveResponse:
-    devices = [pb.ReservedDevice(request=req, device=d, shared_milli=r.fit.shared_milli.get(d, 0))
-               for req, names in r.fit.devices.items() for d in names]
+    devices = [
+        pb.ReservedDevice(request=req, device=d, shared_milli=r.fit.shared_milli.get(d, 0))
+        for req, names in r.fit.devices.items()
+        for d in names
+    ]
     return pb.ReserveResponse(reservation_id=r.id, devices=devices, expires_at=r.expires_at, score=r.fit.score)
 
 
@@ -91,7 +109,7 @@ def _bearer(metadata: Any) -> str | None:
     if len(values) > 1:
         raise Unauthenticated(f"{len(values)} authorization headers: send exactly one")
     if values and isinstance(values[0], str) and values[0].lower().startswith(BEARER):
-        return values[0][len(BEARER):]
+        return values[0][len(BEARER) :]
     return None
 
 
@@ -150,9 +168,11 @@ class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
     def Reserve(self, request: pb.ReserveRequest, context: grpc.ServicerContext) -> pb.ReserveResponse:
         def go(bearer: str | None) -> pb.ReserveResponse:
             claim = claim_from_pb(request)
-            r = self.service.reserve(bearer, request.gang_id, request.member, claim, request.ttl_seconds,
-                                     context.time_remaining())
+            r = self.service.reserve(
+                bearer, request.gang_id, request.member, claim, request.ttl_seconds, context.time_remaining()
+            )
             return reservation_to_pb(r)
+
         return self._call(context, go)
 
     def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmResponse:
@@ -165,8 +185,12 @@ class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
 
     def Capacity(self, request: pb.CapacityRequest, context: grpc.ServicerContext) -> pb.CapacitySummary:
         s = self._call(context, self.service.capacity)
-        return pb.CapacitySummary(free_gpus_by_model=s.free_gpus_by_model, free_gpus_by_domain=s.free_gpus_by_domain,
-                                  free_mig_placements=s.free_mig_placements, free_gpu_milli=s.free_gpu_milli)
+        return pb.CapacitySummary(
+            free_gpus_by_model=s.free_gpus_by_model,
+            free_gpus_by_domain=s.free_gpus_by_domain,
+            free_mig_placements=s.free_mig_placements,
+            free_gpu_milli=s.free_gpu_milli,
+        )
 
 
 def add_to_server(service: NodeAllocatorService, server: grpc.Server) -> None:
@@ -204,8 +228,10 @@ def pinned_channel(address: str, expected: str, server_name: str, timeout_s: flo
         raise NodeUnavailable(f"cannot read the certificate of {server_name} at {address}: {e}") from e
     got = fingerprint(pem)
     if not hmac.compare_digest(got.encode(), expected.lower().encode()):
-        raise CertificateMismatch(f"{address} shows a certificate with SHA-256 {got}, not the {expected} that "
-                                  f"{server_name} published: not connecting")
+        raise CertificateMismatch(
+            f"{address} shows a certificate with SHA-256 {got}, not the {expected} that "
+            f"{server_name} published: not connecting"
+        )
     return trusting_channel(address, pem, server_name)
 
 
@@ -265,5 +291,6 @@ class GrpcNodeClient:
 
     def capacity(self) -> CapacitySummary:
         s = self._rpc(self._stub.Capacity, pb.CapacityRequest())
-        return CapacitySummary(dict(s.free_gpus_by_model), dict(s.free_gpus_by_domain),
-                               dict(s.free_mig_placements), int(s.free_gpu_milli))
+        return CapacitySummary(
+            dict(s.free_gpus_by_model), dict(s.free_gpus_by_domain), dict(s.free_mig_placements), int(s.free_gpu_milli)
+        )

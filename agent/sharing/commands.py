@@ -100,13 +100,19 @@ class SubprocessRunner:
         argv = [self.driver_root.find(binary), *args]
         full_env = {**os.environ, **(env or {})}
         if (libs := self.driver_root.library_path()) is not None:
-            full_env["LD_LIBRARY_PATH"] = libs + (":" + full_env["LD_LIBRARY_PATH"] if "LD_LIBRARY_PATH" in full_env
-                                                  else "")  # fmt: skip
+            full_env["LD_LIBRARY_PATH"] = libs + (
+                ":" + full_env["LD_LIBRARY_PATH"] if "LD_LIBRARY_PATH" in full_env else ""
+            )
         try:
             done = subprocess.run(  # an argv list of a binary found under the driver root, no shell
-                argv, input=stdin if stdin is not None else "", capture_output=True, text=True, env=full_env,
-                timeout=self.timeout_s, check=False,
-            )  # fmt: skip
+                argv,
+                input=stdin if stdin is not None else "",
+                capture_output=True,
+                text=True,
+                env=full_env,
+                timeout=self.timeout_s,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             raise SharingError(f"{' '.join(argv)} did not finish within {self.timeout_s:g}s") from exc
         except OSError as exc:
@@ -114,8 +120,14 @@ class SubprocessRunner:
         return Completed(done.returncode, done.stdout, done.stderr)
 
 
-def checked(runner: CommandRunner, binary: str, args: Sequence[str], *, stdin: str | None = None,
-            env: Mapping[str, str] | None = None) -> Completed:  # fmt: skip
+def checked(
+    runner: CommandRunner,
+    binary: str,
+    args: Sequence[str],
+    *,
+    stdin: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Completed:
     """Run and raise CommandFailed (with the tool's own words) unless it exits 0."""
     done = runner.run(binary, args, stdin=stdin, env=env)
     if done.returncode != 0:

@@ -78,12 +78,20 @@ class SharingControl:
             return None
         mps = plan.mps
         for gpu in mps.exclusive_gpus:
-            self._step(claim_uid, plan, begun, _exclusive(gpu),
-                       partial(self.smi.set_compute_mode, gpu, ComputeMode.EXCLUSIVE_PROCESS))  # fmt: skip
+            self._step(
+                claim_uid,
+                plan,
+                begun,
+                _exclusive(gpu),
+                partial(self.smi.set_compute_mode, gpu, ComputeMode.EXCLUSIVE_PROCESS),
+            )
         self._step(claim_uid, plan, begun, DAEMON, partial(self.mps.launch, claim_uid, mps))
         self.mps.set_limits(claim_uid, mps)
-        log.info("MPS control daemon serving claim %s", claim_uid,
-                 extra={"claim_uid": claim_uid, "devices": list(mps.devices)})  # fmt: skip
+        log.info(
+            "MPS control daemon serving claim %s",
+            claim_uid,
+            extra={"claim_uid": claim_uid, "devices": list(mps.devices)},
+        )
         return mps_container_edits(self.mps.dirs(claim_uid).pipe)
 
     def _step(self, claim_uid: str, plan: SharingPlan, begun: list[str], step: str, change: Callable[[], None]) -> None:
@@ -246,7 +254,9 @@ def _plan_from_json(raw: Mapping[str, Any]) -> SharingPlan:
     mps = raw.get("mps")
     return SharingPlan(
         timeslices=tuple((str(g), int(t)) for g, t in raw.get("timeslices", ())),
-        mps=None if mps is None else MpsPlan(
+        mps=None
+        if mps is None
+        else MpsPlan(
             devices=tuple(mps["devices"]),
             exclusive_gpus=tuple(mps["exclusive_gpus"]),
             active_thread_percentage=mps.get("active_thread_percentage"),
@@ -283,5 +293,11 @@ def with_device_edits(spec: Mapping[str, Any], devices: Set[str], edits: Mapping
     return {**spec, "devices": out}
 
 
-__all__ = ["Adoption", "SharingConfigError", "SharingControl", "SharingError", "mps_container_edits",
-           "with_device_edits"]
+__all__ = [
+    "Adoption",
+    "SharingConfigError",
+    "SharingControl",
+    "SharingError",
+    "mps_container_edits",
+    "with_device_edits",
+]

@@ -108,8 +108,10 @@ class MpsDaemons:
         if serving:
             checked(self.runner, MPS_CONTROL, [], stdin="quit\n", env=dirs.env())
             if pid is not None and not _wait_gone(pid, STOP_WAIT_S):
-                raise SharingError(f"the MPS control daemon of claim {claim_uid} (pid {pid}) did not exit "
-                                   f"within {STOP_WAIT_S:g}s of quit")  # fmt: skip
+                raise SharingError(
+                    f"the MPS control daemon of claim {claim_uid} (pid {pid}) did not exit "
+                    f"within {STOP_WAIT_S:g}s of quit"
+                )
         shutil.rmtree(dirs.root, ignore_errors=True)
 
 

@@ -85,8 +85,9 @@ def _mps_plan(devices: Sequence[SharedDevice]) -> MpsPlan:
             continue
         mib = int(d.config.pinned_memory_limit) // MIB
         if mib < 1:
-            raise SharingConfigError(f"device {d.name}: MPS pinned memory limit "
-                                     f"{d.config.pinned_memory_limit.text!r} is below 1Mi")  # fmt: skip
+            raise SharingConfigError(
+                f"device {d.name}: MPS pinned memory limit {d.config.pinned_memory_limit.text!r} is below 1Mi"
+            )
         limits.append((d.uuid, mib))
     return MpsPlan(
         devices=tuple(dict.fromkeys(d.uuid for d in devices)),

@@ -64,9 +64,19 @@ def _shaped_inventory(count: int, model: str, nvlink_domains: tuple[tuple[int, .
         for i in domain:
             peers[i] = tuple(bus[j] for j in domain if j != i)
     gpus = [
-        Gpu(index=i, minor=i, uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000", product_name=model, brand="Nvidia",
-            architecture="", cuda_compute_capability="", memory_bytes=0, pci_bus_id=bus[i], pci_device_id=0,
-            nvlink_peers=peers.get(i, ()))
+        Gpu(
+            index=i,
+            minor=i,
+            uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            product_name=model,
+            brand="Nvidia",
+            architecture="",
+            cuda_compute_capability="",
+            memory_bytes=0,
+            pci_bus_id=bus[i],
+            pci_device_id=0,
+            nvlink_peers=peers.get(i, ()),
+        )
         for i in range(count)
     ]
     stamped, domains = assign_nvlink_domains(gpus)
@@ -86,8 +96,9 @@ class Holding:
 class SimulatedNode:
     """One snapshot node as its agent sees it: an inventory, what pods hold, and the reservation service."""
 
-    def __init__(self, spec: NodeSpec, allocator: Allocator, clock: Clock, token: str,
-                 new_id: Callable[[], str]) -> None:
+    def __init__(
+        self, spec: NodeSpec, allocator: Allocator, clock: Clock, token: str, new_id: Callable[[], str]
+    ) -> None:
         self.spec = spec
         self.inventory = node_inventory(spec)
         self.index_of = {gpu_device_name(g.minor): g.index for g in self.inventory.gpus}  # device name -> index
@@ -142,8 +153,9 @@ class SimulatedNode:
         unmapped = [g for g in range(self.spec.gpus) if g not in mapping]
         both = set(free_here) & set(unmapped)
         mapping.update((g, g) for g in both)
-        mapping.update(zip((g for g in unmapped if g not in both), (g for g in free_here if g not in both),
-                           strict=False))
+        mapping.update(
+            zip((g for g in unmapped if g not in both), (g for g in free_here if g not in both), strict=False)
+        )
         return mapping
 
 
@@ -213,9 +225,16 @@ class ReservationCommit:
     out. One SimulatedNode per snapshot node, built when a gang first binds there; one token shared by the
     arbiter and every node (`connect` builds the arbiter's client to a node: tests give it a wrong token)."""
 
-    def __init__(self, nodes: Sequence[NodeSpec], clock: Clock, token: str, *,
-                 ttl_seconds: float = DEFAULT_TTL_SECONDS, new_id: Callable[[], str] | None = None,
-                 connect: Connect = InProcessClient) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        clock: Clock,
+        token: str,
+        *,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        new_id: Callable[[], str] | None = None,
+        connect: Connect = InProcessClient,
+    ) -> None:
         if ttl_seconds <= 0:
             raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
         self._specs = {n.name: n for n in nodes}
@@ -237,8 +256,9 @@ class ReservationCommit:
         """The simulated node `name`, built on first use (its pods' holdings are adopted by the next round)."""
         built = self.nodes.get(name)
         if built is None:
-            built = self.nodes[name] = SimulatedNode(self._specs[name], self._allocator, self._clock,
-                                                     self._token, self._new_id)
+            built = self.nodes[name] = SimulatedNode(
+                self._specs[name], self._allocator, self._clock, self._token, self._new_id
+            )
             self._clients[name] = self._connect(built.service, self._token)
         return built
 
@@ -261,8 +281,9 @@ class ReservationCommit:
         self.stats.seconds.append(self._clock() - start)
         return dataclasses.replace(result, pods=pods)
 
-    def _sync(self, touched: set[str], pods: Mapping[str, PodDecision],
-              specs: Mapping[str, PodSpec]) -> dict[str, dict[int, int]]:
+    def _sync(
+        self, touched: set[str], pods: Mapping[str, PodDecision], specs: Mapping[str, PodSpec]
+    ) -> dict[str, dict[int, int]]:
         """Build the touched nodes (adopting pods running there) and map the arbiter's GPU indices to theirs."""
         seats: dict[str, dict[str, Holding]] = {n: {} for n in touched}
         for name, d in pods.items():
@@ -277,8 +298,14 @@ class ReservationCommit:
             maps[name] = node.index_map(here)
         return maps
 
-    def _commit_gang(self, job: str, bound: list[str], pods: dict[str, PodDecision],
-                     specs: Mapping[str, PodSpec], maps: Mapping[str, Mapping[int, int]]) -> None:
+    def _commit_gang(
+        self,
+        job: str,
+        bound: list[str],
+        pods: dict[str, PodDecision],
+        specs: Mapping[str, PodSpec],
+        maps: Mapping[str, Mapping[int, int]],
+    ) -> None:
         members = [p for p in bound if specs[p].gpu_milli > 0]
         if not members:
             return  # CPU-only pods reserve nothing

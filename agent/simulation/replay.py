@@ -47,12 +47,12 @@ def gpu_capacity(nodes: Iterable[TraceNode]) -> int:
 
 def typical_mix(pods: Iterable[TracePod], coverage: float = 0.95) -> RequestMix:
     """FGD's expected mix from the original trace: (CPU, #GPU, milli, models) kinds covering 95%."""
-    return RequestMix.typical(
-        (RequestKind(p.cpu_milli, p.gpu_count, p.gpu_milli, p.models) for p in pods), coverage)
+    return RequestMix.typical((RequestKind(p.cpu_milli, p.gpu_count, p.gpu_milli, p.models) for p in pods), coverage)
 
 
-def build_workload(pods: Sequence[TracePod], capacity_milli: int, rng: random.Random,
-                   scale: float = WORKLOAD_SCALE) -> list[TracePod]:
+def build_workload(
+    pods: Sequence[TracePod], capacity_milli: int, rng: random.Random, scale: float = WORKLOAD_SCALE
+) -> list[TracePod]:
     """Shuffle the trace, then append random copies (or drop random pods) to reach `scale` x capacity."""
     if not pods:
         raise ValueError("the pod list is empty")
@@ -129,12 +129,11 @@ class _Cluster:
         if cached is None or len(self.changes) - cached[1] >= n:
             # score each distinct state once, then spread the scores over the nodes in that state
             states, where = np.unique(np.array(self.state_of, dtype=np.int64), return_inverse=True)
-            per_state = np.fromiter((self._score(int(s), pod, spec) for s in states), dtype=np.int64,
-                                    count=len(states))
+            per_state = np.fromiter((self._score(int(s), pod, spec) for s in states), dtype=np.int64, count=len(states))
             arr = per_state[where]
         else:
             arr = cached[0]
-            for i in set(self.changes[cached[1]:]):
+            for i in set(self.changes[cached[1] :]):
                 arr[i] = self._score(self.state_of[i], pod, spec)
         self.scores[spec] = (arr, len(self.changes))
         return arr
@@ -147,14 +146,20 @@ class _Cluster:
             if free[g] < 0:
                 raise AssertionError(f"GPU {g} of node {i} over-allocated")
         tags = v.tags | {pod.tag} if pod.tag else v.tags
-        self.views[i] = NodeView(v.model, v.cpu_free - pod.cpu_milli, v.memory_free - pod.memory_mib,
-                                 tuple(free), tags)
+        self.views[i] = NodeView(v.model, v.cpu_free - pod.cpu_milli, v.memory_free - pod.memory_mib, tuple(free), tags)
         self.state_of[i] = self._intern(self.views[i])
         self.changes.append(i)
 
 
-def replay_once(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: Policy, seed: int,
-                *, ties: str = "fixed", level: int = 100) -> RunResult:
+def replay_once(
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    policy: Policy,
+    seed: int,
+    *,
+    ties: str = "fixed",
+    level: int = 100,
+) -> RunResult:
     """One seeded run of one policy; the unallocated GPU % when the arrived workload reaches `level`%."""
     if ties not in TIE_REGIMES:
         raise ValueError(f"unknown tie regime {ties!r}: use one of {', '.join(TIE_REGIMES)}")
@@ -203,15 +208,27 @@ def replay_once(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: Po
     return RunResult(100 - statistics.fmean(at_level), placed, dropped, levels)
 
 
-def replay_run(nodes: Sequence[TraceNode], pods: Sequence[TracePod], mix: RequestMix, policy: str, seed: int, *,
-               ties: str = "fixed") -> float:
+def replay_run(
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    mix: RequestMix,
+    policy: str,
+    seed: int,
+    *,
+    ties: str = "fixed",
+) -> float:
     """Unallocated GPU % of one seeded run of the named policy, built afresh: its memos live for this run only
     (kept across runs they grow by gigabytes over a family of lists and seeds)."""
     return replay_once(nodes, pods, baseline_policies(mix)[policy], seed, ties=ties).unallocated_percent
 
 
-def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy_names: Sequence[str],
-           seeds: Sequence[int] = PAPER_SEEDS, ties: str = "fixed") -> dict[str, list[float]]:
+def replay(
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    policy_names: Sequence[str],
+    seeds: Sequence[int] = PAPER_SEEDS,
+    ties: str = "fixed",
+) -> dict[str, list[float]]:
     """Unallocated GPU % per seed for each named policy, all on the same workloads."""
     mix = typical_mix(pods)
     known = baseline_policies(mix)

@@ -23,7 +23,10 @@ class Simulation:
 
 
 def simulate(
-    snapshot: Snapshot, actions: Sequence[str], rounds: int, clock: Callable[[], float],
+    snapshot: Snapshot,
+    actions: Sequence[str],
+    rounds: int,
+    clock: Callable[[], float],
     commit: Callable[[CycleResult], CycleResult] | None = None,
 ) -> Simulation:
     """`rounds` cycles (at least one), each timed with `clock` (seconds, monotonic). `commit`, when given,

@@ -128,7 +128,7 @@ class Policy(Protocol):
         ...
 
     def window(self, pod: TracePod) -> int:
-        """"near" ties: how far below the best score still counts as equal."""
+        """ "near" ties: how far below the best score still counts as equal."""
         ...
 
 
@@ -167,8 +167,7 @@ class DotProdPolicy(_Baseline):
     name = "dotprod"
 
     def score(self, node: NodeView, pod: TracePod) -> int:
-        dot = (node.cpu_free * pod.cpu_milli / CPU_NORM**2
-               + node.gpu_idle * pod.total_gpu_milli / GPU_NORM**2)
+        dot = node.cpu_free * pod.cpu_milli / CPU_NORM**2 + node.gpu_idle * pod.total_gpu_milli / GPU_NORM**2
         return int(100 * (1 - dot / 2))
 
 
@@ -211,8 +210,7 @@ class BestFitPolicy(_Baseline):
     name = "bestfit"
 
     def score(self, node: NodeView, pod: TracePod) -> int:
-        left = ((node.cpu_free - pod.cpu_milli) / CPU_NORM
-                + (node.gpu_idle - pod.total_gpu_milli) / GPU_NORM)
+        left = (node.cpu_free - pod.cpu_milli) / CPU_NORM + (node.gpu_idle - pod.total_gpu_milli) / GPU_NORM
         return int(100 * (1 - left / 2))
 
 
@@ -294,7 +292,13 @@ class NearPolicy(FgdPolicy):
 def baseline_policies(mix: RequestMix) -> dict[str, Policy]:
     """Every policy by name, in the order reports list them (`near` is measured only when asked for)."""
     policies: Sequence[Policy] = (
-        RandomPolicy(), DotProdPolicy(), ClusteringPolicy(), PackingPolicy(), BestFitPolicy(),
-        FgdPolicy(mix), OursPolicy(mix), NearPolicy(mix),
+        RandomPolicy(),
+        DotProdPolicy(),
+        ClusteringPolicy(),
+        PackingPolicy(),
+        BestFitPolicy(),
+        FgdPolicy(mix),
+        OursPolicy(mix),
+        NearPolicy(mix),
     )
     return {p.name: p for p in policies}

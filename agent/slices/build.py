@@ -274,8 +274,9 @@ class _MigShape:
 
     @classmethod
     def of(cls, m: MigProfile | MigDevice) -> _MigShape:
-        return cls(m.memory_bytes, m.multiprocessors, m.copy_engines, m.decoders, m.encoders,
-                   m.jpeg_engines, m.ofa_engines)
+        return cls(
+            m.memory_bytes, m.multiprocessors, m.copy_engines, m.decoders, m.encoders, m.jpeg_engines, m.ofa_engines
+        )
 
     def capacity(self) -> Json:
         values = {
@@ -303,7 +304,10 @@ class _MigShape:
 
 
 def mig_device(
-    inventory: Inventory, gpu: Gpu, mig: MigDevice | None = None, profile: MigProfile | None = None,
+    inventory: Inventory,
+    gpu: Gpu,
+    mig: MigDevice | None = None,
+    profile: MigProfile | None = None,
     placement: MigPlacement | None = None,
 ) -> Json:
     """An existing MIG device (`mig`), or a possible one (`profile` at `placement`)."""
@@ -392,10 +396,12 @@ def _partitioned_gpu(
     devices: list[Json] = []
     if whole and not occupied:
         device = gpu_device(inventory, gpu)
-        device["consumesCounters"] = [{
-            "counterSet": counter_set_name(gpu.minor),
-            "counters": _quantities(budget),
-        }]
+        device["consumesCounters"] = [
+            {
+                "counterSet": counter_set_name(gpu.minor),
+                "counters": _quantities(budget),
+            }
+        ]
         devices.append(device)
     for mig in migs:
         device = mig_device(inventory, gpu, mig=mig)

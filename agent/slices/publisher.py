@@ -180,8 +180,12 @@ class Publisher:
                 return 0
             self._published = None
             if names:
-                log.info("withdrew %d ownerless ResourceSlice(s) of pool %s: there is no Node %s", len(names),
-                         self.node_name, self.node_name)
+                log.info(
+                    "withdrew %d ownerless ResourceSlice(s) of pool %s: there is no Node %s",
+                    len(names),
+                    self.node_name,
+                    self.node_name,
+                )
             return len(names)
 
     def wake(self) -> None:
@@ -242,16 +246,19 @@ class Publisher:
         if self._share_mode is not None and not rules.shares_served:
             log.warning(
                 "--consumable-shares=%s needs Kubernetes 1.36 or later (DRAConsumableCapacity is alpha and off by "
-                "default in %s); publishing whole GPUs", self._share_mode, rules.label,
+                "default in %s); publishing whole GPUs",
+                self._share_mode,
+                rules.label,
             )
             self._share_mode = None
-        return pool_content(self._inventory, partitionable=self._partitionable, rules=rules, taints=taints,
-                            share_mode=self._share_mode)  # fmt: skip
+        return pool_content(
+            self._inventory, partitionable=self._partitionable, rules=rules, taints=taints, share_mode=self._share_mode
+        )
 
     def _reconcile(self, content: tuple[SliceContent, ...]) -> PublishResult:
         """One pass of list, compare, write; conflicts re-read at once, server errors back off."""
         error: ApiError | None = None
-        backoff = Backoff(self._backoff_s, self._backoff_s * 2 ** self._max_attempts)  # uncapped within a pass
+        backoff = Backoff(self._backoff_s, self._backoff_s * 2**self._max_attempts)  # uncapped within a pass
         for attempt in range(1, self._max_attempts + 1):
             try:
                 result = self._apply(content)

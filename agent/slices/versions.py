@@ -51,8 +51,13 @@ class SliceRules:
 
 RULES = {
     (1, 34): SliceRules(
-        (1, 34), separate_counters=False, taints_served=False, max_devices_advanced=128, max_counter_sets=0,
-        max_counters_consumed=1024, max_taints=4,
+        (1, 34),
+        separate_counters=False,
+        taints_served=False,
+        max_devices_advanced=128,
+        max_counter_sets=0,
+        max_counters_consumed=1024,
+        max_taints=4,
     ),
     (1, 35): SliceRules((1, 35), separate_counters=True, taints_served=False),
     (1, 36): SliceRules((1, 36), separate_counters=True, taints_served=True, shares_served=True),

@@ -59,18 +59,50 @@ PYTHON = "python3.11"
 SITE = f"usr/local/lib/{PYTHON}/dist-packages"
 # Left out of the Debian layer: what only a package manager or a person at a terminal reads.
 DEBIAN_DROP = (
-    "etc/apt", "etc/cron.daily", "etc/logrotate.d", "etc/resolv.conf", "etc/hostname", "etc/dpkg",
-    "var/cache", "var/log", "var/lib/apt", "var/lib/dpkg",
-    "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian", "usr/share/doc-base",
-    "usr/share/bug", "usr/share/applications", "usr/share/pixmaps", "usr/share/polkit-1", "usr/share/binfmts",
-    "usr/lib/valgrind", "usr/lib/binfmt.d", "usr/lib/x86_64-linux-gnu/gconv",  # iconv's charsets: python has its own
+    "etc/apt",
+    "etc/cron.daily",
+    "etc/logrotate.d",
+    "etc/resolv.conf",
+    "etc/hostname",
+    "etc/dpkg",
+    "var/cache",
+    "var/log",
+    "var/lib/apt",
+    "var/lib/dpkg",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "usr/share/lintian",
+    "usr/share/doc-base",
+    "usr/share/bug",
+    "usr/share/applications",
+    "usr/share/pixmaps",
+    "usr/share/polkit-1",
+    "usr/share/binfmts",
+    "usr/lib/valgrind",
+    "usr/lib/binfmt.d",
+    "usr/lib/x86_64-linux-gnu/gconv",  # iconv's charsets: python has its own
     "usr/lib/python3.11/pydoc_data",  # help()'s topics, for a person at a prompt
-    "usr/bin/dpkg", "usr/bin/dpkg-deb", "usr/bin/dpkg-divert", "usr/bin/dpkg-maintscript-helper",
-    "usr/bin/dpkg-query", "usr/bin/dpkg-realpath", "usr/bin/dpkg-split", "usr/bin/dpkg-statoverride",
-    "usr/bin/dpkg-trigger", "usr/bin/update-alternatives", "usr/libexec/dpkg", "usr/share/dpkg",
-)  # fmt: skip
-DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*",
-                 "/usr/share/lintian/*")  # fmt: skip
+    "usr/bin/dpkg",
+    "usr/bin/dpkg-deb",
+    "usr/bin/dpkg-divert",
+    "usr/bin/dpkg-maintscript-helper",
+    "usr/bin/dpkg-query",
+    "usr/bin/dpkg-realpath",
+    "usr/bin/dpkg-split",
+    "usr/bin/dpkg-statoverride",
+    "usr/bin/dpkg-trigger",
+    "usr/bin/update-alternatives",
+    "usr/libexec/dpkg",
+    "usr/share/dpkg",
+)
+DPKG_EXCLUDES = (
+    "/usr/share/doc/*",
+    "/usr/share/man/*",
+    "/usr/share/info/*",
+    "/usr/share/locale/*",
+    "/usr/share/lintian/*",
+)
 PASSWD = b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
 GROUP = b"root:x:0:\nnonroot:x:65532:\n"
 
@@ -145,15 +177,26 @@ def debian_root(log: Path) -> Path:
         target.mkdir(parents=True)
         root = target / "root"
         # Before apt's cache is cleaned: one dpkg status paragraph per package shipped, from the .debs themselves.
-        status_hook = ('mkdir -p "$1/var/lib/dpkg-image" && for deb in "$1"/var/cache/apt/archives/*.deb; do '
-                       'dpkg-deb -f "$deb" Package Version Architecture Source Maintainer Installed-Size Depends '
-                       'Pre-Depends Homepage Description; echo "Status: install ok installed"; echo; '
-                       'done > "$1/var/lib/dpkg-image/status"')  # fmt: skip
-        command = ["mmdebstrap", "--mode=root", "--variant=extract", f"--include={','.join(DEBIAN_PACKAGES)}",
-                   "--format=directory", "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
-                   *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
-                   "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-                   f"--extract-hook={status_hook}", SUITE, str(root), MIRROR]  # fmt: skip
+        status_hook = (
+            'mkdir -p "$1/var/lib/dpkg-image" && for deb in "$1"/var/cache/apt/archives/*.deb; do '
+            'dpkg-deb -f "$deb" Package Version Architecture Source Maintainer Installed-Size Depends '
+            'Pre-Depends Homepage Description; echo "Status: install ok installed"; echo; '
+            'done > "$1/var/lib/dpkg-image/status"'
+        )
+        command = [
+            "mmdebstrap",
+            "--mode=root",
+            "--variant=extract",
+            f"--include={','.join(DEBIAN_PACKAGES)}",
+            "--format=directory",
+            "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+            *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
+            "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+            f"--extract-hook={status_hook}",
+            SUITE,
+            str(root),
+            MIRROR,
+        ]
         started = time.monotonic()
         _run(command, log, env={**os.environ, "SOURCE_DATE_EPOCH": str(BASE_EPOCH)})
         for name in DEBIAN_DROP:
@@ -177,8 +220,12 @@ def debian_root(log: Path) -> Path:
 
 
 def _chroot(root: Path, argv: list[str], log: Path) -> str:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     return _run(["chroot", str(root), *argv], log, env=env)
 
 
@@ -189,8 +236,24 @@ def _compile_all(root: Path, directories: list[str], log: Path, strip: str | Non
         if not (root / directory.lstrip("/")).is_dir():
             continue
         args = ["-s", strip, "-p", "/"] if strip else []
-        _chroot(root, ["/usr/bin/python3", "-m", "compileall", "-q", "-j", "1", "-x", r"/(test|tests|idlelib)/",
-                       "--invalidation-mode", "unchecked-hash", *args, directory], log)  # fmt: skip
+        _chroot(
+            root,
+            [
+                "/usr/bin/python3",
+                "-m",
+                "compileall",
+                "-q",
+                "-j",
+                "1",
+                "-x",
+                r"/(test|tests|idlelib)/",
+                "--invalidation-mode",
+                "unchecked-hash",
+                *args,
+                directory,
+            ],
+            log,
+        )
 
 
 def lock_key() -> str:
@@ -212,9 +275,28 @@ def wheels(log: Path) -> Path:
             platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)]
             platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "any"]
             for lock in (LOCK, PIP_LOCK):
-                _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
-                      "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-                      *(f"--platform={p}" for p in platforms), "-d", str(staging), "-r", str(lock)], log)  # fmt: skip
+                _run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "download",
+                        "-q",
+                        "--no-deps",
+                        "--require-hashes",
+                        "--only-binary=:all:",
+                        "--python-version",
+                        "3.11",
+                        "--implementation",
+                        "cp",
+                        *(f"--platform={p}" for p in platforms),
+                        "-d",
+                        str(staging),
+                        "-r",
+                        str(lock),
+                    ],
+                    log,
+                )
             (staging / "done").write_text("")
             staging.rename(target)
         finally:
@@ -238,8 +320,23 @@ def agent_wheel(tree: Path, out: Path, log: Path, epoch: int) -> Path:
         _run([sys.executable, "native/compile.py"], log, cwd=source, env=env)
         if not list((source / "agent/arbiter/core").glob("*.so")):
             raise ImageError("mypyc compiled no arbiter core module (see the log)")
-        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-              "-w", str(out), str(source)], log, env=env)  # fmt: skip
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "-w",
+                str(out),
+                str(source),
+            ],
+            log,
+            env=env,
+        )
     (built,) = out.glob("gpu_dra_agent-*.whl")
     return built
 
@@ -309,8 +406,12 @@ class Layer:
 
     @classmethod
     def of(cls, tar: bytes, comment: str) -> Layer:
-        return cls(Blob(MEDIA_LAYER, gzip.compress(tar, compresslevel=6, mtime=0)),
-                   "sha256:" + hashlib.sha256(tar).hexdigest(), len(tar), comment)  # fmt: skip
+        return cls(
+            Blob(MEDIA_LAYER, gzip.compress(tar, compresslevel=6, mtime=0)),
+            "sha256:" + hashlib.sha256(tar).hexdigest(),
+            len(tar),
+            comment,
+        )
 
 
 def _json(value: Any) -> bytes:
@@ -329,31 +430,65 @@ class Image:
 def write_archive(path: Path, name: str, layers: list[Layer], epoch: int, version: str) -> Image:
     """An OCI image layout in a tar (index.json named for containerd and podman) with docker's manifest.json."""
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-    config = Blob(MEDIA_CONFIG, _json({
-        "architecture": "amd64", "os": "linux", "created": created,
-        "config": {
-            "Entrypoint": ["gpu-dra-agent", "node"],
-            "Env": ["PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG=C.UTF-8", "PYTHONDONTWRITEBYTECODE=1"],
-            "WorkingDir": "/",
-            "Labels": {"org.opencontainers.image.title": "gpu-dra-agent",
-                       "org.opencontainers.image.version": version,
-                       "org.opencontainers.image.created": created},
-        },
-        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
-        "history": [{"created": created, "created_by": layer.comment} for layer in layers],
-    }))  # fmt: skip
-    manifest = Blob(MEDIA_MANIFEST, _json({
-        "schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
-        "config": config.descriptor(), "layers": [layer.blob.descriptor() for layer in layers],
-    }))  # fmt: skip
-    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-             "manifests": [manifest.descriptor(annotations={
-                 "io.containerd.image.name": name, "org.opencontainers.image.ref.name": name})]}  # fmt: skip
+    config = Blob(
+        MEDIA_CONFIG,
+        _json(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "created": created,
+                "config": {
+                    "Entrypoint": ["gpu-dra-agent", "node"],
+                    "Env": [
+                        "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+                        "LANG=C.UTF-8",
+                        "PYTHONDONTWRITEBYTECODE=1",
+                    ],
+                    "WorkingDir": "/",
+                    "Labels": {
+                        "org.opencontainers.image.title": "gpu-dra-agent",
+                        "org.opencontainers.image.version": version,
+                        "org.opencontainers.image.created": created,
+                    },
+                },
+                "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+                "history": [{"created": created, "created_by": layer.comment} for layer in layers],
+            }
+        ),
+    )
+    manifest = Blob(
+        MEDIA_MANIFEST,
+        _json(
+            {
+                "schemaVersion": 2,
+                "mediaType": MEDIA_MANIFEST,
+                "config": config.descriptor(),
+                "layers": [layer.blob.descriptor() for layer in layers],
+            }
+        ),
+    )
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            manifest.descriptor(
+                annotations={"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name}
+            )
+        ],
+    }
     short = name.removeprefix("docker.io/library/")
-    docker = [{"Config": f"blobs/sha256/{config.digest[7:]}", "RepoTags": [short],
-               "Layers": [f"blobs/sha256/{layer.blob.digest[7:]}" for layer in layers]}]  # fmt: skip
-    files = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": _json(index),
-             "manifest.json": _json(docker)}  # fmt: skip
+    docker = [
+        {
+            "Config": f"blobs/sha256/{config.digest[7:]}",
+            "RepoTags": [short],
+            "Layers": [f"blobs/sha256/{layer.blob.digest[7:]}" for layer in layers],
+        }
+    ]
+    files = {
+        "oci-layout": _json({"imageLayoutVersion": "1.0.0"}),
+        "index.json": _json(index),
+        "manifest.json": _json(docker),
+    }
     for blob in (*(layer.blob for layer in layers), config, manifest):
         files[f"blobs/sha256/{blob.digest[7:]}"] = blob.data
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -390,8 +525,9 @@ def project_version(tree: Path) -> str:
     return str(tomllib.loads((tree / "pyproject.toml").read_text())["project"]["version"])
 
 
-def build(tree: Path = REPO, out: Path | None = None, tag: str | None = None,
-          log: Path | None = None) -> tuple[Image, Image]:  # fmt: skip
+def build(
+    tree: Path = REPO, out: Path | None = None, tag: str | None = None, log: Path | None = None
+) -> tuple[Image, Image]:
     """(the product image, the test image: the product plus the NVML fake), as archives under `out`."""
     out = out or tree / "build" / "image"
     out.mkdir(parents=True, exist_ok=True)
@@ -413,13 +549,37 @@ def build(tree: Path = REPO, out: Path | None = None, tag: str | None = None,
             shutil.copy(wheel, stage / "wheels")
         shutil.copy(LOCK, stage / "requirements.lock")
         agent_wheel(tree, stage / "dist", log, epoch)
-        pip = ["/usr/bin/python3", f"{STAGE}/wheels/{pip_wheel.name}/pip", "install", "-q", "--no-index",
-               "--no-compile", "--no-deps", "--only-binary=:all:", "--break-system-packages",
-               "--disable-pip-version-check", "--no-cache-dir", "--root-user-action=ignore"]  # fmt: skip
-        _chroot(work, [*pip, "--require-hashes", "--find-links", f"{STAGE}/wheels", "--root", f"{STAGE}/deps",
-                       "-r", f"{STAGE}/requirements.lock"], log)  # fmt: skip
-        _chroot(work, [*pip, "--find-links", f"{STAGE}/dist", "--root", f"{STAGE}/agent",
-                       f"gpu-dra-agent=={version}"], log)  # fmt: skip
+        pip = [
+            "/usr/bin/python3",
+            f"{STAGE}/wheels/{pip_wheel.name}/pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-compile",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--break-system-packages",
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "--root-user-action=ignore",
+        ]
+        _chroot(
+            work,
+            [
+                *pip,
+                "--require-hashes",
+                "--find-links",
+                f"{STAGE}/wheels",
+                "--root",
+                f"{STAGE}/deps",
+                "-r",
+                f"{STAGE}/requirements.lock",
+            ],
+            log,
+        )
+        _chroot(
+            work, [*pip, "--find-links", f"{STAGE}/dist", "--root", f"{STAGE}/agent", f"gpu-dra-agent=={version}"], log
+        )
         fake = stage / "fake" / SITE / "fakes"
         fake.mkdir(parents=True)
         shutil.copy(tree / "fakes/__init__.py", fake / "__init__.py")
@@ -428,12 +588,12 @@ def build(tree: Path = REPO, out: Path | None = None, tag: str | None = None,
             _compile_all(work, [f"{STAGE}/{part}/{SITE}"], log, strip=f"{STAGE}/{part}")
         _check_imports(work, log)
         layers = [_debian_layer(root)]
-        layers.append(Layer.of(layer_tar(stage / "deps", BASE_EPOCH),
-                               f"pip install --require-hashes -r {LOCK.name}"))  # fmt: skip
+        layers.append(Layer.of(layer_tar(stage / "deps", BASE_EPOCH), f"pip install --require-hashes -r {LOCK.name}"))
         layers.append(Layer.of(layer_tar(stage / "agent", epoch), f"pip install gpu-dra-agent=={version}"))
         fake_layer = Layer.of(layer_tar(stage / "fake", epoch), "the NVML fake: fakes/__init__.py, fakes/nvml")
-    product = write_archive(out / f"gpu-dra-agent-{tag}.oci.tar", f"docker.io/library/gpu-dra-agent:{tag}",
-                            layers, epoch, version)  # fmt: skip
+    product = write_archive(
+        out / f"gpu-dra-agent-{tag}.oci.tar", f"docker.io/library/gpu-dra-agent:{tag}", layers, epoch, version
+    )
     test = write_archive(
         out / f"gpu-dra-agent-{tag}-nvml-fake.oci.tar",
         f"docker.io/library/gpu-dra-agent:{tag}-nvml-fake",
@@ -462,8 +622,10 @@ def _check_imports(root: Path, log: Path) -> None:
     """What the agent's commands load, compiled extensions and the libraries they link included, loads in the
     image's root: a shared library missing from the Debian layer fails the build, not the first pod."""
     paths = [f"{STAGE}/{part}/{SITE}" for part in ("deps", "agent")]
-    code = (f"import sys; sys.path[:0] = {paths!r}; import grpc._cython.cygrpc, agent.commands.node, "
-            "agent.commands.arbiter, agent.arbiter.core")  # fmt: skip
+    code = (
+        f"import sys; sys.path[:0] = {paths!r}; import grpc._cython.cygrpc, agent.commands.node, "
+        "agent.commands.arbiter, agent.arbiter.core"
+    )
     try:
         _chroot(root, ["/usr/bin/python3", "-c", code], log)
     except ImageError as error:
@@ -483,8 +645,21 @@ def relock() -> None:
         (Path(scratch) / "agent/__init__.py").write_text("")
         env = {**os.environ, "CUSTOM_COMPILE_COMMAND": "python daemonset/image/build.py --lock"}
         env.pop("PIP_FIND_LINKS", None)
-        _run([str(venv / "bin/pip-compile"), "-q", "--generate-hashes", "--strip-extras", "--no-emit-index-url",
-              "--no-emit-find-links", "--output-file", str(LOCK), "pyproject.toml"], cwd=scratch, env=env)  # fmt: skip
+        _run(
+            [
+                str(venv / "bin/pip-compile"),
+                "-q",
+                "--generate-hashes",
+                "--strip-extras",
+                "--no-emit-index-url",
+                "--no-emit-find-links",
+                "--output-file",
+                str(LOCK),
+                "pyproject.toml",
+            ],
+            cwd=scratch,
+            env=env,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,7 @@ def untyped(expression: str) -> str:
             end = i + 1
             while end < n and expression[end] != ch:
                 end += 2 if expression[end] == "\\" else 1
-            out.append(expression[i:end + 1])
+            out.append(expression[i : end + 1])
             i = end + 1
             continue
         if expect_field:
@@ -126,8 +126,14 @@ def _matches_rule(rule: Json, rt: ResourceType, operation: str, subresource: str
     return has("apiGroups", rt.group) and has("apiVersions", rt.version) and has("operations", operation) and named
 
 
-def _matches(constraints: Json | None, rt: ResourceType, operation: str, subresource: str, obj: Json,
-             namespace_labels: dict[str, str] | None) -> bool:
+def _matches(
+    constraints: Json | None,
+    rt: ResourceType,
+    operation: str,
+    subresource: str,
+    obj: Json,
+    namespace_labels: dict[str, str] | None,
+) -> bool:
     if constraints is None:
         return True
     rules = constraints.get("resourceRules")
@@ -140,39 +146,64 @@ def _matches(constraints: Json | None, rt: ResourceType, operation: str, subreso
         return False
     selector = constraints.get("namespaceSelector")
     namespace_object = {"metadata": {"labels": namespace_labels}}
-    return not (selector and rt.namespaced and namespace_labels is not None
-                and not selector_matcher(selector)(namespace_object))
+    return not (
+        selector and rt.namespaced and namespace_labels is not None and not selector_matcher(selector)(namespace_object)
+    )
 
 
 class Admission:
     """The policies in the store, applied to one write. `read` lists stored objects of a type key."""
 
-    def __init__(self, read: Callable[[tuple[str, str, str]], list[Json]],
-                 namespace_labels: Callable[[str], dict[str, str] | None]) -> None:
+    def __init__(
+        self,
+        read: Callable[[tuple[str, str, str]], list[Json]],
+        namespace_labels: Callable[[str], dict[str, str] | None],
+    ) -> None:
         self._read = read
         self._namespace_labels = namespace_labels
 
     def _bound(self, policies: tuple[str, str, str], bindings: tuple[str, str, str]) -> list[tuple[Json, Json]]:
         by_name = {p["metadata"]["name"]: p for p in self._read(policies)}
-        pairs = [(by_name[b["spec"]["policyName"]], b) for b in self._read(bindings)
-                 if (b.get("spec") or {}).get("policyName") in by_name]
+        pairs = [
+            (by_name[b["spec"]["policyName"]], b)
+            for b in self._read(bindings)
+            if (b.get("spec") or {}).get("policyName") in by_name
+        ]
         return sorted(pairs, key=lambda pair: (pair[0]["metadata"]["name"], pair[1]["metadata"]["name"]))
 
-    def _context(self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None,
-                 namespace: str) -> tuple[Json, dict[str, str] | None]:
+    def _context(
+        self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None, namespace: str
+    ) -> tuple[Json, dict[str, str] | None]:
         labels = self._namespace_labels(namespace) if rt.namespaced and namespace else None
         request = {
-            "operation": operation, "userInfo": USER, "namespace": namespace,
-            "name": obj["metadata"].get("name", ""), "subResource": subresource, "dryRun": False,
+            "operation": operation,
+            "userInfo": USER,
+            "namespace": namespace,
+            "name": obj["metadata"].get("name", ""),
+            "subResource": subresource,
+            "dryRun": False,
             "kind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
             "resource": {"group": rt.group, "version": rt.version, "resource": rt.plural},
         }
         namespace_object = {"metadata": {"name": namespace, "labels": labels or {}}} if labels is not None else None
-        return {"object": obj, "oldObject": old, "request": request, "params": None,
-                "namespaceObject": namespace_object}, labels
+        return {
+            "object": obj,
+            "oldObject": old,
+            "request": request,
+            "params": None,
+            "namespaceObject": namespace_object,
+        }, labels
 
-    def _applies(self, policy: Json, binding: Json, rt: ResourceType, operation: str, subresource: str,
-                 context: Json, labels: dict[str, str] | None) -> bool:
+    def _applies(
+        self,
+        policy: Json,
+        binding: Json,
+        rt: ResourceType,
+        operation: str,
+        subresource: str,
+        context: Json,
+        labels: dict[str, str] | None,
+    ) -> bool:
         spec = policy.get("spec") or {}
         if spec.get("paramKind"):
             return False  # params are not modelled
@@ -192,8 +223,9 @@ class Admission:
         for variable in spec.get("variables") or []:
             values[variable["name"]] = _evaluate(variable["expression"], context)
 
-    def mutate(self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None,
-               namespace: str) -> Json:
+    def mutate(
+        self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None, namespace: str
+    ) -> Json:
         """The object after every bound MutatingAdmissionPolicy that matches (reinvoked once when another
         changed it, as reinvocationPolicy IfNeeded asks)."""
         pairs = self._bound(MAP, MAP_BINDING)
@@ -207,8 +239,17 @@ class Admission:
                 break
         return obj
 
-    def _mutate_one(self, policy: Json, binding: Json, rt: ResourceType, operation: str, subresource: str,
-                    obj: Json, old: Json | None, namespace: str) -> Json:
+    def _mutate_one(
+        self,
+        policy: Json,
+        binding: Json,
+        rt: ResourceType,
+        operation: str,
+        subresource: str,
+        obj: Json,
+        old: Json | None,
+        namespace: str,
+    ) -> Json:
         spec = policy.get("spec") or {}
         name = policy["metadata"]["name"]
         try:
@@ -221,8 +262,9 @@ class Admission:
                     patches = _typed(_evaluate(mutation["jsonPatch"]["expression"], context), list, "JSONPatch")
                     obj = json_patch(obj, [{k: v for k, v in p.items() if v is not None} for p in patches])
                 else:
-                    applied = _typed(_evaluate(mutation["applyConfiguration"]["expression"], context), dict,
-                                     "ApplyConfiguration")
+                    applied = _typed(
+                        _evaluate(mutation["applyConfiguration"]["expression"], context), dict, "ApplyConfiguration"
+                    )
                     obj = _merge(obj, applied)
                 context["object"] = obj
         except PolicyError as exc:
@@ -233,8 +275,16 @@ class Admission:
                 raise ApiError(400, f'policy "{name}" failed to apply its patch: {exc.message}') from None
         return obj
 
-    def validate(self, rt: ResourceType, operation: str, subresource: str, obj: Json, old: Json | None,
-                 namespace: str, warnings: list[str]) -> None:
+    def validate(
+        self,
+        rt: ResourceType,
+        operation: str,
+        subresource: str,
+        obj: Json,
+        old: Json | None,
+        namespace: str,
+        warnings: list[str],
+    ) -> None:
         """Raise 422 Invalid (or the validation's reason) for the first Deny binding a validation fails."""
         for policy, binding in self._bound(VAP, VAP_BINDING):
             spec = policy.get("spec") or {}
@@ -255,12 +305,16 @@ class Admission:
                 if validation.get("messageExpression"):
                     with contextlib.suppress(PolicyError):
                         message = str(_evaluate(validation["messageExpression"], context))
-                text = (f'{rt.plural}{"." + rt.group if rt.group else ""} "{obj["metadata"].get("name", "")}" '
-                        f'is forbidden: ValidatingAdmissionPolicy \'{name}\' with binding '
-                        f'\'{binding["metadata"]["name"]}\' denied request: {message}')
+                text = (
+                    f'{rt.plural}{"." + rt.group if rt.group else ""} "{obj["metadata"].get("name", "")}" '
+                    f"is forbidden: ValidatingAdmissionPolicy '{name}' with binding "
+                    f"'{binding['metadata']['name']}' denied request: {message}"
+                )
                 if "Warn" in actions:
-                    warnings.append(f"Validation failed for ValidatingAdmissionPolicy '{name}' with binding "
-                                    f"'{binding['metadata']['name']}': {message}")
+                    warnings.append(
+                        f"Validation failed for ValidatingAdmissionPolicy '{name}' with binding "
+                        f"'{binding['metadata']['name']}': {message}"
+                    )
                 if "Deny" in actions:
                     reason = validation.get("reason") or "Invalid"
                     code = {"Forbidden": 403, "Unauthorized": 401, "RequestEntityTooLarge": 413}.get(reason, 422)
@@ -284,8 +338,14 @@ def _merge(base: Any, applied: Any, field: str = "") -> Any:
     if key and isinstance(base, list) and isinstance(applied, list):
         out_list = [copy.deepcopy(item) for item in base]
         for item in applied:
-            at = next((i for i, old in enumerate(out_list) if isinstance(old, dict) and isinstance(item, dict)
-                       and old.get(key) == item.get(key)), None)
+            at = next(
+                (
+                    i
+                    for i, old in enumerate(out_list)
+                    if isinstance(old, dict) and isinstance(item, dict) and old.get(key) == item.get(key)
+                ),
+                None,
+            )
             if at is None:
                 out_list.append(copy.deepcopy(item))
             else:

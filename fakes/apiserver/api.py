@@ -52,15 +52,21 @@ def _keep(meta: dict[str, Any], key: str, source: dict[str, Any]) -> None:
 
 def _same(new: dict[str, Any], old: dict[str, Any]) -> bool:
     """Equal but for the times of managedFields entries (an apply that changes nothing is no write)."""
+
     def untimed(obj: dict[str, Any]) -> Any:
         entries = [{k: v for k, v in e.items() if k != "time"} for e in obj["metadata"].get("managedFields") or []]
         return {**obj, "metadata": {**obj["metadata"], "managedFields": entries}}
+
     return new == old or untimed(new) == untimed(old)
 
 
 def success(rt: ResourceType, name: str, uid: str, code: int = 200) -> dict[str, Any]:
     return {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": code,
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "code": code,
         "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": uid},
     }
 
@@ -68,8 +74,14 @@ def success(rt: ResourceType, name: str, uid: str, code: int = 200) -> dict[str,
 class WriteOptions:
     """Per-request options of a write and what it reports back besides the object."""
 
-    def __init__(self, field_validation: str = "Warn", field_manager: str = "", dry_run: bool = False,
-                 user_agent: str = "", force: bool = False) -> None:
+    def __init__(
+        self,
+        field_validation: str = "Warn",
+        field_manager: str = "",
+        dry_run: bool = False,
+        user_agent: str = "",
+        force: bool = False,
+    ) -> None:
         if field_validation not in ("Strict", "Warn", "Ignore"):
             raise ApiError(400, f"fieldValidation must be Strict, Warn or Ignore, not {field_validation!r}")
         self.field_validation = field_validation
@@ -129,8 +141,9 @@ class Api:
 
     # Writes.
 
-    def create(self, rt: ResourceType, namespace: str, body: Any,
-               options: WriteOptions | None = None) -> dict[str, Any]:
+    def create(
+        self, rt: ResourceType, namespace: str, body: Any, options: WriteOptions | None = None
+    ) -> dict[str, Any]:
         options = options or WriteOptions()
         obj = self._body(rt, namespace, body)
         meta = obj["metadata"]
@@ -162,18 +175,36 @@ class Api:
             created = self._established(created)
         return created
 
-    def update(self, rt: ResourceType, namespace: str, name: str, body: Any, subresource: str = "",
-               options: WriteOptions | None = None) -> dict[str, Any]:
+    def update(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        body: Any,
+        subresource: str = "",
+        options: WriteOptions | None = None,
+    ) -> dict[str, Any]:
         with self.store.lock:
             old = self._current(rt, namespace, name)
             obj = self._body(rt, namespace, body)
             if obj["metadata"].get("name", name) != name:
-                raise ApiError(400, f"the name of the object ({obj['metadata'].get('name')}) does not match the "
-                                    f"name on the URL ({name})")
+                raise ApiError(
+                    400,
+                    f"the name of the object ({obj['metadata'].get('name')}) does not match the "
+                    f"name on the URL ({name})",
+                )
             return self._replace(rt, old, obj, subresource, options or WriteOptions())
 
-    def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, body: Any,
-              subresource: str = "", options: WriteOptions | None = None) -> dict[str, Any]:
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        subresource: str = "",
+        options: WriteOptions | None = None,
+    ) -> dict[str, Any]:
         options = options or WriteOptions()
         if content_type == APPLY:
             return self.apply(rt, namespace, name, body, subresource, options)
@@ -187,8 +218,11 @@ class Api:
                 patched = merge_patch(old, body)
             elif content_type == STRATEGIC:
                 if not rt.builtin:
-                    raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
-                                        f"include: {JSON_PATCH}, {MERGE}, application/apply-patch+yaml")
+                    raise ApiError(
+                        415,
+                        f"the body of the request was in an unknown format - accepted media types "
+                        f"include: {JSON_PATCH}, {MERGE}, application/apply-patch+yaml",
+                    )
                 patched = strategic_merge_patch(old, body)
             if not isinstance(patched, dict):
                 raise ApiError(422, "the patch did not produce an object")
@@ -197,15 +231,18 @@ class Api:
                 patched["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
             return self._replace(rt, old, patched, subresource, options)
 
-    def apply(self, rt: ResourceType, namespace: str, name: str, config: Any, subresource: str,
-              options: WriteOptions) -> dict[str, Any]:
+    def apply(
+        self, rt: ResourceType, namespace: str, name: str, config: Any, subresource: str, options: WriteOptions
+    ) -> dict[str, Any]:
         """Server-side apply; it creates the object when there is none."""
         if not isinstance(config, dict) or not config.get("apiVersion") or not config.get("kind"):
             raise ApiError(400, "an applied configuration must be an object with apiVersion and kind")
         config = self._body(rt, namespace, config)
         if config["metadata"].get("name") not in (None, name):
-            raise ApiError(400, f"the name of the object ({config['metadata']['name']}) does not match the name on "
-                                f"the URL ({name})")
+            raise ApiError(
+                400,
+                f"the name of the object ({config['metadata']['name']}) does not match the name on the URL ({name})",
+            )
         config["metadata"]["name"] = name
         options.applied = True
         with self.store.lock:
@@ -215,10 +252,12 @@ class Api:
                     raise not_found(rt.group, rt.plural, name)
                 merged = server_side_apply(None, config, options.field_manager, options.force, now())
                 return self.create(rt, namespace, merged, options)
-            merged = server_side_apply(copy.deepcopy(live), config, options.field_manager, options.force, now(),
-                                       subresource)
-            merged["metadata"]["resourceVersion"] = config["metadata"].get("resourceVersion") or \
-                live["metadata"]["resourceVersion"]
+            merged = server_side_apply(
+                copy.deepcopy(live), config, options.field_manager, options.force, now(), subresource
+            )
+            merged["metadata"]["resourceVersion"] = (
+                config["metadata"].get("resourceVersion") or live["metadata"]["resourceVersion"]
+            )
             return self._replace(rt, copy.deepcopy(live), merged, subresource, options)
 
     def delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -227,8 +266,13 @@ class Api:
             old = self._current(rt, namespace, name)
             pre = options.get("preconditions") or {}
             if pre.get("uid") and pre["uid"] != old["metadata"]["uid"]:
-                raise conflict(rt.group, rt.plural, name, f"Precondition failed: UID in precondition: {pre['uid']}, "
-                                                          f"UID in object meta: {old['metadata']['uid']}")
+                raise conflict(
+                    rt.group,
+                    rt.plural,
+                    name,
+                    f"Precondition failed: UID in precondition: {pre['uid']}, "
+                    f"UID in object meta: {old['metadata']['uid']}",
+                )
             if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
                 raise conflict(rt.group, rt.plural, name, "Precondition failed: resourceVersion mismatch")
             orphan = options.get("propagationPolicy") == "Orphan" or options.get("orphanDependents") is True
@@ -267,8 +311,7 @@ class Api:
         with self.store.lock:
             old = self._current(pods, namespace, name)
             if old.get("spec", {}).get("nodeName"):
-                raise conflict("", "pods", name, f"pod {name} is already assigned to node "
-                                                 f"{old['spec']['nodeName']!r}")
+                raise conflict("", "pods", name, f"pod {name} is already assigned to node {old['spec']['nodeName']!r}")
             obj = copy.deepcopy(old)
             obj["spec"]["nodeName"] = target
             self.store.write(pods.key, obj, old)
@@ -290,28 +333,36 @@ class Api:
             if obj.get(field) in (None, ""):
                 obj[field] = want
             elif obj[field] != want:
-                raise ApiError(400, f"the API version in the data ({obj.get('apiVersion')}) and kind "
-                                    f"({obj.get('kind')}) do not match the URL ({rt.api_version}, {rt.kind})")
+                raise ApiError(
+                    400,
+                    f"the API version in the data ({obj.get('apiVersion')}) and kind "
+                    f"({obj.get('kind')}) do not match the URL ({rt.api_version}, {rt.kind})",
+                )
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise ApiError(400, "metadata must be an object")
         if rt.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
-                raise ApiError(400, "the namespace of the provided object does not match the namespace sent on "
-                                    "the request")
+                raise ApiError(
+                    400, "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
         return obj
 
-    def _replace(self, rt: ResourceType, old: dict[str, Any], obj: dict[str, Any], subresource: str,
-                 options: WriteOptions) -> dict[str, Any]:
+    def _replace(
+        self, rt: ResourceType, old: dict[str, Any], obj: dict[str, Any], subresource: str, options: WriteOptions
+    ) -> dict[str, Any]:
         name = old["metadata"]["name"]
         wanted_rv = obj["metadata"].get("resourceVersion")
         if wanted_rv not in (None, "") and wanted_rv != old["metadata"]["resourceVersion"]:
-            raise conflict(rt.group, rt.plural, name,
-                           "the object has been modified; please apply your changes to the latest version and try "
-                           "again")
+            raise conflict(
+                rt.group,
+                rt.plural,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
         if subresource == "status":
             new = copy.deepcopy(old)
             if "status" in obj:
@@ -361,8 +412,11 @@ class Api:
         if found is None:
             raise not_found("", "namespaces", namespace)
         if found["metadata"].get("deletionTimestamp"):
-            raise ApiError(403, f"unable to create new content in namespace {namespace} because it is being "
-                                "terminated", reason="Forbidden")
+            raise ApiError(
+                403,
+                f"unable to create new content in namespace {namespace} because it is being terminated",
+                reason="Forbidden",
+            )
 
     def _remove(self, rt: ResourceType, obj: dict[str, Any], orphan: bool) -> dict[str, Any]:
         if rt.kind == "Namespace" and not rt.group:
@@ -396,8 +450,14 @@ class Api:
         found = self.store.read(("", "v1", "namespaces"), "", namespace)
         return dict((found or {}).get("metadata", {}).get("labels") or {}) if found is not None else None
 
-    def _admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-               options: WriteOptions, subresource: str = "") -> None:
+    def _admit(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        options: WriteOptions,
+        subresource: str = "",
+    ) -> None:
         """Decode (unknown fields per fieldValidation), drop what disabled gates hide, default, run the mutating
         admission policies, validate, run the validating admission policies."""
         drop_disabled_fields(rt.group, rt.kind, obj, old, self.gates)
@@ -416,8 +476,9 @@ class Api:
         self._validate(rt, obj, old, options)
         self.admission.validate(rt, operation, subresource, obj, old, namespace, options.warnings)
 
-    def _validate(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-                  options: WriteOptions) -> None:
+    def _validate(
+        self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None, options: WriteOptions
+    ) -> None:
         causes = self._meta_causes(rt, obj["metadata"])
         unknown: list[str] = []
         if rt.builtin:
@@ -433,8 +494,10 @@ class Api:
             causes += schemas.validate_custom(obj, rt.schema)
         if unknown and options.field_validation == "Strict":
             what = ", ".join(f'unknown field "{f}"' for f in unknown)
-            raise ApiError(400, f"{rt.kind} in version \"{rt.version}\" cannot be handled as a {rt.kind}: "
-                                f"strict decoding error: {what}")
+            raise ApiError(
+                400,
+                f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: strict decoding error: {what}',
+            )
         if options.field_validation == "Warn":
             options.warnings += [f'unknown field "{f}"' for f in unknown]
         if rt.group == "resource.k8s.io":
@@ -458,24 +521,57 @@ class Api:
             causes.append(("metadata.name", why))
         for key, value in (meta.get("labels") or {}).items():
             prefix, _, label = str(key).rpartition("/")
-            if (prefix and dra_rules.dns_subdomain(prefix)) or not label or len(label) > 63 \
-                    or not _LABEL_NAME.match(label):
-                causes.append((f"metadata.labels[{key}]", "must be a qualified name (prefix/name, name at most 63 "
-                                                          "alphanumeric, '-', '_' or '.')"))
+            if (
+                (prefix and dra_rules.dns_subdomain(prefix))
+                or not label
+                or len(label) > 63
+                or not _LABEL_NAME.match(label)
+            ):
+                causes.append(
+                    (
+                        f"metadata.labels[{key}]",
+                        "must be a qualified name (prefix/name, name at most 63 alphanumeric, '-', '_' or '.')",
+                    )
+                )
             if not isinstance(value, str) or len(value) > 63 or not _LABEL_NAME.match(value):
-                causes.append((f"metadata.labels[{key}]", f"invalid label value {value!r}: at most 63 alphanumeric, "
-                                                          "'-', '_' or '.', starting and ending alphanumeric"))
+                causes.append(
+                    (
+                        f"metadata.labels[{key}]",
+                        f"invalid label value {value!r}: at most 63 alphanumeric, "
+                        "'-', '_' or '.', starting and ending alphanumeric",
+                    )
+                )
         return causes
 
     # Custom resources.
 
-    def register_custom(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
-                        schema: dict[str, Any] | None = None, status: bool = True,
-                        columns: tuple[dict[str, Any], ...] = (), short_names: tuple[str, ...] = (),
-                        categories: tuple[str, ...] = ()) -> ResourceType:
-        rt = ResourceType(group, version, plural, kind, namespaced, frozenset({"status"}) if status else frozenset(),
-                          short_names=short_names, builtin=False, schema=schema, columns=columns,
-                          returns_deleted=True, categories=categories)
+    def register_custom(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        kind: str,
+        namespaced: bool,
+        schema: dict[str, Any] | None = None,
+        status: bool = True,
+        columns: tuple[dict[str, Any], ...] = (),
+        short_names: tuple[str, ...] = (),
+        categories: tuple[str, ...] = (),
+    ) -> ResourceType:
+        rt = ResourceType(
+            group,
+            version,
+            plural,
+            kind,
+            namespaced,
+            frozenset({"status"}) if status else frozenset(),
+            short_names=short_names,
+            builtin=False,
+            schema=schema,
+            columns=columns,
+            returns_deleted=True,
+            categories=categories,
+        )
         self.registry.add(rt)
         return rt
 
@@ -485,7 +581,7 @@ class Api:
         want = f"{names.get('plural')}.{spec.get('group')}"
         causes = []
         if obj["metadata"]["name"] != want:
-            causes.append(("metadata.name", f"must be spec.names.plural+\".\"+spec.group ({want!r})"))
+            causes.append(("metadata.name", f'must be spec.names.plural+"."+spec.group ({want!r})'))
         if sum(1 for v in spec.get("versions") or [] if v.get("storage")) != 1:
             causes.append(("spec.versions", "exactly one version must be the storage version"))
         return causes
@@ -497,11 +593,18 @@ class Api:
         for version in spec.get("versions") or []:
             if version.get("served", True):
                 schema = (version.get("schema") or {}).get("openAPIV3Schema")
-                self.register_custom(spec["group"], version["name"], names["plural"], names["kind"],
-                                     spec.get("scope", "Namespaced") == "Namespaced", schema,
-                                     "status" in (version.get("subresources") or {}),
-                                     tuple(version.get("additionalPrinterColumns") or ()),
-                                     tuple(names.get("shortNames") or ()), tuple(names.get("categories") or ()))
+                self.register_custom(
+                    spec["group"],
+                    version["name"],
+                    names["plural"],
+                    names["kind"],
+                    spec.get("scope", "Namespaced") == "Namespaced",
+                    schema,
+                    "status" in (version.get("subresources") or {}),
+                    tuple(version.get("additionalPrinterColumns") or ()),
+                    tuple(names.get("shortNames") or ()),
+                    tuple(names.get("categories") or ()),
+                )
         with self.store.lock:
             old = self._current(self.registry.find("CustomResourceDefinition"), "", crd["metadata"]["name"])
             new = copy.deepcopy(old)

@@ -99,10 +99,15 @@ def manager_name(field_manager: str, user_agent: str) -> str:
     return (user_agent.split("/", 1)[0] or "unknown")[:128]
 
 
-def _entry(manager: str, operation: str, api_version: str, paths: set[Path], stamp: str,
-           subresource: str) -> Json:
-    entry: Json = {"manager": manager, "operation": operation, "apiVersion": api_version, "time": stamp,
-                  "fieldsType": "FieldsV1", "fieldsV1": fields_v1(paths)}
+def _entry(manager: str, operation: str, api_version: str, paths: set[Path], stamp: str, subresource: str) -> Json:
+    entry: Json = {
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": api_version,
+        "time": stamp,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields_v1(paths),
+    }
     if subresource:
         entry["subresource"] = subresource
     return entry
@@ -148,12 +153,14 @@ def record_update(old: Json | None, new: Json, manager: str, stamp: str, subreso
     for entry, paths in owned:
         paths.difference_update(changed)
         paths.intersection_update(after)
-        if entry.get("manager") == manager and entry.get("operation") == "Update" \
-                and entry.get("subresource", "") == subresource:
+        if (
+            entry.get("manager") == manager
+            and entry.get("operation") == "Update"
+            and entry.get("subresource", "") == subresource
+        ):
             mine_paths |= paths
             paths.clear()
-    mine = _entry(manager, "Update", new.get("apiVersion", ""), mine_paths, stamp, subresource) \
-        if mine_paths else None
+    mine = _entry(manager, "Update", new.get("apiVersion", ""), mine_paths, stamp, subresource) if mine_paths else None
     entries = _store(owned, mine)
     if entries:
         meta["managedFields"] = entries
@@ -170,8 +177,11 @@ def _get(obj: Any, path: Path) -> Any:
             obj = obj.get(part[2:], _MISSING) if isinstance(obj, dict) else _MISSING
         elif part.startswith("k:"):
             want = json.loads(part[2:])
-            obj = next((i for i in obj if isinstance(i, dict) and all(i.get(k) == v for k, v in want.items())),
-                       _MISSING) if isinstance(obj, list) else _MISSING
+            obj = (
+                next((i for i in obj if isinstance(i, dict) and all(i.get(k) == v for k, v in want.items())), _MISSING)
+                if isinstance(obj, list)
+                else _MISSING
+            )
         elif part.startswith("v:"):
             value = json.loads(part[2:])
             obj = value if isinstance(obj, list) and value in obj else _MISSING
@@ -238,20 +248,27 @@ def _dotted(path: Path) -> str:
     return out
 
 
-def server_side_apply(live: Json | None, config: Json, manager: str, force: bool, stamp: str,
-                      subresource: str = "") -> Json:
+def server_side_apply(
+    live: Json | None, config: Json, manager: str, force: bool, stamp: str, subresource: str = ""
+) -> Json:
     """The object after `manager` applies `config` to `live` (None: apply creates it)."""
     if not manager:
-        raise ApiError(400, "PATCH requests with apply-patch content type must set fieldManager "
-                            "(fieldManager is required for apply requests)")
+        raise ApiError(
+            400,
+            "PATCH requests with apply-patch content type must set fieldManager "
+            "(fieldManager is required for apply requests)",
+        )
     applied = leaves(config)
     base = copy.deepcopy(live) if live is not None else {}
     entries = _owned(copy.deepcopy((base.get("metadata") or {}).get("managedFields") or []))
     mine_before: set[Path] = set()
     conflicts: list[tuple[Path, Json]] = []
     for entry, paths in entries:
-        same = entry.get("manager") == manager and entry.get("operation") == "Apply" \
+        same = (
+            entry.get("manager") == manager
+            and entry.get("operation") == "Apply"
             and entry.get("subresource", "") == subresource
+        )
         if same:
             mine_before |= paths
             continue
@@ -259,10 +276,15 @@ def server_side_apply(live: Json | None, config: Json, manager: str, force: bool
             if _get(base, path) != applied[path]:
                 conflicts.append((path, entry))
     if conflicts and not force:
-        causes = [{"reason": "FieldManagerConflict", "field": _dotted(p),
-                   "message": f'conflict with "{e.get("manager")}"'
-                              + (f" using {e['apiVersion']}" if e.get("apiVersion") else "")}
-                  for p, e in conflicts]
+        causes = [
+            {
+                "reason": "FieldManagerConflict",
+                "field": _dotted(p),
+                "message": f'conflict with "{e.get("manager")}"'
+                + (f" using {e['apiVersion']}" if e.get("apiVersion") else ""),
+            }
+            for p, e in conflicts
+        ]
         if len(causes) == 1:
             text = f"Apply failed with 1 conflict: {causes[0]['message']}: {causes[0]['field']}"
         else:
@@ -272,8 +294,11 @@ def server_side_apply(live: Json | None, config: Json, manager: str, force: bool
     taken = {p for p, _ in conflicts}
     others: set[Path] = set()
     for entry, paths in entries:
-        if entry.get("manager") == manager and entry.get("operation") == "Apply" \
-                and entry.get("subresource", "") == subresource:
+        if (
+            entry.get("manager") == manager
+            and entry.get("operation") == "Apply"
+            and entry.get("subresource", "") == subresource
+        ):
             paths.clear()
         else:
             paths.difference_update(taken)

@@ -30,9 +30,14 @@ def _slice_taints(new: Json, old: Json | None, gates: KubernetesVersion) -> None
 def _slice_partitionable(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     def used(o: Json) -> bool:
         spec = o.get("spec") or {}
-        return bool(spec.get("sharedCounters")) or "perDeviceNodeSelection" in spec or any(
-            d.get("consumesCounters") or any(k in d for k in ("nodeName", "nodeSelector", "allNodes"))
-            for d in _devices(o))
+        return (
+            bool(spec.get("sharedCounters"))
+            or "perDeviceNodeSelection" in spec
+            or any(
+                d.get("consumesCounters") or any(k in d for k in ("nodeName", "nodeSelector", "allNodes"))
+                for d in _devices(o)
+            )
+        )
 
     if gates.enabled("DRAPartitionableDevices") or _in_use(old, used):
         return
@@ -56,9 +61,11 @@ def _slice_binding_conditions(new: Json, old: Json | None, gates: KubernetesVers
 
 def _slice_consumable_capacity(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     def used(o: Json) -> bool:
-        return any("allowMultipleAllocations" in d or any(
-            isinstance(c, dict) and "requestPolicy" in c for c in (d.get("capacity") or {}).values())
-            for d in _devices(o))
+        return any(
+            "allowMultipleAllocations" in d
+            or any(isinstance(c, dict) and "requestPolicy" in c for c in (d.get("capacity") or {}).values())
+            for d in _devices(o)
+        )
 
     if gates.enabled("DRAConsumableCapacity") or _in_use(old, used):
         return
@@ -75,7 +82,8 @@ _LIST_ATTRIBUTES = ("bools", "ints", "strings", "versions")
 
 def _slice_alpha_fields(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     if not gates.enabled("DRANodeAllocatableResources") and not _in_use(
-            old, lambda o: any(n in d for d in _devices(o) for n in _NODE_ALLOCATABLE)):
+        old, lambda o: any(n in d for d in _devices(o) for n in _NODE_ALLOCATABLE)
+    ):
         for device in _devices(new):
             for name in _NODE_ALLOCATABLE:
                 device.pop(name, None)
@@ -85,12 +93,14 @@ def _slice_alpha_fields(new: Json, old: Json | None, gates: KubernetesVersion) -
             yield from (a for a in (device.get("attributes") or {}).values() if isinstance(a, dict))
 
     if not gates.enabled("DRAListTypeAttributes") and not _in_use(
-            old, lambda o: any(n in a for a in list_attributes(o) for n in _LIST_ATTRIBUTES)):
+        old, lambda o: any(n in a for a in list_attributes(o) for n in _LIST_ATTRIBUTES)
+    ):
         for attribute in list_attributes(new):
             for name in _LIST_ATTRIBUTES:
                 attribute.pop(name, None)
     if not gates.enabled("DRAResourcePoolStatus") and not _in_use(
-            old, lambda o: "partitionTypeAttribute" in (o.get("spec") or {})):
+        old, lambda o: "partitionTypeAttribute" in (o.get("spec") or {})
+    ):
         (new.get("spec") or {}).pop("partitionTypeAttribute", None)
 
 
@@ -124,9 +134,11 @@ def _allocation_results(claim: Json | None) -> list[Json]:
 def _claim_shares(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
     """dropDisabledDRAResourceClaimConsumableCapacityStatusFields (resourceclaim/strategy.go): a result's shareID
     and consumedCapacity, and status.devices[].shareID, unless the gate is on or the old claim uses them."""
+
     def used(o: Json) -> bool:
         return any("shareID" in r or "consumedCapacity" in r for r in _allocation_results(o)) or any(
-            "shareID" in d for d in (o.get("status") or {}).get("devices") or [] if isinstance(d, dict))
+            "shareID" in d for d in (o.get("status") or {}).get("devices") or [] if isinstance(d, dict)
+        )
 
     if gates.enabled("DRAConsumableCapacity") or _in_use(old, used):
         return
@@ -161,8 +173,13 @@ def _pod(new: Json, old: Json | None, gates: KubernetesVersion) -> None:
 
 
 _BY_KIND: dict[tuple[str, str], tuple[Callable[[Json, Json | None, KubernetesVersion], None], ...]] = {
-    ("resource.k8s.io", "ResourceSlice"): (_slice_taints, _slice_partitionable, _slice_binding_conditions,
-                                          _slice_consumable_capacity, _slice_alpha_fields),
+    ("resource.k8s.io", "ResourceSlice"): (
+        _slice_taints,
+        _slice_partitionable,
+        _slice_binding_conditions,
+        _slice_consumable_capacity,
+        _slice_alpha_fields,
+    ),
     ("resource.k8s.io", "DeviceClass"): (_device_class,),
     ("resource.k8s.io", "ResourceClaim"): (_resource_claim,),
     ("resource.k8s.io", "ResourceClaimTemplate"): (_resource_claim_template,),

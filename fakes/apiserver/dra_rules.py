@@ -66,8 +66,10 @@ def dns_label(value: Any) -> str | None:
     if len(value) > 63:
         return f"must be no more than 63 characters (is {len(value)})"
     if not _DNS_LABEL.match(value):
-        return "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', " \
-               "and must start and end with an alphanumeric character"
+        return (
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+            "and must start and end with an alphanumeric character"
+        )
     return None
 
 
@@ -77,8 +79,10 @@ def dns_subdomain(value: Any, limit: int = 253) -> str | None:
     if len(value) > limit:
         return f"must be no more than {limit} characters (is {len(value)})"
     if not _DNS_SUBDOMAIN.match(value):
-        return "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', " \
-               "and must start and end with an alphanumeric character"
+        return (
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+            "and must start and end with an alphanumeric character"
+        )
     return None
 
 
@@ -152,8 +156,9 @@ def _capacity(where: str, capacity: Any, shareable: bool) -> Causes:
     if value is None:
         return []
     if valid_values and valid_range is not None:
-        return [(at, 'exactly one policy can be specified, cannot specify "validValues" and "validRange" at the '
-                     "same time")]  # fmt: skip
+        return [
+            (at, 'exactly one policy can be specified, cannot specify "validValues" and "validRange" at the same time')
+        ]
     out: Causes = []
     if valid_values:
         if default is None:
@@ -164,8 +169,11 @@ def _capacity(where: str, capacity: Any, shareable: bool) -> Causes:
         for i, (a, b) in enumerate(itertools.pairwise(values)):
             if a is not None and b is not None and a > b:
                 out.append((f"{at}.validValues[{i + 1}]", "values must be sorted in ascending order"))
-        out += [(f"{at}.validValues[{i}]", f"option is larger than capacity value: {capacity.get('value')}")
-                for i, v in enumerate(values) if v is not None and v > value]  # fmt: skip
+        out += [
+            (f"{at}.validValues[{i}]", f"option is larger than capacity value: {capacity.get('value')}")
+            for i, v in enumerate(values)
+            if v is not None and v > value
+        ]
         if default not in values:
             out.append((f"{at}.validValues", "default value is not valid according to the requestPolicy"))
         return out
@@ -173,8 +181,9 @@ def _capacity(where: str, capacity: Any, shareable: bool) -> Causes:
         return out
     if default is None:
         return [(f"{at}.default", "Required value: required when validRange is defined")]
-    low, high, step = (_quantity(valid_range[k]) if valid_range.get(k) is not None else None
-                       for k in ("min", "max", "step"))  # fmt: skip
+    low, high, step = (
+        _quantity(valid_range[k]) if valid_range.get(k) is not None else None for k in ("min", "max", "step")
+    )
     if low is None:
         return [(f"{at}.validRange.min", "Required value: required when validRange is defined")]
     if low > value:
@@ -192,12 +201,20 @@ def _capacity(where: str, capacity: Any, shareable: bool) -> Causes:
         if step <= 0:
             return [*out, (f"{at}.validRange.step", "must be greater than zero")]
         if low + step > value:
-            out.append((f"{at}.validRange.step", f"one step {low + step} is larger than capacity value: "
-                                                 f"{capacity.get('value')}"))  # fmt: skip
+            out.append(
+                (
+                    f"{at}.validRange.step",
+                    f"one step {low + step} is larger than capacity value: {capacity.get('value')}",
+                )
+            )
         for bound in (default, high):
             if bound is not None and (int(bound) - int(low)) % int(step):
-                out.append((f"{at}.validRange.step", f"value is not a multiple of a given step "
-                                                     f"({valid_range['step']}) from ({valid_range['min']})"))
+                out.append(
+                    (
+                        f"{at}.validRange.step",
+                        f"value is not a multiple of a given step ({valid_range['step']}) from ({valid_range['min']})",
+                    )
+                )
     return out
 
 
@@ -207,8 +224,9 @@ def _counters(where: str, counters: Any) -> Causes:
     return [(f"{where}[{name}]", why) for name in counters if (why := dns_label(name))]
 
 
-def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_sets: dict[str, set[str]],
-            minor: int) -> Causes:
+def _device(
+    where: str, device: dict[str, Any], per_device_nodes: bool, counter_sets: dict[str, set[str]], minor: int
+) -> Causes:
     out: Causes = []
     why = dns_label(device.get("name"))
     if why:
@@ -216,14 +234,19 @@ def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_
     attributes = device.get("attributes") or {}
     capacity = device.get("capacity") or {}
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        out.append((where, f"the combined number of attributes and capacities must not exceed "
-                           f"{MAX_ATTRIBUTES_AND_CAPACITIES} (is {len(attributes) + len(capacity)})"))
+        out.append(
+            (
+                where,
+                f"the combined number of attributes and capacities must not exceed "
+                f"{MAX_ATTRIBUTES_AND_CAPACITIES} (is {len(attributes) + len(capacity)})",
+            )
+        )
     for name, value in attributes.items():
-        if (why := qualified_name(name)):
+        if why := qualified_name(name):
             out.append((f"{where}.attributes[{name}]", why))
         out += _attribute(f"{where}.attributes[{name}]", value)
     for name in capacity:
-        if (why := qualified_name(name)):
+        if why := qualified_name(name):
             out.append((f"{where}.capacity[{name}]", why))
         if name in attributes:
             out.append((f"{where}.capacity[{name}]", "attribute and capacity names must be unique"))
@@ -249,16 +272,24 @@ def _device(where: str, device: dict[str, Any], per_device_nodes: bool, counter_
         if minor >= 35 and len(use.get("counters") or {}) > MAX_COUNTERS_PER_SET:
             out.append((f"{at}.counters", f"must have at most {MAX_COUNTERS_PER_SET} counters"))
     if minor >= 35 and len(consumed) > MAX_CONSUMPTIONS_PER_DEVICE:
-        out.append((f"{where}.consumesCounters",
-                    f"must have at most {MAX_CONSUMPTIONS_PER_DEVICE} entries (is {len(consumed)})"))
+        out.append(
+            (
+                f"{where}.consumesCounters",
+                f"must have at most {MAX_CONSUMPTIONS_PER_DEVICE} entries (is {len(consumed)})",
+            )
+        )
     if minor < 35 and total > MAX_COUNTERS_PER_DEVICE:
-        out.append((f"{where}.consumesCounters",
-                    f"must consume at most {MAX_COUNTERS_PER_DEVICE} counters (is {total})"))
+        out.append(
+            (f"{where}.consumesCounters", f"must consume at most {MAX_COUNTERS_PER_DEVICE} counters (is {total})")
+        )
     if per_device_nodes:
         out += _node_selection(where, device, _NODE_FIELDS)
     else:
-        out += [(f"{where}.{f}", "may only be set when perDeviceNodeSelection is true")
-                for f in _NODE_FIELDS if device.get(f) not in (None, False, "")]
+        out += [
+            (f"{where}.{f}", "may only be set when perDeviceNodeSelection is true")
+            for f in _NODE_FIELDS
+            if device.get(f) not in (None, False, "")
+        ]
     taints = device.get("taints") or []
     max_taints = MAX_TAINTS if minor >= 35 else MAX_TAINTS_134
     effects = ("None", "NoSchedule", "NoExecute") if minor >= 35 else ("NoSchedule", "NoExecute")
@@ -281,8 +312,9 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None, minor: int =
     if not isinstance(pool_name, str) or not pool_name or len(pool_name) > 253:
         out.append(("spec.pool.name", "required, at most 253 characters"))
     else:
-        out += [("spec.pool.name", f"segment {seg!r}: {why}") for seg in pool_name.split("/")
-                if (why := dns_subdomain(seg))]
+        out += [
+            ("spec.pool.name", f"segment {seg!r}: {why}") for seg in pool_name.split("/") if (why := dns_subdomain(seg))
+        ]
     if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
         out.append(("spec.pool.generation", "must be greater than or equal to 0"))
     if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] <= 0:
@@ -295,7 +327,7 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None, minor: int =
     shared = spec.get("sharedCounters") or []
     for i, counter_set in enumerate(shared):
         name = counter_set.get("name")
-        if (why := dns_label(name)):
+        if why := dns_label(name):
             out.append((f"spec.sharedCounters[{i}].name", why))
         if name in counter_sets:
             out.append((f"spec.sharedCounters[{i}].name", f"duplicate counter set name {name!r}"))
@@ -305,16 +337,23 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None, minor: int =
     devices = spec.get("devices") or []
     if minor < 35:
         if total_shared > MAX_SHARED_COUNTERS:
-            out.append(("spec.sharedCounters", f"must have at most {MAX_SHARED_COUNTERS} counters over all sets "
-                                               f"(is {total_shared})"))
+            out.append(
+                (
+                    "spec.sharedCounters",
+                    f"must have at most {MAX_SHARED_COUNTERS} counters over all sets (is {total_shared})",
+                )
+            )
         max_devices = MAX_DEVICES_PER_SLICE
     else:
         if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
             out.append(("spec", "only one of `sharedCounters` or `devices` is allowed"))
         if len(shared) > MAX_COUNTER_SETS:
             out.append(("spec.sharedCounters", f"must have at most {MAX_COUNTER_SETS} counter sets (is {len(shared)})"))
-        out += [(f"spec.sharedCounters[{i}].counters", f"must have at most {MAX_COUNTERS_PER_SET} counters")
-                for i, s in enumerate(shared) if len(s.get("counters") or {}) > MAX_COUNTERS_PER_SET]
+        out += [
+            (f"spec.sharedCounters[{i}].counters", f"must have at most {MAX_COUNTERS_PER_SET} counters")
+            for i, s in enumerate(shared)
+            if len(s.get("counters") or {}) > MAX_COUNTERS_PER_SET
+        ]
         uses = any(d.get("taints") or d.get("consumesCounters") for d in devices)
         max_devices = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if uses else MAX_DEVICES_PER_SLICE
     if len(devices) > max_devices:
@@ -328,8 +367,13 @@ def validate_slice(obj: dict[str, Any], old: dict[str, Any] | None, minor: int =
         names.add(device.get("name"))
         consumptions += sum(len(u.get("counters") or {}) for u in device.get("consumesCounters") or [])
     if minor < 35 and consumptions > MAX_COUNTER_CONSUMPTIONS_PER_SLICE:
-        out.append(("spec.devices", f"must consume at most {MAX_COUNTER_CONSUMPTIONS_PER_SLICE} counters over all "
-                                    f"devices (is {consumptions})"))
+        out.append(
+            (
+                "spec.devices",
+                f"must consume at most {MAX_COUNTER_CONSUMPTIONS_PER_SLICE} counters over all "
+                f"devices (is {consumptions})",
+            )
+        )
 
     if old is not None:
         old_spec = old.get("spec") or {}
@@ -350,7 +394,7 @@ def _requests(where: str, requests: list[dict[str, Any]]) -> Causes:
     names: set[Any] = set()
     for i, request in enumerate(requests):
         at = f"{where}[{i}]"
-        if (why := dns_label(request.get("name"))):
+        if why := dns_label(request.get("name")):
             out.append((f"{at}.name", why))
         if request.get("name") in names:
             out.append((f"{at}.name", f"duplicate request name {request.get('name')!r}"))
@@ -364,7 +408,7 @@ def _requests(where: str, requests: list[dict[str, Any]]) -> Causes:
             if not first or len(first) > MAX_SUBREQUESTS:
                 out.append((f"{at}.firstAvailable", f"must have 1 to {MAX_SUBREQUESTS} subrequests"))
             for j, sub in enumerate(first):
-                if (why := dns_label(sub.get("name"))):
+                if why := dns_label(sub.get("name")):
                     out.append((f"{at}.firstAvailable[{j}].name", why))
                 out += _exact(f"{at}.firstAvailable[{j}]", sub)
     return out
@@ -372,7 +416,7 @@ def _requests(where: str, requests: list[dict[str, Any]]) -> Causes:
 
 def _exact(where: str, request: dict[str, Any]) -> Causes:
     out: Causes = []
-    if (why := dns_subdomain(request.get("deviceClassName"))):
+    if why := dns_subdomain(request.get("deviceClassName")):
         out.append((f"{where}.deviceClassName", why))
     mode = request.get("allocationMode", "ExactCount")
     if mode not in ("ExactCount", "All"):
@@ -384,7 +428,7 @@ def _exact(where: str, request: dict[str, Any]) -> Causes:
         out.append((f"{where}.count", "must be greater than zero"))
     out += _selectors(f"{where}.selectors", request.get("selectors") or [])
     for name, value in ((request.get("capacity") or {}).get("requests") or {}).items():
-        if (why := qualified_name(name)):
+        if why := qualified_name(name):
             out.append((f"{where}.capacity.requests[{name}]", why))
         if _quantity(value) is None:  # a negative one is taken, as by kube-apiserver 1.37 (the node refuses it)
             out.append((f"{where}.capacity.requests[{name}]", "must be a quantity"))
@@ -415,7 +459,7 @@ def _configs(where: str, configs: list[dict[str, Any]]) -> Causes:
         if opaque is None:
             out.append((f"{where}[{i}].opaque", "required"))
             continue
-        if (why := dns_subdomain(opaque.get("driver"), 63)):
+        if why := dns_subdomain(opaque.get("driver"), 63):
             out.append((f"{where}[{i}].opaque.driver", why))
         if opaque.get("parameters") is None:
             out.append((f"{where}[{i}].opaque.parameters", "required"))
@@ -456,19 +500,28 @@ def validate_claim(obj: dict[str, Any], old: dict[str, Any] | None) -> Causes:
     seen: set[tuple[Any, ...]] = set()
     for i, result in enumerate(results):
         if result.get("request") not in requests:
-            out.append((f"status.allocation.devices.results[{i}].request", "must be the name of a request in the "
-                        "claim or the name of a request and a subrequest separated by '/'"))
-        if (why := dns_label(result.get("device"))):
+            out.append(
+                (
+                    f"status.allocation.devices.results[{i}].request",
+                    "must be the name of a request in the "
+                    "claim or the name of a request and a subrequest separated by '/'",
+                )
+            )
+        if why := dns_label(result.get("device")):
             out.append((f"status.allocation.devices.results[{i}].device", why))
-        if (why := dns_subdomain(result.get("driver"), 63)):
+        if why := dns_subdomain(result.get("driver"), 63):
             out.append((f"status.allocation.devices.results[{i}].driver", why))
         share = result.get("shareID")
         if share is not None and not _UID.fullmatch(str(share)):
             out.append((f"status.allocation.devices.results[{i}].shareID", f"invalid UID {share!r}"))
         key = (result.get("driver"), result.get("pool"), result.get("device"), share)
         if key in seen:
-            out.append((f"status.allocation.devices.results[{i}]", "Duplicate value: a device (and share) may be "
-                        "allocated once"))  # fmt: skip
+            out.append(
+                (
+                    f"status.allocation.devices.results[{i}]",
+                    "Duplicate value: a device (and share) may be allocated once",
+                )
+            )
         seen.add(key)
     return out
 

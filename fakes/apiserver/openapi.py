@@ -86,8 +86,9 @@ def custom_definition_name(rt: ResourceType) -> str:
 
 
 def _custom_schema(rt: ResourceType) -> dict[str, Any]:
-    schema: dict[str, Any] = copy.deepcopy(rt.schema) if rt.schema else {
-        "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema: dict[str, Any] = (
+        copy.deepcopy(rt.schema) if rt.schema else {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    )
     props: dict[str, Any] = schema.setdefault("properties", {})
     props.setdefault("apiVersion", {"type": "string"})
     props.setdefault("kind", {"type": "string"})
@@ -105,8 +106,9 @@ def _parameters(names: tuple[str, ...]) -> list[dict[str, Any]]:
     return [{"name": n, "in": "query", "schema": {"type": "string"}, "uniqueItems": True} for n in names]
 
 
-def _operation(rt: ResourceType, action: str, op_id: str, ref: str, *, body: tuple[str, ...] = (),
-               query: tuple[str, ...] = ()) -> dict[str, Any]:
+def _operation(
+    rt: ResourceType, action: str, op_id: str, ref: str, *, body: tuple[str, ...] = (), query: tuple[str, ...] = ()
+) -> dict[str, Any]:
     content = {"application/json": {"schema": {"$ref": ref}}, "application/yaml": {"schema": {"$ref": ref}}}
     op: dict[str, Any] = {
         "operationId": op_id,
@@ -130,13 +132,19 @@ def _paths(rt: ResourceType, ref: str) -> dict[str, Any]:
         "get": _operation(rt, "get", f"read{name}", ref, query=("pretty",)),
         "put": _operation(rt, "put", f"replace{name}", ref, body=("application/json",), query=_QUERY),
         "patch": _operation(rt, "patch", f"patch{name}", ref, body=patch_types, query=(*_QUERY, "force")),
-        "delete": _operation(rt, "delete", f"delete{name}", ref, query=("dryRun", "gracePeriodSeconds",
-                                                                          "propagationPolicy")),
+        "delete": _operation(
+            rt, "delete", f"delete{name}", ref, query=("dryRun", "gracePeriodSeconds", "propagationPolicy")
+        ),
     }
     out: dict[str, Any] = {
         collection: {
-            "get": _operation(rt, "list", f"list{name}", ref, query=("labelSelector", "fieldSelector", "limit",
-                                                                     "watch", "resourceVersion")),
+            "get": _operation(
+                rt,
+                "list",
+                f"list{name}",
+                ref,
+                query=("labelSelector", "fieldSelector", "limit", "watch", "resourceVersion"),
+            ),
             "post": _operation(rt, "post", f"create{name}", ref, body=("application/json",), query=_QUERY),
         },
         item: item_ops,
@@ -154,9 +162,11 @@ def group_version_document(version: str, types: list[ResourceType], title_versio
     """The OpenAPI 3.0 document of one group-version, as served at /openapi/v3/apis/<group>/<version>."""
     prefix = "#/components/schemas/"
     builtin_roots = {n for t in types if t.builtin and (n := definition_name(version, t))}
-    roots = builtin_roots | {"io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
-                             "io.k8s.apimachinery.pkg.apis.meta.v1.Status",
-                             "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions"}
+    roots = builtin_roots | {
+        "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+        "io.k8s.apimachinery.pkg.apis.meta.v1.Status",
+        "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions",
+    }
     schemas = {name: _convert(schema, prefix) for name, schema in _closure(version, roots).items()}
     paths: dict[str, Any] = {}
     for rt in types:
@@ -168,8 +178,12 @@ def group_version_document(version: str, types: list[ResourceType], title_versio
             name = custom_definition_name(rt)
             schemas[name] = _custom_schema(rt)
         paths.update(_paths(rt, prefix + name))
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": title_version}, "paths": paths,
-            "components": {"schemas": schemas}}
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": title_version},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
 
 
 def document_hash(document: dict[str, Any]) -> str:
@@ -190,8 +204,12 @@ def swagger_document(version: str, types: list[ResourceType], title_version: str
             defs[name] = json.loads(json.dumps(_custom_schema(rt)).replace("#/components/schemas/", prefix))
         for path, ops in _paths(rt, prefix + name).items():
             paths[path] = {verb: _swagger_operation(op, prefix + name) for verb, op in ops.items()}
-    return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": title_version}, "paths": paths,
-            "definitions": defs}
+    return {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": title_version},
+        "paths": paths,
+        "definitions": defs,
+    }
 
 
 def _swagger_operation(op: dict[str, Any], ref: str) -> dict[str, Any]:

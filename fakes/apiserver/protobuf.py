@@ -90,12 +90,13 @@ def accepts(accept: str) -> bool:
 
 # Decoding: bytes -> the JSON dict the store keeps.
 
+
 def decode(raw: bytes) -> dict[str, Any]:
     """An enveloped object as JSON, apiVersion and kind included; a clear 400 when it is not one."""
     if not raw.startswith(MAGIC):
         raise ApiError(400, "the protobuf body does not start with the Kubernetes envelope (k8s\\x00)")
     try:
-        unknown = _message(_UNKNOWN).FromString(raw[len(MAGIC):])
+        unknown = _message(_UNKNOWN).FromString(raw[len(MAGIC) :])
     except DecodeError as exc:
         raise ApiError(400, f"the protobuf body is not a runtime.Unknown: {exc}") from None
     api_version, kind = unknown.typeMeta.apiVersion, unknown.typeMeta.kind  # type: ignore[attr-defined]
@@ -176,6 +177,7 @@ _SPECIAL_TO_JSON: dict[str, Any] = {
 
 
 # Encoding: the store's JSON -> bytes.
+
 
 def encode(obj: dict[str, Any]) -> bytes:
     """An object (apiVersion and kind set) in the envelope; ValueError where its kind has no message."""

@@ -84,8 +84,13 @@ class ResourceType:
                 "eviction": ("Eviction", ["create"]),
                 "binding": ("Binding", ["create"]),
             }[sub]
-            entry = {"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced,
-                     "kind": kind, "verbs": sub_verbs}
+            entry = {
+                "name": f"{self.plural}/{sub}",
+                "singularName": "",
+                "namespaced": self.namespaced,
+                "kind": kind,
+                "verbs": sub_verbs,
+            }
             if sub == "eviction":
                 entry.update(group="policy", version="v1")
             out.append(entry)
@@ -96,52 +101,179 @@ STATUS = frozenset({"status"})
 
 # (type, first minor release serving it, feature gate it needs)
 _CATALOG: tuple[tuple[ResourceType, int, str | None], ...] = (
-    (ResourceType("", "v1", "namespaces", "Namespace", False, STATUS, ("status.phase",), ("ns",),
-                  returns_deleted=True), 34, None),
+    (
+        ResourceType(
+            "", "v1", "namespaces", "Namespace", False, STATUS, ("status.phase",), ("ns",), returns_deleted=True
+        ),
+        34,
+        None,
+    ),
     (ResourceType("", "v1", "nodes", "Node", False, STATUS, ("spec.unschedulable",), ("no",)), 34, None),
-    (ResourceType(
-        "", "v1", "pods", "Pod", True, frozenset({"status", "eviction", "binding"}),
-        ("spec.nodeName", "status.phase", "spec.schedulerName", "spec.serviceAccountName",
-         "spec.restartPolicy", "status.nominatedNodeName"),
-        ("po",), categories=("all",), returns_deleted=True), 34, None),
-    (ResourceType(
-        "", "v1", "events", "Event", True, frozenset(),
-        ("involvedObject.kind", "involvedObject.name", "involvedObject.namespace", "involvedObject.uid",
-         "reason", "type", "reportingComponent"),
-        ("ev",)), 34, None),
+    (
+        ResourceType(
+            "",
+            "v1",
+            "pods",
+            "Pod",
+            True,
+            frozenset({"status", "eviction", "binding"}),
+            (
+                "spec.nodeName",
+                "status.phase",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.restartPolicy",
+                "status.nominatedNodeName",
+            ),
+            ("po",),
+            categories=("all",),
+            returns_deleted=True,
+        ),
+        34,
+        None,
+    ),
+    (
+        ResourceType(
+            "",
+            "v1",
+            "events",
+            "Event",
+            True,
+            frozenset(),
+            (
+                "involvedObject.kind",
+                "involvedObject.name",
+                "involvedObject.namespace",
+                "involvedObject.uid",
+                "reason",
+                "type",
+                "reportingComponent",
+            ),
+            ("ev",),
+        ),
+        34,
+        None,
+    ),
     (ResourceType("", "v1", "configmaps", "ConfigMap", True, short_names=("cm",)), 34, None),
     (ResourceType("", "v1", "secrets", "Secret", True, field_selectors=("type",)), 34, None),
     (ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",)), 34, None),
-    (ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, STATUS, short_names=("ds",),
-                  categories=("all",)), 34, None),
-    (ResourceType("apps", "v1", "deployments", "Deployment", True, STATUS, short_names=("deploy",),
-                  categories=("all",)), 34, None),
+    (
+        ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, STATUS, short_names=("ds",), categories=("all",)),
+        34,
+        None,
+    ),
+    (
+        ResourceType(
+            "apps", "v1", "deployments", "Deployment", True, STATUS, short_names=("deploy",), categories=("all",)
+        ),
+        34,
+        None,
+    ),
     (ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False), 34, None),
     (ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False), 34, None),
     (ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True), 34, None),
     (ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True), 34, None),
-    (ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
-                  False, STATUS, categories=("api-extensions",)), 34, None),
-    (ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
-                  "ValidatingAdmissionPolicyBinding", False, categories=("api-extensions",)), 34, None),
-    (ResourceType("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", "MutatingAdmissionPolicy",
-                  False, categories=("api-extensions",)), 36, None),
-    (ResourceType("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicybindings",
-                  "MutatingAdmissionPolicyBinding", False, categories=("api-extensions",)), 36, None),
+    (
+        ResourceType(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicy",
+            False,
+            STATUS,
+            categories=("api-extensions",),
+        ),
+        34,
+        None,
+    ),
+    (
+        ResourceType(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingadmissionpolicybindings",
+            "ValidatingAdmissionPolicyBinding",
+            False,
+            categories=("api-extensions",),
+        ),
+        34,
+        None,
+    ),
+    (
+        ResourceType(
+            "admissionregistration.k8s.io",
+            "v1",
+            "mutatingadmissionpolicies",
+            "MutatingAdmissionPolicy",
+            False,
+            categories=("api-extensions",),
+        ),
+        36,
+        None,
+    ),
+    (
+        ResourceType(
+            "admissionregistration.k8s.io",
+            "v1",
+            "mutatingadmissionpolicybindings",
+            "MutatingAdmissionPolicyBinding",
+            False,
+            categories=("api-extensions",),
+        ),
+        36,
+        None,
+    ),
     (ResourceType("events.k8s.io", "v1", "events", "Event", True, frozenset(), ("reason", "type"), ("ev",)), 34, None),
     (ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True), 34, None),
-    (ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False, frozenset(),
-                  ("spec.nodeName", "spec.driver"), returns_deleted=True), 34, None),
-    (ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, STATUS,
-                  returns_deleted=True), 34, None),
-    (ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
-                  returns_deleted=True), 34, None),
+    (
+        ResourceType(
+            "resource.k8s.io",
+            "v1",
+            "resourceslices",
+            "ResourceSlice",
+            False,
+            frozenset(),
+            ("spec.nodeName", "spec.driver"),
+            returns_deleted=True,
+        ),
+        34,
+        None,
+    ),
+    (
+        ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, STATUS, returns_deleted=True),
+        34,
+        None,
+    ),
+    (
+        ResourceType(
+            "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True, returns_deleted=True
+        ),
+        34,
+        None,
+    ),
     (ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False, returns_deleted=True), 34, None),
     # DeviceTaintRule went GA (resource.k8s.io/v1) in 1.37; the fake serves no earlier shape
-    (ResourceType("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, STATUS,
-                  returns_deleted=True), 37, None),
-    (ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
-                  STATUS, short_names=("crd", "crds"), categories=("api-extensions",), returns_deleted=True), 34, None),
+    (
+        ResourceType(
+            "resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", False, STATUS, returns_deleted=True
+        ),
+        37,
+        None,
+    ),
+    (
+        ResourceType(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            False,
+            STATUS,
+            short_names=("crd", "crds"),
+            categories=("api-extensions",),
+            returns_deleted=True,
+        ),
+        34,
+        None,
+    ),
     # The gang API of KEP-4671: v1beta1 from 1.37 (earlier alpha shapes are not served by the fake).
     (ResourceType("scheduling.k8s.io", "v1beta1", "workloads", "Workload", True), 37, "GenericWorkload"),
     (ResourceType("scheduling.k8s.io", "v1beta1", "podgroups", "PodGroup", True, STATUS), 37, "GenericWorkload"),
@@ -158,7 +290,8 @@ class Registry:
 
     def __init__(self, gates: KubernetesVersion | None = None) -> None:
         self._types: dict[tuple[str, str, str], ResourceType] = {
-            t.key: t for t in builtin_types(gates or KubernetesVersion())}
+            t.key: t for t in builtin_types(gates or KubernetesVersion())
+        }
         self.generation = 0  # bumped whenever the served types change (CRDs), for caches of derived documents
 
     def add(self, rt: ResourceType) -> None:
@@ -178,7 +311,8 @@ class Registry:
         if "/" in what:
             group, what = what.rsplit("/", 1)
         matches = [
-            t for t in self._types.values()
+            t
+            for t in self._types.values()
             if what.lower() in (t.kind.lower(), t.plural) and (group is None or t.group == group)
         ]
         if not matches:

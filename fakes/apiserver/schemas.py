@@ -103,8 +103,10 @@ def validate_custom(obj: dict[str, Any], schema: dict[str, Any]) -> Causes:
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
     props = {k: v for k, v in (schema.get("properties") or {}).items() if k not in ("apiVersion", "kind", "metadata")}
     reduced = {**schema, "properties": props}
-    errors = sorted(jsonschema.Draft7Validator(_strip_k8s_extensions(reduced)).iter_errors(body),
-                    key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(
+        jsonschema.Draft7Validator(_strip_k8s_extensions(reduced)).iter_errors(body),
+        key=lambda e: list(map(str, e.absolute_path)),
+    )
     return [(_path(e.absolute_path), e.message) for e in errors[:10]]
 
 

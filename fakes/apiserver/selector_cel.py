@@ -28,8 +28,16 @@ _MACRO = re.compile(r"\.\s*(all|exists_one|exists|map|filter)\s*\(")
 _BOUND = re.compile(r"\.\s*(?:all|exists_one|exists|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
 _TOKEN = re.compile(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"|[A-Za-z_]\w*|\d+(?:\.\d+)?|&&|\|\||[=!<>]=|[-+*/%<>!?:]")
 _STRING = re.compile(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"")
-_CEL_TYPE = {bool: "bool", int: "int", float: "double", str: "string", bytes: "bytes", list: "list(dyn)",
-             dict: "map(dyn, dyn)", type(None): "null_type"}  # fmt: skip
+_CEL_TYPE = {
+    bool: "bool",
+    int: "int",
+    float: "double",
+    str: "string",
+    bytes: "bytes",
+    list: "list(dyn)",
+    dict: "map(dyn, dyn)",
+    type(None): "null_type",
+}
 
 
 def _blank_strings(text: str) -> str:
@@ -94,7 +102,7 @@ def _range_size(text: str) -> int:
         return _top_level_items(receiver[1:-1])
     last = list(_MACRO.finditer(receiver))[-1:]
     if last and last[0].group(1) in ("map", "filter") and _closing(receiver, last[0].end() - 1) == len(receiver) - 1:
-        return _range_size(receiver[:last[0].start()])  # a list made by map or filter: its source's size
+        return _range_size(receiver[: last[0].start()])  # a list made by map or filter: its source's size
     return MAX_MAP_ELEMENTS
 
 
@@ -114,9 +122,9 @@ def _cost(text: str) -> int:
         start = _receiver_start(text, found.start())
         close = _closing(text, found.end() - 1)
         plain.append(text[i:start])
-        size = _range_size(text[start:found.start()])
-        receiver = _cost(text[start:found.start()])
-        body = text[found.end():close].split(",", 1)[-1]
+        size = _range_size(text[start : found.start()])
+        receiver = _cost(text[start : found.start()])
+        body = text[found.end() : close].split(",", 1)[-1]
         total += receiver + size * (_cost(body) + 3)
         i = close + 1
         if total > MAX_COST * 1000:
@@ -134,8 +142,13 @@ def causes(where: str, expression: str) -> list[tuple[str, str]]:
     bound = set(_BOUND.findall(expression))
     undeclared = sorted(set(program.variables()) - bound - {"device"})
     if undeclared:
-        return [(where, f"Invalid value: \"{shown}\": compilation failed: ERROR: <input>: undeclared reference to "
-                        f"'{undeclared[0]}' (in container '')")]
+        return [
+            (
+                where,
+                f'Invalid value: "{shown}": compilation failed: ERROR: <input>: undeclared reference to '
+                f"'{undeclared[0]}' (in container '')",
+            )
+        ]
     if estimated_cost(expression) > MAX_COST:
         return [(where, "Forbidden: too complex, exceeds cost limit")]
     result = _probe(program)

@@ -27,6 +27,7 @@ def _exists(key: str, negate: bool) -> LabelCheck:
 def _field_equals(path: str, value: str, negate: bool) -> Matcher:
     return lambda obj: (field_value(obj, path) == value) != negate
 
+
 _SET_OP = re.compile(r"^\s*(!?)\s*([A-Za-z0-9_./-]+)\s*(?:\s(in|notin)\s*\(([^)]*)\))?\s*$")
 _EQ_OP = re.compile(r"^\s*([A-Za-z0-9_./-]+)\s*(==|!=|=)\s*([A-Za-z0-9_.-]*)\s*$")
 
@@ -119,6 +120,6 @@ def field_selector(text: str | None, supported: tuple[str, ...]) -> Matcher:
             raise ApiError(400, f"invalid field selector term {term.strip()!r}")
         path, op, value = m.groups()
         if path not in allowed:
-            raise ApiError(400, f'field label not supported: {path}')
+            raise ApiError(400, f"field label not supported: {path}")
         checks.append(_field_equals(path, value, op == "!="))
     return lambda obj: all(check(obj) for check in checks)

@@ -30,9 +30,14 @@ from .store import Event, Store, namespace_of
 from .tokens import Tokens
 from .versions import KubernetesVersion, default_version
 
-_BODY_TYPES = ("application/json", "application/yaml", "application/json-patch+json",
-               "application/merge-patch+json", "application/strategic-merge-patch+json",
-               "application/apply-patch+yaml")
+_BODY_TYPES = (
+    "application/json",
+    "application/yaml",
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
+)
 _PRESET_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
@@ -92,8 +97,16 @@ class ApiServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def register_custom(self, group: str, version: str, plural: str, kind: str, namespaced: bool = True,
-                        schema: dict[str, Any] | None = None, status: bool = True) -> ResourceType:
+    def register_custom(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        kind: str,
+        namespaced: bool = True,
+        schema: dict[str, Any] | None = None,
+        status: bool = True,
+    ) -> ResourceType:
         """Serve a custom resource type, validated against `schema` (an openAPIV3Schema) when given."""
         return self.api.register_custom(group, version, plural, kind, namespaced, schema, status)
 
@@ -104,19 +117,24 @@ class ApiServer:
             types = [t for t in self.registry.all() if _gv_path(t) == group_version]
             if not types:
                 return None
-            self._openapi_cache[key] = openapi.group_version_document(self.version.version, types,
-                                                                      f"v{self.version.version}.0")
+            self._openapi_cache[key] = openapi.group_version_document(
+                self.version.version, types, f"v{self.version.version}.0"
+            )
         return self._openapi_cache[key]
 
     def openapi_v3_hashes(self) -> dict[str, str]:
-        return {gv: openapi.document_hash(doc) for gv in sorted({_gv_path(t) for t in self.registry.all()})
-                if (doc := self.openapi_v3(gv)) is not None}
+        return {
+            gv: openapi.document_hash(doc)
+            for gv in sorted({_gv_path(t) for t in self.registry.all()})
+            if (doc := self.openapi_v3(gv)) is not None
+        }
 
     def openapi_v2(self) -> dict[str, Any]:
         key = ("swagger", self.registry.generation)
         if key not in self._openapi_cache:
-            self._openapi_cache[key] = openapi.swagger_document(self.version.version, self.registry.all(),
-                                                                f"v{self.version.version}.0")
+            self._openapi_cache[key] = openapi.swagger_document(
+                self.version.version, self.registry.all(), f"v{self.version.version}.0"
+            )
         return self._openapi_cache[key]
 
     def drop_watches(self) -> None:
@@ -244,8 +262,11 @@ class _Handler(BaseHTTPRequestHandler):
             elif raw and body_type and body_type not in _BODY_TYPES:
                 # CBOR bodies (and protobuf patches, which kube-apiserver refuses too) are refused, never misread.
                 accepted = (*_BODY_TYPES, protobuf.MEDIA_TYPE)
-                unsupported = ApiError(415, f"the body of the request was in an unknown format - accepted media "
-                                            f"types include: {', '.join(accepted)}")
+                unsupported = ApiError(
+                    415,
+                    f"the body of the request was in an unknown format - accepted media "
+                    f"types include: {', '.join(accepted)}",
+                )
                 self._answer(unsupported.code, unsupported.status())
                 return
             code, body = self._route(method, url.path, query, raw)
@@ -269,11 +290,19 @@ class _Handler(BaseHTTPRequestHandler):
             cidrs = [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.apiserver.url}]
             return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": cidrs}
         if parts == ["apis"]:
-            return 200, {"kind": "APIGroupList", "apiVersion": "v1",
-                         "groups": [_group(g, vs) for g, vs in sorted(registry.groups().items())]}
-        if method == "POST" and (parts == ["apis", "authentication.k8s.io", "v1", "tokenreviews"] or (
-                parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 7 and parts[4:7:2] == ["serviceaccounts",
-                                                                                                  "token"])):
+            return 200, {
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": [_group(g, vs) for g, vs in sorted(registry.groups().items())],
+            }
+        if method == "POST" and (
+            parts == ["apis", "authentication.k8s.io", "v1", "tokenreviews"]
+            or (
+                parts[:3] == ["api", "v1", "namespaces"]
+                and len(parts) == 7
+                and parts[4:7:2] == ["serviceaccounts", "token"]
+            )
+        ):
             return self._tokens(parts, raw)
         if parts[:1] == ["api"] and len(parts) >= 2:
             group, version, rest = "", parts[1], parts[2:]
@@ -291,8 +320,12 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, f"the server could not find the requested resource ({path})")
         if not rest:
             gv = f"{group}/{version}" if group else version
-            return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
-                         "resources": [r for t in types for r in t.discovery()]}
+            return 200, {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": gv,
+                "resources": [r for t in types for r in t.discovery()],
+            }
         by_plural = {t.plural: t for t in types}
         namespace: str | None = None
         if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] in by_plural and by_plural[rest[2]].namespaced:
@@ -306,8 +339,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(404, f"the server could not find the requested resource ({path})")
         ns = (namespace or "") if rt.namespaced else ""
         api = self.apiserver.api
-        options = WriteOptions(query.get("fieldValidation") or "Warn", query.get("fieldManager") or "",
-                               bool(query.get("dryRun")), self.headers.get("User-Agent") or "", _flag(query, "force"))
+        options = WriteOptions(
+            query.get("fieldValidation") or "Warn",
+            query.get("fieldManager") or "",
+            bool(query.get("dryRun")),
+            self.headers.get("User-Agent") or "",
+            _flag(query, "force"),
+        )
         self._warnings = options.warnings
         as_table = method == "GET" and tables.wants_table(self.headers.get("Accept") or "")
         include = query.get("includeObject") or "Metadata"
@@ -319,8 +357,13 @@ class _Handler(BaseHTTPRequestHandler):
                 listed = api.list_objects(rt, namespace if rt.namespaced else None, query)
                 if as_table:
                     meta = {k: v for k, v in listed["metadata"].items() if k != "resourceVersion"}
-                    return 200, tables.table(rt, listed["items"], include=include, list_meta=meta,
-                                             resource_version=listed["metadata"]["resourceVersion"])
+                    return 200, tables.table(
+                        rt,
+                        listed["items"],
+                        include=include,
+                        list_meta=meta,
+                        resource_version=listed["metadata"]["resourceVersion"],
+                    )
                 return 200, listed
             if method == "POST":
                 if rt.namespaced and namespace is None:
@@ -340,8 +383,9 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             found = api.get(rt, ns, name)
             if as_table and not sub:
-                return 200, tables.table(rt, [found], include=include,
-                                         resource_version=found["metadata"].get("resourceVersion", ""))
+                return 200, tables.table(
+                    rt, [found], include=include, resource_version=found["metadata"].get("resourceVersion", "")
+                )
             return 200, found
         if method == "PUT":
             return 200, api.update(rt, ns, name, body, sub, options)
@@ -368,15 +412,20 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(406, "only application/json is served for /openapi/v2", reason="NotAcceptable")
             return 200, server.openapi_v2()
         if parts == ["v3"]:
-            return 200, {"paths": {gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={digest}"}
-                                   for gv, digest in server.openapi_v3_hashes().items()}}
+            return 200, {
+                "paths": {
+                    gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={digest}"}
+                    for gv, digest in server.openapi_v3_hashes().items()
+                }
+            }
         document = server.openapi_v3("/".join(parts[1:])) if parts[:1] == ["v3"] else None
         if document is None:
             raise ApiError(404, f"the server could not find the requested resource (/openapi/{'/'.join(parts)})")
         return 200, document
 
-    def _delete_collection(self, rt: ResourceType, namespace: str | None, query: dict[str, str],
-                           options: Any) -> dict[str, Any]:
+    def _delete_collection(
+        self, rt: ResourceType, namespace: str | None, query: dict[str, str], options: Any
+    ) -> dict[str, Any]:
         listed = self.apiserver.api.list_objects(rt, namespace, query)
         for item in listed["items"]:
             meta = item["metadata"]
@@ -407,8 +456,12 @@ class _Handler(BaseHTTPRequestHandler):
         fields = field_selector(query.get("fieldSelector"), rt.field_selectors)
 
         def matches(obj: dict[str, Any] | None) -> bool:
-            return obj is not None and (namespace is None or namespace_of(obj) == namespace) \
-                and labels(obj) and fields(obj)
+            return (
+                obj is not None
+                and (namespace is None or namespace_of(obj) == namespace)
+                and labels(obj)
+                and fields(obj)
+            )
 
         timeout = min(float(query.get("timeoutSeconds") or server.max_watch_seconds), server.max_watch_seconds)
         bookmarks = _flag(query, "allowWatchBookmarks")

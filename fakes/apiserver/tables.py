@@ -104,8 +104,12 @@ def _pod_cells(obj: Json) -> list[Any]:
 
 
 def _pod_wide(obj: Json) -> list[Any]:
-    return [_status(obj).get("podIP") or "<none>", _spec(obj).get("nodeName") or "<none>",
-            _status(obj).get("nominatedNodeName") or "<none>", "<none>"]
+    return [
+        _status(obj).get("podIP") or "<none>",
+        _spec(obj).get("nodeName") or "<none>",
+        _status(obj).get("nominatedNodeName") or "<none>",
+        "<none>",
+    ]
 
 
 def _selector(spec: Json) -> str:
@@ -121,17 +125,24 @@ def _containers(template: Json) -> list[str]:
 def _daemonset_cells(obj: Json) -> list[Any]:
     st = _status(obj)
     node_selector = ((_spec(obj).get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
-    return [int(st.get("desiredNumberScheduled") or 0), int(st.get("currentNumberScheduled") or 0),
-            int(st.get("numberReady") or 0), int(st.get("updatedNumberScheduled") or 0),
-            int(st.get("numberAvailable") or 0),
-            ",".join(f"{k}={v}" for k, v in sorted(node_selector.items())) or "<none>"]
+    return [
+        int(st.get("desiredNumberScheduled") or 0),
+        int(st.get("currentNumberScheduled") or 0),
+        int(st.get("numberReady") or 0),
+        int(st.get("updatedNumberScheduled") or 0),
+        int(st.get("numberAvailable") or 0),
+        ",".join(f"{k}={v}" for k, v in sorted(node_selector.items())) or "<none>",
+    ]
 
 
 def _deployment_cells(obj: Json) -> list[Any]:
     st = _status(obj)
     want = int(_spec(obj).get("replicas", 1))
-    return [f"{int(st.get('readyReplicas') or 0)}/{want}", int(st.get("updatedReplicas") or 0),
-            int(st.get("availableReplicas") or 0)]
+    return [
+        f"{int(st.get('readyReplicas') or 0)}/{want}",
+        int(st.get("updatedReplicas") or 0),
+        int(st.get("availableReplicas") or 0),
+    ]
 
 
 def _binding_role(obj: Json) -> str:
@@ -152,21 +163,38 @@ def _param_ref(obj: Json) -> str:
 
 
 _EVENT_COLUMNS: list[Column] = [
-    ("Last Seen", "string", 0), ("Type", "string", 0), ("Reason", "string", 0), ("Object", "string", 0),
-    ("Subobject", "string", 1), ("Source", "string", 1), ("Message", "string", 0), ("First Seen", "string", 1),
-    ("Count", "string", 1), ("Name", "string", 1)]
+    ("Last Seen", "string", 0),
+    ("Type", "string", 0),
+    ("Reason", "string", 0),
+    ("Object", "string", 0),
+    ("Subobject", "string", 1),
+    ("Source", "string", 1),
+    ("Message", "string", 0),
+    ("First Seen", "string", 1),
+    ("Count", "string", 1),
+    ("Name", "string", 1),
+]
 
 
 def _core_event(obj: Json) -> Json:
     """An events.k8s.io/v1 Event in the core shape (as the server converts both to its internal Event)."""
     if "regarding" not in obj and "note" not in obj and "deprecatedCount" not in obj:
         return obj
-    return {"metadata": _meta(obj), "involvedObject": obj.get("regarding") or {}, "message": obj.get("note", ""),
-            "type": obj.get("type", ""), "reason": obj.get("reason", ""), "source": obj.get("deprecatedSource") or {},
-            "reportingComponent": obj.get("reportingController", ""),
-            "reportingInstance": obj.get("reportingInstance", ""), "eventTime": obj.get("eventTime"),
-            "firstTimestamp": obj.get("deprecatedFirstTimestamp"), "lastTimestamp": obj.get("deprecatedLastTimestamp"),
-            "count": obj.get("deprecatedCount", 0), "series": obj.get("series")}
+    return {
+        "metadata": _meta(obj),
+        "involvedObject": obj.get("regarding") or {},
+        "message": obj.get("note", ""),
+        "type": obj.get("type", ""),
+        "reason": obj.get("reason", ""),
+        "source": obj.get("deprecatedSource") or {},
+        "reportingComponent": obj.get("reportingController", ""),
+        "reportingInstance": obj.get("reportingInstance", ""),
+        "eventTime": obj.get("eventTime"),
+        "firstTimestamp": obj.get("deprecatedFirstTimestamp"),
+        "lastTimestamp": obj.get("deprecatedLastTimestamp"),
+        "count": obj.get("deprecatedCount", 0),
+        "series": obj.get("series"),
+    }
 
 
 def _event_cells(obj: Json, now: datetime.datetime) -> list[Any]:
@@ -186,9 +214,18 @@ def _event_cells(obj: Json, now: datetime.datetime) -> list[Any]:
     source = obj.get("source") or {}
     component = source.get("component") or obj.get("reportingComponent") or ""
     instance = source.get("host") or obj.get("reportingInstance") or ""
-    return [last, obj.get("type", ""), obj.get("reason", ""), target, involved.get("fieldPath", ""),
-            f"{component}, {instance}" if instance else component, str(obj.get("message", "")).strip(), first,
-            count, _meta(obj).get("name", "")]
+    return [
+        last,
+        obj.get("type", ""),
+        obj.get("reason", ""),
+        target,
+        involved.get("fieldPath", ""),
+        f"{component}, {instance}" if instance else component,
+        str(obj.get("message", "")).strip(),
+        first,
+        count,
+        _meta(obj).get("name", ""),
+    ]
 
 
 # kind (group, kind) -> (columns between NAME and AGE, cells for them, columns after AGE, cells for them)
@@ -201,61 +238,120 @@ def _none(obj: Json) -> list[Any]:
 
 _PRINTERS: dict[tuple[str, str], Printer] = {
     ("", "Namespace"): ([("Status", "string", 0)], lambda o: [_status(o).get("phase", "")], [], _none),
-    ("", "Node"): ([("Status", "string", 0), ("Roles", "string", 0)],
-                   lambda o: ["Ready" if any(c.get("type") == "Ready" and c.get("status") == "True"
-                                             for c in _status(o).get("conditions") or []) else "NotReady",
-                              "<none>"],
-                   [("Version", "string", 0)],
-                   lambda o: [((_status(o).get("nodeInfo") or {}).get("kubeletVersion")) or ""]),
-    ("", "Pod"): ([("Ready", "string", 0), ("Status", "string", 0), ("Restarts", "string", 0)], _pod_cells,
-                  [("IP", "string", 1), ("Node", "string", 1), ("Nominated Node", "string", 1),
-                   ("Readiness Gates", "string", 1)], _pod_wide),
-    ("", "ConfigMap"): ([("Data", "integer", 0)],
-                        lambda o: [len(o.get("data") or {}) + len(o.get("binaryData") or {})], [], _none),
-    ("", "Secret"): ([("Type", "string", 0), ("Data", "string", 0)],
-                     lambda o: [o.get("type", "Opaque"), len(o.get("data") or {}) + len(o.get("stringData") or {})],
-                     [], _none),
+    ("", "Node"): (
+        [("Status", "string", 0), ("Roles", "string", 0)],
+        lambda o: [
+            "Ready"
+            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in _status(o).get("conditions") or [])
+            else "NotReady",
+            "<none>",
+        ],
+        [("Version", "string", 0)],
+        lambda o: [((_status(o).get("nodeInfo") or {}).get("kubeletVersion")) or ""],
+    ),
+    ("", "Pod"): (
+        [("Ready", "string", 0), ("Status", "string", 0), ("Restarts", "string", 0)],
+        _pod_cells,
+        [("IP", "string", 1), ("Node", "string", 1), ("Nominated Node", "string", 1), ("Readiness Gates", "string", 1)],
+        _pod_wide,
+    ),
+    ("", "ConfigMap"): (
+        [("Data", "integer", 0)],
+        lambda o: [len(o.get("data") or {}) + len(o.get("binaryData") or {})],
+        [],
+        _none,
+    ),
+    ("", "Secret"): (
+        [("Type", "string", 0), ("Data", "string", 0)],
+        lambda o: [o.get("type", "Opaque"), len(o.get("data") or {}) + len(o.get("stringData") or {})],
+        [],
+        _none,
+    ),
     ("", "ServiceAccount"): ([("Secrets", "string", 0)], lambda o: [len(o.get("secrets") or [])], [], _none),
-    ("apps", "DaemonSet"): ([("Desired", "integer", 0), ("Current", "integer", 0), ("Ready", "integer", 0),
-                             ("Up-to-date", "integer", 0), ("Available", "integer", 0),
-                             ("Node Selector", "string", 0)], _daemonset_cells,
-                            [("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
-                            lambda o: [*_containers(_spec(o).get("template") or {}), _selector(_spec(o))]),
-    ("apps", "Deployment"): ([("Ready", "string", 0), ("Up-to-date", "integer", 0), ("Available", "integer", 0)],
-                             _deployment_cells,
-                             [("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
-                             lambda o: [*_containers(_spec(o).get("template") or {}), _selector(_spec(o))]),
-    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): ([("Role", "string", 0)], lambda o: [_binding_role(o)],
-                                                          [], _none),
+    ("apps", "DaemonSet"): (
+        [
+            ("Desired", "integer", 0),
+            ("Current", "integer", 0),
+            ("Ready", "integer", 0),
+            ("Up-to-date", "integer", 0),
+            ("Available", "integer", 0),
+            ("Node Selector", "string", 0),
+        ],
+        _daemonset_cells,
+        [("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
+        lambda o: [*_containers(_spec(o).get("template") or {}), _selector(_spec(o))],
+    ),
+    ("apps", "Deployment"): (
+        [("Ready", "string", 0), ("Up-to-date", "integer", 0), ("Available", "integer", 0)],
+        _deployment_cells,
+        [("Containers", "string", 1), ("Images", "string", 1), ("Selector", "string", 1)],
+        lambda o: [*_containers(_spec(o).get("template") or {}), _selector(_spec(o))],
+    ),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): (
+        [("Role", "string", 0)],
+        lambda o: [_binding_role(o)],
+        [],
+        _none,
+    ),
     ("rbac.authorization.k8s.io", "RoleBinding"): ([("Role", "string", 0)], lambda o: [_binding_role(o)], [], _none),
-    ("coordination.k8s.io", "Lease"): ([("Holder", "string", 0)],
-                                       lambda o: [_spec(o).get("holderIdentity") or ""], [], _none),
+    ("coordination.k8s.io", "Lease"): (
+        [("Holder", "string", 0)],
+        lambda o: [_spec(o).get("holderIdentity") or ""],
+        [],
+        _none,
+    ),
     ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy"): (
         [("Validations", "integer", 0), ("ParamKind", "string", 0)],
-        lambda o: [len(_spec(o).get("validations") or []), _param_kind(o)], [], _none),
+        lambda o: [len(_spec(o).get("validations") or []), _param_kind(o)],
+        [],
+        _none,
+    ),
     ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding"): (
         [("PolicyName", "string", 0), ("ParamRef", "string", 0)],
-        lambda o: [_spec(o).get("policyName", ""), _param_ref(o)], [], _none),
+        lambda o: [_spec(o).get("policyName", ""), _param_ref(o)],
+        [],
+        _none,
+    ),
     ("admissionregistration.k8s.io", "MutatingAdmissionPolicy"): (
         [("Mutations", "integer", 0), ("ParamKind", "string", 0)],
-        lambda o: [len(_spec(o).get("mutations") or []), _param_kind(o)], [], _none),
+        lambda o: [len(_spec(o).get("mutations") or []), _param_kind(o)],
+        [],
+        _none,
+    ),
     ("admissionregistration.k8s.io", "MutatingAdmissionPolicyBinding"): (
         [("PolicyName", "string", 0), ("ParamRef", "string", 0)],
-        lambda o: [_spec(o).get("policyName", ""), _param_ref(o)], [], _none),
+        lambda o: [_spec(o).get("policyName", ""), _param_ref(o)],
+        [],
+        _none,
+    ),
     ("resource.k8s.io", "ResourceSlice"): (
         [("Node", "string", 0), ("Driver", "string", 0), ("Pool", "string", 0)],
-        lambda o: [_spec(o).get("nodeName") or "", _spec(o).get("driver", ""),
-                   (_spec(o).get("pool") or {}).get("name", "")], [], _none),
+        lambda o: [
+            _spec(o).get("nodeName") or "",
+            _spec(o).get("driver", ""),
+            (_spec(o).get("pool") or {}).get("name", ""),
+        ],
+        [],
+        _none,
+    ),
     ("resource.k8s.io", "ResourceClaim"): ([("State", "string", 0)], lambda o: [_claim_state(o)], [], _none),
 }
 # Kinds printed with NAME and CREATED AT instead of AGE (printClusterRole, printRole, printCustomResourceDefinition).
-_CREATED_AT = {("rbac.authorization.k8s.io", "ClusterRole"), ("rbac.authorization.k8s.io", "Role"),
-               ("apiextensions.k8s.io", "CustomResourceDefinition")}
+_CREATED_AT = {
+    ("rbac.authorization.k8s.io", "ClusterRole"),
+    ("rbac.authorization.k8s.io", "Role"),
+    ("apiextensions.k8s.io", "CustomResourceDefinition"),
+}
 
 
 def _column(name: str, kind: str, priority: int, description: str = "") -> Json:
-    out: Json = {"name": name, "type": kind, "format": "name" if name == "Name" else "", "description": description,
-                "priority": priority}
+    out: Json = {
+        "name": name,
+        "type": kind,
+        "format": "name" if name == "Name" else "",
+        "description": description,
+        "priority": priority,
+    }
     return out
 
 
@@ -268,8 +364,11 @@ def _path_value(obj: Any, path: str) -> Any:
         elif index:
             obj = obj[int(index)] if isinstance(obj, list) and int(index) < len(obj) else None
         else:
-            obj = next((i for i in obj if isinstance(i, dict) and str(i.get(filter_key)) == filter_value), None) \
-                if isinstance(obj, list) else None
+            obj = (
+                next((i for i in obj if isinstance(i, dict) and str(i.get(filter_key)) == filter_value), None)
+                if isinstance(obj, list)
+                else None
+            )
         if obj is None:
             return None
     return obj
@@ -293,8 +392,15 @@ def _row_object(obj: Json, include: str) -> Json | None:
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": _meta(obj)}
 
 
-def table(rt: ResourceType, objects: list[Json], *, resource_version: str = "", include: str = "Metadata",
-          list_meta: Json | None = None, now: datetime.datetime | None = None) -> Json:
+def table(
+    rt: ResourceType,
+    objects: list[Json],
+    *,
+    resource_version: str = "",
+    include: str = "Metadata",
+    list_meta: Json | None = None,
+    now: datetime.datetime | None = None,
+) -> Json:
     """A meta.k8s.io/v1 Table of `objects` of type rt, with upstream's columns for it."""
     now = now or datetime.datetime.now(datetime.UTC)
     columns: list[Column]
@@ -303,11 +409,13 @@ def table(rt: ResourceType, objects: list[Json], *, resource_version: str = "", 
         custom = list(rt.columns) or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
         definitions = [_column("Name", "string", 0)] + [
             _column(c["name"], c.get("type", "string"), int(c.get("priority", 0)), c.get("description", ""))
-            for c in custom]
+            for c in custom
+        ]
 
         def cells(o: Json) -> list[Any]:
-            return [_meta(o).get("name", "")] + [_custom_cell(c, _path_value(o, c.get("jsonPath", "")), now)
-                                                for c in custom]
+            return [_meta(o).get("name", "")] + [
+                _custom_cell(c, _path_value(o, c.get("jsonPath", "")), now) for c in custom
+            ]
     elif rt.kind == "Event" and rt.group in ("", "events.k8s.io"):  # no NAME first, no AGE: printEvent's own
         definitions = [_column(*c) for c in _EVENT_COLUMNS]
 
@@ -324,8 +432,13 @@ def table(rt: ResourceType, objects: list[Json], *, resource_version: str = "", 
         definitions = [_column(*c) for c in columns]
 
         def cells(o: Json) -> list[Any]:
-            return [_meta(o).get("name", ""), *before_cells(o), _since(_meta(o).get("creationTimestamp"), now),
-                    *after_cells(o)]
+            return [
+                _meta(o).get("name", ""),
+                *before_cells(o),
+                _since(_meta(o).get("creationTimestamp"), now),
+                *after_cells(o),
+            ]
+
     rows = []
     for obj in objects:
         row: Json = {"cells": cells(obj)}
@@ -336,8 +449,13 @@ def table(rt: ResourceType, objects: list[Json], *, resource_version: str = "", 
     meta = dict(list_meta or {})
     if resource_version:
         meta["resourceVersion"] = resource_version
-    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": definitions,
-            "rows": rows}
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": definitions,
+        "rows": rows,
+    }
 
 
 def wants_table(accept: str) -> bool:

@@ -41,20 +41,31 @@ class Tokens:
         spec = dict((body or {}).get("spec") or {})
         seconds = int(spec.get("expirationSeconds") or DEFAULT_EXPIRATION_S)
         if seconds < MIN_EXPIRATION_S:
-            raise ApiError(422, f"TokenRequest.authentication.k8s.io is invalid: spec.expirationSeconds: Invalid "
-                                f"value: {seconds}: may not specify a duration less than 10 minutes")
+            raise ApiError(
+                422,
+                f"TokenRequest.authentication.k8s.io is invalid: spec.expirationSeconds: Invalid "
+                f"value: {seconds}: may not specify a duration less than 10 minutes",
+            )
         audiences = tuple(spec.get("audiences") or (API_AUDIENCE,))
         meta = account["metadata"]
         token = secrets.token_urlsafe(32)
         expires = time.time() + seconds
         with self._lock:
-            self._issued[token] = _Issued(f"system:serviceaccount:{meta['namespace']}:{meta['name']}",
-                                          str(meta.get("uid") or ""), audiences, expires)
+            self._issued[token] = _Issued(
+                f"system:serviceaccount:{meta['namespace']}:{meta['name']}",
+                str(meta.get("uid") or ""),
+                audiences,
+                expires,
+            )
         spec["audiences"], spec["expirationSeconds"] = list(audiences), seconds
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
-        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": spec,
-                "status": {"token": token, "expirationTimestamp": stamp}}
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": spec,
+            "status": {"token": token, "expirationTimestamp": stamp},
+        }
 
     def revoke(self, token: str) -> None:
         with self._lock:
@@ -74,13 +85,25 @@ class Tokens:
         elif issued.expires <= time.time():
             status["error"] = "[invalid bearer token, service account token has expired]"
         elif not (shared := [a for a in wanted if a in issued.audiences]):
-            status["error"] = (f"[invalid bearer token, token audiences {json.dumps(list(issued.audiences))} is "
-                               f"invalid for the target audiences {json.dumps(list(wanted))}]")
+            status["error"] = (
+                f"[invalid bearer token, token audiences {json.dumps(list(issued.audiences))} is "
+                f"invalid for the target audiences {json.dumps(list(wanted))}]"
+            )
         else:
             namespace = issued.username.split(":")[2]
-            status = {"authenticated": True, "audiences": shared,
-                      "user": {"username": issued.username, "uid": issued.uid,
-                               "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
-                                          "system:authenticated"]}}
-        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
-                "spec": spec, "status": status}
+            status = {
+                "authenticated": True,
+                "audiences": shared,
+                "user": {
+                    "username": issued.username,
+                    "uid": issued.uid,
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+                },
+            }
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "metadata": {},
+            "spec": spec,
+            "status": status,
+        }

@@ -20,6 +20,7 @@ def default_version() -> str:
     """$FAKE_KUBERNETES_VERSION (so a whole test suite can run against another release), else 1.37."""
     return os.environ.get(ENVIRONMENT) or DEFAULT
 
+
 # Gate -> first minor release where it is on by default (None: off in every supported release).
 _ON_BY_DEFAULT_FROM: dict[str, int | None] = {
     "DRAAdminAccess": 34,  # beta in 1.34, GA in 1.36
@@ -68,8 +69,17 @@ class KubernetesVersion:
         """The body of GET /version."""
         minor = str(self.minor)
         return {
-            "major": "1", "minor": minor, "gitVersion": f"v{self.version}.0", "gitCommit": "0" * 40,
-            "gitTreeState": "clean", "buildDate": "2026-08-26T00:00:00Z", "goVersion": "go1.25.0",
-            "compiler": "gc", "platform": "linux/amd64", "emulationMajor": "1", "emulationMinor": minor,
-            "minCompatibilityMajor": "1", "minCompatibilityMinor": str(self.minor - 1),
+            "major": "1",
+            "minor": minor,
+            "gitVersion": f"v{self.version}.0",
+            "gitCommit": "0" * 40,
+            "gitTreeState": "clean",
+            "buildDate": "2026-08-26T00:00:00Z",
+            "goVersion": "go1.25.0",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+            "emulationMajor": "1",
+            "emulationMinor": minor,
+            "minCompatibilityMajor": "1",
+            "minCompatibilityMinor": str(self.minor - 1),
         }

@@ -60,8 +60,16 @@ def _has_room(node: Json, asked: Mapping[str, float], taken: Taken) -> bool:
 
 
 class Binder:
-    def __init__(self, rest: Rest, pods: Informer, claims: Informer, nodes: Informer, slices: Informer,
-                 classes: Informer, taint_rules: Informer | None = None) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        pods: Informer,
+        claims: Informer,
+        nodes: Informer,
+        slices: Informer,
+        classes: Informer,
+        taint_rules: Informer | None = None,
+    ) -> None:
         self._rest = rest
         self._pods = pods
         self._claims = claims
@@ -114,8 +122,10 @@ class Binder:
 
     def _claims_of(self, pod: Json) -> list[Json] | None:
         ns = pod["metadata"]["namespace"]
-        statuses = {s.get("name"): s.get("resourceClaimName")
-                    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+        statuses = {
+            s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+        }
         out = []
         for rc in (pod.get("spec") or {}).get("resourceClaims") or ():
             name = rc.get("resourceClaimName") or statuses.get(rc.get("name"))
@@ -133,14 +143,21 @@ class Binder:
         asked = pod_requests(pod)
         # kube-scheduler's DynamicResources Score prefers the node where a prioritized list's earlier subrequest
         # fits (computeScore); without such a claim the first node that fits is taken
-        prioritized = any(r.get("firstAvailable") for c in claims if not (c.get("status") or {}).get("allocation")
-                          for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or ())
+        prioritized = any(
+            r.get("firstAvailable")
+            for c in claims
+            if not (c.get("status") or {}).get("allocation")
+            for r in ((c.get("spec") or {}).get("devices") or {}).get("requests") or ()
+        )
         best: tuple[int, str, dict[str, Json]] | None = None
         for node in nodes:
             if refusal(pod, node) is not None or not _has_room(node, asked, taken):
                 continue
-            if not all(selector_allows((c.get("status") or {}).get("allocation", {}).get("nodeSelector"), node)
-                       for c in claims if (c.get("status") or {}).get("allocation")):
+            if not all(
+                selector_allows((c.get("status") or {}).get("allocation", {}).get("nodeSelector"), node)
+                for c in claims
+                if (c.get("status") or {}).get("allocation")
+            ):
                 continue
             allocations = self._allocate(claims, node["metadata"]["name"])
             if allocations is None:

@@ -33,8 +33,9 @@ def is_pod_done(pod: Mapping[str, Any]) -> bool:
     """Certain never to run (again): terminal phase, or deleted while not scheduled (upstream isPodDone)."""
     meta = pod.get("metadata") or {}
     phase = (pod.get("status") or {}).get("phase")
-    return phase in ("Succeeded", "Failed") or (bool(meta.get("deletionTimestamp"))
-                                                and not (pod.get("spec") or {}).get("nodeName"))
+    return phase in ("Succeeded", "Failed") or (
+        bool(meta.get("deletionTimestamp")) and not (pod.get("spec") or {}).get("nodeName")
+    )
 
 
 class ResourceClaimController:
@@ -91,14 +92,23 @@ class ResourceClaimController:
                 tspec = template.get("spec") or {}
                 tmeta = tspec.get("metadata") or {}
                 body = {
-                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
                     "metadata": {
                         "generateName": f"{meta['name']}-{rc['name']}-"[:58],
                         "namespace": ns,
                         "labels": dict(tmeta.get("labels") or {}),
                         "annotations": {**(tmeta.get("annotations") or {}), POD_CLAIM_NAME: rc["name"]},
-                        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
-                                             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "v1",
+                                "kind": "Pod",
+                                "name": meta["name"],
+                                "uid": meta["uid"],
+                                "controller": True,
+                                "blockOwnerDeletion": True,
+                            }
+                        ],
                     },
                     "spec": copy.deepcopy(tspec.get("spec") or {}),
                 }
@@ -117,8 +127,10 @@ class ResourceClaimController:
                 return 0
             status = current.setdefault("status", {})
             known = {s.get("name") for s in status.get("resourceClaimStatuses") or ()}
-            status["resourceClaimStatuses"] = [*(status.get("resourceClaimStatuses") or ()),
-                                               *(s for s in new_statuses if s["name"] not in known)]
+            status["resourceClaimStatuses"] = [
+                *(status.get("resourceClaimStatuses") or ()),
+                *(s for s in new_statuses if s["name"] not in known),
+            ]
             current.setdefault("kind", "Pod")
             self._rest.replace(PODS, current, "status")
         except (Conflict, NotFound):
@@ -131,9 +143,11 @@ class ResourceClaimController:
             return self._created[(uid, claim_name)]
         for c in self._claims.items():
             meta = c.get("metadata") or {}
-            if meta.get("namespace") == pod["metadata"]["namespace"] and \
-                    (meta.get("annotations") or {}).get(POD_CLAIM_NAME) == claim_name and \
-                    any(o.get("uid") == uid and o.get("controller") for o in meta.get("ownerReferences") or ()):
+            if (
+                meta.get("namespace") == pod["metadata"]["namespace"]
+                and (meta.get("annotations") or {}).get(POD_CLAIM_NAME) == claim_name
+                and any(o.get("uid") == uid and o.get("controller") for o in meta.get("ownerReferences") or ())
+            ):
                 return c
         return None
 
@@ -157,8 +171,9 @@ class ResourceClaimController:
         ns = meta["namespace"]
         status = claim.get("status") or {}
         reserved = status.get("reservedFor") or []
-        valid = [r for r in reserved if r.get("resource") == "pods" and not r.get("apiGroup")
-                 and self._pod_valid(ns, r)] + [r for r in reserved if r.get("resource") != "pods" or r.get("apiGroup")]
+        valid = [
+            r for r in reserved if r.get("resource") == "pods" and not r.get("apiGroup") and self._pod_valid(ns, r)
+        ] + [r for r in reserved if r.get("resource") != "pods" or r.get("apiGroup")]
         has_finalizer = FINALIZER in (meta.get("finalizers") or ())
         writes = 0
         if len(valid) < len(reserved):
@@ -191,8 +206,14 @@ class ResourceClaimController:
         meta = claim["metadata"]
         if meta.get("deletionTimestamp"):
             return 0
-        owner = next((o for o in meta.get("ownerReferences") or ()
-                      if o.get("controller") and o.get("apiVersion") == "v1" and o.get("kind") == "Pod"), None)
+        owner = next(
+            (
+                o
+                for o in meta.get("ownerReferences") or ()
+                if o.get("controller") and o.get("apiVersion") == "v1" and o.get("kind") == "Pod"
+            ),
+            None,
+        )
         if owner is None:
             return 0
         pod = self._pods.get(meta["namespace"], str(owner.get("name")))

@@ -33,11 +33,21 @@ class Controllers:
         self.slices = Informer(rest, RESOURCE_SLICES, wake)
         self.classes = Informer(rest, DEVICE_CLASSES, wake)
         self.taint_rules = Informer(rest, DEVICE_TAINT_RULES, wake, optional=True)  # served from 1.37
-        self.informers = [self.pods, self.claims, self.templates, self.nodes, self.slices, self.classes,
-                          self.taint_rules]
+        self.informers = [
+            self.pods,
+            self.claims,
+            self.templates,
+            self.nodes,
+            self.slices,
+            self.classes,
+            self.taint_rules,
+        ]
         self.claim_controller = ResourceClaimController(rest, self.pods, self.claims, self.templates)
-        self.binder = Binder(rest, self.pods, self.claims, self.nodes, self.slices, self.classes,
-                             self.taint_rules) if bind else None
+        self.binder = (
+            Binder(rest, self.pods, self.claims, self.nodes, self.slices, self.classes, self.taint_rules)
+            if bind
+            else None
+        )
         self._period = period_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

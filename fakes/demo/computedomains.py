@@ -24,32 +24,67 @@ def run_compute_domain_scene(say: Callable[..., None]) -> None:
     with tempfile.TemporaryDirectory(prefix="nvl-", dir="/tmp") as root, NvlRack(Path(root), nodes=5) as rack:
         t0 = time.monotonic()
         say("  rack       gb200-nvl72-node00..04: 4 GB200 each, one NVLink clique; addresses 127.0.0.1-5")
-        rack.apply([{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
-                     "metadata": {"name": "train"},
-                     "spec": {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "train-channel"}}}}], NS)
+        rack.apply(
+            [
+                {
+                    "apiVersion": "resource.nvidia.com/v1beta1",
+                    "kind": "ComputeDomain",
+                    "metadata": {"name": "train"},
+                    "spec": {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "train-channel"}}},
+                }
+            ],
+            NS,
+        )
         rack.wait_for(lambda: _exists(rack, "train-channel"), what="the channel template")
         say("  domain     train (numNodes 4): the controller made ResourceClaimTemplate train-channel")
-        rack.apply([{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"train-{i}"},
-                     "spec": {"containers": [{"name": "main", "image": "trainer:1", "resources": {
-                         "limits": {"nvidia.com/gpu": "4"}, "claims": [{"name": "channel"}]}}],
-                         "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": "train-channel"}]}}
-                    for i in range(4)], NS)
-        rack.wait_for(lambda: all(_running(rack, f"train-{i}") for i in range(4)), timeout=90,
-                      what="the workers' channels to be prepared")
-        domain = rack.wait_for(lambda: _status(rack) == "Ready" and rack.domain(NS, "train"), timeout=30,
-                               what="the domain to be Ready")
+        rack.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"train-{i}"},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "trainer:1",
+                                "resources": {"limits": {"nvidia.com/gpu": "4"}, "claims": [{"name": "channel"}]},
+                            }
+                        ],
+                        "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": "train-channel"}],
+                    },
+                }
+                for i in range(4)
+            ],
+            NS,
+        )
+        rack.wait_for(
+            lambda: all(_running(rack, f"train-{i}") for i in range(4)),
+            timeout=90,
+            what="the workers' channels to be prepared",
+        )
+        domain = rack.wait_for(
+            lambda: _status(rack) == "Ready" and rack.domain(NS, "train"), timeout=30, what="the domain to be Ready"
+        )
         uid = domain["metadata"]["uid"]
-        say(f"  workers    train-0..3, 4 GPUs and channel0 each: prepared, the domain Ready, after "
-            f"{time.monotonic() - t0:.1f}s")
+        say(
+            f"  workers    train-0..3, 4 GPUs and channel0 each: prepared, the domain Ready, after "
+            f"{time.monotonic() - t0:.1f}s"
+        )
         for entry in sorted(domain["status"]["nodes"], key=lambda e: e["index"]):
             node = next(n for n in rack.nodes if n.name == entry["name"])
             peers = ", ".join(node.daemon_nodes().get(uid, []))
-            say(f"  {entry['name']}  {entry['ipAddress']}  index {entry['index']}  {entry['status']:8}  "
-                f"nvidia-imex peers: {peers}  channels: {', '.join(node.channel_nodes())}")
+            say(
+                f"  {entry['name']}  {entry['ipAddress']}  index {entry['index']}  {entry['status']:8}  "
+                f"nvidia-imex peers: {peers}  channels: {', '.join(node.channel_nodes())}"
+            )
         for i in range(4):
             rack.rest.delete(PODS, NS, f"train-{i}")
-        _wait(lambda: all(not n.channel_nodes() and not n.daemon_nodes() for n in rack.nodes), timeout=60,
-              what="the daemons and channels to go")
+        _wait(
+            lambda: all(not n.channel_nodes() and not n.daemon_nodes() for n in rack.nodes),
+            timeout=60,
+            what="the daemons and channels to go",
+        )
         say("  deleted    the workers: every IMEX daemon stopped, every channel node and CDI spec removed")
 
 

@@ -37,8 +37,13 @@ def relabel(
         state = (kubectl.get("Node", node)["metadata"].get("labels") or {}).get(STATE_LABEL, "")
         if state and state not in states[-1:]:
             states.append(state)
-        fresh = [e for e in kubectl.list("Event") if e["metadata"]["name"] not in seen
-                 and e["involvedObject"]["name"] == node and e["reason"] != "MigConfigPending"]  # fmt: skip
+        fresh = [
+            e
+            for e in kubectl.list("Event")
+            if e["metadata"]["name"] not in seen
+            and e["involvedObject"]["name"] == node
+            and e["reason"] != "MigConfigPending"
+        ]
         if state in END_STATES and any(e["reason"] != "MigConfigWaiting" for e in fresh):
             break
         if time.monotonic() > deadline:

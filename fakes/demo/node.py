@@ -33,8 +33,17 @@ class DemoError(RuntimeError):
 class DemoNode:
     """Directories under `root`: kubelet/, cdi/, state/ and agent.log (unless the agent logs to our stderr)."""
 
-    def __init__(self, name: str, machine: str, root: Path, kubeconfig: Path, *, driver_root: Path,
-                 verbose: bool = False, extra_args: Sequence[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        machine: str,
+        root: Path,
+        kubeconfig: Path,
+        *,
+        driver_root: Path,
+        verbose: bool = False,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.name = name
         self.machine = machine
         self.root = root
@@ -64,22 +73,35 @@ class DemoNode:
         for d in (self.kubelet_root, self.cdi_root, self.state_dir):
             d.mkdir(parents=True, exist_ok=True)
         command = [
-            sys.executable, "-m", "agent.cli", "node",
-            "--node-name", self.name,
-            "--nvml", f"fake:{self.machine}",
-            "--kubeconfig", str(self.kubeconfig),
-            "--kubelet-root", str(self.kubelet_root),
-            "--cdi-root", str(self.cdi_root),
-            "--state-dir", str(self.state_dir),
-            "--driver-root", str(self.driver_root),
-            "--metrics-addr", "",
-            "--log-format", "text",
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "node",
+            "--node-name",
+            self.name,
+            "--nvml",
+            f"fake:{self.machine}",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--kubelet-root",
+            str(self.kubelet_root),
+            "--cdi-root",
+            str(self.cdi_root),
+            "--state-dir",
+            str(self.state_dir),
+            "--driver-root",
+            str(self.driver_root),
+            "--metrics-addr",
+            "",
+            "--log-format",
+            "text",
             *self.extra_args,
-        ]  # fmt: skip
+        ]
         self._log = None if self.verbose else self.log_path.open("ab")
         env = {**os.environ, persist.ENV: str(self.gpu_state)}
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT if self._log else None,
-                                        env=env)  # fmt: skip
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT if self._log else None, env=env
+        )
 
     def sharing_report(self, claim_uid: str, device_names: Sequence[str]) -> list[str]:
         """What the node shows of a claim's sharing: each GPU's compute mode and time slice (from the fake
@@ -92,24 +114,32 @@ class DemoNode:
             gpu = next(g for g in fake.gpus if g.minor == minor)
             servers = [str(p.pid) for p in gpu.processes if p.name == "nvidia-cuda-mps-server"]
             server = "pid " + ", ".join(servers) if servers else "none"
-            lines.append(f"{name}: compute mode {COMPUTE_MODES[gpu.compute_mode]}, time slice "
-                         f"{TIMESLICES[gpu.timeslice]}, MPS server {server}")
+            lines.append(
+                f"{name}: compute mode {COMPUTE_MODES[gpu.compute_mode]}, time slice "
+                f"{TIMESLICES[gpu.timeslice]}, MPS server {server}"
+            )
         pipe = self.state_dir / "mps" / claim_uid / "pipe"
         if pipe.is_dir():
             ask = ["get_server_list", "get_default_active_thread_percentage"]
             ask += [f"get_default_device_pinned_mem_limit {i}" for i in range(len(device_names))]
             done = subprocess.run(  # the fake binary, with the claim's pipe directory, as a CUDA client would
-                [str(self.driver_root / "usr/bin" / MPS_CONTROL)], input="\n".join(ask) + "\n", text=True,
-                capture_output=True, env={**os.environ, persist.ENV: str(self.gpu_state),
-                                          "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, timeout=30, check=False,
-            )  # fmt: skip
+                [str(self.driver_root / "usr/bin" / MPS_CONTROL)],
+                input="\n".join(ask) + "\n",
+                text=True,
+                capture_output=True,
+                env={**os.environ, persist.ENV: str(self.gpu_state), "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+                timeout=30,
+                check=False,
+            )
             if done.returncode != 0:
                 lines.append(f"MPS control daemon at {pipe}: not answering ({done.stderr.strip()})")
             else:
                 pid, percentage, *limits = done.stdout.split()
                 pinned = ", ".join(f"{limit} on {name}" for limit, name in zip(limits, device_names, strict=True))
-                lines.append(f"MPS control daemon pid {pid} at {pipe}: active thread percentage {percentage}, "
-                             f"pinned memory limit {pinned}")
+                lines.append(
+                    f"MPS control daemon pid {pid} at {pipe}: active thread percentage {percentage}, "
+                    f"pinned memory limit {pinned}"
+                )
         return lines
 
     def wait_registered(self, timeout: float = 30.0) -> Plugin:

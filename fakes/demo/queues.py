@@ -33,10 +33,11 @@ class QueueScene:
         c.queue("team-a", parent="research", gpu_quota=8)
         c.queue("team-b", parent="research", gpu_quota=8)
         c.arbiter()
-        _say("  nodes      gpu-node-0, gpu-node-1: fake DGX H100, 8 GPUs each, agents serving reservations",
-             "  queues     research -> team-a (quota 8 GPUs), team-b (quota 8 GPUs); over quota: weight 1 each",
-             "  arbiter    gpu-dra-agent's Arbiter, with the stand-ins for kube-controller-manager and"
-             " kube-scheduler")
+        _say(
+            "  nodes      gpu-node-0, gpu-node-1: fake DGX H100, 8 GPUs each, agents serving reservations",
+            "  queues     research -> team-a (quota 8 GPUs), team-b (quota 8 GPUs); over quota: weight 1 each",
+            "  arbiter    gpu-dra-agent's Arbiter, with the stand-ins for kube-controller-manager and kube-scheduler",
+        )
         self._queues()
 
         _say("", "  -- team-a submits llm-train: a PodGroup of 2 pods x 8 GPUs (minCount 2)")
@@ -69,8 +70,11 @@ class QueueScene:
         self._pods("team-b", "eval-")
         self._pods("team-a", "sweep-")
         _say("     team-a is back at its quota; team-b got its fair share once the victims' claims were released")
-        wait_for(lambda: self._allocated_gpus("team-b") == 8 and self._allocated_gpus("team-a") == 8, timeout=30,
-                 what="queue status")
+        wait_for(
+            lambda: self._allocated_gpus("team-b") == 8 and self._allocated_gpus("team-a") == 8,
+            timeout=30,
+            what="queue status",
+        )
         self._queues()
 
     # -- views --------------------------------------------------------------------------------------------
@@ -81,8 +85,13 @@ class QueueScene:
         _say(f"     ({what} after {time.monotonic() - start:.1f}s)")
 
     def _bound(self, namespace: str, prefix: str) -> list[dict[str, Any]]:
-        return [p for p in self.c.pods(namespace) if p["metadata"]["name"].startswith(prefix)
-                and p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")]
+        return [
+            p
+            for p in self.c.pods(namespace)
+            if p["metadata"]["name"].startswith(prefix)
+            and p["spec"].get("nodeName")
+            and not p["metadata"].get("deletionTimestamp")
+        ]
 
     def _allocated(self) -> list[Any]:
         return [c for c in self.c.rest.list(RESOURCE_CLAIMS)["items"] if (c.get("status") or {}).get("allocation")]
@@ -91,16 +100,22 @@ class QueueScene:
         return [e for e in self.c.rest.list(EVENTS, namespace)["items"] if e["reason"] == reason]
 
     def _pods(self, namespace: str, prefix: str) -> None:
-        claims = {o["name"]: c for c in self.c.rest.list(RESOURCE_CLAIMS, namespace)["items"]
-                  for o in c["metadata"].get("ownerReferences") or ()}
+        claims = {
+            o["name"]: c
+            for c in self.c.rest.list(RESOURCE_CLAIMS, namespace)["items"]
+            for o in c["metadata"].get("ownerReferences") or ()
+        }
         rows = []
         for p in sorted(self.c.pods(namespace), key=lambda p: p["metadata"]["name"]):
             name = p["metadata"]["name"]
             if not name.startswith(prefix):
                 continue
             gated = any(g.get("name") == GATE for g in p["spec"].get("schedulingGates") or ())
-            results = ((claims.get(name, {}).get("status") or {}).get("allocation") or {}).get(
-                "devices", {}).get("results", [])
+            results = (
+                ((claims.get(name, {}).get("status") or {}).get("allocation") or {})
+                .get("devices", {})
+                .get("results", [])
+            )
             devices = ",".join(r["device"].removeprefix("gpu-") for r in results)
             state = "gated" if gated else ("terminating" if p["metadata"].get("deletionTimestamp") else "admitted")
             rows.append([name, state, p["spec"].get("nodeName") or "-", f"gpu {devices}" if devices else "-"])
@@ -114,13 +129,21 @@ class QueueScene:
         rows = []
         for q in self.c.rest.list(QUEUES)["items"]:
             status = q.get("status") or {}
-            rows.append([q["metadata"]["name"], q["spec"].get("parentQueue") or "-",
-                         f"{q['spec']['resources']['gpu']['quota']:g}",
-                         f"{(status.get('allocated') or {}).get('gpu', 0):g}",
-                         f"{(status.get('fairShare') or {}).get('gpu', 0):g}",
-                         f"{(status.get('requested') or {}).get('gpu', 0):g}"])
-        _say(*report.table(["QUEUE", "PARENT", "GPU QUOTA", "ALLOCATED", "FAIR SHARE", "REQUESTED"], rows,
-                           indent="     "))
+            rows.append(
+                [
+                    q["metadata"]["name"],
+                    q["spec"].get("parentQueue") or "-",
+                    f"{q['spec']['resources']['gpu']['quota']:g}",
+                    f"{(status.get('allocated') or {}).get('gpu', 0):g}",
+                    f"{(status.get('fairShare') or {}).get('gpu', 0):g}",
+                    f"{(status.get('requested') or {}).get('gpu', 0):g}",
+                ]
+            )
+        _say(
+            *report.table(
+                ["QUEUE", "PARENT", "GPU QUOTA", "ALLOCATED", "FAIR SHARE", "REQUESTED"], rows, indent="     "
+            )
+        )
 
 
 def run_queue_scene() -> None:

@@ -126,8 +126,9 @@ class Demo:
         for i, machine in enumerate(self.machines):
             name = f"node-{i}-{machine}"
             kubectl.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-            node = DemoNode(name, machine, self.workdir / name, kubeconfig, driver_root=driver_root,
-                            verbose=self.verbose)  # fmt: skip
+            node = DemoNode(
+                name, machine, self.workdir / name, kubeconfig, driver_root=driver_root, verbose=self.verbose
+            )
             self.stack.callback(node.close)  # kill the agent whatever happens below
             self.nodes[name] = node
             node.start()
@@ -148,10 +149,15 @@ class Demo:
             slices = self._slices(kubectl, node.name)
             pool = slices[0]["spec"]["pool"]
             devices = report.device_rows(slices)
-            _say(f"  {node.name}: {len(devices)} devices in {len(slices)} slice(s), pool {pool['name']}"
-                 f" generation {pool['generation']}")
-            _say(*report.table(["DEVICE", "TYPE", "PRODUCT / PROFILE", "MEMORY", "NVLINK DOMAIN"], devices,
-                               indent="    "))
+            _say(
+                f"  {node.name}: {len(devices)} devices in {len(slices)} slice(s), pool {pool['name']}"
+                f" generation {pool['generation']}"
+            )
+            _say(
+                *report.table(
+                    ["DEVICE", "TYPE", "PRODUCT / PROFILE", "MEMORY", "NVLINK DOMAIN"], devices, indent="    "
+                )
+            )
 
         claims = self._create_claims(kubectl)
         names = ", ".join(c["metadata"]["name"] for c in claims)
@@ -161,8 +167,12 @@ class Demo:
         self._shared_gpus(kubectl, kubeconfig, driver_root)
 
         first = next(iter(self.nodes.values()))
-        _say("", self._heading(
-            f"MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}"))
+        _say(
+            "",
+            self._heading(
+                f"MIG layout from the node label (mig-parted configs, the GPU Operator's default), {first.name}"
+            ),
+        )
         for value in ("all-1g.10gb", "all-disabled"):
             _say(*mig.relabel(kubectl, first.name, value, lambda: self._slices(kubectl, first.name)))
 
@@ -186,14 +196,26 @@ class Demo:
         """A node of its own with --consumable-shares memory: ten 8Gi inference claims, nine on one H100."""
         name = "node-shared-dgx-h100"
         kubectl.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-        node = DemoNode(name, "dgx-h100", self.workdir / name, kubeconfig, driver_root=driver_root,
-                        verbose=self.verbose, extra_args=("--consumable-shares", "memory"))  # fmt: skip
+        node = DemoNode(
+            name,
+            "dgx-h100",
+            self.workdir / name,
+            kubeconfig,
+            driver_root=driver_root,
+            verbose=self.verbose,
+            extra_args=("--consumable-shares", "memory"),
+        )
         self.stack.callback(node.close)
         node.start()
         node.wait_registered()
         node.wait_for(lambda: self._slices(kubectl, name) or None, f"slices of {name}", 30.0)
-        _say("", self._heading(f"Shared GPUs (consumable capacity, --consumable-shares=memory) on {name}: ten "
-                               "inference claims of memory: 8Gi"))
+        _say(
+            "",
+            self._heading(
+                f"Shared GPUs (consumable capacity, --consumable-shares=memory) on {name}: ten "
+                "inference claims of memory: 8Gi"
+            ),
+        )
         run_share_scene(kubectl, self.scheduler, node, _say)
         if node.terminate() != 0:
             raise DemoError(f"agent on {name} did not exit cleanly")
@@ -273,13 +295,20 @@ class Demo:
         ]
         if not pods:
             return
-        _say("", self._heading(
-            "Device-plugin-style pods: extended resources through DRA (DeviceClass extendedResourceName)"))
+        _say(
+            "",
+            self._heading(
+                "Device-plugin-style pods: extended resources through DRA (DeviceClass extendedResourceName)"
+            ),
+        )
         for manifest in pods:
             pod = kubectl.create({**manifest, "metadata": {**manifest["metadata"], "namespace": NAMESPACE}})
             name = pod["metadata"]["name"]
-            asked = ", ".join(f"{r}: {q}" for c in pod["spec"]["containers"]
-                              for r, q in ((c.get("resources") or {}).get("limits") or {}).items())
+            asked = ", ".join(
+                f"{r}: {q}"
+                for c in pod["spec"]["containers"]
+                for r, q in ((c.get("resources") or {}).get("limits") or {}).items()
+            )
             claim = None
             for candidate in self.nodes:
                 try:
@@ -295,13 +324,18 @@ class Demo:
             if result.error:
                 raise DemoError(f"prepare of {claim['metadata']['name']} failed: {result.error}")
             mapping = kubectl.get("Pod", name, NAMESPACE)["status"]["extendedResourceClaimStatus"]
-            _say(f"  pod {name} ({asked}) bound to {node.name}; claim {claim['metadata']['name']} made by the"
-                 " scheduler",
-                 *(f"      {m['containerName']}: {m['resourceName']} -> request {m['requestName']}"
-                   for m in mapping["requestMappings"]),
-                 *report.table(["DEVICE", "REQUEST", "CDI DEVICE IDS"],
-                               [[d.device_name, ", ".join(d.request_names), " ".join(d.cdi_device_ids)]
-                                for d in result.devices], indent="      "))
+            _say(
+                f"  pod {name} ({asked}) bound to {node.name}; claim {claim['metadata']['name']} made by the scheduler",
+                *(
+                    f"      {m['containerName']}: {m['resourceName']} -> request {m['requestName']}"
+                    for m in mapping["requestMappings"]
+                ),
+                *report.table(
+                    ["DEVICE", "REQUEST", "CDI DEVICE IDS"],
+                    [[d.device_name, ", ".join(d.request_names), " ".join(d.cdi_device_ids)] for d in result.devices],
+                    indent="      ",
+                ),
+            )
             errors = node.kubelet.unprepare(DRIVER, [_ref(claim)])
             if any(errors.values()):
                 raise DemoError(f"unprepare of {claim['metadata']['name']} failed: {errors}")
@@ -367,4 +401,3 @@ def _devices_wanted(template: Json) -> int:
         exactly = r.get("exactly") or (r.get("firstAvailable") or [{}])[0]
         total += 1_000 if exactly.get("allocationMode") == "All" else int(exactly.get("count", 1))
     return total
-

@@ -23,17 +23,32 @@ CLAIMS = 10
 MEMORY = "8Gi"
 
 
-def run_share_scene(kubectl: Kubectl, scheduler: FakeScheduler, node: DemoNode,
-                    say: Callable[..., None]) -> None:  # fmt: skip
+def run_share_scene(kubectl: Kubectl, scheduler: FakeScheduler, node: DemoNode, say: Callable[..., None]) -> None:
     """`node` runs with --consumable-shares memory and is registered; claims are made, shown and released."""
     names = []
     for i in range(CLAIMS):
-        names.append(kubectl.create({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"inference-{i}", "namespace": NAMESPACE},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": MEMORY}}}}]}},
-        })["metadata"]["name"])  # fmt: skip
+        names.append(
+            kubectl.create(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {"name": f"inference-{i}", "namespace": NAMESPACE},
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpu",
+                                    "exactly": {
+                                        "deviceClassName": "gpu.nvidia.com",
+                                        "capacity": {"requests": {"memory": MEMORY}},
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                }
+            )["metadata"]["name"]
+        )
     rows = []
     gpu_memory: dict[str, int] = {}
     for d in node_devices(kubectl, node.name):
@@ -54,15 +69,33 @@ def run_share_scene(kubectl: Kubectl, scheduler: FakeScheduler, node: DemoNode,
         device = result["device"]
         fraction = shares.gpu_fraction(shares.consumed_of(consumed).get(shares.MEMORY, 0), gpu_memory[device])
         held[device] = held.get(device, 0.0) + fraction
-        rows.append([name, MEMORY, device, result["shareID"][:8], shares.describe(shares.consumed_of(consumed)),
-                     f"{fraction:.3f}", env[0].split("=", 1)[1] if env else "-",
-                     _short_id(prepared.devices[0].cdi_device_ids[0], ref.uid, result["shareID"])])
-    say(*report.table(["CLAIM", "ASKED", "GPU", "SHARE", "CONSUMED", "GPU FRACTION", "MEMORY LIMIT (MPS)",
-                       "CDI DEVICE"], rows, indent="    "))
+        rows.append(
+            [
+                name,
+                MEMORY,
+                device,
+                result["shareID"][:8],
+                shares.describe(shares.consumed_of(consumed)),
+                f"{fraction:.3f}",
+                env[0].split("=", 1)[1] if env else "-",
+                _short_id(prepared.devices[0].cdi_device_ids[0], ref.uid, result["shareID"]),
+            ]
+        )
+    say(
+        *report.table(
+            ["CLAIM", "ASKED", "GPU", "SHARE", "CONSUMED", "GPU FRACTION", "MEMORY LIMIT (MPS)", "CDI DEVICE"],
+            rows,
+            indent="    ",
+        )
+    )
     gib = {d: m / (1 << 30) for d, m in gpu_memory.items()}
-    say(*(f"  {device}: {sum(1 for r in rows if r[2] == device)} share(s), {fraction:.3f} of the GPU "
-          f"({sum(8 for r in rows if r[2] == device)} of {gib[device]:.1f} GiB) in the queue"
-          for device, fraction in sorted(held.items())))
+    say(
+        *(
+            f"  {device}: {sum(1 for r in rows if r[2] == device)} share(s), {fraction:.3f} of the GPU "
+            f"({sum(8 for r in rows if r[2] == device)} of {gib[device]:.1f} GiB) in the queue"
+            for device, fraction in sorted(held.items())
+        )
+    )
     for claim in allocated:
         ref = ClaimRef(NAMESPACE, claim["metadata"]["uid"], claim["metadata"]["name"])
         if node.kubelet.unprepare(DRIVER, [ref]).get(ref.uid):
@@ -75,8 +108,11 @@ def run_share_scene(kubectl: Kubectl, scheduler: FakeScheduler, node: DemoNode,
 
 
 def node_devices(kubectl: Kubectl, node: str) -> list[Json]:
-    return [d for s in kubectl.list("ResourceSlice", field_selector=f"spec.nodeName={node}")
-            for d in s["spec"].get("devices", [])]
+    return [
+        d
+        for s in kubectl.list("ResourceSlice", field_selector=f"spec.nodeName={node}")
+        for d in s["spec"].get("devices", [])
+    ]
 
 
 def _short_id(cdi_id: str, uid: str, share_id: str) -> str:

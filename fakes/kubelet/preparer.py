@@ -60,8 +60,12 @@ class InMemoryPreparer:
         offset = len(self.prepared) * self.devices_per_claim
         names = [gpu_device_name(offset + i) for i in range(self.devices_per_claim)]
         return tuple(
-            PreparedDevice(request_names=("gpu",), pool_name=self.pool, device_name=name,
-                           cdi_device_ids=(cdi.device_id(uid, name),))
+            PreparedDevice(
+                request_names=("gpu",),
+                pool_name=self.pool,
+                device_name=name,
+                cdi_device_ids=(cdi.device_id(uid, name),),
+            )
             for name in names
         )
 

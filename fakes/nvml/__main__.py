@@ -45,8 +45,12 @@ def _gpu_index(fake: FakeNvml, index: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fakes.nvml", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, helptext in [("show", "print the GPUs"), ("xid", "deliver an Xid"), ("lose", "lose a GPU"),
-                           ("reset", "reset a GPU")]:
+    for name, helptext in [
+        ("show", "print the GPUs"),
+        ("xid", "deliver an Xid"),
+        ("lose", "lose a GPU"),
+        ("reset", "reset a GPU"),
+    ]:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--state", required=True, help="the fake NVML state file (FAKE_NVML_STATE)")
         p.add_argument("--machine", help="machine profile, to create a state that does not exist yet")
@@ -56,10 +60,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--xid", type=int, required=True, help="the Xid number (e.g. 48, 79)")
     root = sub.add_parser("driver-root", help="write a fake NVIDIA driver install (binaries, libraries) into DIR")
     root.add_argument("dir")
-    root.add_argument("--layout", choices=sorted(LAYOUTS), default="host",
-                      help="host: usr/lib/<multiarch>; driver-folder: usr/local/nvidia/{lib64,bin}")
-    root.add_argument("--version", default=VERSION, help="driver version of the files (the fake NVML reports "
-                      f"{VERSION})")
+    root.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default="host",
+        help="host: usr/lib/<multiarch>; driver-folder: usr/local/nvidia/{lib64,bin}",
+    )
+    root.add_argument(
+        "--version", default=VERSION, help=f"driver version of the files (the fake NVML reports {VERSION})"
+    )
     args = parser.parse_args(argv)
     if args.command == "driver-root":
         print(install_driver_root(pathlib.Path(args.dir), version=args.version, layout=args.layout))

@@ -14,8 +14,12 @@ import sys
 from fakes.nvml.driver_files import VERSION, install_driver_files
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BINARIES = {"nvidia-smi": "fakes.nvml.smi", "nvidia-cuda-mps-control": "fakes.nvml.mps",
-            "nvidia-imex": "fakes.nvml.imex", "nvidia-imex-ctl": "fakes.nvml.imexctl"}
+BINARIES = {
+    "nvidia-smi": "fakes.nvml.smi",
+    "nvidia-cuda-mps-control": "fakes.nvml.mps",
+    "nvidia-imex": "fakes.nvml.imex",
+    "nvidia-imex-ctl": "fakes.nvml.imexctl",
+}
 BIN_DIR = "usr/bin"
 # The character devices the NVIDIA kernel modules register, as /proc/devices lists them (majors vary by host):
 # `<root>/proc/devices` stands in for the host's /proc/devices (the agent's --proc-devices).

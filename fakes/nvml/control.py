@@ -43,15 +43,21 @@ class FakeNvml:
 
     # --- controls -------------------------------------------------------------------------------------
 
-    def inject_xid(self, gpu_index: int, xid: int, gpu_instance_id: int = ALL_INSTANCES,
-                   compute_instance_id: int = ALL_INSTANCES) -> int:
+    def inject_xid(
+        self, gpu_index: int, xid: int, gpu_instance_id: int = ALL_INSTANCES, compute_instance_id: int = ALL_INSTANCES
+    ) -> int:
         """An Xid critical error on a GPU, delivered through nvmlEventSetWait_v2 to every event set
         registered for XidCriticalError on it. Returns how many sets received it."""
-        return self.inject_event(gpu_index, N.nvmlEventTypeXidCriticalError, xid, gpu_instance_id,
-                                 compute_instance_id)
+        return self.inject_event(gpu_index, N.nvmlEventTypeXidCriticalError, xid, gpu_instance_id, compute_instance_id)
 
-    def inject_event(self, gpu_index: int, event_type: int, data: int = 0, gpu_instance_id: int = ALL_INSTANCES,
-                     compute_instance_id: int = ALL_INSTANCES) -> int:
+    def inject_event(
+        self,
+        gpu_index: int,
+        event_type: int,
+        data: int = 0,
+        gpu_instance_id: int = ALL_INSTANCES,
+        compute_instance_id: int = ALL_INSTANCES,
+    ) -> int:
         self._gpu(gpu_index)
         with self.library.mutation():
             return self.library.deliver(gpu_index, event_type, data, gpu_instance_id, compute_instance_id)
@@ -64,8 +70,15 @@ class FakeNvml:
                 self.inject_xid(gpu_index, xid)
             self._gpu(gpu_index).lost = True
 
-    def set_fabric(self, gpu_index: int | None = None, *, state: int | None = None, status: int | None = None,
-                   clique_id: int | None = None, degraded: bool | None = None) -> None:
+    def set_fabric(
+        self,
+        gpu_index: int | None = None,
+        *,
+        state: int | None = None,
+        status: int | None = None,
+        clique_id: int | None = None,
+        degraded: bool | None = None,
+    ) -> None:
         """Change what the fabric manager reports for one GPU, or every GPU (None): registration `state`
         (NVML_GPU_FABRIC_STATE_*), `status` (an NVML return code), the `clique_id` (a repartitioned rack), or a
         degraded bandwidth (healthMask DEGRADED_BW). Another process sees it through the state file."""
@@ -77,33 +90,50 @@ class FakeNvml:
                 mask = current.health_mask
                 if degraded is not None:
                     shift = N.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
-                    value = (N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE if degraded
-                             else N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE)
+                    value = (
+                        N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
+                        if degraded
+                        else N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_FALSE
+                    )
                     mask = (mask & ~(0b11 << shift)) | (value << shift)
-                gpu.fabric = replace(current, state=current.state if state is None else state,
-                                     status=current.status if status is None else status,
-                                     clique_id=current.clique_id if clique_id is None else clique_id,
-                                     health_mask=mask)
+                gpu.fabric = replace(
+                    current,
+                    state=current.state if state is None else state,
+                    status=current.status if status is None else status,
+                    clique_id=current.clique_id if clique_id is None else clique_id,
+                    health_mask=mask,
+                )
 
-    def set_processes(self, gpu_index: int, processes: Iterable[tuple[int, int]],
-                      gpu_instance_id: int | None = None, compute_instance_id: int | None = None,
-                      name: str = "", tracked: bool = False) -> None:
+    def set_processes(
+        self,
+        gpu_index: int,
+        processes: Iterable[tuple[int, int]],
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+        name: str = "",
+        tracked: bool = False,
+    ) -> None:
         """Replace the compute processes running on a GPU, or on one of its MIG devices (GI and CI id).
         `tracked` processes leave the GPU by themselves once their pid has exited."""
         with self.library.mutation():
             self._set_processes(gpu_index, processes, gpu_instance_id, compute_instance_id, name, tracked)
 
-    def _set_processes(self, gpu_index: int, processes: Iterable[tuple[int, int]], gpu_instance_id: int | None,
-                       compute_instance_id: int | None, name: str, tracked: bool) -> None:
+    def _set_processes(
+        self,
+        gpu_index: int,
+        processes: Iterable[tuple[int, int]],
+        gpu_instance_id: int | None,
+        compute_instance_id: int | None,
+        name: str,
+        tracked: bool,
+    ) -> None:
         gpu = self._gpu(gpu_index)
         gi_id = ALL_INSTANCES if gpu_instance_id is None else gpu_instance_id
         ci_id = ALL_INSTANCES if compute_instance_id is None else compute_instance_id
         if gpu_instance_id is not None:
             gi = gpu.gpu_instances.get(gpu_instance_id)
             if gi is None or (compute_instance_id is not None and compute_instance_id not in gi.compute_instances):
-                raise ValueError(
-                    f"GPU {gpu_index} has no MIG device GI {gpu_instance_id} / CI {compute_instance_id}"
-                )
+                raise ValueError(f"GPU {gpu_index} has no MIG device GI {gpu_instance_id} / CI {compute_instance_id}")
         kept = [p for p in gpu.processes if (p.gpu_instance_id, p.compute_instance_id) != (gi_id, ci_id)]
         gpu.processes = kept + [Process(pid, used, gi_id, ci_id, name, tracked) for pid, used in processes]
 

@@ -98,8 +98,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     reload = threading.Event()
 
     def record() -> None:
-        _write(status, {"pid": os.getpid(), "config": str(config), "settings": settings, "nodesFile": nodes_file,
-                        "nodes": nodes, "readyAt": ready_at, "reloads": reloads})
+        _write(
+            status,
+            {
+                "pid": os.getpid(),
+                "config": str(config),
+                "settings": settings,
+                "nodesFile": nodes_file,
+                "nodes": nodes,
+                "readyAt": ready_at,
+                "reloads": reloads,
+            },
+        )
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

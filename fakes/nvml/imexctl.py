@@ -73,8 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = _status(config)
     if status is None:
         port = settings.get("IMEX_CMD_PORT", "50005")
-        print(f"nvidia-imex-ctl: cannot connect to the IMEX daemon at "
-              f"{settings.get('IMEX_CMD_BIND_INTERFACE_IP') or '127.0.0.1'}:{port}", file=sys.stderr)
+        print(
+            f"nvidia-imex-ctl: cannot connect to the IMEX daemon at "
+            f"{settings.get('IMEX_CMD_BIND_INTERFACE_IP') or '127.0.0.1'}:{port}",
+            file=sys.stderr,
+        )
         return 1
     ready = time.time() >= float(status.get("readyAt", 0)) and not fabric_problem()
     if args[2] == "-q":

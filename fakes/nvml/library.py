@@ -52,9 +52,14 @@ _Instance = TypeVar("_Instance", GpuInstance, ComputeInstance)
 _NO_INIT = {"nvmlInit_v2", "nvmlInitWithFlags", "nvmlErrorString"}
 # Symbols that change GPU state: with a state file they run under its write lock and save what they did.
 _MUTATING = {
-    "nvmlDeviceSetComputeMode", "nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstance",
-    "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy", "nvmlGpuInstanceCreateComputeInstance",
-    "nvmlGpuInstanceCreateComputeInstanceWithPlacement", "nvmlComputeInstanceDestroy",
+    "nvmlDeviceSetComputeMode",
+    "nvmlDeviceSetMigMode",
+    "nvmlDeviceCreateGpuInstance",
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceDestroy",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
+    "nvmlComputeInstanceDestroy",
 }
 # How often a wait on an event set looks for events other processes queued in the state file.
 STATE_POLL_S = 0.05
@@ -388,8 +393,12 @@ class FakeLibrary:
 
     def nvmlDeviceSetComputeMode(self, h: Any, mode: Any) -> None:
         gpu, m = self._gpu(h), C.value(mode)
-        if m not in (N.NVML_COMPUTEMODE_DEFAULT, N.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
-                     N.NVML_COMPUTEMODE_PROHIBITED, N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS):
+        if m not in (
+            N.NVML_COMPUTEMODE_DEFAULT,
+            N.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
+            N.NVML_COMPUTEMODE_PROHIBITED,
+            N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        ):
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
         gpu.compute_mode = m
 
@@ -405,8 +414,13 @@ class FakeLibrary:
             return
         array = C.target(infos)
         for i, p in enumerate(procs):
-            C.fill(array[i], pid=p.pid, usedGpuMemory=p.used_bytes,
-                   gpuInstanceId=p.gpu_instance_id, computeInstanceId=p.compute_instance_id)
+            C.fill(
+                array[i],
+                pid=p.pid,
+                usedGpuMemory=p.used_bytes,
+                gpuInstanceId=p.gpu_instance_id,
+                computeInstanceId=p.compute_instance_id,
+            )
 
     # --- topology and NVLink --------------------------------------------------------------------------
 
@@ -458,11 +472,19 @@ class FakeLibrary:
             raise NvmlFail(N.NVML_ERROR_NOT_SUPPORTED)
         info.clusterUuid[:] = list(fabric.cluster_uuid)
         degraded = (fabric.health_mask >> N.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0b11 == (
-            N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE)
-        summary = (N.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY if degraded
-                   else N.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
-        C.fill(info, status=fabric.status, cliqueId=fabric.clique_id, state=fabric.state,
-               healthMask=fabric.health_mask, healthSummary=summary)
+            N.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
+        )
+        summary = (
+            N.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY if degraded else N.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+        )
+        C.fill(
+            info,
+            status=fabric.status,
+            cliqueId=fabric.clique_id,
+            state=fabric.state,
+            healthMask=fabric.health_mask,
+            healthSummary=summary,
+        )
 
     def nvmlDeviceGetGpuFabricInfo(self, h: Any, ref: Any) -> None:
         self._fabric(h, C.target(ref))
@@ -485,10 +507,21 @@ class FakeLibrary:
 
     def _profile_info(self, info: Any, gpu: FakeGpu, enum: int) -> None:
         p = gpu.profile_by_enum(enum)
-        C.fill(info, id=p.id, isP2pSupported=0, sliceCount=p.compute_slices, instanceCount=p.max_instances,
-               multiprocessorCount=p.multiprocessors, copyEngineCount=p.copy_engines, decoderCount=p.decoders,
-               encoderCount=p.encoders, jpegCount=p.jpeg, ofaCount=p.ofa, memorySizeMB=p.memory_mib,
-               name=f"MIG {p.name}".encode())
+        C.fill(
+            info,
+            id=p.id,
+            isP2pSupported=0,
+            sliceCount=p.compute_slices,
+            instanceCount=p.max_instances,
+            multiprocessorCount=p.multiprocessors,
+            copyEngineCount=p.copy_engines,
+            decoderCount=p.decoders,
+            encoderCount=p.encoders,
+            jpegCount=p.jpeg,
+            ofaCount=p.ofa,
+            memorySizeMB=p.memory_mib,
+            name=f"MIG {p.name}".encode(),
+        )
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Any, enum: Any, ref: Any) -> None:
         self._profile_info(C.target(ref), self._gpu(h), C.value(enum))
@@ -567,8 +600,15 @@ class FakeLibrary:
         if C.value(engine) != N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise NvmlFail(N.NVML_ERROR_INVALID_ARGUMENT)
         p = gi.ci_profile(C.value(enum))
-        C.fill(info, id=p.enum, sliceCount=p.slices, instanceCount=p.instance_count,
-               multiprocessorCount=p.multiprocessors, name=f"MIG {p.name}".encode(), **_shared_engines(gi.profile))
+        C.fill(
+            info,
+            id=p.enum,
+            sliceCount=p.slices,
+            instanceCount=p.instance_count,
+            multiprocessorCount=p.multiprocessors,
+            name=f"MIG {p.name}".encode(),
+            **_shared_engines(gi.profile),
+        )
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: Any, enum: Any, engine: Any, ref: Any) -> None:
         self._ci_profile_info(gi, enum, engine, C.target(ref))
@@ -581,8 +621,9 @@ class FakeLibrary:
     def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(self, gi: Any, profile_id: Any, ref: Any) -> None:
         C.put(ref, self._gi(gi).remaining_ci_capacity(C.value(profile_id)))
 
-    def nvmlGpuInstanceGetComputeInstancePossiblePlacements(self, gi: Any, profile_id: Any, out: Any,
-                                                           count_ref: Any) -> None:
+    def nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+        self, gi: Any, profile_id: Any, out: Any, count_ref: Any
+    ) -> None:
         profile = self._gi(gi).ci_profile(C.value(profile_id))
         starts, count = profile.placements(), C.target(count_ref)
         if out is not None:
@@ -597,8 +638,9 @@ class FakeLibrary:
         ci = self._gi(gi).create_compute_instance(C.value(profile_id))
         C.put_handle(ref, self.handles.of("ci", ci))
 
-    def nvmlGpuInstanceCreateComputeInstanceWithPlacement(self, gi: Any, profile_id: Any, placement: Any,
-                                                          ref: Any) -> None:
+    def nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+        self, gi: Any, profile_id: Any, placement: Any, ref: Any
+    ) -> None:
         where = C.target(placement)
         ci = self._gi(gi).create_compute_instance(C.value(profile_id), where.start)
         C.put_handle(ref, self.handles.of("ci", ci))
@@ -672,8 +714,14 @@ class FakeLibrary:
     def nvmlDeviceGetAttributes_v2(self, h: Any, ref: Any) -> None:
         ci = self._mig(h).ci
         g = ci.gpu_instance.profile
-        C.fill(C.target(ref), multiprocessorCount=ci.profile.multiprocessors, gpuInstanceSliceCount=g.compute_slices,
-               computeInstanceSliceCount=ci.profile.slices, memorySizeMB=g.memory_mib, **_shared_engines(g))
+        C.fill(
+            C.target(ref),
+            multiprocessorCount=ci.profile.multiprocessors,
+            gpuInstanceSliceCount=g.compute_slices,
+            computeInstanceSliceCount=ci.profile.slices,
+            memorySizeMB=g.memory_mib,
+            **_shared_engines(g),
+        )
 
     # --- events ---------------------------------------------------------------------------------------
 
@@ -740,8 +788,9 @@ class FakeLibrary:
     def _listeners(self, index: int, event_type: int) -> list[EventSet]:
         return [es for es in self.event_sets if es.registered.get(index, 0) & event_type]
 
-    def deliver(self, index: int, event_type: int, data: int, gi_id: int = ALL_INSTANCES,
-                ci_id: int = ALL_INSTANCES) -> int:
+    def deliver(
+        self, index: int, event_type: int, data: int, gi_id: int = ALL_INSTANCES, ci_id: int = ALL_INSTANCES
+    ) -> int:
         """Queue an event on every set registered for it on that GPU; returns how many sets got it.
 
         With a state file and no listener in this process, the event waits in the file for the process
@@ -752,8 +801,9 @@ class FakeLibrary:
             self.pending.append((index, event_type, data, gi_id, ci_id))
         return delivered
 
-    def _deliver_here(self, index: int, event_type: int, data: int, gi_id: int = ALL_INSTANCES,
-                      ci_id: int = ALL_INSTANCES) -> int:
+    def _deliver_here(
+        self, index: int, event_type: int, data: int, gi_id: int = ALL_INSTANCES, ci_id: int = ALL_INSTANCES
+    ) -> int:
         delivered = 0
         for es in list(self.event_sets):
             if es.registered.get(index, 0) & event_type:
@@ -781,9 +831,13 @@ def _pid_alive(pid: int) -> bool:
 
 def _shared_engines(gi_profile: Profile) -> dict[str, int]:
     """The engines of a GPU instance, which its compute instances share, in the shared*Count fields."""
-    return {"sharedCopyEngineCount": gi_profile.copy_engines, "sharedDecoderCount": gi_profile.decoders,
-            "sharedEncoderCount": gi_profile.encoders, "sharedJpegCount": gi_profile.jpeg,
-            "sharedOfaCount": gi_profile.ofa}
+    return {
+        "sharedCopyEngineCount": gi_profile.copy_engines,
+        "sharedDecoderCount": gi_profile.decoders,
+        "sharedEncoderCount": gi_profile.encoders,
+        "sharedJpegCount": gi_profile.jpeg,
+        "sharedOfaCount": gi_profile.ofa,
+    }
 
 
 def _parse_bus_id(text: str) -> tuple[int, int, int, int]:
@@ -799,9 +853,16 @@ def _parse_bus_id(text: str) -> tuple[int, int, int, int]:
 
 def _fill_pci(info: Any, bus_id: str, pci_device_id: int) -> None:
     domain, bus, device, _ = _parse_bus_id(bus_id)
-    C.fill(info, busIdLegacy=f"{domain:04X}:{bus:02X}:{device:02X}.0".encode(), domain=domain, bus=bus,
-           device=device, pciDeviceId=pci_device_id, pciSubSystemId=0x16C110DE if pci_device_id else 0,
-           busId=f"{domain:08X}:{bus:02X}:{device:02X}.0".encode())
+    C.fill(
+        info,
+        busIdLegacy=f"{domain:04X}:{bus:02X}:{device:02X}.0".encode(),
+        domain=domain,
+        bus=bus,
+        device=device,
+        pciDeviceId=pci_device_id,
+        pciSubSystemId=0x16C110DE if pci_device_id else 0,
+        busId=f"{domain:08X}:{bus:02X}:{device:02X}.0".encode(),
+    )
 
 
 def fabric_of(machine: Machine) -> FabricState | None:

@@ -127,14 +127,26 @@ _GB200_DOMAINS = [0x0008, 0x0009, 0x0018, 0x0019]  # each GPU in a PCI domain of
 def nvl72_node(index: int) -> Machine:
     """Node `index` (0-17) of the fake GB200 NVL72 rack: machine `gb200-nvl72-node<NN>`, GPU UUIDs its own."""
     gpus = tuple(
-        GpuSpec(P.GB200, 0x01, minor=i, numa_node=i // 2, pcie_switch=i, domain=domain,
-                nvlinks=tuple(NvLink(bus_id(0x10 + link % 9, domain=0x0100), NVLINK_TO_SWITCH, 0x22A310DE)
-                              for link in range(P.GB200.nvlinks)))
+        GpuSpec(
+            P.GB200,
+            0x01,
+            minor=i,
+            numa_node=i // 2,
+            pcie_switch=i,
+            domain=domain,
+            nvlinks=tuple(
+                NvLink(bus_id(0x10 + link % 9, domain=0x0100), NVLINK_TO_SWITCH, 0x22A310DE)
+                for link in range(P.GB200.nvlinks)
+            ),
+        )
         for i, domain in enumerate(_GB200_DOMAINS)
     )
-    return Machine(f"gb200-nvl72-node{index:02d}",
-                   f"GB200 NVL72 compute tray {index} of 18: 4x GB200 on the rack's NVLink fabric (one clique)",
-                   gpus, fabric=Fabric(NVL72_CLUSTER_UUID, clique_id=NVL72_CLIQUE_ID))
+    return Machine(
+        f"gb200-nvl72-node{index:02d}",
+        f"GB200 NVL72 compute tray {index} of 18: 4x GB200 on the rack's NVLink fabric (one clique)",
+        gpus,
+        fabric=Fabric(NVL72_CLUSTER_UUID, clique_id=NVL72_CLIQUE_ID),
+    )
 
 
 MACHINES: dict[str, Machine] = {
@@ -163,15 +175,25 @@ MACHINES: dict[str, Machine] = {
         Machine(
             "h100-nvl-x4",
             "4x H100 NVL (PCIe) bridged in pairs 0-1 and 2-3 (two NVLink domains); minor numbers differ from indexes",
-            _direct(P.H100_NVL, [0x21, 0x41, 0xA1, 0xC1], {0: [1], 1: [0], 2: [3], 3: [2]},
-                    minors=[2, 3, 0, 1], numa=[0, 0, 1, 1]),
+            _direct(
+                P.H100_NVL,
+                [0x21, 0x41, 0xA1, 0xC1],
+                {0: [1], 1: [0], 2: [3], 3: [2]},
+                minors=[2, 3, 0, 1],
+                numa=[0, 0, 1, 1],
+            ),
         ),
         Machine(
             "gh200",
             "GH200 Grace Hopper superchip attached to a multi-node NVLink fabric clique",
             (
                 GpuSpec(
-                    P.GH200_96GB, 0x01, minor=0, numa_node=0, pcie_switch=0, domain=0x0009,
+                    P.GH200_96GB,
+                    0x01,
+                    minor=0,
+                    numa_node=0,
+                    pcie_switch=0,
+                    domain=0x0009,
                     nvlinks=tuple(
                         NvLink(bus_id(0x10 + link % 2, domain=0x0010), NVLINK_TO_SWITCH, 0x22A310DE)
                         for link in range(P.GH200_96GB.nvlinks)
@@ -189,8 +211,12 @@ MACHINES: dict[str, Machine] = {
             "mixed-mig",
             "4x H100 80GB HBM3 linked all-to-all; GPUs 0-1 in MIG mode with the operator's all-balanced layout",
             _with_mig(
-                _direct(P.H100_SXM5_80GB, [0x18, 0x2A, 0x9A, 0xAB],
-                        {i: [j for j in range(4) if j != i] for i in range(4)}, numa=[0, 0, 1, 1]),
+                _direct(
+                    P.H100_SXM5_80GB,
+                    [0x18, 0x2A, 0x9A, 0xAB],
+                    {i: [j for j in range(4) if j != i] for i in range(4)},
+                    numa=[0, 0, 1, 1],
+                ),
                 ALL_BALANCED_H100_80GB,
                 {0, 1},
             ),

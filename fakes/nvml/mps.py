@@ -191,8 +191,9 @@ def _register_server(devices: Sequence[str], pid: int) -> None:
             if mig:
                 dev = next(c for c in gpu.mig_devices() if c.uuid == uuid)
                 gi, ci = dev.gpu_instance.id, dev.id
-            gpu.processes = [p for p in gpu.processes if p.pid != pid or (p.gpu_instance_id, p.compute_instance_id)
-                             != (gi, ci)]
+            gpu.processes = [
+                p for p in gpu.processes if p.pid != pid or (p.gpu_instance_id, p.compute_instance_id) != (gi, ci)
+            ]
             gpu.processes.append(Process(pid, SERVER_MEMORY, gi, ci, SERVER_NAME, tracked=True))
 
 
@@ -266,8 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args == ["-d"]:
         return start_daemon()
     if args:
-        print(f"nvidia-cuda-mps-control: unsupported arguments {args!r} (fake supports -d or commands on stdin)",
-              file=sys.stderr)
+        print(
+            f"nvidia-cuda-mps-control: unsupported arguments {args!r} (fake supports -d or commands on stdin)",
+            file=sys.stderr,
+        )
         return 2
     return client(sys.stdin.read().splitlines(), pipe_directory())
 

@@ -130,9 +130,19 @@ def _dump_gpu(gpu: FakeGpu) -> dict[str, Any]:
         "timeslice": gpu.timeslice,
         "lost": gpu.lost,
         "serial": gpu._serial,
-        **({"fabric": {"clusterUuid": gpu.fabric.cluster_uuid.hex(), "cliqueId": gpu.fabric.clique_id,
-                       "state": gpu.fabric.state, "status": gpu.fabric.status,
-                       "healthMask": gpu.fabric.health_mask}} if gpu.fabric is not None else {}),
+        **(
+            {
+                "fabric": {
+                    "clusterUuid": gpu.fabric.cluster_uuid.hex(),
+                    "cliqueId": gpu.fabric.clique_id,
+                    "state": gpu.fabric.state,
+                    "status": gpu.fabric.status,
+                    "healthMask": gpu.fabric.health_mask,
+                }
+            }
+            if gpu.fabric is not None
+            else {}
+        ),
         "gpuInstances": [
             {
                 "id": gi.id,
@@ -140,16 +150,27 @@ def _dump_gpu(gpu: FakeGpu) -> dict[str, Any]:
                 "profile": gi.profile.name,
                 "placement": {"start": gi.start, "size": gi.size},
                 "computeInstances": [
-                    {"id": ci.id, "profileId": ci.profile.enum, "profile": ci.profile.name, "start": ci.start,
-                     "uuid": ci.uuid}
+                    {
+                        "id": ci.id,
+                        "profileId": ci.profile.enum,
+                        "profile": ci.profile.name,
+                        "start": ci.start,
+                        "uuid": ci.uuid,
+                    }
                     for ci in sorted(gi.compute_instances.values(), key=lambda c: c.id)
                 ],
             }
             for gi in sorted(gpu.gpu_instances.values(), key=lambda g: g.id)
         ],
         "processes": [
-            {"pid": p.pid, "usedBytes": p.used_bytes, "gpuInstanceId": p.gpu_instance_id,
-             "computeInstanceId": p.compute_instance_id, "name": p.name, "tracked": p.tracked}
+            {
+                "pid": p.pid,
+                "usedBytes": p.used_bytes,
+                "gpuInstanceId": p.gpu_instance_id,
+                "computeInstanceId": p.compute_instance_id,
+                "name": p.name,
+                "tracked": p.tracked,
+            }
             for p in gpu.processes
         ],
     }
@@ -177,9 +198,17 @@ def _load_gpu(gpu: FakeGpu, row: dict[str, Any]) -> None:
     gpu.compute_mode, gpu.timeslice = int(row["computeMode"]), int(row["timeslice"])
     gpu.lost, gpu._serial = bool(row["lost"]), int(row["serial"])
     fabric = row.get("fabric")  # absent: the machine profile's
-    gpu.fabric = None if fabric is None else FabricState(
-        bytes.fromhex(fabric["clusterUuid"]), int(fabric["cliqueId"]), int(fabric["state"]), int(fabric["status"]),
-        int(fabric["healthMask"]))
+    gpu.fabric = (
+        None
+        if fabric is None
+        else FabricState(
+            bytes.fromhex(fabric["clusterUuid"]),
+            int(fabric["cliqueId"]),
+            int(fabric["state"]),
+            int(fabric["status"]),
+            int(fabric["healthMask"]),
+        )
+    )
     profiles = {p.id: p for p in gpu.product.profiles}
     instances: dict[int, GpuInstance] = {}
     for gi_row in row["gpuInstances"]:
@@ -199,7 +228,13 @@ def _load_gpu(gpu: FakeGpu, row: dict[str, Any]) -> None:
         instances[gi_id] = gi
     gpu.gpu_instances = instances
     gpu.processes = [
-        Process(int(p["pid"]), int(p["usedBytes"]), int(p["gpuInstanceId"]), int(p["computeInstanceId"]),
-                str(p.get("name", "")), bool(p.get("tracked", False)))
+        Process(
+            int(p["pid"]),
+            int(p["usedBytes"]),
+            int(p["gpuInstanceId"]),
+            int(p["computeInstanceId"]),
+            str(p.get("name", "")),
+            bool(p.get("tracked", False)),
+        )
         for p in row["processes"]
     ]

@@ -38,8 +38,11 @@ def open_gpus() -> FakeNvml:
     path = os.environ.get(persist.ENV)
     data = persist.StateFile(path).read() if path else None
     if data is None:
-        raise SmiError("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                       f"(fake: {persist.ENV} names no state file)", EXIT_NO_DRIVER)
+        raise SmiError(
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            f"(fake: {persist.ENV} names no state file)",
+            EXIT_NO_DRIVER,
+        )
     return FakeNvml(get_machine(str(data["machine"])), path)
 
 
@@ -56,8 +59,11 @@ def find(fake: FakeNvml, ident: str) -> tuple[FakeGpu, bool]:
 
 def _alive(gpu: FakeGpu) -> FakeGpu:
     if gpu.lost:
-        raise SmiError(f"Unable to determine the device handle for GPU {gpu.bus_id}: GPU is lost. Reboot the "
-                       "system to recover this GPU", EXIT_LOST)
+        raise SmiError(
+            f"Unable to determine the device handle for GPU {gpu.bus_id}: GPU is lost. Reboot the "
+            "system to recover this GPU",
+            EXIT_LOST,
+        )
     return gpu
 
 
@@ -87,8 +93,9 @@ def list_gpus(fake: FakeNvml) -> str:
 def set_compute_mode(fake: FakeNvml, ident: str, mode_text: str) -> str:
     mode = _MODES.get(mode_text.upper())
     if mode is None:
-        raise SmiError(f"Invalid compute mode {mode_text!r}: use DEFAULT, PROHIBITED or EXCLUSIVE_PROCESS",
-                       EXIT_INVALID)
+        raise SmiError(
+            f"Invalid compute mode {mode_text!r}: use DEFAULT, PROHIBITED or EXCLUSIVE_PROCESS", EXIT_INVALID
+        )
     with fake.mutation():
         gpu, mig = find(fake, ident)
         _alive(gpu)
@@ -100,8 +107,9 @@ def set_compute_mode(fake: FakeNvml, ident: str, mode_text: str) -> str:
 
 def set_timeslice(fake: FakeNvml, ident: str, value: str) -> str:
     if value not in _TIMESLICES:
-        raise SmiError(f"Invalid timeslice value {value!r}: use 0 (Default), 1 (Short), 2 (Medium) or 3 (Long)",
-                       EXIT_INVALID)
+        raise SmiError(
+            f"Invalid timeslice value {value!r}: use 0 (Default), 1 (Short), 2 (Medium) or 3 (Long)", EXIT_INVALID
+        )
     with fake.mutation():
         gpu, mig = find(fake, ident)
         _alive(gpu)

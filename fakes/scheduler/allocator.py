@@ -103,8 +103,9 @@ class Alternative:
         requests = dict(self.capacity)
         if device.shareable:
             return shares.share_of(requests, device.capacities)
-        if any(name not in device.capacities or value > device.capacities[name].value
-               for name, value in requests.items()):  # fmt: skip
+        if any(
+            name not in device.capacities or value > device.capacities[name].value for name, value in requests.items()
+        ):
             return None
         return {}
 
@@ -147,7 +148,8 @@ def allocate(
         here = [d for d in devices if d.location in ("", location)]
         search = _Search(
             [(name, [(a, _selectable(a, here, taken, consumed)) for a in alts]) for name, alts in requests],
-            constraints, consumed=consumed,
+            constraints,
+            consumed=consumed,
         )
         if _place(search, 0):
             return _allocation(claim, search.chosen, by_class, location)
@@ -227,8 +229,9 @@ def with_rule_taints(slices: Iterable[Mapping[str, Any]], rules: Iterable[Mappin
         spec = s.get("spec") or {}
         devices = []
         for d in spec.get("devices") or ():
-            taints = [rule["spec"]["taint"] for rule in rules
-                      if _rule_selects(rule["spec"].get("deviceSelector"), spec, d)]
+            taints = [
+                rule["spec"]["taint"] for rule in rules if _rule_selects(rule["spec"].get("deviceSelector"), spec, d)
+            ]
             devices.append({**d, "taints": [*(d.get("taints") or ()), *taints]} if taints else d)
         out.append({**s, "spec": {**spec, "devices": devices}})
     return out
@@ -237,8 +240,11 @@ def with_rule_taints(slices: Iterable[Mapping[str, Any]], rules: Iterable[Mappin
 def _rule_selects(selector: Mapping[str, Any] | None, spec: Mapping[str, Any], device: Mapping[str, Any]) -> bool:
     if selector is None:
         return False  # without a selector a rule matches no device
-    wanted = (("driver", spec.get("driver")), ("pool", (spec.get("pool") or {}).get("name")),
-              ("device", device.get("name")))
+    wanted = (
+        ("driver", spec.get("driver")),
+        ("pool", (spec.get("pool") or {}).get("name")),
+        ("device", device.get("name")),
+    )
     return all(selector.get(k) in (None, v) for k, v in wanted)
 
 
@@ -271,8 +277,11 @@ def _results(claims: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]
 
 def _taken(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
     """Devices other claims hold whole (a share, with its shareID, holds only what it consumed)."""
-    return {(r["driver"], r["pool"], r["device"]) for r in _results(claims)
-            if not r.get("adminAccess") and not r.get("shareID")}  # fmt: skip
+    return {
+        (r["driver"], r["pool"], r["device"])
+        for r in _results(claims)
+        if not r.get("adminAccess") and not r.get("shareID")
+    }
 
 
 def _consumed(claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
@@ -281,14 +290,17 @@ def _consumed(claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str],
     for r in _results(claims):
         if r.get("shareID"):
             out.setdefault((r["driver"], r["pool"], r["device"]), []).append(
-                shares.consumed_of(r.get("consumedCapacity")))
+                shares.consumed_of(r.get("consumedCapacity"))
+            )
     return out
 
 
 def _selectable(
-    alt: Alternative, devices: Sequence[Candidate], taken: set[tuple[str, str, str]],
+    alt: Alternative,
+    devices: Sequence[Candidate],
+    taken: set[tuple[str, str, str]],
     consumed: Mapping[tuple[str, str, str], list[dict[str, Any]]],
-) -> list[Candidate]:  # fmt: skip
+) -> list[Candidate]:
     """The devices this alternative may take: matching and free; for All, every match or none if one is taken."""
     matching = []
     for d in devices:
@@ -318,8 +330,7 @@ def _taints_tolerated(taints: Iterable[Mapping[str, Any]], tolerations: Sequence
     only informs), as the structured allocator does with DRADeviceTaints. A DeviceToleration matches as a pod's
     toleration does (resourceclaim.ToleratesTaint is a copy of core/v1's), so the arbiter's rule serves."""
     return all(
-        t.get("effect") not in ("NoSchedule", "NoExecute") or any(tolerates(x, t) for x in tolerations)
-        for t in taints
+        t.get("effect") not in ("NoSchedule", "NoExecute") or any(tolerates(x, t) for x in tolerations) for t in taints
     )
 
 
@@ -438,5 +449,6 @@ def _choice(claim: Mapping[str, Any], chosen: Sequence[tuple[Alternative, Candid
     """For each request of the claim, the index of the alternative the search chose (as agent.objects.read
     numbers a firstAvailable request's subrequests)."""
     picked = {alt.result_name for alt, _ in chosen}
-    return tuple(next((i for i, (name, _) in enumerate(request_options(r)) if name in picked), 0)
-                 for r in claim_requests(claim))
+    return tuple(
+        next((i for i, (name, _) in enumerate(request_options(r)) if name in picked), 0) for r in claim_requests(claim)
+    )

@@ -65,10 +65,12 @@ def device_requests(
             count = int(quantity.parse(str(value)))
             if device_class is None or count == 0 or quantity.parse(str(allocatable.get(resource, "0"))) > 0:
                 continue
-            out.append({
-                "name": f"container-{i}-request-{names.index(resource)}",
-                "exactly": {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count},
-            })
+            out.append(
+                {
+                    "name": f"container-{i}-request-{names.index(resource)}",
+                    "exactly": {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count},
+                }
+            )
     return sorted(out, key=lambda r: r["name"])
 
 
@@ -80,8 +82,16 @@ def claim_for(pod: Mapping[str, Any], requests: list[Json]) -> Json:
         "metadata": {
             "generateName": f"{meta['name']}-extended-resources-",
             "namespace": meta.get("namespace", "default"),
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
-                                 "controller": True, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
             "annotations": {CLAIM_ANNOTATION: "true"},
         },
         "spec": {"devices": {"requests": requests}},
@@ -108,6 +118,11 @@ def request_mappings(pod: Mapping[str, Any], claim: Mapping[str, Any]) -> list[J
         names = sorted(_requests(container))
         for j, resource in enumerate(names):
             if f"container-{i}-request-{j}" in wanted:
-                out.append({"containerName": container["name"], "resourceName": resource,
-                            "requestName": f"container-{i}-request-{j}"})
+                out.append(
+                    {
+                        "containerName": container["name"],
+                        "resourceName": resource,
+                        "requestName": f"container-{i}-request-{j}",
+                    }
+                )
     return out

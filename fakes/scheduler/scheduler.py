@@ -68,10 +68,12 @@ class FakeScheduler:
             "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod["metadata"]["uid"]}],
         }
         claim = self._rest.replace(RESOURCE_CLAIMS, claim, "status")
-        status = {"extendedResourceClaimStatus": {
-            "resourceClaimName": name,
-            "requestMappings": extended.request_mappings(pod, claim),
-        }}
+        status = {
+            "extendedResourceClaimStatus": {
+                "resourceClaimName": name,
+                "requestMappings": extended.request_mappings(pod, claim),
+            }
+        }
         self._rest.patch(PODS, namespace, pod_name, {"status": status}, subresource="status")
         self._rest.bind(namespace, pod_name, node)
         return claim

@@ -20,12 +20,15 @@ _STRUCT = re.compile(r"^type (\w+) struct \{")
 _FIELD = re.compile(r'^\s+(?:\w+\s+)?(\*?)([\w.\[\]*]+)\s+`json:"([^",]*)[^"]*"[^`]*protobuf:"([^"]*)"')
 _NAME = re.compile(r"name=(\w+)")
 PACKAGES = {
-    "k8s.io.api.core.v1": "api@v0.37.2/core/v1", "k8s.io.api.apps.v1": "api@v0.37.2/apps/v1",
+    "k8s.io.api.core.v1": "api@v0.37.2/core/v1",
+    "k8s.io.api.apps.v1": "api@v0.37.2/apps/v1",
     "k8s.io.api.rbac.v1": "api@v0.37.2/rbac/v1",
     "k8s.io.api.admissionregistration.v1": "api@v0.37.2/admissionregistration/v1",
-    "k8s.io.api.events.v1": "api@v0.37.2/events/v1", "k8s.io.api.coordination.v1": "api@v0.37.2/coordination/v1",
+    "k8s.io.api.events.v1": "api@v0.37.2/events/v1",
+    "k8s.io.api.coordination.v1": "api@v0.37.2/coordination/v1",
     "k8s.io.api.resource.v1": "api@v0.37.2/resource/v1",
-    "k8s.io.api.scheduling.v1beta1": "api@v0.37.2/scheduling/v1beta1", "k8s.io.api.policy.v1": "api@v0.37.2/policy/v1",
+    "k8s.io.api.scheduling.v1beta1": "api@v0.37.2/scheduling/v1beta1",
+    "k8s.io.api.policy.v1": "api@v0.37.2/policy/v1",
     "k8s.io.apimachinery.pkg.apis.meta.v1": "apimachinery@v0.37.2/pkg/apis/meta/v1",
 }
 

@@ -29,13 +29,23 @@ def test_apiserver_request_latency() -> None:
         resource = client.ResourceV1Api(server.api_client())
         core.create_node({"metadata": {"name": "node-a"}})
         devices = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(128)]
-        body = {"metadata": {"name": "s"}, "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
-                "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+        body = {
+            "metadata": {"name": "s"},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": "node-a",
+                "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        }
         cases = {
             "GET node (raw)": lambda: core.read_node("node-a", _preload_content=False).data,
             "GET node (deserialized)": lambda: core.read_node("node-a"),
-            "PATCH node labels": lambda: core.patch_node("node-a", {"metadata": {"labels": {"t": str(time.time_ns())}}},
-                                                         _preload_content=False).data,
+            "PATCH node labels": lambda: (
+                core.patch_node(
+                    "node-a", {"metadata": {"labels": {"t": str(time.time_ns())}}}, _preload_content=False
+                ).data
+            ),
         }
         for name, fn in cases.items():
             ms = _timed(fn, 500)
@@ -48,5 +58,7 @@ def test_apiserver_request_latency() -> None:
             assert resource.delete_resource_slice(body["metadata"]["name"], _preload_content=False).status == 200
 
         ms = _timed(create_delete, 100)
-        print(f"create+delete 128-device ResourceSlice: p50 {statistics.median(ms):.3f} ms, "
-              f"p99 {ms[int(len(ms) * 0.99)]:.3f} ms")
+        print(
+            f"create+delete 128-device ResourceSlice: p50 {statistics.median(ms):.3f} ms, "
+            f"p99 {ms[int(len(ms) * 0.99)]:.3f} ms"
+        )

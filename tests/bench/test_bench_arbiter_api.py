@@ -68,9 +68,20 @@ def _gangs(rng: random.Random) -> list[tuple[str, str, int]]:
 
 def _claims_made(cluster: FakeCluster, pods: Informer, total: int, namespace: str | None = None) -> None:
     """Until `total` pods (of `namespace`, if given: an earlier run's may still be going) have their claim."""
-    wait_for(lambda: sum(1 for p in pods.items() if len((p.get("status") or {}).get("resourceClaimStatuses") or ())
-                         == 1 and namespace in (None, p["metadata"]["namespace"])) >= total,
-             timeout=600, interval=0.2, what="claims from templates")
+    wait_for(
+        lambda: (
+            sum(
+                1
+                for p in pods.items()
+                if len((p.get("status") or {}).get("resourceClaimStatuses") or ()) == 1
+                and namespace in (None, p["metadata"]["namespace"])
+            )
+            >= total
+        ),
+        timeout=600,
+        interval=0.2,
+        what="claims from templates",
+    )
 
 
 class Kubelet:
@@ -132,8 +143,9 @@ class Kubelet:
     def binding(self) -> str:
         """How long kube-scheduler took from a pod's last gate coming off to its binding."""
         waits = [self.completed[k] - at for k, at in self.ungated.items() if k in self.completed]
-        return (f"ungated to bound a median {_p(waits, 50):.2f} s (p90 {_p(waits, 90):.2f}; "
-                f"{len(waits)} pods seen ungated)")
+        return (
+            f"ungated to bound a median {_p(waits, 50):.2f} s (p90 {_p(waits, 90):.2f}; {len(waits)} pods seen ungated)"
+        )
 
     def _delete(self, key: str) -> None:
         namespace, name = key.split("/", 1)
@@ -209,13 +221,19 @@ class Occupancy:
         turns: dict[tuple[str, str], list[tuple[float, float | None]]] = {}  # device -> (held, gone), in order
         for uid, (at, device) in sorted(self.allocated.items(), key=lambda kv: kv[1][0]):
             turns.setdefault(device, []).append((at, self.gone.get(uid)))
-        idle = [after - gone for t in turns.values() for (_, gone), (after, _) in itertools.pairwise(t)
-                if gone is not None and after >= gone]
+        idle = [
+            after - gone
+            for t in turns.values()
+            for (_, gone), (after, _) in itertools.pairwise(t)
+            if gone is not None and after >= gone
+        ]
         mean = self._area / max(1e-9, self._end - self._start)
-        return (f"  {label}: GPUs held {mean:.0f} of {gpus} on average; a claim holds its GPU a median "
-                f"{_p(holds, 50):.2f} s (p90 {_p(holds, 90):.2f}: from its allocation to its pod's completion "
-                f"{_p(to_pod, 50):.2f} s, then to the claim's deletion {_p(to_claim, 50):.2f} s), a freed GPU waits "
-                f"a median {_p(idle, 50):.2f} s (p90 {_p(idle, 90):.2f}) for its next claim")
+        return (
+            f"  {label}: GPUs held {mean:.0f} of {gpus} on average; a claim holds its GPU a median "
+            f"{_p(holds, 50):.2f} s (p90 {_p(holds, 90):.2f}: from its allocation to its pod's completion "
+            f"{_p(to_pod, 50):.2f} s, then to the claim's deletion {_p(to_claim, 50):.2f} s), a freed GPU waits "
+            f"a median {_p(idle, 50):.2f} s (p90 {_p(idle, 90):.2f}) for its next claim"
+        )
 
 
 def _p(samples: list[float], q: float) -> float:
@@ -237,14 +255,31 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
         cluster.gang(f"ns-{q}", name, q, pods=size, gpus=1)
     _claims_made(cluster, pods, PODS_TOTAL)
     log_path = cluster.root / "arbiter.log"
-    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
-               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", str(period_s),
-               "--log-format", "json"]
+    command = [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "arbiter",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--reservation-token-file",
+        str(cluster.token_file),
+        "--metrics-addr",
+        "",
+        "--period",
+        str(period_s),
+        "--log-format",
+        "json",
+    ]
     with kubelet, open(log_path, "w") as log, Occupancy(cluster) as occupancy:
         proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.getcwd()}, stderr=log)
         try:
-            wait_for(lambda: "arbiter running" in log_path.read_text(), timeout=120, interval=0.1,
-                     what="the arbiter running (its start puts the fence in place)")
+            wait_for(
+                lambda: "arbiter running" in log_path.read_text(),
+                timeout=120,
+                interval=0.1,
+                what="the arbiter running (its start puts the fence in place)",
+            )
             time.sleep(ArbiterConfig().fence_settle_s + 0.5)  # the arbiter commits once the fence has settled
             start, cpu_before = time.perf_counter(), _cpu_seconds(proc.pid)
             if timed is not None:
@@ -252,8 +287,12 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
             cluster.queue("root")
             for i in range(QUEUES):
                 cluster.queue(f"q{i}", parent="root", gpu_quota=64)
-            wait_for(lambda: len(kubelet.completed) + len(kubelet.evicted) >= PODS_TOTAL and
-                     not pods.items(), timeout=900, interval=0.05, what="all admitted")
+            wait_for(
+                lambda: len(kubelet.completed) + len(kubelet.evicted) >= PODS_TOTAL and not pods.items(),
+                timeout=900,
+                interval=0.05,
+                what="all admitted",
+            )
             cpu = _cpu_seconds(proc.pid) - cpu_before
             if timed is not None:
                 timed.stop()
@@ -269,21 +308,33 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
     print(f"\n{label}: 32 nodes x 8 GPUs, {PODS_TOTAL} pods in {len(gangs)} gangs of 1-8 across {QUEUES} queues:")
     evictions = sum(run.evictions.values())
     causes = ", ".join(f"{k} {v}" for k, v in sorted(run.evictions.items())) or "none"
-    print(f"  admitted {len(admitted_at)} pods in {wall:.2f} s: {rate:.1f} pods/s gate to bound; "
-          f"evictions {evictions} ({causes}; thrash {run.thrash})")
+    print(
+        f"  admitted {len(admitted_at)} pods in {wall:.2f} s: {rate:.1f} pods/s gate to bound; "
+        f"evictions {evictions} ({causes}; thrash {run.thrash})"
+    )
     print(f"  arbiter CPU {cpu:.1f} s over {wall:.1f} s")
     print(occupancy.report("GPU turns", 256, admitted_at))
     print(f"  kube-scheduler binding the admitted pods: {kubelet.binding()}")
-    print(f"  arbiter cycles {run.cycles} ({run.unchanged} started with no change seen); time in: " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in sorted(run.seconds.items(), key=lambda kv: -kv[1])))
-    print("  of which the cycle thread's CPU: " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in sorted(run.cpu_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.01))
-    print("  the arbiter's CPU by thread, from its start: " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in run.thread_cpu_seconds.items() if v >= 0.01))
-    print("  commit steps (summed over parallel commits): " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in run.commit_seconds.items()))
-    print(f"  commits refused {sum(run.refused.values())}" + "".join(
-        f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1])))
+    print(
+        f"  arbiter cycles {run.cycles} ({run.unchanged} started with no change seen); time in: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(run.seconds.items(), key=lambda kv: -kv[1]))
+    )
+    print(
+        "  of which the cycle thread's CPU: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(run.cpu_seconds.items(), key=lambda kv: -kv[1]) if v >= 0.01)
+    )
+    print(
+        "  the arbiter's CPU by thread, from its start: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in run.thread_cpu_seconds.items() if v >= 0.01)
+    )
+    print(
+        "  commit steps (summed over parallel commits): "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in run.commit_seconds.items())
+    )
+    print(
+        f"  commits refused {sum(run.refused.values())}"
+        + "".join(f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1]))
+    )
     print(f"  reservations kube-scheduler took from admitted pods, put back by the arbiter: {run.given_back}")
     return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash}
 
@@ -312,9 +363,12 @@ class _Timed:
 
     def report(self, label: str, pods: int) -> str:
         used = {k: v * 1000 / pods for k, v in self.used.items()}
-        return (f"CPU while timed, {label}: {sum(used.values()):.1f} ms a pod over {self.seconds:.1f} s, the "
-                f"machine's {os.cpu_count()} CPUs {self.busy:.0%} busy (" + ", ".join(
-                    f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
+        return (
+            f"CPU while timed, {label}: {sum(used.values()):.1f} ms a pod over {self.seconds:.1f} s, the "
+            f"machine's {os.cpu_count()} CPUs {self.busy:.0%} busy ("
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+            + ")"
+        )
 
 
 def _jiffies() -> tuple[int, int]:
@@ -374,9 +428,18 @@ def _read_log(path: Path) -> _Run:
         elif entry["msg"] == "arbiter stopped":
             summary = entry
     assert summary, f"the arbiter wrote no summary: see {path}"
-    return _Run(summary["cycles"], summary["evictions"], summary["seconds"], summary["cpu_seconds"],
-                summary["commit_seconds"], summary.get("thread_cpu_seconds", {}), thrash, refused, given_back,
-                summary.get("unchanged_cycles", 0))
+    return _Run(
+        summary["cycles"],
+        summary["evictions"],
+        summary["seconds"],
+        summary["cpu_seconds"],
+        summary["commit_seconds"],
+        summary.get("thread_cpu_seconds", {}),
+        thrash,
+        refused,
+        given_back,
+        summary.get("unchanged_cycles", 0),
+    )
 
 
 def _kube_scheduler_run(cluster: FakeCluster, timed: _Timed) -> float:
@@ -388,8 +451,11 @@ def _kube_scheduler_run(cluster: FakeCluster, timed: _Timed) -> float:
     start_all([pods], 60)
     cluster.namespace("plain")
     with futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: cluster.pod("plain", f"p{i}", None, 1, gated=False, gates=[HOLD_GATE]),
-                      range(PODS_TOTAL)))
+        list(
+            pool.map(
+                lambda i: cluster.pod("plain", f"p{i}", None, 1, gated=False, gates=[HOLD_GATE]), range(PODS_TOTAL)
+            )
+        )
     _claims_made(cluster, pods, PODS_TOTAL, "plain")
 
     def release(p: dict[str, Any]) -> None:
@@ -408,14 +474,16 @@ def _kube_scheduler_run(cluster: FakeCluster, timed: _Timed) -> float:
         wall = max(kubelet.completed.values()) - start
     pods.stop()
     rate = PODS_TOTAL / wall
-    print(f"kube-scheduler: {PODS_TOTAL} pods of 1 GPU from a template, no gangs: {wall:.2f} s, {rate:.1f} pods/s "
-          "ungate to bound")
+    print(
+        f"kube-scheduler: {PODS_TOTAL} pods of 1 GPU from a template, no gangs: {wall:.2f} s, {rate:.1f} pods/s "
+        "ungate to bound"
+    )
     print(occupancy.report("GPU turns", 256, kubelet.completed))
     print(f"  kube-scheduler allocating and binding: {kubelet.binding()}")
     return rate
 
 
-_SAMPLE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -460,12 +528,25 @@ def _ceiling_run(cluster: FakeCluster, workers: int) -> float:
     for i in range(PODS_TOTAL):
         cluster.pod("ceiling", f"c{i}", "ceiling", 1)
     _claims_made(cluster, pods, PODS_TOTAL, "ceiling")
-    wait_for(lambda: sum(1 for c in claims.items() if c["metadata"]["namespace"] == "ceiling") >= PODS_TOTAL,
-             timeout=120, interval=0.1, what="the claims in the ceiling's informer")
-    cluster.rest.create(DEVICE_TAINT_RULES, None, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": FENCE_RULE},
-        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com"},
-                 "taint": {"key": "scheduling.gpu-dra-agent.io/arbiter", "effect": "NoSchedule"}}})
+    wait_for(
+        lambda: sum(1 for c in claims.items() if c["metadata"]["namespace"] == "ceiling") >= PODS_TOTAL,
+        timeout=120,
+        interval=0.1,
+        what="the claims in the ceiling's informer",
+    )
+    cluster.rest.create(
+        DEVICE_TAINT_RULES,
+        None,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": FENCE_RULE},
+            "spec": {
+                "deviceSelector": {"driver": "gpu.nvidia.com"},
+                "taint": {"key": "scheduling.gpu-dra-agent.io/arbiter", "effect": "NoSchedule"},
+            },
+        },
+    )
     nodes = sorted(cluster.agents)
 
     def commit(i_pod: tuple[int, dict[str, Any]]) -> None:
@@ -476,16 +557,31 @@ def _ceiling_run(cluster: FakeCluster, workers: int) -> float:
         assert claim is not None
         claim["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
         claim = cluster.rest.replace(RESOURCE_CLAIMS, claim)
-        claim["status"] = {"allocation": {
-            "devices": {"results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": node, "device": device}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-            "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]}
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpus", "driver": "gpu.nvidia.com", "pool": node, "device": device}]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
+        }
         cluster.rest.replace(RESOURCE_CLAIMS, claim, "status")
         body = copy.deepcopy(pod)
         body["spec"]["schedulingGates"] = []
-        body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+        body["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                }
+            }
+        }
         body["metadata"].setdefault("annotations", {})[ADMITTED_ANNOTATION] = "2026-01-01T00:00:00Z"
         cluster.rest.replace(PODS, body)
 
@@ -497,8 +593,7 @@ def _ceiling_run(cluster: FakeCluster, workers: int) -> float:
     pods.stop()
     claims.stop()
     rate = PODS_TOTAL / wall
-    print(f"ceiling: the same 3 writes per pod by a minimal client, {workers} at once: {wall:.2f} s, "
-          f"{rate:.1f} pods/s")
+    print(f"ceiling: the same 3 writes per pod by a minimal client, {workers} at once: {wall:.2f} s, {rate:.1f} pods/s")
     return rate
 
 
@@ -512,9 +607,11 @@ def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> Non
     with ControlPlane(control_plane_binaries, client_qps=CLIENT_QPS).start() as cp:
         path = cp.write_kubeconfig(cp.workdir / "bench.kubeconfig")
         with FakeCluster(nodes=32, kubeconfig=path, make_node=cp.add_node) as cluster:
-            print(f"\nreal control plane 1.37, kube-controller-manager and kube-scheduler --kube-api-qps="
-                  f"{CLIENT_QPS} --kube-api-burst={2 * CLIENT_QPS}; arbiter (its own process) client unlimited, "
-                  f"{config.commit_workers} gangs committed at once")
+            print(
+                f"\nreal control plane 1.37, kube-controller-manager and kube-scheduler --kube-api-qps="
+                f"{CLIENT_QPS} --kube-api-burst={2 * CLIENT_QPS}; arbiter (its own process) client unlimited, "
+                f"{config.commit_workers} gangs committed at once"
+            )
             timed_arbiter, timed_scheduler = _Timed(lambda: _cpu_by_process(cp)), _Timed(lambda: _cpu_by_process(cp))
             before = _api_writes(cp)
             arbiter = _arbiter_run(cluster, "arbiter", PERIOD_S, timed_arbiter)
@@ -525,20 +622,27 @@ def test_admission_on_the_real_control_plane(control_plane_binaries: Any) -> Non
     # the API server's writes are what both paths share on one control plane: per pod, by whom they are for
     for label, start, end in (("arbiter path", before, between), ("kube-scheduler path", between, after)):
         delta = {k: (end[k] - start.get(k, 0.0)) / PODS_TOTAL for k in end if end[k] > start.get(k, 0.0)}
-        print(f"API writes per pod, {label}: {sum(delta.values()):.2f} (" + ", ".join(
-            f"{k} {v:.2f}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.05) + ")")
+        print(
+            f"API writes per pod, {label}: {sum(delta.values()):.2f} ("
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+            + ")"
+        )
     # the machine's CPU is what both paths share too: per pod, by process, while each was timed
     print(timed_arbiter.report("arbiter path", PODS_TOTAL))
     print(timed_scheduler.report("kube-scheduler path", PODS_TOTAL))
     arbiter_ms = timed_arbiter.used.get("arbiter", 0.0) * 1000 / PODS_TOTAL
     scheduler_ms = timed_scheduler.used.get("kube-scheduler", 0.0) * 1000 / PODS_TOTAL
-    print(f"CPU per pod (same run): the arbiter {arbiter_ms:.2f} ms per admitted pod; kube-scheduler "
-          f"{scheduler_ms:.2f} ms per pod it allocates and binds, "
-          f"{timed_arbiter.used.get('kube-scheduler', 0.0) * 1000 / PODS_TOTAL:.2f} ms per admitted pod it binds")
-    print(f"side by side (same run, same nodes): arbiter {arbiter['pods_s']:.1f} pods/s "
-          f"({arbiter['evictions']:.0f} evictions, thrash {arbiter['thrash']:.0f}), kube-scheduler "
-          f"{scheduler:.1f} pods/s, ceiling {ceiling:.1f} pods/s; arbiter / kube-scheduler "
-          f"{arbiter['pods_s'] / scheduler:.2f}, arbiter / ceiling {arbiter['pods_s'] / ceiling:.2f}")
+    print(
+        f"CPU per pod (same run): the arbiter {arbiter_ms:.2f} ms per admitted pod; kube-scheduler "
+        f"{scheduler_ms:.2f} ms per pod it allocates and binds, "
+        f"{timed_arbiter.used.get('kube-scheduler', 0.0) * 1000 / PODS_TOTAL:.2f} ms per admitted pod it binds"
+    )
+    print(
+        f"side by side (same run, same nodes): arbiter {arbiter['pods_s']:.1f} pods/s "
+        f"({arbiter['evictions']:.0f} evictions, thrash {arbiter['thrash']:.0f}), kube-scheduler "
+        f"{scheduler:.1f} pods/s, ceiling {ceiling:.1f} pods/s; arbiter / kube-scheduler "
+        f"{arbiter['pods_s'] / scheduler:.2f}, arbiter / ceiling {arbiter['pods_s'] / ceiling:.2f}"
+    )
     assert arbiter["thrash"] == 0
 
 

@@ -28,10 +28,14 @@ def test_simulate_with_and_without_reservations() -> None:
     s = commit.stats
     print(f"\n1,000 nodes x 8 GPUs, 4,000 running + 10,000 pending pods, {rounds} rounds:")
     print(f"  without reservations: cycles {_fmt(plain.cycle_seconds)} s, total {plain_total:.3f} s")
-    print(f"  with reservations:    cycles {_fmt(committed.cycle_seconds)} s, commits {_fmt(s.seconds)} s, "
-          f"total {committed_total:.3f} s")
-    print(f"  gangs committed {s.committed}, refused {s.refused}, relocated {s.relocated}, "
-          f"reservations released {s.released}")
+    print(
+        f"  with reservations:    cycles {_fmt(committed.cycle_seconds)} s, commits {_fmt(s.seconds)} s, "
+        f"total {committed_total:.3f} s"
+    )
+    print(
+        f"  gangs committed {s.committed}, refused {s.refused}, relocated {s.relocated}, "
+        f"reservations released {s.released}"
+    )
     assert s.refused == 0  # the arbiter's view is consistent: no node may refuse
 
 

@@ -50,8 +50,9 @@ def synthetic(nodes: int, running: int, pending: int, seed: int = 1) -> Snapshot
     """Nodes of 8 GPUs; 5 departments x 10 teams; gangs of 1-16 one-GPU pods (some pods share a GPU)."""
     rng = random.Random(seed)
     node_specs = tuple(
-        NodeSpec(f"node-{i}", 8, 128_000, 1024 * GIB, "H100", {"pool": "a" if i % 2 else "b"},
-                 ((0, 1, 2, 3), (4, 5, 6, 7)))
+        NodeSpec(
+            f"node-{i}", 8, 128_000, 1024 * GIB, "H100", {"pool": "a" if i % 2 else "b"}, ((0, 1, 2, 3), (4, 5, 6, 7))
+        )
         for i in range(nodes)
     )
     gpus = nodes * 8
@@ -120,8 +121,15 @@ def _cycle(snapshot: Snapshot) -> dict[str, float]:
     times["run_cycle (simulate's cycleSeconds)"] = time.perf_counter() - t
     # the next cycle, one pod more: the core builds its session whole every cycle (the snapshot from the API
     # objects is incremental, test_the_snapshot_after_one_pod_arrives), so this costs what a full cycle does
-    arrived = dataclasses.replace(snapshot, jobs=(*snapshot.jobs, JobSpec(
-        "arrived", snapshot.jobs[-1].queue, 50, True, 1, 1.8e9, (PodSpec("arrived-0", MILLI, 4000, 32 * GIB),))))
+    arrived = dataclasses.replace(
+        snapshot,
+        jobs=(
+            *snapshot.jobs,
+            JobSpec(
+                "arrived", snapshot.jobs[-1].queue, 50, True, 1, 1.8e9, (PodSpec("arrived-0", MILLI, 4000, 32 * GIB),)
+            ),
+        ),
+    )
     t, cpu = time.perf_counter(), time.thread_time()
     run_cycle(arrived)
     times["run_cycle after one pod arrives"] = time.perf_counter() - t
@@ -153,8 +161,9 @@ def _baseline_tree(tmp: Path) -> tuple[str, Path] | None:
     ref = os.environ.get("ARBITER_BASELINE", "main")
     if ref == "none":
         return None
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref, "agent"],
-                             capture_output=True, check=False)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, "agent"], capture_output=True, check=False
+    )
     if archive.returncode != 0:
         print(f"\nno baseline: git archive {ref}: {archive.stderr.decode().strip()}")
         return None
@@ -164,8 +173,12 @@ def _baseline_tree(tmp: Path) -> tuple[str, Path] | None:
 
 
 def _cycle_in_subprocess(tree: Path, nodes: int, running: int, pending: int, gpu: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", _BASELINE_RUN, str(tree), __file__, str(nodes), str(running),
-                          str(pending), gpu], capture_output=True, check=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _BASELINE_RUN, str(tree), __file__, str(nodes), str(running), str(pending), gpu],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
     times: dict[str, float] = json.loads(out.stdout)
     return times
 
@@ -228,11 +241,26 @@ def _api_objects(nodes: int, running: int, pending: int) -> dict[str, Any]:
                 claim, pod = _claim(f"{name}-gpu", 1, False), _pod(name, f"{name}-gpu", group, rng.choice(leaves))
                 if placed:
                     node = f"node-{seat // 8}"
-                    claim["status"] = {"allocation": {"devices": {"results": [
-                        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": node, "device": f"gpu-{seat % 8}"}]},
-                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-                        "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]}
+                    claim["status"] = {
+                        "allocation": {
+                            "devices": {
+                                "results": [
+                                    {
+                                        "request": "gpus",
+                                        "driver": "gpu.nvidia.com",
+                                        "pool": node,
+                                        "device": f"gpu-{seat % 8}",
+                                    }
+                                ]
+                            },
+                            "nodeSelector": {
+                                "nodeSelectorTerms": [
+                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                                ]
+                            },
+                        },
+                        "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}],
+                    }
                     del pod["spec"]["schedulingGates"]
                     pod["spec"]["nodeName"] = node
                     seat += 1
@@ -274,6 +302,11 @@ def test_the_snapshot_after_one_pod_arrives() -> None:
         weighed_again.append((cache.pods_read, cache.jobs_weighed))
     fresh, _ = build(None, first.weighed)
     assert built.snapshot == fresh.snapshot
-    print(f"\nthe arbiter's snapshot of 1,000 nodes and 14,000 pods ({len(fresh.snapshot.jobs)} gangs), CPU: from "
-          "scratch " + ", ".join(f"{s:.3f}" for s in full) + " s; the next after one pod arrives, incremental "
-          + ", ".join(f"{s:.3f}" for s in arrived) + f" s (pods read, gangs weighed again: {weighed_again})")
+    print(
+        f"\nthe arbiter's snapshot of 1,000 nodes and 14,000 pods ({len(fresh.snapshot.jobs)} gangs), CPU: from "
+        "scratch "
+        + ", ".join(f"{s:.3f}" for s in full)
+        + " s; the next after one pod arrives, incremental "
+        + ", ".join(f"{s:.3f}" for s in arrived)
+        + f" s (pods read, gangs weighed again: {weighed_again})"
+    )

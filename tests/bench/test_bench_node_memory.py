@@ -44,5 +44,7 @@ def test_idle_resident_memory_of_the_node_agent() -> None:
                 rss = _rss_mib(pid)
                 samples.append(rss)
                 print(f"node agent idle: VmRSS {rss:.1f} MiB, serving after {serving_s:.2f} s")
-    print(f"node agent idle RSS on fake:dgx-h100 over {STARTS} starts: median {statistics.median(samples):.1f} MiB "
-          f"(min {min(samples):.1f}, max {max(samples):.1f})")
+    print(
+        f"node agent idle RSS on fake:dgx-h100 over {STARTS} starts: median {statistics.median(samples):.1f} MiB "
+        f"(min {min(samples):.1f}, max {max(samples):.1f})"
+    )

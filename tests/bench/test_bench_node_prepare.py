@@ -39,13 +39,16 @@ from tests.integration.test_node_support import (
 CYCLES = int(os.environ.get("NODE_BENCH_CYCLES", "1000"))
 WARMUP = 50
 PROFILED_CYCLES = 200
+
+
 # Where the state dir and CDI root live: tmpfs, as deployed (both under /var/run, cleared at boot like the
 # claims they describe), or the VM disk (ext4: each checkpoint save's fsyncs are journal commits, ~ms here).
 def _tmpfs_outside_dev() -> str:
     """/run or /tmp where it is a tmpfs (as on a node: the state dir is /var/run), or "" where neither is; never
     /dev/shm (the agent refuses a state dir on /dev) nor another system mount."""
-    tmpfs = {line.split()[1] for line in pathlib.Path("/proc/mounts").read_text().splitlines()
-             if line.split()[2] == "tmpfs"}
+    tmpfs = {
+        line.split()[1] for line in pathlib.Path("/proc/mounts").read_text().splitlines() if line.split()[2] == "tmpfs"
+    }
     return next((where for where in ("/run", "/tmp") if where in tmpfs and os.access(where, os.W_OK)), "")
 
 
@@ -113,8 +116,13 @@ def test_bench_node_prepare_unprepare(server: fakes.apiserver.ApiServer, case: s
         driver_root = install_driver_root(root / "driver-root").parents[1]
         (driver_root / "usr/bin/nvidia-cdi-hook").write_text("#!/bin/sh\n")
         (driver_root / "usr/bin/nvidia-cdi-hook").chmod(0o755)
-        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), node=node, machine=machine,
-                        extra_args=("--driver-root", str(driver_root)))  # fmt: skip
+        daemon = Daemon(
+            root,
+            server.write_kubeconfig(root / "kubeconfig"),
+            node=node,
+            machine=machine,
+            extra_args=("--driver-root", str(driver_root)),
+        )
         with running(daemon), FakeKubelet(daemon.kubelet_root) as kubelet:
             kubelet.wait_for_driver(DRIVER)
             if devices == ["mig"]:

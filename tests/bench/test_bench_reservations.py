@@ -48,8 +48,15 @@ def test_reserve_latency_over_tls_and_in_process() -> None:
     with fakes.apiserver.start(port=0) as server:
         rest = server.rest()
         rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}})
-        node = NodeReservations(node_name="n", driver="gpu.nvidia.com", inventory=lambda: inv, prepared=lambda: (),
-                                unhealthy=lambda: (), token="bench", rest=rest)
+        node = NodeReservations(
+            node_name="n",
+            driver="gpu.nvidia.com",
+            inventory=lambda: inv,
+            prepared=lambda: (),
+            unhealthy=lambda: (),
+            token="bench",
+            rest=rest,
+        )
         node.start("127.0.0.1:0")
         try:
             annotations = rest.get(NODES, None, "n")["metadata"]["annotations"]
@@ -57,10 +64,13 @@ def test_reserve_latency_over_tls_and_in_process() -> None:
             channel = pinned_channel(annotations[ADDRESS_ANNOTATION], annotations[FINGERPRINT_ANNOTATION], "n")
             client = GrpcNodeClient(channel, "bench")
             client.capacity()
-            print(f"\nconnect (certificate check, TLS handshake) and a first Capacity: "
-                  f"{(time.perf_counter() - start) * 1e3:.1f} ms")
+            print(
+                f"\nconnect (certificate check, TLS handshake) and a first Capacity: "
+                f"{(time.perf_counter() - start) * 1e3:.1f} ms"
+            )
             print(f"Reserve + Release of one GPU of 8, {ROUNDS} rounds:")
             for label, claim in CLAIMS.items():
+
                 def over_tls(claim: Claim = claim) -> None:
                     client.reserve("g", "ns/pod/m", claim, 30)
                     client.release(gang_id="g")
@@ -69,8 +79,9 @@ def test_reserve_latency_over_tls_and_in_process() -> None:
                     book.reserve("g", "m", claim, 30)
                     book.release(gang_id="g")
 
-                print(f"  {label:12}  gRPC over TLS: {percentiles(over_tls)};  book in process: "
-                      f"{percentiles(in_process)}")
+                print(
+                    f"  {label:12}  gRPC over TLS: {percentiles(over_tls)};  book in process: {percentiles(in_process)}"
+                )
             channel.close()
         finally:
             node.stop()

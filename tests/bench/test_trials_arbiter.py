@@ -79,8 +79,11 @@ def _phase_reached(cluster: FakeCluster, ns: str, phase: str) -> bool:
 
 def _state(cluster: FakeCluster, ns: str) -> dict[str, int]:
     pods = cluster.pods(ns)
-    return {"reservations": _live(cluster), "claims allocated": sum(1 for c in _claims(cluster, ns) if _results(c)),
-            "pods ungated": sum(1 for p in pods if not is_gated(p))}
+    return {
+        "reservations": _live(cluster),
+        "claims allocated": sum(1 for c in _claims(cluster, ns) if _results(c)),
+        "pods ungated": sum(1 for p in pods if not is_gated(p)),
+    }
 
 
 def _damage(cluster: FakeCluster, ns: str) -> dict[str, int]:
@@ -114,8 +117,11 @@ def _cleanup(cluster: FakeCluster, ns: str) -> None:
         cluster.rest.delete(PODS, ns, p["metadata"]["name"])
     for g in cluster.rest.list(POD_GROUPS, ns)["items"]:
         cluster.rest.delete(POD_GROUPS, ns, g["metadata"]["name"])
-    wait_for(lambda: not any(_results(c) for c in cluster.rest.list(RESOURCE_CLAIMS)["items"]) and _live(cluster) == 0,
-             timeout=90, what="devices freed for the next trial")
+    wait_for(
+        lambda: not any(_results(c) for c in cluster.rest.list(RESOURCE_CLAIMS)["items"]) and _live(cluster) == 0,
+        timeout=90,
+        what="devices freed for the next trial",
+    )
 
 
 @pytest.fixture
@@ -128,9 +134,23 @@ def cluster() -> Iterator[FakeCluster]:
 
 def _arbiter(cluster: FakeCluster, kubeconfig: Any = None, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(kubeconfig or cluster.kubeconfig),
-               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", "0.1",
-               "--reservation-ttl", str(TTL_S), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "arbiter",
+        "--kubeconfig",
+        str(kubeconfig or cluster.kubeconfig),
+        "--reservation-token-file",
+        str(cluster.token_file),
+        "--metrics-addr",
+        "",
+        "--period",
+        "0.1",
+        "--reservation-ttl",
+        str(TTL_S),
+        *extra,
+    ]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -144,8 +164,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _kill_at(cluster: FakeCluster, ns: str, proc: subprocess.Popen[bytes], phase: str, rng: random.Random
-             ) -> dict[str, int] | None:
+def _kill_at(
+    cluster: FakeCluster, ns: str, proc: subprocess.Popen[bytes], phase: str, rng: random.Random
+) -> dict[str, int] | None:
     """SIGKILL `proc` as soon as the burst's commits reach `phase` (a few ms later, at random); the state then,
     or None when the arbiter had already admitted everything (the kill came too late)."""
     deadline = time.monotonic() + 60
@@ -163,8 +184,11 @@ def _kill_at(cluster: FakeCluster, ns: str, proc: subprocess.Popen[bytes], phase
 
 def _recovered(cluster: FakeCluster, ns: str) -> bool:
     pods = cluster.pods(ns)
-    return (len(pods) == PODS_PER_BURST and all(not is_gated(p) and p["spec"].get("nodeName") for p in pods)
-            and _live(cluster) == 0)
+    return (
+        len(pods) == PODS_PER_BURST
+        and all(not is_gated(p) and p["spec"].get("nodeName") for p in pods)
+        and _live(cluster) == 0
+    )
 
 
 def test_kill_minus_nine_during_commits(cluster: FakeCluster) -> None:
@@ -198,14 +222,20 @@ def test_kill_minus_nine_during_commits(cluster: FakeCluster) -> None:
             _stop(second)
         damage.update(_damage(cluster, ns))
         _cleanup(cluster, ns)
-    print(f"\nkill -9 trials: {trials} in {time.monotonic() - started:.0f} s (reservation TTL {TTL_S:g} s); killed "
-          f"mid-commit per phase "
-          f"{dict(hit)} (the rest after the burst was admitted); at the kill: {dict(half_done)}")
+    print(
+        f"\nkill -9 trials: {trials} in {time.monotonic() - started:.0f} s (reservation TTL {TTL_S:g} s); killed "
+        f"mid-commit per phase "
+        f"{dict(hit)} (the rest after the burst was admitted); at the kill: {dict(half_done)}"
+    )
     median = sorted(recovery)[len(recovery) // 2]
-    print(f"recovery (restart to all {PODS_PER_BURST} pods admitted): median {median:.1f} s, "
-          f"max {max(recovery):.1f} s")
-    print("after recovery: " + ", ".join(f"{k} {damage[k]}" for k in (
-        "gangs partly admitted", "claims allocated twice", "devices held by two claims")))
+    print(f"recovery (restart to all {PODS_PER_BURST} pods admitted): median {median:.1f} s, max {max(recovery):.1f} s")
+    print(
+        "after recovery: "
+        + ", ".join(
+            f"{k} {damage[k]}"
+            for k in ("gangs partly admitted", "claims allocated twice", "devices held by two claims")
+        )
+    )
     assert sum(damage.values()) == 0, damage
 
 
@@ -267,8 +297,10 @@ def test_two_arbiters_only_the_lease_holder_writes_and_the_standby_takes_over(cl
         ns = f"lead-{trial}"
         tokens = (f"arbiter-{trial}-a", f"arbiter-{trial}-b")
         with _Writes() as writes:
-            procs = {t: _arbiter(cluster, _kubeconfig(cluster, t), "--leader-elect", "--leader-elect-namespace",
-                                 "default") for t in tokens}
+            procs = {
+                t: _arbiter(cluster, _kubeconfig(cluster, t), "--leader-elect", "--leader-elect-namespace", "default")
+                for t in tokens
+            }
             try:
                 _burst(cluster, ns)
                 holder = wait_for(lambda: _holder(cluster), timeout=60, what="a leader")
@@ -279,8 +311,12 @@ def test_two_arbiters_only_the_lease_holder_writes_and_the_standby_takes_over(cl
                 # until the kill, only the leader wrote anything but the Lease
                 standby_writes.append(writes.by_token[(standby, False)])
                 leader_writes.append(writes.by_token[(leader, False)])
-                wait_for(lambda holder=holder: _holder(cluster) not in ("", holder), timeout=lease_s * 3,
-                         interval=0.1, what="a new leader")
+                wait_for(
+                    lambda holder=holder: _holder(cluster) not in ("", holder),
+                    timeout=lease_s * 3,
+                    interval=0.1,
+                    what="a new leader",
+                )
                 takeovers.append(time.monotonic() - killed)
                 wait_for(lambda ns=ns: _recovered(cluster, ns), timeout=120, what=f"leader trial {trial} recovered")
                 assert state is None or writes.by_token[(standby, False)] > 0  # the standby finished the work
@@ -289,12 +325,21 @@ def test_two_arbiters_only_the_lease_holder_writes_and_the_standby_takes_over(cl
                     _stop(p)
         damage.update(_damage(cluster, ns))
         _cleanup(cluster, ns)
-    print(f"\ntwo arbiters, {trials} trials: writes other than the Lease before the leader's kill -9: leader "
-          f"{sum(leader_writes)} (per trial {leader_writes}), standby {sum(standby_writes)}")
-    print(f"takeover after kill -9 of the leader: median {sorted(takeovers)[len(takeovers) // 2]:.1f} s, max "
-          f"{max(takeovers):.1f} s (Lease duration {lease_s:g} s, standby retries every {retry_s:g} s)")
-    print("after the takeover: " + ", ".join(f"{k} {damage[k]}" for k in (
-        "gangs partly admitted", "claims allocated twice", "devices held by two claims")))
+    print(
+        f"\ntwo arbiters, {trials} trials: writes other than the Lease before the leader's kill -9: leader "
+        f"{sum(leader_writes)} (per trial {leader_writes}), standby {sum(standby_writes)}"
+    )
+    print(
+        f"takeover after kill -9 of the leader: median {sorted(takeovers)[len(takeovers) // 2]:.1f} s, max "
+        f"{max(takeovers):.1f} s (Lease duration {lease_s:g} s, standby retries every {retry_s:g} s)"
+    )
+    print(
+        "after the takeover: "
+        + ", ".join(
+            f"{k} {damage[k]}"
+            for k in ("gangs partly admitted", "claims allocated twice", "devices held by two claims")
+        )
+    )
     assert sum(standby_writes) == 0
     assert max(takeovers) <= lease_s + retry_s
     assert sum(damage.values()) == 0, damage
@@ -303,29 +348,45 @@ def test_two_arbiters_only_the_lease_holder_writes_and_the_standby_takes_over(cl
 # -- a paused leader --------------------------------------------------------------------------------------
 
 
-def paused_leader_trial(cluster: FakeCluster, ns: str, *, lease_s: float, renew_s: float, retry_s: float,
-                        pause_s: float) -> dict[str, Any]:
+def paused_leader_trial(
+    cluster: FakeCluster, ns: str, *, lease_s: float, renew_s: float, retry_s: float, pause_s: float
+) -> dict[str, Any]:
     """Two arbiters with these Lease timings; the leader stopped (SIGSTOP) as soon as its commits of a burst
     reserve devices, for `pause_s` or until the standby has taken the Lease if later, then resumed (SIGCONT).
     Returns the old leader's writes after the takeover ("writes after takeover": what it sent, method and
     path), how it ended ("exit code": 1 when it saw it had lost the Lease), the takeover time since the pause,
     and the damage once the new leader has finished."""
     tokens = (f"{ns}-a", f"{ns}-b")
-    timings = ("--leader-elect-lease-duration", str(lease_s), "--leader-elect-renew-deadline", str(renew_s),
-               "--leader-elect-retry-period", str(retry_s))
+    timings = (
+        "--leader-elect-lease-duration",
+        str(lease_s),
+        "--leader-elect-renew-deadline",
+        str(renew_s),
+        "--leader-elect-retry-period",
+        str(retry_s),
+    )
     with _Writes() as writes:
-        procs = {t: _arbiter(cluster, _kubeconfig(cluster, t), "--leader-elect", "--leader-elect-namespace",
-                             "default", *timings) for t in tokens}
+        procs = {
+            t: _arbiter(
+                cluster, _kubeconfig(cluster, t), "--leader-elect", "--leader-elect-namespace", "default", *timings
+            )
+            for t in tokens
+        }
         try:
             holder = wait_for(lambda: _holder(cluster), timeout=60, what="a leader")
             leader = next(t for t, p in procs.items() if f"_{p.pid}_" in holder)
             _burst(cluster, ns)
-            wait_for(lambda: _phase_reached(cluster, ns, "reserve"), timeout=60, interval=0.002,
-                     what="the leader's commits")
+            wait_for(
+                lambda: _phase_reached(cluster, ns, "reserve"), timeout=60, interval=0.002, what="the leader's commits"
+            )
             os.kill(procs[leader].pid, signal.SIGSTOP)
             paused = time.monotonic()
-            wait_for(lambda: _holder(cluster) not in ("", holder), timeout=lease_s * 3 + pause_s, interval=0.05,
-                     what="the standby takes the Lease")
+            wait_for(
+                lambda: _holder(cluster) not in ("", holder),
+                timeout=lease_s * 3 + pause_s,
+                interval=0.05,
+                what="the standby takes the Lease",
+            )
             taken = time.monotonic()
             time.sleep(max(0.0, paused + pause_s - taken))
             os.kill(procs[leader].pid, signal.SIGCONT)
@@ -347,21 +408,31 @@ def paused_leader_trial(cluster: FakeCluster, ns: str, *, lease_s: float, renew_
 
 def test_a_paused_leader_writes_nothing_after_the_standby_took_the_lease(cluster: FakeCluster) -> None:
     trials = int(os.environ.get("SIGSTOP_TRIALS", "3"))
-    lease_s, renew_s, retry_s = (LeaderElector.__init__.__kwdefaults__[k]
-                                 for k in ("lease_duration", "renew_deadline", "retry_period"))
-    results = [paused_leader_trial(cluster, f"pause-{trial}", lease_s=lease_s, renew_s=renew_s, retry_s=retry_s,
-                                   pause_s=20.0) for trial in range(trials)]
+    lease_s, renew_s, retry_s = (
+        LeaderElector.__init__.__kwdefaults__[k] for k in ("lease_duration", "renew_deadline", "retry_period")
+    )
+    results = [
+        paused_leader_trial(cluster, f"pause-{trial}", lease_s=lease_s, renew_s=renew_s, retry_s=retry_s, pause_s=20.0)
+        for trial in range(trials)
+    ]
     writes = [len(r["writes after takeover"]) for r in results]
     damage: collections.Counter[str] = collections.Counter()
     for r in results:
         damage.update(r["damage"])
     takeovers = ", ".join(f"{r['takeover s']:.1f}" for r in results)
-    print(f"\nSIGSTOP of the leader for 20 s mid-commit, {trials} trials (Lease {lease_s:g} s, renew deadline "
-          f"{renew_s:g} s): takeover after {takeovers} s; the old "
-          f"leader's writes after the takeover per trial {writes}, its exit codes "
-          f"{[r['exit code'] for r in results]}")
-    print("after the takeover: " + ", ".join(f"{k} {damage[k]}" for k in (
-        "gangs partly admitted", "claims allocated twice", "devices held by two claims")))
+    print(
+        f"\nSIGSTOP of the leader for 20 s mid-commit, {trials} trials (Lease {lease_s:g} s, renew deadline "
+        f"{renew_s:g} s): takeover after {takeovers} s; the old "
+        f"leader's writes after the takeover per trial {writes}, its exit codes "
+        f"{[r['exit code'] for r in results]}"
+    )
+    print(
+        "after the takeover: "
+        + ", ".join(
+            f"{k} {damage[k]}"
+            for k in ("gangs partly admitted", "claims allocated twice", "devices held by two claims")
+        )
+    )
     assert sum(writes) == 0, [r["writes after takeover"] for r in results]
     assert all(r["exit code"] == 1 for r in results)
     assert sum(damage.values()) == 0, damage

@@ -66,8 +66,9 @@ def _all_edits(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [spec.get("containerEdits") or {}] + [d.get("containerEdits") or {} for d in spec["devices"]]
 
 
-def run_in_spec_root(spec: dict[str, Any], workdir: pathlib.Path, argv: list[str],
-                     program: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run_in_spec_root(
+    spec: dict[str, Any], workdir: pathlib.Path, argv: list[str], program: pathlib.Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run `argv` chrooted in a root made of `spec` (plus `program` at /program, if given)."""
     root = workdir / "root"
     root.mkdir(parents=True)
@@ -116,8 +117,9 @@ def run_in_spec_root(spec: dict[str, Any], workdir: pathlib.Path, argv: list[str
     (root / "etc/ld.so.conf").write_text("".join(f"{f}\n" for f in folders))
     lines.append(f"ldconfig -r {shlex.quote(str(root))}")
     lines.append("exec chroot " + shlex.quote(str(root)) + " " + " ".join(shlex.quote(a) for a in argv))
-    return subprocess.run(["unshare", "-m", "sh", "-c", "\n".join(lines)], capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", "\n".join(lines)], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 CUDA_PROGRAM = r"""

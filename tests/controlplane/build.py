@@ -119,8 +119,13 @@ def build(log: Path | None = None, budget_s: float | None = None) -> Path:
     return build_once(binary_dir(), built, steps, log, budget_s)
 
 
-def build_once(target: Path, ready: Callable[[], Path | None], steps: Callable[[Path, IO[str], float | None], None],
-               log: Path | None = None, budget_s: float | None = None) -> Path:  # fmt: skip
+def build_once(
+    target: Path,
+    ready: Callable[[], Path | None],
+    steps: Callable[[Path, IO[str], float | None], None],
+    log: Path | None = None,
+    budget_s: float | None = None,
+) -> Path:
     """`target`, made by `steps(staging, log, deadline)` under the cache's file lock unless `ready()` finds it there.
 
     Shared by every Go build the tests cache (control plane, node stack, nvidia-cdi-hook): another session may
@@ -156,28 +161,60 @@ def _lock(lock: IO[str], deadline: float | None, budget_s: float | None) -> None
             time.sleep(1)
 
 
-def _go_build(go: str, module: Path, packages: list[str], output: Path, out: IO[str],
-              deadline: float | None = None, budget_s: float | None = None, *,
-              ldflags: str | None = None, tags: str = "", env: dict[str, str] | None = None) -> None:  # fmt: skip
+def _go_build(
+    go: str,
+    module: Path,
+    packages: list[str],
+    output: Path,
+    out: IO[str],
+    deadline: float | None = None,
+    budget_s: float | None = None,
+    *,
+    ldflags: str | None = None,
+    tags: str = "",
+    env: dict[str, str] | None = None,
+) -> None:
     if ldflags is None:
         ldflags = _ldflags() if module == MODULE_DIR else "-s -w"
-    command = [go, "build", "-trimpath", "-buildvcs=false", "-mod=readonly", "-ldflags", ldflags,
-               *(["-tags", tags] if tags else []),
-               "-o", f"{output}{os.sep}" if len(packages) > 1 else str(output), *packages]  # fmt: skip
+    command = [
+        go,
+        "build",
+        "-trimpath",
+        "-buildvcs=false",
+        "-mod=readonly",
+        "-ldflags",
+        ldflags,
+        *(["-tags", tags] if tags else []),
+        "-o",
+        f"{output}{os.sep}" if len(packages) > 1 else str(output),
+        *packages,
+    ]
     print(f"$ (cd {module} && {' '.join(command)})", file=out, flush=True)
     returncode = run_within(command, module, out, deadline, budget_s, env)
     if returncode != 0:
         raise BuildError(f"`go build` in {module} failed with exit {returncode}; see {out.name}")
 
 
-def run_within(command: list[str], cwd: Path, out: IO[str], deadline: float | None, budget_s: float | None,
-               env: dict[str, str] | None = None) -> int:  # fmt: skip
+def run_within(
+    command: list[str],
+    cwd: Path,
+    out: IO[str],
+    deadline: float | None,
+    budget_s: float | None,
+    env: dict[str, str] | None = None,
+) -> int:
     """`command`'s exit status, its output in `out`; stopped (with every process it started) and BuildTimeout
     raised past `deadline`."""
     started = time.monotonic()
     # A session of its own, so a stop takes the compilers and linkers go started with it.
-    process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                               env={**os.environ, **(env or {})})  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         returncode = process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
@@ -195,8 +232,11 @@ def run_within(command: list[str], cwd: Path, out: IO[str], deadline: float | No
 
 def main() -> int:
     if built() is None:
-        print(f"building kube-apiserver, kube-scheduler, kube-controller-manager {kubernetes_version()} and "
-              f"etcd {etcd_version()} (cold: many minutes; log beside {binary_dir()})", file=sys.stderr)  # fmt: skip
+        print(
+            f"building kube-apiserver, kube-scheduler, kube-controller-manager {kubernetes_version()} and "
+            f"etcd {etcd_version()} (cold: many minutes; log beside {binary_dir()})",
+            file=sys.stderr,
+        )
     try:
         print(build())
     except BuildError as error:

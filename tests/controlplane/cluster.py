@@ -69,8 +69,13 @@ class ControlPlaneError(RuntimeError):
 T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, alive: Callable[[], None] = lambda: None,
-             error: Callable[[str], Exception] = AssertionError) -> T:  # fmt: skip
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float = 60.0,
+    alive: Callable[[], None] = lambda: None,
+    error: Callable[[str], Exception] = AssertionError,
+) -> T:
     """`probe()`'s first value other than None, asked every 0.2s; `alive()` first each time (it raises when what
     is waited on has died). Past `timeout`, `error` ("timed out after ...s waiting for <what>") is raised: a
     test's failure by default, the harness's own error where the harness waits."""
@@ -121,8 +126,14 @@ class Component:
 
 
 class ControlPlane:
-    def __init__(self, binaries: Path, workdir: Path | None = None, *, start_timeout: float = 120.0,
-                 client_qps: int | None = None) -> None:
+    def __init__(
+        self,
+        binaries: Path,
+        workdir: Path | None = None,
+        *,
+        start_timeout: float = 120.0,
+        client_qps: int | None = None,
+    ) -> None:
         """`client_qps`: kube-controller-manager's and kube-scheduler's `--kube-api-qps` (burst twice that);
         upstream's defaults (20 and 50 requests/s) when None."""
         self.binaries = binaries
@@ -151,13 +162,21 @@ class ControlPlane:
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "real", "cluster": {"server": self.url,
-                                                      "certificate-authority-data": data(self.pki.ca_cert)}}],
-            "users": [{"name": "admin", "user": {"client-certificate-data": data(self.pki.admin_cert),
-                                                  "client-key-data": data(self.pki.admin_key)}}],
+            "clusters": [
+                {"name": "real", "cluster": {"server": self.url, "certificate-authority-data": data(self.pki.ca_cert)}}
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate-data": data(self.pki.admin_cert),
+                        "client-key-data": data(self.pki.admin_key),
+                    },
+                }
+            ],
             "contexts": [{"name": "real", "context": {"cluster": "real", "user": "admin"}}],
             "current-context": "real",
-        }  # fmt: skip
+        }
 
     def write_kubeconfig(self, path: str | Path) -> Path:
         out = Path(path)
@@ -179,20 +198,43 @@ class ControlPlane:
 
     def add_node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
         """A Node the scheduler will place pods on: schedulable, untainted, Ready, with room for pods."""
-        node = self.request("POST", "/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
-        })  # fmt: skip
+        node = self.request(
+            "POST",
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": labels or {}},
+            },
+        )
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
         node["status"] = {
             "capacity": capacity,
             "allocatable": capacity,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "v1.37.0",
-                         "kubeProxyVersion": "", "bootID": "", "machineID": "", "systemUUID": "",
-                         "containerRuntimeVersion": "", "kernelVersion": "", "osImage": ""},
-        }  # fmt: skip
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "test node",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "v1.37.0",
+                "kubeProxyVersion": "",
+                "bootID": "",
+                "machineID": "",
+                "systemUUID": "",
+                "containerRuntimeVersion": "",
+                "kernelVersion": "",
+                "osImage": "",
+            },
+        }
         node = self.request("PUT", f"/api/v1/nodes/{name}/status", node)
         # Admission (TaintNodesByCondition) gives every new node the not-ready taint; the node-lifecycle
         # controller, which does not run here, lifts it once the node reports Ready. Do its part once.
@@ -236,41 +278,52 @@ class ControlPlane:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.pki = make_pki(self.workdir / "pki")
         etcd_port, peer_port = free_port(), free_port()
-        etcd = self._spawn("etcd", [
-            "--name=default", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync",  # throwaway data: durability costs seconds on a shared disk
-            "--log-level=warn",
-        ])  # fmt: skip
+        etcd = self._spawn(
+            "etcd",
+            [
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",  # throwaway data: durability costs seconds on a shared disk
+                "--log-level=warn",
+            ],
+        )
         self._wait(etcd, lambda: self._get_plain(f"http://127.0.0.1:{etcd_port}/health"))
         self.startup_seconds["etcd"] = time.monotonic() - started
 
         self.port = free_port()
         gates = ",".join(f"{k}={str(v).lower()}" for k, v in FEATURE_GATES.items())
         pki = self.pki
-        apiserver = self._spawn("kube-apiserver", [
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
-            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_cert}",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-account-key-file={pki.service_account_pub}",
-            f"--service-account-signing-key-file={pki.service_account_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC",
-            "--endpoint-reconciler-type=none",  # the `kubernetes` Service may not point at loopback; no pods use it
-            f"--runtime-config={','.join(RUNTIME_CONFIG)}",
-            f"--feature-gates={gates}",
-            "--allow-privileged=true",  # as real clusters run: the node agent's DaemonSet is privileged
-            # `kubectl logs`/`exec`: a real node's kubelet by its InternalIP (127.0.0.1), as a client it trusts
-            "--kubelet-preferred-address-types=InternalIP",
-            f"--kubelet-client-certificate={pki.admin_cert}", f"--kubelet-client-key={pki.admin_key}",
-            "--profiling=false",
-        ])  # fmt: skip
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.port}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki.service_account_pub}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--endpoint-reconciler-type=none",  # the `kubernetes` Service may not point at loopback; no pods use it
+                f"--runtime-config={','.join(RUNTIME_CONFIG)}",
+                f"--feature-gates={gates}",
+                "--allow-privileged=true",  # as real clusters run: the node agent's DaemonSet is privileged
+                # `kubectl logs`/`exec`: a real node's kubelet by its InternalIP (127.0.0.1), as a client it trusts
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={pki.admin_cert}",
+                f"--kubelet-client-key={pki.admin_key}",
+                "--profiling=false",
+            ],
+        )
         self._wait(apiserver, lambda: self._get_tls(f"{self.url}/readyz"))
         self.startup_seconds["kube-apiserver"] = time.monotonic() - started
         self.write_kubeconfig(self.kubeconfig_path)
@@ -279,15 +332,23 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig_path}",
             f"--authentication-kubeconfig={self.kubeconfig_path}",
             f"--authorization-kubeconfig={self.kubeconfig_path}",
-            "--bind-address=127.0.0.1", "--leader-elect=false", f"--feature-gates={gates}",
-        ]  # fmt: skip
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            f"--feature-gates={gates}",
+        ]
         if self.client_qps is not None:
             common += [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
         kcm_port, scheduler_port = free_port(), free_port()
-        kcm = self._spawn("kube-controller-manager", [
-            *common, f"--secure-port={kcm_port}", f"--controllers={','.join(CONTROLLERS)}",
-            f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca_cert}",
-        ])  # fmt: skip
+        kcm = self._spawn(
+            "kube-controller-manager",
+            [
+                *common,
+                f"--secure-port={kcm_port}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                f"--service-account-private-key-file={pki.service_account_key}",
+                f"--root-ca-file={pki.ca_cert}",
+            ],
+        )
         scheduler = self._spawn("kube-scheduler", [*common, f"--secure-port={scheduler_port}"])
         self._wait(kcm, lambda: self._get_tls(f"https://127.0.0.1:{kcm_port}/healthz", verify=False))
         self._wait(scheduler, lambda: self._get_tls(f"https://127.0.0.1:{scheduler_port}/readyz", verify=False))
@@ -298,9 +359,12 @@ class ControlPlane:
         log = self.workdir / "logs" / f"{name}.log"
         with open(log, "ab") as out:
             process = subprocess.Popen(
-                [str(self.binaries / name), *args], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,  # noqa: PLW1509
-            )  # fmt: skip
+                [str(self.binaries / name), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509
+            )
         component = Component(name, process, log)
         self.components.append(component)
         return component

@@ -76,7 +76,7 @@ def _certificate(
                 crl_sign=ca,
                 encipher_only=False,
                 decipher_only=False,
-            ),  # fmt: skip
+            ),
             critical=True,
         )
     )
@@ -96,14 +96,20 @@ def make_pki(directory: Path) -> Pki:
 
     serving_key = ec.generate_private_key(ec.SECP256R1())
     serving = _certificate(
-        _name("kube-apiserver"), serving_key, ca_name, ca_key,
+        _name("kube-apiserver"),
+        serving_key,
+        ca_name,
+        ca_key,
         usage=[ExtendedKeyUsageOID.SERVER_AUTH],
         sans=[
-            x509.DNSName("localhost"), x509.DNSName("kubernetes"), x509.DNSName("kubernetes.default"),
-            x509.DNSName("kubernetes.default.svc"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            x509.DNSName("localhost"),
+            x509.DNSName("kubernetes"),
+            x509.DNSName("kubernetes.default"),
+            x509.DNSName("kubernetes.default.svc"),
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             x509.IPAddress(ipaddress.ip_address("10.0.0.1")),  # the `kubernetes` Service's cluster IP
         ],
-    )  # fmt: skip
+    )
     admin_key = ec.generate_private_key(ec.SECP256R1())
     admin = _certificate(
         _name("admin", "system:masters"), admin_key, ca_name, ca_key, usage=[ExtendedKeyUsageOID.CLIENT_AUTH]

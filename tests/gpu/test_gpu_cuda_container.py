@@ -59,8 +59,9 @@ def test_a_claims_spec_alone_runs_cuda_on_exactly_its_gpu(
         stand_in.write_text("#!/bin/sh\nexit 1\n")
         stand_in.chmod(0o755)
         hook = str(stand_in)
-    config = NodeConfig(NODE, DRIVER, tmp_path / "kubelet", tmp_path / "cdi", tmp_path / "state",
-                        nvidia_cdi_hook_path=hook)  # fmt: skip
+    config = NodeConfig(
+        NODE, DRIVER, tmp_path / "kubelet", tmp_path / "cdi", tmp_path / "state", nvidia_cdi_hook_path=hook
+    )
     with open_nvml("real") as nvml:
         agent = NodeAgent(config, nvml, rest=server.rest())
         api = server.api_client()
@@ -82,8 +83,11 @@ def test_a_claims_spec_alone_runs_cuda_on_exactly_its_gpu(
             print(done.stdout, done.stderr)
             assert done.returncode == 0, done.stdout + done.stderr
             assert "cuInit: 0" in done.stdout and re.search(r"devices=1\b", done.stdout), done.stdout
-            smi_path = next(m["containerPath"] for m in spec["containerEdits"]["mounts"]
-                            if m["containerPath"].endswith("/nvidia-smi"))  # fmt: skip
+            smi_path = next(
+                m["containerPath"]
+                for m in spec["containerEdits"]["mounts"]
+                if m["containerPath"].endswith("/nvidia-smi")
+            )
             smi = run_in_spec_root(spec, tmp_path / "smi", [smi_path, "-L"])
             print(smi.stdout, smi.stderr)
             listed = [line for line in smi.stdout.splitlines() if line.startswith("GPU ")]

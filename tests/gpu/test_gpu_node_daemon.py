@@ -43,8 +43,12 @@ def server() -> Iterator[fakes.apiserver.ApiServer]:
 def test_the_daemon_publishes_prepares_and_reports_health_on_real_gpus(server: fakes.apiserver.ApiServer) -> None:
     real_nvml_or_skip()
     with short_tmpdir("gpu-node-") as root:
-        check(server, Daemon(root, server.write_kubeconfig(root / "kubeconfig"), machine="real",
-                             extra_args=("--driver-root", "/")))  # fmt: skip
+        check(
+            server,
+            Daemon(
+                root, server.write_kubeconfig(root / "kubeconfig"), machine="real", extra_args=("--driver-root", "/")
+            ),
+        )
 
 
 def check(server: fakes.apiserver.ApiServer, daemon: Daemon) -> None:

@@ -48,8 +48,17 @@ def build(log: Path | None = None, budget_s: float | None = None) -> Path:
         raise cp.BuildError("`go` (1.26) is not on PATH to build helm")
 
     def steps(staging: Path, out: IO[str], deadline: float | None) -> None:
-        cp._go_build(go, MODULE_DIR, [f"{MODULE}/cmd/helm"], staging / "helm", out, deadline, budget_s,
-                     ldflags=_ldflags(), env={"CGO_ENABLED": "0"})  # fmt: skip
+        cp._go_build(
+            go,
+            MODULE_DIR,
+            [f"{MODULE}/cmd/helm"],
+            staging / "helm",
+            out,
+            deadline,
+            budget_s,
+            ldflags=_ldflags(),
+            env={"CGO_ENABLED": "0"},
+        )
 
     cp.build_once(binary().parent, built, steps, log, budget_s)
     return binary()

@@ -45,9 +45,11 @@ class Outcome:
     left: list[str] = field(default_factory=list)  # pods still there at the end
 
     def summary(self) -> str:
-        return (f"{self.gang_pods} gang pods + {self.plain_pods} ordinary pods in {self.seconds:.1f} s: "
-                f"{self.done_gang} + {self.done_plain} completed, {self.evicted} evicted, "
-                f"{len(self.collisions)} devices ever in two claims")
+        return (
+            f"{self.gang_pods} gang pods + {self.plain_pods} ordinary pods in {self.seconds:.1f} s: "
+            f"{self.done_gang} + {self.done_plain} completed, {self.evicted} evicted, "
+            f"{len(self.collisions)} devices ever in two claims"
+        )
 
 
 class Owners:
@@ -76,9 +78,18 @@ class Owners:
                 self._by_claim[key] = devices
 
 
-def run(cluster: FakeCluster, *, gang_pods: int, plain_pods: int, before: int, seed: int = 7,
-        hold_s: float = 0.0, timeout_s: float = 600.0, config: ArbiterConfig | None = None,
-        on_arbiter: Callable[[Arbiter], None] = lambda _: None) -> Outcome:
+def run(
+    cluster: FakeCluster,
+    *,
+    gang_pods: int,
+    plain_pods: int,
+    before: int,
+    seed: int = 7,
+    hold_s: float = 0.0,
+    timeout_s: float = 600.0,
+    config: ArbiterConfig | None = None,
+    on_arbiter: Callable[[Arbiter], None] = lambda _: None,
+) -> Outcome:
     """Create `before` ordinary pods, start the arbiter, then the rest of the ordinary pods and the gangs
     interleaved; complete every pod once placed; until all are gone or `timeout_s`."""
     rng = random.Random(seed)
@@ -103,8 +114,9 @@ def run(cluster: FakeCluster, *, gang_pods: int, plain_pods: int, before: int, s
         with lock:
             if kind == "DELETED":
                 finished.add(key)
-            elif key not in placed and (pod["spec"].get("nodeName")
-                                        or (kinds.get(key) == "gang" and not is_gated(pod))):
+            elif key not in placed and (
+                pod["spec"].get("nodeName") or (kinds.get(key) == "gang" and not is_gated(pod))
+            ):
                 placed[key] = time.monotonic()
 
     pods = Informer(rest, PODS, on_event=watch_pod)

@@ -22,9 +22,12 @@ QUEUE_LABEL = "scheduling.gpu-dra-agent.io/queue"
 
 
 def _pod(labels: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "p-", "namespace": "default",
-                                                             "labels": labels},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "p-", "namespace": "default", "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
 
 
 def _until(create: Any, accept: Any, timeout: float = 20.0) -> Any:
@@ -52,8 +55,13 @@ def test_the_arbiter_overlays_policy_gates_queue_pods(cluster: Cluster, tmp_path
     assert KUBECTL is not None
     needs_mutating_policies(cluster)
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-    applied = subprocess.run([KUBECTL, f"--kubeconfig={config}", "apply", "-f", str(GATE_POLICY)],
-                             capture_output=True, text=True, timeout=60, check=False)
+    applied = subprocess.run(
+        [KUBECTL, f"--kubeconfig={config}", "apply", "-f", str(GATE_POLICY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert applied.returncode == 0, applied.stderr
 
     def create() -> dict[str, Any]:
@@ -79,43 +87,104 @@ def _policy(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 def test_apply_configuration_and_deny_on_create_and_update(cluster: Cluster) -> None:
     needs_mutating_policies(cluster)
     base = "/apis/admissionregistration.k8s.io/v1"
-    rules = {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                                "resources": ["configmaps"]}]}
+    rules = {
+        "resourceRules": [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}
+        ]
+    }
     for path, body in (
-        ("mutatingadmissionpolicies", _policy("MutatingAdmissionPolicy", "stamp", {
-            "matchConstraints": rules, "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-            "matchConditions": [{"name": "team", "expression": "has(object.metadata.labels) && "
-                                                                "'team' in object.metadata.labels"}],
-            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": (
-                'Object{metadata: Object.metadata{labels: {"stamped": "by-" + object.metadata.labels["team"]}}}')}}],
-        })),
-        ("mutatingadmissionpolicybindings", _policy("MutatingAdmissionPolicyBinding", "stamp",
-                                                     {"policyName": "stamp"})),
-        ("validatingadmissionpolicies", _policy("ValidatingAdmissionPolicy", "no-secrets-in-configmaps", {
-            "matchConstraints": rules, "failurePolicy": "Fail",
-            "validations": [{"expression": "!has(object.data) || !('password' in object.data)",
-                             "messageExpression": "'configmap ' + object.metadata.name + ' holds a password'",
-                             "reason": "Forbidden"}],
-        })),
-        ("validatingadmissionpolicybindings", _policy("ValidatingAdmissionPolicyBinding", "no-secrets-in-configmaps",
-                                                       {"policyName": "no-secrets-in-configmaps",
-                                                        "validationActions": ["Deny"]})),
+        (
+            "mutatingadmissionpolicies",
+            _policy(
+                "MutatingAdmissionPolicy",
+                "stamp",
+                {
+                    "matchConstraints": rules,
+                    "failurePolicy": "Fail",
+                    "reinvocationPolicy": "Never",
+                    "matchConditions": [
+                        {
+                            "name": "team",
+                            "expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+                        }
+                    ],
+                    "mutations": [
+                        {
+                            "patchType": "ApplyConfiguration",
+                            "applyConfiguration": {
+                                "expression": (
+                                    'Object{metadata: Object.metadata{labels: {"stamped": '
+                                    '"by-" + object.metadata.labels["team"]}}}'
+                                )
+                            },
+                        }
+                    ],
+                },
+            ),
+        ),
+        (
+            "mutatingadmissionpolicybindings",
+            _policy("MutatingAdmissionPolicyBinding", "stamp", {"policyName": "stamp"}),
+        ),
+        (
+            "validatingadmissionpolicies",
+            _policy(
+                "ValidatingAdmissionPolicy",
+                "no-secrets-in-configmaps",
+                {
+                    "matchConstraints": rules,
+                    "failurePolicy": "Fail",
+                    "validations": [
+                        {
+                            "expression": "!has(object.data) || !('password' in object.data)",
+                            "messageExpression": "'configmap ' + object.metadata.name + ' holds a password'",
+                            "reason": "Forbidden",
+                        }
+                    ],
+                },
+            ),
+        ),
+        (
+            "validatingadmissionpolicybindings",
+            _policy(
+                "ValidatingAdmissionPolicyBinding",
+                "no-secrets-in-configmaps",
+                {"policyName": "no-secrets-in-configmaps", "validationActions": ["Deny"]},
+            ),
+        ),
     ):
         answer = cluster.raw("POST", f"{base}/{path}", body)
         assert answer.status == 201, answer
 
     def create() -> Any:
         name = f"c{time.monotonic_ns()}"
-        return cluster.raw("POST", "/api/v1/namespaces/default/configmaps", {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": {"team": "a"}},
-            "data": {"password": "x"}})
+        return cluster.raw(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "labels": {"team": "a"}},
+                "data": {"password": "x"},
+            },
+        )
 
     denied = _until(create, lambda a: a.status == 403)
     assert denied.status == 403, denied
     assert "holds a password" in denied.body["message"]
-    stamped = _until(lambda: cluster.raw("POST", "/api/v1/namespaces/default/configmaps", {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "ok-", "labels": {"team": "a"}},
-        "data": {"k": "v"}}), lambda a: (a.body.get("metadata", {}).get("labels") or {}).get("stamped"))
+    stamped = _until(
+        lambda: cluster.raw(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"generateName": "ok-", "labels": {"team": "a"}},
+                "data": {"k": "v"},
+            },
+        ),
+        lambda a: (a.body.get("metadata", {}).get("labels") or {}).get("stamped"),
+    )
     assert stamped.status == 201, stamped
     assert stamped.body["metadata"]["labels"] == {"team": "a", "stamped": "by-a"}
     name = stamped.body["metadata"]["name"]
@@ -128,14 +197,17 @@ def test_apply_configuration_and_deny_on_create_and_update(cluster: Cluster) -> 
 
 def test_typed_cel_literals_become_maps_outside_strings() -> None:
     assert untyped('Object.spec.schedulingGates{name: "a{b: c}"}') == '{"name": "a{b: c}"}'
-    assert untyped('[JSONPatch{op: "add", path: "/x", value: {"k": 1}}]') == \
-        '[{"op": "add", "path": "/x", "value": {"k": 1}}]'
+    assert (
+        untyped('[JSONPatch{op: "add", path: "/x", value: {"k": 1}}]')
+        == '[{"op": "add", "path": "/x", "value": {"k": 1}}]'
+    )
     assert untyped("{'a': 1}") == "{'a': 1}"
 
 
 @pytest.mark.parametrize(("version", "warns"), [("1.35", True), ("1.37", False)])
-def test_the_arbiter_warns_when_the_gate_policy_cannot_apply(version: str, warns: bool,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_the_arbiter_warns_when_the_gate_policy_cannot_apply(
+    version: str, warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     import fakes.apiserver
     from agent.commands.arbiter import warn_without_gate_policy
 

@@ -45,15 +45,17 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
 
     cp = request.getfixturevalue("control_plane")
     reset(cp)
-    real = FakeCluster(nodes=1, kubeconfig=cp.write_kubeconfig(cp.workdir / "allocation-config.kubeconfig"),
-                       make_node=cp.add_node)
+    real = FakeCluster(
+        nodes=1, kubeconfig=cp.write_kubeconfig(cp.workdir / "allocation-config.kubeconfig"), make_node=cp.add_node
+    )
     try:
         yield real
     finally:
         real.close()
         coexistence.force_delete_pods(real.rest, [NS])
-        cp.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                             "queues.scheduling.gpu-dra-agent.io")
+        cp.request(
+            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
+        )
         reset(cp, timeout=120)
 
 
@@ -64,23 +66,62 @@ def _allocated(cluster: FakeCluster) -> dict[str, Any] | None:
 
 def test_the_allocation_s_config_is_kube_scheduler_s(cluster: FakeCluster) -> None:
     cluster.namespace(NS)
-    configured = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CONFIGURED},
-                  "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && "
-                                                                "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}],
-                           "config": [opaque("from-class")]}}
+    configured = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": CONFIGURED},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": "device.driver == 'gpu.nvidia.com' && "
+                        "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                    }
+                }
+            ],
+            "config": [opaque("from-class")],
+        },
+    }
     cluster.rest.create(DEVICE_CLASSES, None, configured)
-    cluster.rest.create(RESOURCE_CLAIMS, NS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "mixed", "namespace": NS},
-        "spec": {"devices": {"requests": [
-            {"name": "a", "firstAvailable": [{"name": "nine", "deviceClassName": CONFIGURED, "count": 9},
-                                             {"name": "one", "deviceClassName": CONFIGURED, "count": 1}]},
-            {"name": "b", "exactly": {"deviceClassName": CONFIGURED}},
-            {"name": "c", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
-        ], "config": CLAIM_CONFIG}}})
-    cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": NS},
-                                   "spec": {"containers": [{"name": "main", "image": "trainer:1"}],
-                                            "resourceClaims": [{"name": "gpus", "resourceClaimName": "mixed"}],
-                                            "terminationGracePeriodSeconds": 0}})
+    cluster.rest.create(
+        RESOURCE_CLAIMS,
+        NS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "mixed", "namespace": NS},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "a",
+                            "firstAvailable": [
+                                {"name": "nine", "deviceClassName": CONFIGURED, "count": 9},
+                                {"name": "one", "deviceClassName": CONFIGURED, "count": 1},
+                            ],
+                        },
+                        {"name": "b", "exactly": {"deviceClassName": CONFIGURED}},
+                        {"name": "c", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                    ],
+                    "config": CLAIM_CONFIG,
+                }
+            },
+        },
+    )
+    cluster.rest.create(
+        PODS,
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": NS},
+            "spec": {
+                "containers": [{"name": "main", "image": "trainer:1"}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimName": "mixed"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        },
+    )
     claim = wait_for(lambda: _allocated(cluster), timeout=90, interval=0.2, what="the claim allocated")
     written = claim["status"]["allocation"]["devices"]["config"]
     assert written == [
@@ -91,7 +132,8 @@ def test_the_allocation_s_config_is_kube_scheduler_s(cluster: FakeCluster) -> No
         {"source": "FromClaim", **opaque("names-all")},
     ]
     picked = {r["request"] for r in claim["status"]["allocation"]["devices"]["results"]}
-    choice = tuple(next(i for i, (name, _) in enumerate(request_options(r)) if name in picked)
-                   for r in claim_requests(claim))
+    choice = tuple(
+        next(i for i, (name, _) in enumerate(request_options(r)) if name in picked) for r in claim_requests(claim)
+    )
     classes = {c["metadata"]["name"]: c for c in cluster.rest.list(DEVICE_CLASSES, None)["items"]}
     assert device_config(claim, classes, choice) == written  # what the arbiter writes for the same choice

@@ -62,8 +62,10 @@ def test_version_and_discovery(server: ApiServer) -> None:
 
 def test_node_crud_and_status_ownership(core: client.CoreV1Api) -> None:
     node = core.create_node(
-        client.V1Node(metadata=client.V1ObjectMeta(name="node-a", labels={"zone": "a"}),
-                      spec=client.V1NodeSpec(unschedulable=False))
+        client.V1Node(
+            metadata=client.V1ObjectMeta(name="node-a", labels={"zone": "a"}),
+            spec=client.V1NodeSpec(unschedulable=False),
+        )
     )
     assert node.metadata.uid and node.metadata.creation_timestamp and node.metadata.generation == 1
     # A status write changes only status, even when the body carries other changes.
@@ -119,8 +121,11 @@ def test_errors_already_exists_stale_version_not_found(resource: client.Resource
         with pytest.raises(ApiException) as err:
             call()
         assert err.value.status == 404
-        assert json.loads(err.value.body)["details"] == {"name": "missing", "group": "resource.k8s.io",
-                                                         "kind": "resourceslices"}
+        assert json.loads(err.value.body)["details"] == {
+            "name": "missing",
+            "group": "resource.k8s.io",
+            "kind": "resourceslices",
+        }
 
 
 def test_claim_status_subresource_and_templates(resource: client.ResourceV1Api) -> None:
@@ -129,8 +134,9 @@ def test_claim_status_subresource_and_templates(resource: client.ResourceV1Api) 
     body["status"] = {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]}
     claim = resource.create_namespaced_resource_claim("default", body)
     assert claim.status is None or not claim.status.reserved_for
-    allocation = {"devices": {"results": [
-        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}}
+    allocation = {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]}
+    }
     patched = resource.patch_namespaced_resource_claim_status(
         "c1", "default", {"status": {"allocation": allocation}, "metadata": {"labels": {"ignored": "yes"}}}
     )
@@ -139,21 +145,30 @@ def test_claim_status_subresource_and_templates(resource: client.ResourceV1Api) 
     # The claim spec is immutable.
     with pytest.raises(ApiException) as err:
         resource.patch_namespaced_resource_claim(
-            "c1", "default", {"spec": {"devices": {"requests": [
-                {"name": "other", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+            "c1",
+            "default",
+            {"spec": {"devices": {"requests": [{"name": "other", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}},
+        )
     assert err.value.status == 422 and "immutable" in err.value.body
     template = resource.create_namespaced_resource_claim_template(
-        "default", {"metadata": {"name": "t1"}, "spec": {"spec": claim_body("x")["spec"]}})
+        "default", {"metadata": {"name": "t1"}, "spec": {"spec": claim_body("x")["spec"]}}
+    )
     assert template.spec.spec.devices.requests[0].name == "gpu"
-    resource.create_device_class({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
-        {"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]}})
+    resource.create_device_class(
+        {
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]},
+        }
+    )
     assert [c.metadata.name for c in resource.list_device_class().items] == ["gpu.nvidia.com"]
     assert len(resource.list_resource_claim_for_all_namespaces().items) == 1
 
 
 def test_generate_name(core: client.CoreV1Api) -> None:
-    made = [core.create_namespaced_config_map("default", {"metadata": {"generateName": "cfg-"}, "data": {"a": "b"}})
-            for _ in range(3)]
+    made = [
+        core.create_namespaced_config_map("default", {"metadata": {"generateName": "cfg-"}, "data": {"a": "b"}})
+        for _ in range(3)
+    ]
     names = {m.metadata.name for m in made}
     assert len(names) == 3 and all(n.startswith("cfg-") and len(n) == 9 for n in names)
 
@@ -169,8 +184,7 @@ def test_finalizers_delay_deletion_until_removed(resource: client.ResourceV1Api)
     with pytest.raises(ApiException) as err:
         resource.patch_namespaced_resource_claim("c1", "default", {"metadata": {"finalizers": ["another/one"]}})
     assert err.value.status == 422
-    resource.patch_namespaced_resource_claim(
-        "c1", "default", [{"op": "remove", "path": "/metadata/finalizers"}])
+    resource.patch_namespaced_resource_claim("c1", "default", [{"op": "remove", "path": "/metadata/finalizers"}])
     with pytest.raises(ApiException) as err:
         resource.read_namespaced_resource_claim("c1", "default")
     assert err.value.status == 404
@@ -180,7 +194,8 @@ def test_node_deletion_collects_owned_slices(core: client.CoreV1Api, resource: c
     node = core.create_node({"metadata": {"name": "node-a"}})
     owned = slice_body("owned")
     owned["metadata"]["ownerReferences"] = [
-        {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": node.metadata.uid}]
+        {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": node.metadata.uid}
+    ]
     resource.create_resource_slice(owned)
     resource.create_resource_slice(slice_body("unowned", node="node-b"))
     core.delete_node("node-a")
@@ -188,9 +203,11 @@ def test_node_deletion_collects_owned_slices(core: client.CoreV1Api, resource: c
 
 
 def test_pod_status_eviction_and_binding(core: client.CoreV1Api) -> None:
-    pod = {"metadata": {"name": "p1", "labels": {"app": "x"}},
-           "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-           "status": {"phase": "Running"}}
+    pod = {
+        "metadata": {"name": "p1", "labels": {"app": "x"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running"},
+    }
     created = core.create_namespaced_pod("default", pod)
     assert created.status.phase == "Pending"  # status is the server's on create
     # The real server answers a binding with a Status, which the client cannot read as a V1Binding: raw it is.
@@ -213,20 +230,37 @@ def test_pod_status_eviction_and_binding(core: client.CoreV1Api) -> None:
 
 def test_events_leases_configmaps(server: ApiServer, core: client.CoreV1Api) -> None:
     api_client = server.api_client()
-    core.create_namespaced_event("default", {
-        "metadata": {"name": "e1"}, "involvedObject": {"kind": "Node", "name": "node-a"},
-        "reason": "MigConfigFailed", "message": "boom", "type": "Warning"})
+    core.create_namespaced_event(
+        "default",
+        {
+            "metadata": {"name": "e1"},
+            "involvedObject": {"kind": "Node", "name": "node-a"},
+            "reason": "MigConfigFailed",
+            "message": "boom",
+            "type": "Warning",
+        },
+    )
     found = core.list_namespaced_event("default", field_selector="reason=MigConfigFailed,involvedObject.name=node-a")
     assert [e.message for e in found.items] == ["boom"]
     events = client.EventsV1Api(api_client)
-    events.create_namespaced_event("default", {
-        "metadata": {"name": "e2"}, "eventTime": "2025-01-01T00:00:00.000000Z", "reason": "Prepared",
-        "action": "Prepare", "reportingController": "gpu.nvidia.com/agent", "reportingInstance": "node-a",
-        "type": "Normal", "note": "ok"})
+    events.create_namespaced_event(
+        "default",
+        {
+            "metadata": {"name": "e2"},
+            "eventTime": "2025-01-01T00:00:00.000000Z",
+            "reason": "Prepared",
+            "action": "Prepare",
+            "reportingController": "gpu.nvidia.com/agent",
+            "reportingInstance": "node-a",
+            "type": "Normal",
+            "note": "ok",
+        },
+    )
     assert events.read_namespaced_event("e2", "default").note == "ok"
     leases = client.CoordinationV1Api(api_client)
-    lease = leases.create_namespaced_lease("kube-system", {"metadata": {"name": "arbiter"},
-                                                           "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}})
+    lease = leases.create_namespaced_lease(
+        "kube-system", {"metadata": {"name": "arbiter"}, "spec": {"holderIdentity": "a", "leaseDurationSeconds": 15}}
+    )
     lease.spec.holder_identity = "b"
     assert leases.replace_namespaced_lease("arbiter", "kube-system", lease).spec.holder_identity == "b"
     core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}, "data": {"k": "v"}})
@@ -243,12 +277,23 @@ QUEUE_CRD = {
         "group": "scheduling.example.com",
         "scope": "Cluster",
         "names": {"plural": "queues", "singular": "queue", "kind": "Queue", "listKind": "QueueList"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True, "subresources": {"status": {}},
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                "spec": {"type": "object", "properties": {"priority": {"type": "integer"}}},
-                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
-        }],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "properties": {"priority": {"type": "integer"}}},
+                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
@@ -260,37 +305,70 @@ def test_crd_registers_a_validated_custom_resource(server: ApiServer) -> None:
     established = client.ApiextensionsV1Api(api_client).read_custom_resource_definition(crd.metadata.name)
     assert any(c.type == "Established" and c.status == "True" for c in established.status.conditions)
     custom = client.CustomObjectsApi(api_client)
-    custom.create_cluster_custom_object("scheduling.example.com", "v1", "queues", {
-        "apiVersion": "scheduling.example.com/v1", "kind": "Queue", "metadata": {"name": "team-a"},
-        "spec": {"priority": 5}})
+    custom.create_cluster_custom_object(
+        "scheduling.example.com",
+        "v1",
+        "queues",
+        {
+            "apiVersion": "scheduling.example.com/v1",
+            "kind": "Queue",
+            "metadata": {"name": "team-a"},
+            "spec": {"priority": 5},
+        },
+    )
     # A string where the CRD schema says integer is a 422.
     with pytest.raises(ApiException) as err:
-        custom.create_cluster_custom_object("scheduling.example.com", "v1", "queues", {
-            "apiVersion": "scheduling.example.com/v1", "kind": "Queue", "metadata": {"name": "bad"},
-            "spec": {"priority": "high"}})
+        custom.create_cluster_custom_object(
+            "scheduling.example.com",
+            "v1",
+            "queues",
+            {
+                "apiVersion": "scheduling.example.com/v1",
+                "kind": "Queue",
+                "metadata": {"name": "bad"},
+                "spec": {"priority": "high"},
+            },
+        )
     assert err.value.status == 422 and "spec.priority" in err.value.body
-    custom.patch_cluster_custom_object_status("scheduling.example.com", "v1", "queues", "team-a",
-                                              {"status": {"allocated": 3}})
+    custom.patch_cluster_custom_object_status(
+        "scheduling.example.com", "v1", "queues", "team-a", {"status": {"allocated": 3}}
+    )
     got = custom.get_cluster_custom_object("scheduling.example.com", "v1", "queues", "team-a")
     assert got["status"] == {"allocated": 3} and got["spec"] == {"priority": 5}
     # The dynamic client discovers the new type too.
-    queues = dynamic.DynamicClient(server.api_client()).resources.get(api_version="scheduling.example.com/v1",
-                                                                      kind="Queue")
+    queues = dynamic.DynamicClient(server.api_client()).resources.get(
+        api_version="scheduling.example.com/v1", kind="Queue"
+    )
     assert [q.metadata.name for q in queues.get().items] == ["team-a"]
 
 
 def test_register_custom_in_process(server: ApiServer) -> None:
     server.register_custom("scheduling.example.com", "v1alpha1", "podgroups", "PodGroup", namespaced=True)
     custom = client.CustomObjectsApi(server.api_client())
-    custom.create_namespaced_custom_object("scheduling.example.com", "v1alpha1", "default", "podgroups", {
-        "apiVersion": "scheduling.example.com/v1alpha1", "kind": "PodGroup", "metadata": {"name": "g"},
-        "spec": {"minMember": 2}})
+    custom.create_namespaced_custom_object(
+        "scheduling.example.com",
+        "v1alpha1",
+        "default",
+        "podgroups",
+        {
+            "apiVersion": "scheduling.example.com/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "g"},
+            "spec": {"minMember": 2},
+        },
+    )
     assert server.store.get("scheduling.example.com/PodGroup", "g", "default")["spec"] == {"minMember": 2}
     # Custom resources take JSON merge patch; a strategic merge patch is a 415 as on a real server.
     with pytest.raises(ApiException) as err:
-        custom.patch_namespaced_custom_object("scheduling.example.com", "v1alpha1", "default", "podgroups", "g",
-                                              {"spec": {"minMember": 3}},
-                                              _content_type="application/strategic-merge-patch+json")
+        custom.patch_namespaced_custom_object(
+            "scheduling.example.com",
+            "v1alpha1",
+            "default",
+            "podgroups",
+            "g",
+            {"spec": {"minMember": 3}},
+            _content_type="application/strategic-merge-patch+json",
+        )
     assert err.value.status == 415
 
 
@@ -303,8 +381,11 @@ def test_dynamic_client_on_builtin_types(server: ApiServer) -> None:
 
 def test_kubeconfig_file_and_command_line(tmp_path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
-    proc = subprocess.Popen([sys.executable, "-m", "fakes.apiserver", "--port", "0", "--kubeconfig-out",
-                             str(kubeconfig)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fakes.apiserver", "--port", "0", "--kubeconfig-out", str(kubeconfig)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = proc.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
@@ -337,6 +418,7 @@ def test_the_agents_writes_are_named_for_it_in_managed_fields() -> None:
     from agent.kube.rest import NODES
 
     with fakes.apiserver.start(port=0) as server:
-        created = server.rest().create(NODES, None, {"apiVersion": "v1", "kind": "Node",
-                                                     "metadata": {"name": "n", "labels": {"a": "b"}}})
+        created = server.rest().create(
+            NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "labels": {"a": "b"}}}
+        )
     assert [e["manager"] for e in created["metadata"]["managedFields"]] == ["gpu-dra-agent"]

@@ -25,8 +25,10 @@ def core(server: ApiServer) -> client.CoreV1Api:
     return client.CoreV1Api(server.api_client())
 
 
-POD = {"metadata": {"name": "p", "labels": {"a": "1"}},
-       "spec": {"containers": [{"name": "main", "image": "v1"}, {"name": "side", "image": "s1"}]}}
+POD = {
+    "metadata": {"name": "p", "labels": {"a": "1"}},
+    "spec": {"containers": [{"name": "main", "image": "v1"}, {"name": "side", "image": "s1"}]},
+}
 
 
 def test_each_patch_type_over_http(core: client.CoreV1Api) -> None:
@@ -36,19 +38,30 @@ def test_each_patch_type_over_http(core: client.CoreV1Api) -> None:
     pod = core.read_namespaced_pod("p", "default")
     assert [(c.name, c.image) for c in pod.spec.containers] == [("main", "v2"), ("side", "s1")]
     # A merge patch: null deletes a key.
-    core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"a": None, "b": "2"}}},
-                              _content_type="application/merge-patch+json")
+    core.patch_namespaced_pod(
+        "p", "default", {"metadata": {"labels": {"a": None, "b": "2"}}}, _content_type="application/merge-patch+json"
+    )
     assert core.read_namespaced_pod("p", "default").metadata.labels == {"b": "2"}
     # A list body is a JSON patch; a failing test op leaves the object as it was.
     with pytest.raises(ApiException) as err:
-        core.patch_namespaced_pod("p", "default", [
-            {"op": "replace", "path": "/spec/containers/1/image", "value": "s2"},
-            {"op": "test", "path": "/metadata/labels/b", "value": "wrong"}])
+        core.patch_namespaced_pod(
+            "p",
+            "default",
+            [
+                {"op": "replace", "path": "/spec/containers/1/image", "value": "s2"},
+                {"op": "test", "path": "/metadata/labels/b", "value": "wrong"},
+            ],
+        )
     assert err.value.status == 422
     assert core.read_namespaced_pod("p", "default").spec.containers[1].image == "s1"
-    core.patch_namespaced_pod("p", "default", [
-        {"op": "test", "path": "/metadata/labels/b", "value": "2"},
-        {"op": "replace", "path": "/spec/containers/1/image", "value": "s2"}])
+    core.patch_namespaced_pod(
+        "p",
+        "default",
+        [
+            {"op": "test", "path": "/metadata/labels/b", "value": "2"},
+            {"op": "replace", "path": "/spec/containers/1/image", "value": "s2"},
+        ],
+    )
     assert core.read_namespaced_pod("p", "default").spec.containers[1].image == "s2"
 
 
@@ -56,8 +69,9 @@ def test_patch_with_stale_resource_version_conflicts(core: client.CoreV1Api) -> 
     created = core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}, "data": {"k": "1"}})
     core.patch_namespaced_config_map("cm", "default", {"data": {"k": "2"}})
     with pytest.raises(ApiException) as err:  # a patch pinned to the first version
-        core.patch_namespaced_config_map("cm", "default", {"metadata": {
-            "resourceVersion": created.metadata.resource_version}, "data": {"k": "3"}})
+        core.patch_namespaced_config_map(
+            "cm", "default", {"metadata": {"resourceVersion": created.metadata.resource_version}, "data": {"k": "3"}}
+        )
     assert err.value.status == 409
 
 

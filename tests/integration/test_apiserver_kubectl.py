@@ -33,10 +33,12 @@ class Kubectl:
         assert KUBECTL is not None
         return [KUBECTL, f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.cache}", *args]
 
-    def run(self, *args: str, stdin: str | None = None, check: bool = True,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(self.argv(*args), input=stdin, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+    def run(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            self.argv(*args), input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr}")
         return done
@@ -85,10 +87,11 @@ def test_apply_the_daemonset_directory_with_validation(server: ApiServer, kubect
     # A template whose request leaves allocationMode/count to the server's defaults differs from the live
     # object in an atomic list, so kubectl sends it again: "configured", as against kube-apiserver 1.37 too.
     defaulted = [
-        d for d in documents
+        d
+        for d in documents
         if d["kind"] == "ResourceClaimTemplate"
         and any("count" not in r.get("exactly", {}) for r in d["spec"]["spec"]["devices"]["requests"])
-    ]  # fmt: skip
+    ]
     assert defaulted and again.stdout.count(" configured") == len(defaulted), again.stdout
     assert again.stdout.count(" unchanged") == len(documents) - len(defaulted), again.stdout
     if any((DAEMONSET / name).exists() for name in ("kustomization.yaml", "Kustomization")):
@@ -119,10 +122,17 @@ def test_validation_rejects_unknown_fields_on_the_server(server: ApiServer, kube
 
 
 def slice_body(name: str, node: str) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}],
+        },
+    }
 
 
 def test_get_prints_upstreams_columns(server: ApiServer, kubectl: Kubectl) -> None:
@@ -131,14 +141,26 @@ def test_get_prints_upstreams_columns(server: ApiServer, kubectl: Kubectl) -> No
     rows = table(kubectl.run("get", "resourceslices").stdout)
     assert rows[0] == ["NAME", "NODE", "DRIVER", "POOL", "AGE"]
     assert rows[1][:4] == ["node-a-gpu", "node-a", "gpu.nvidia.com", "node-a"]
-    claim = {"metadata": {"name": "c"}, "spec": {"devices": {"requests": [
-        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    claim = {
+        "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }
     resource.create_namespaced_resource_claim("default", claim)
     assert table(kubectl.run("get", "resourceclaims").stdout)[1][:2] == ["c", "pending"]
-    resource.patch_namespaced_resource_claim_status("c", "default", {"status": {
-        "allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a",
-                                                "device": "gpu-0"}]}},
-        "reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}]}})
+    resource.patch_namespaced_resource_claim_status(
+        "c",
+        "default",
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"}]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "1"}],
+            }
+        },
+    )
     assert table(kubectl.run("get", "resourceclaims").stdout)[1][:2] == ["c", "allocated,reserved"]
 
 
@@ -146,8 +168,12 @@ def test_custom_resources_print_their_crd_columns(server: ApiServer, kubectl: Ku
     from tests.integration.test_apiserver_versions import QUEUE_CRD
 
     kubectl.run("apply", "-f", "-", stdin=json.dumps(QUEUE_CRD))
-    queue = {"apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team-a"},
-             "spec": {"priority": 7, "parentQueue": "root"}}
+    queue = {
+        "apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1",
+        "kind": "Queue",
+        "metadata": {"name": "team-a"},
+        "spec": {"priority": 7, "parentQueue": "root"},
+    }
     kubectl.run("apply", "-f", "-", stdin=json.dumps(queue))
     rows = table(kubectl.run("get", "queues").stdout)
     assert rows == [["NAME", "PRIORITY", "PARENT"], ["team-a", "7", "root"]]
@@ -158,8 +184,12 @@ def test_custom_resources_print_their_crd_columns(server: ApiServer, kubectl: Ku
 
 
 def test_server_side_apply_owns_fields_and_reports_conflicts(server: ApiServer, kubectl: Kubectl) -> None:
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "labels": {"team": "a"}},
-              "data": {"mode": "fast", "level": "1"}}
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "settings", "labels": {"team": "a"}},
+        "data": {"mode": "fast", "level": "1"},
+    }
     done = kubectl.run("apply", "--server-side", "-f", "-", stdin=json.dumps(config))
     assert "serverside-applied" in done.stdout
     stored = server.store.get("ConfigMap", "settings", "default")
@@ -181,19 +211,30 @@ def test_server_side_apply_owns_fields_and_reports_conflicts(server: ApiServer, 
 
 
 def pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
 
 
 def test_wait_for_a_condition_and_for_deletion(server: ApiServer, kubectl: Kubectl) -> None:
     core = client.CoreV1Api(server.api_client())
     core.create_namespaced_pod("default", pod("p"))
-    waiting = subprocess.Popen(kubectl.argv("wait", "--for=condition=Ready", "pod/p", "--timeout=30s"),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        kubectl.argv("wait", "--for=condition=Ready", "pod/p", "--timeout=30s"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1)
     assert waiting.poll() is None  # not ready yet
-    core.patch_namespaced_pod_status("p", "default", {"status": {"conditions": [
-        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-23T00:00:00Z"}]}})
+    core.patch_namespaced_pod_status(
+        "p",
+        "default",
+        {"status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-23T00:00:00Z"}]}},
+    )
     out, err = waiting.communicate(timeout=30)
     assert waiting.returncode == 0 and "pod/p condition met" in out, err
     done = kubectl.run("wait", "--for=delete", "pod/p", "--timeout=2s", check=False)
@@ -205,8 +246,12 @@ def test_wait_for_a_condition_and_for_deletion(server: ApiServer, kubectl: Kubec
 def test_get_watch_prints_new_objects(server: ApiServer, kubectl: Kubectl) -> None:
     core = client.CoreV1Api(server.api_client())
     core.create_namespaced_pod("default", pod("first"))
-    watching = subprocess.Popen(kubectl.argv("get", "pods", "--watch", "--request-timeout=5s"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watching = subprocess.Popen(
+        kubectl.argv("get", "pods", "--watch", "--request-timeout=5s"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert watching.stdout is not None
     header = watching.stdout.readline()
     assert header.split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]

@@ -21,8 +21,9 @@ PROTOBUF = {"Accept": f"{protobuf.MEDIA_TYPE}, application/json"}
 
 def kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert KUBECTL is not None
-    return subprocess.run([KUBECTL, f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 @needs_kubectl
@@ -30,8 +31,15 @@ def test_the_readmes_kubectl_create_commands_work(cluster: Cluster, tmp_path: Pa
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
     steps = [
         ("create", "namespace", "gpu-dra-agent"),
-        ("-n", "gpu-dra-agent", "create", "secret", "generic", "gpu-dra-agent-reservation-token",
-         "--from-literal=token=0123abcd"),
+        (
+            "-n",
+            "gpu-dra-agent",
+            "create",
+            "secret",
+            "generic",
+            "gpu-dra-agent-reservation-token",
+            "--from-literal=token=0123abcd",
+        ),
         ("-n", "gpu-dra-agent", "create", "configmap", "settings", "--from-literal=period=2"),
     ]
     for args in steps:
@@ -47,16 +55,21 @@ def test_the_readmes_kubectl_create_commands_work(cluster: Cluster, tmp_path: Pa
 
 def _create_pod(cluster: Cluster) -> dict[str, object]:
     pod = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": "p", "namespace": "default", "labels": {"app": "x"}},
         "spec": {
-            "containers": [{
-                "name": "c", "image": "busybox", "command": ["sleep", "1"],
-                "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
-                "ports": [{"containerPort": 8080, "name": "http"}],
-                "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 3},
-                "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
-            }],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "command": ["sleep", "1"],
+                    "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+                    "ports": [{"containerPort": 8080, "name": "http"}],
+                    "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 3},
+                    "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+                }
+            ],
             "volumes": [{"name": "scratch", "emptyDir": {}}],
             "terminationGracePeriodSeconds": 0,
         },
@@ -88,18 +101,38 @@ def test_protobuf_answers_decode_to_the_json_answer(cluster: Cluster) -> None:
 def test_the_codecs_bytes_are_accepted_as_written(cluster: Cluster) -> None:
     """A Pod and a ResourceClaim encoded by the fake's codec are stored by the server as their JSON says."""
     env = [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "m", "key": "k"}}}]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q", "namespace": "default"},
-           "spec": {"containers": [{"name": "c", "image": "busybox", "env": env}],
-                    "volumes": [{"name": "v", "configMap": {"name": "m", "defaultMode": 0o644}}]}}
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": "c", "namespace": "default"},
-             "spec": {"devices": {
-                 "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}],
-                 "config": [{"requests": ["gpu"], "opaque": {
-                     "driver": "gpu.nvidia.com",
-                     "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}}}]}}}
-    for path, obj in (("/api/v1/namespaces/default/pods", pod),
-                      ("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", claim)):
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "q", "namespace": "default"},
+        "spec": {
+            "containers": [{"name": "c", "image": "busybox", "env": env}],
+            "volumes": [{"name": "v", "configMap": {"name": "m", "defaultMode": 0o644}}],
+        },
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}],
+                "config": [
+                    {
+                        "requests": ["gpu"],
+                        "opaque": {
+                            "driver": "gpu.nvidia.com",
+                            "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"},
+                        },
+                    }
+                ],
+            }
+        },
+    }
+    for path, obj in (
+        ("/api/v1/namespaces/default/pods", pod),
+        ("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", claim),
+    ):
         headers = {"Content-Type": protobuf.MEDIA_TYPE, **PROTOBUF}
         answer = cluster.raw("POST", path, protobuf.encode(obj), headers=headers)
         assert answer.status == 201, protobuf.decode(answer.data) if answer.data.startswith(protobuf.MAGIC) else answer

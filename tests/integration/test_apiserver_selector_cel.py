@@ -33,10 +33,21 @@ def spec(expression: str | None = None, capacity: str | None = None) -> dict[str
 
 def create(cluster: Cluster, name: str, claim_spec: dict[str, Any], template: bool) -> Any:
     if template:
-        return cluster.raw("POST", TEMPLATES, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                                               "metadata": {"name": name}, "spec": {"spec": claim_spec}})
-    return cluster.raw("POST", CLAIMS, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                        "metadata": {"name": name}, "spec": claim_spec})
+        return cluster.raw(
+            "POST",
+            TEMPLATES,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name},
+                "spec": {"spec": claim_spec},
+            },
+        )
+    return cluster.raw(
+        "POST",
+        CLAIMS,
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": claim_spec},
+    )
 
 
 REFUSED = [
@@ -50,8 +61,9 @@ REFUSED = [
 
 @pytest.mark.parametrize("template", [False, True], ids=["claim", "template"])
 @pytest.mark.parametrize(("expression", "said"), REFUSED, ids=["syntax", "undeclared", "string", "int", "cost"])
-def test_a_selector_kube_apiserver_cannot_compile_is_refused(cluster: Cluster, expression: str, said: str,
-                                                            template: bool) -> None:
+def test_a_selector_kube_apiserver_cannot_compile_is_refused(
+    cluster: Cluster, expression: str, said: str, template: bool
+) -> None:
     answer = create(cluster, "bad", spec(expression), template)
     assert answer.status == 422, answer
     field = ("spec.spec" if template else "spec") + ".devices.requests[0].exactly.selectors[0].cel.expression"
@@ -61,13 +73,15 @@ def test_a_selector_kube_apiserver_cannot_compile_is_refused(cluster: Cluster, e
 
 @pytest.mark.parametrize("template", [False, True], ids=["claim", "template"])
 def test_selectors_kube_apiserver_takes_are_taken(cluster: Cluster, template: bool) -> None:
-    for i, expression in enumerate([
-        nested(10),  # 10,000 iterations: under the limit
-        "device.driver == 'gpu.nvidia.com'",
-        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'",
-        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
-        "device.attributes['gpu.nvidia.com'].exists(k, k.startsWith('a'))",
-    ]):  # fmt: skip
+    for i, expression in enumerate(
+        [
+            nested(10),  # 10,000 iterations: under the limit
+            "device.driver == 'gpu.nvidia.com'",
+            "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'",
+            "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+            "device.attributes['gpu.nvidia.com'].exists(k, k.startsWith('a'))",
+        ]
+    ):
         answer = create(cluster, f"ok-{i}", spec(expression), template)
         assert answer.status == 201, (expression, answer)
 
@@ -76,12 +90,25 @@ def test_negative_capacity_is_stored_as_by_kube_apiserver(cluster: Cluster) -> N
     answer = create(cluster, "negative", spec(capacity="-10Gi"), template=False)
     assert answer.status == 201, answer
     stored = answer.body
-    stored["status"] = {"allocation": {
-        "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "p", "device": "gpu-0",
-                                 "shareID": "8c3e4a7e-1111-4222-8333-944444444444",
-                                 "consumedCapacity": {"memory": "-10Gi"}}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["n"]}]}]}}}  # fmt: skip
+    stored["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu.nvidia.com",
+                        "pool": "p",
+                        "device": "gpu-0",
+                        "shareID": "8c3e4a7e-1111-4222-8333-944444444444",
+                        "consumedCapacity": {"memory": "-10Gi"},
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}]
+            },
+        }
+    }
     answer = cluster.raw("PUT", f"{CLAIMS}/negative/status", stored)
     assert answer.status == 200, answer
     assert answer.body["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] == {"memory": "-10Gi"}

@@ -36,8 +36,14 @@ def slice_body(name: str = "s1", devices: int = 1, pool: str = "node-a", generat
             "driver": "gpu.nvidia.com",
             "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
             "nodeName": "node-a",
-            "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}},
-                         "capacity": {"memory": {"value": "80Gi"}}} for i in range(devices)],
+            "devices": [
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {"type": {"string": "gpu"}},
+                    "capacity": {"memory": {"value": "80Gi"}},
+                }
+                for i in range(devices)
+            ],
         },
     }
 
@@ -58,16 +64,24 @@ def fields(causes: list[dict]) -> set[str]:
 def test_a_valid_full_slice_is_accepted(resource: client.ResourceV1Api) -> None:
     body = slice_body(devices=128)
     device = body["spec"]["devices"][0]
-    device["attributes"].update({
-        "driverVersion": {"version": "580.65.6"}, "numaNode": {"int": 0}, "ready": {"bool": True},
-        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}})
+    device["attributes"].update(
+        {
+            "driverVersion": {"version": "580.65.6"},
+            "numaNode": {"int": 0},
+            "ready": {"bool": True},
+            "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+        }
+    )
     assert len(resource.create_resource_slice(body).spec.devices) == 128
 
 
 def test_129_devices(resource: client.ResourceV1Api) -> None:
     causes = rejected(lambda: resource.create_resource_slice(slice_body(devices=129)))
-    assert {"field": "spec.devices", "reason": "FieldValueInvalid",
-            "message": "must have at most 128 devices (is 129)"} in causes
+    assert {
+        "field": "spec.devices",
+        "reason": "FieldValueInvalid",
+        "message": "must have at most 128 devices (is 129)",
+    } in causes
 
 
 def test_bad_device_name(resource: client.ResourceV1Api) -> None:
@@ -90,8 +104,10 @@ def test_long_string_and_bad_version_attributes(resource: client.ResourceV1Api) 
     body["spec"]["devices"][0]["attributes"]["productName"] = {"string": "x" * 65}
     body["spec"]["devices"][0]["attributes"]["driverVersion"] = {"version": "580.65"}
     causes = rejected(lambda: resource.create_resource_slice(body))
-    assert fields(causes) == {"spec.devices[0].attributes[productName]",
-                              "spec.devices[0].attributes[driverVersion].version"}
+    assert fields(causes) == {
+        "spec.devices[0].attributes[productName]",
+        "spec.devices[0].attributes[driverVersion].version",
+    }
     assert any("no more than 64 characters (is 65)" in c["message"] for c in causes)
 
 
@@ -102,8 +118,11 @@ def test_attribute_limits_and_names(resource: client.ResourceV1Api) -> None:
     device["attributes"]["bad-name"] = {"int": 1}  # not a C identifier
     device["attributes"]["both"] = {"int": 1, "string": "x"}  # two values
     causes = rejected(lambda: resource.create_resource_slice(body))
-    assert fields(causes) == {"spec.devices[0]", "spec.devices[0].attributes[bad-name]",
-                              "spec.devices[0].attributes[both]"}
+    assert fields(causes) == {
+        "spec.devices[0]",
+        "spec.devices[0].attributes[bad-name]",
+        "spec.devices[0].attributes[both]",
+    }
 
 
 def raw(server: ApiServer, api_version: str, kind: str) -> dynamic.Resource:
@@ -120,8 +139,12 @@ def test_schema_rejects_wrong_types(server: ApiServer) -> None:
 
 def post(server: ApiServer, path: str, body: dict, query: str = "") -> tuple[int, dict, dict]:
     """A raw POST (the typed client refuses unknown fields before sending): status, headers, decoded body."""
-    request = urllib.request.Request(f"{server.url}{path}?{query}", json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{server.url}{path}?{query}",
+        json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request) as response:
             return response.status, dict(response.headers), json.loads(response.read())
@@ -204,21 +227,33 @@ def test_server_without_partitionable_devices_drops_counters() -> None:
 
 
 def test_claim_rules(server: ApiServer, resource: client.ResourceV1Api) -> None:
-    requests = [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All",
-                                            "count": 2}},
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"},
-                 "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com"}]}]
+    requests = [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "count": 2}},
+        {
+            "name": "gpu",
+            "exactly": {"deviceClassName": "gpu.nvidia.com"},
+            "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com"}],
+        },
+    ]
     body = {"metadata": {"name": "c"}, "spec": {"devices": {"requests": requests}}}
     causes = rejected(lambda: resource.create_namespaced_resource_claim("default", body))
-    assert fields(causes) == {"spec.devices.requests[0].exactly.count", "spec.devices.requests[1].name",
-                              "spec.devices.requests[1]"}
+    assert fields(causes) == {
+        "spec.devices.requests[0].exactly.count",
+        "spec.devices.requests[1].name",
+        "spec.devices.requests[1]",
+    }
 
 
 def test_metadata_rules_apply_to_every_type(server: ApiServer) -> None:
     core = client.CoreV1Api(server.api_client())
     causes = rejected(lambda: core.create_node({"metadata": {"name": "Bad_Node", "labels": {"k": "v" * 64}}}))
     assert fields(causes) == {"metadata.name", "metadata.labels[k]"}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-           "spec": {"containers": [{"name": "c", "image": 1}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": 1}]},
+    }
     assert fields(rejected(lambda: raw(server, "v1", "Pod").create(body=pod, namespace="default"))) == {
-        "spec.containers[0].image"}
+        "spec.containers[0].image"
+    }

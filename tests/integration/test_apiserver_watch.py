@@ -37,8 +37,12 @@ def test_watch_resumes_after_a_resource_version(core: client.CoreV1Api) -> None:
     core.delete_namespaced_config_map("after", "default")
     seen = [
         (e["type"], e["object"].metadata.name)
-        for e in watch.Watch().stream(core.list_namespaced_config_map, "default",
-                                      resource_version=listed.metadata.resource_version, timeout_seconds=1)
+        for e in watch.Watch().stream(
+            core.list_namespaced_config_map,
+            "default",
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=1,
+        )
     ]
     assert seen == [("ADDED", "after"), ("MODIFIED", "after"), ("DELETED", "after")]
 
@@ -58,11 +62,13 @@ def test_watch_without_version_starts_with_current_objects_then_streams(core: cl
 
 def test_bookmarks_carry_the_latest_resource_version(core: client.CoreV1Api) -> None:
     rv = core.list_namespaced_config_map("default").metadata.resource_version
-    core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": {"containers": [
-        {"name": "c", "image": "i"}]}})  # another type moves the global resourceVersion on
+    core.create_namespaced_pod(
+        "default", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    )  # another type moves the global resourceVersion on
     w = watch.Watch()
-    for event in w.stream(core.list_namespaced_config_map, "default", resource_version=rv,
-                          allow_watch_bookmarks=True, timeout_seconds=3):
+    for event in w.stream(
+        core.list_namespaced_config_map, "default", resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=3
+    ):
         assert event["type"] == "BOOKMARK"
         assert int(event["raw_object"]["metadata"]["resourceVersion"]) > int(rv)
         w.stop()
@@ -75,14 +81,24 @@ def test_label_and_field_selectors_filter_watch_events(core: client.CoreV1Api) -
     core.create_namespaced_config_map("default", cm("b", team="y"))
     core.patch_namespaced_config_map("b", "default", {"metadata": {"labels": {"team": "x"}}})
     core.patch_namespaced_config_map("a", "default", {"metadata": {"labels": {"team": "z"}}})
-    seen = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
-        core.list_namespaced_config_map, "default", resource_version=rv, label_selector="team=x",
-        timeout_seconds=1)]
+    seen = [
+        (e["type"], e["object"].metadata.name)
+        for e in watch.Watch().stream(
+            core.list_namespaced_config_map, "default", resource_version=rv, label_selector="team=x", timeout_seconds=1
+        )
+    ]
     # b entering the selection is an ADDED, a leaving it a DELETED, as the real server reports.
     assert seen == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "a")]
-    only_b = [e["object"].metadata.name for e in watch.Watch().stream(
-        core.list_namespaced_config_map, "default", resource_version=rv, field_selector="metadata.name=b",
-        timeout_seconds=1)]
+    only_b = [
+        e["object"].metadata.name
+        for e in watch.Watch().stream(
+            core.list_namespaced_config_map,
+            "default",
+            resource_version=rv,
+            field_selector="metadata.name=b",
+            timeout_seconds=1,
+        )
+    ]
     assert only_b == ["b", "b"]
 
 
@@ -92,13 +108,20 @@ def test_expired_resource_version_is_410(server: ApiServer, core: client.CoreV1A
         core.create_namespaced_config_map("default", cm(f"c{i}"))
     # kubernetes.watch retries a 410 once by itself; a timeout disables that, so the error reaches us.
     with pytest.raises(ApiException) as err:
-        list(watch.Watch().stream(core.list_namespaced_config_map, "default", resource_version=old,
-                                  timeout_seconds=1))
+        list(watch.Watch().stream(core.list_namespaced_config_map, "default", resource_version=old, timeout_seconds=1))
     assert err.value.status == 410 and "too old resource version" in err.value.reason
     # A version inside the window still resumes.
     recent = server.store.resource_version - 2
-    assert len(list(watch.Watch().stream(core.list_namespaced_config_map, "default",
-                                         resource_version=str(recent), timeout_seconds=1))) == 2
+    assert (
+        len(
+            list(
+                watch.Watch().stream(
+                    core.list_namespaced_config_map, "default", resource_version=str(recent), timeout_seconds=1
+                )
+            )
+        )
+        == 2
+    )
 
 
 def test_drop_watches_cuts_open_streams(server: ApiServer, core: client.CoreV1Api) -> None:
@@ -107,9 +130,13 @@ def test_drop_watches_cuts_open_streams(server: ApiServer, core: client.CoreV1Ap
 
     def consume() -> None:
         try:
-            for _ in watch.Watch().stream(core.list_namespaced_config_map, "default",
-                                          resource_version=str(server.store.resource_version),
-                                          timeout_seconds=30, _request_timeout=30):
+            for _ in watch.Watch().stream(
+                core.list_namespaced_config_map,
+                "default",
+                resource_version=str(server.store.resource_version),
+                timeout_seconds=30,
+                _request_timeout=30,
+            ):
                 pass
             outcome.append("ended")
         except (urllib3.exceptions.HTTPError, ApiException) as exc:

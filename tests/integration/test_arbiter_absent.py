@@ -35,20 +35,30 @@ def stamp(t: float) -> str:
 
 
 def lease(holder: str, renewed: float) -> dict[str, Any]:
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": COMPONENT, "namespace": NS},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": stamp(renewed)}}
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": COMPONENT, "namespace": NS},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": stamp(renewed)},
+    }
 
 
 def fence() -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": FENCE_RULE},
-            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com"},
-                     "taint": {"key": FENCE_RULE, "effect": "NoSchedule"}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": FENCE_RULE},
+        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com"}, "taint": {"key": FENCE_RULE, "effect": "NoSchedule"}},
+    }
 
 
 def claim(name: str) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }
 
 
 def pod(name: str, claim_name: str | None = None, *, gated: bool = False) -> dict[str, Any]:
@@ -82,7 +92,8 @@ def test_the_lease_says_whether_and_since_when_no_arbiter_runs() -> None:
     where = f"{NS}/{COMPONENT}"
     assert arbiter_absence(lease("arbiter-1", NOW - 3), NOW, where) is None
     assert arbiter_absence(lease("arbiter-1", NOW - 600), NOW, where) == (
-        f"no arbiter has renewed its Lease {where} since {stamp(NOW - 600)[:19]}Z (last held by arbiter-1)")
+        f"no arbiter has renewed its Lease {where} since {stamp(NOW - 600)[:19]}Z (last held by arbiter-1)"
+    )
     assert "gave up its Lease" in str(arbiter_absence(lease("", NOW - 3), NOW, where))
     assert "does not exist" in str(arbiter_absence(None, NOW, where))
 
@@ -97,8 +108,10 @@ def test_one_node_agent_tells_each_pod_that_waits_for_an_absent_arbiter_once(res
     rest.create(PODS, "default", pod("fenced", "c1"))
     rest.create(PODS, "default", pod("cpu-only"))  # waits for nothing of ours: not told
     recorders = [EventRecorder(rest, "gpu-dra-agent", node) for node in ("gpu-b", "gpu-a", "gpu-c")]
-    tellers = [AbsenceTeller(rest, NS, node, r, clock=lambda: NOW)
-               for node, r in zip(("gpu-b", "gpu-a", "gpu-c"), recorders, strict=True)]
+    tellers = [
+        AbsenceTeller(rest, NS, node, r, clock=lambda: NOW)
+        for node, r in zip(("gpu-b", "gpu-a", "gpu-c"), recorders, strict=True)
+    ]
     assert [t.check() for t in tellers] == [2, 0, 0]  # one writer: the first to take the Lease of their own
     assert rest.get(LEASES, NS, ABSENCE_LEASE)["spec"]["holderIdentity"] == "gpu-b"
     for r in recorders:
@@ -109,7 +122,8 @@ def test_one_node_agent_tells_each_pod_that_waits_for_an_absent_arbiter_once(res
     assert gated["type"] == "Warning" and gated["count"] == 1
     assert gated["message"].startswith(
         f"waiting for the gpu-dra-agent queue arbiter: no arbiter has renewed its Lease {NS}/{COMPONENT} since "
-        f"{stamp(NOW - 600)[:19]}Z (last held by arbiter-1); it carries the scheduling gate {GATE}")
+        f"{stamp(NOW - 600)[:19]}Z (last held by arbiter-1); it carries the scheduling gate {GATE}"
+    )
     assert "gpu-dra-agent arbiter --uninstall" in gated["message"]
     assert FENCE_RULE in events["fenced"][0]["message"]
     # told once: the next periods write nothing while nothing changed
@@ -131,8 +145,13 @@ def test_nothing_is_told_where_the_arbiter_is_not_installed(rest: Rest) -> None:
 
 def kubectl(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert KUBECTL is not None
-    return subprocess.run([KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def gates(cluster: Cluster, name: str) -> list[str]:
@@ -142,7 +161,8 @@ def gates(cluster: Cluster, name: str) -> list[str]:
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 def test_uninstall_hands_waiting_pods_to_kube_scheduler_and_the_next_overlay_has_no_fence(
-        cluster: Cluster, tmp_path: Path) -> None:
+    cluster: Cluster, tmp_path: Path
+) -> None:
     """Tried, as an operator: `kubectl apply -k daemonset/overlays/arbiter`, a pod with a claim (gated by the
     overlay's policy), then the switch to another overlay. Before, the fence and the gate stayed, and the pod
     waited for good: nothing removed them."""
@@ -155,8 +175,9 @@ def test_uninstall_hands_waiting_pods_to_kube_scheduler_and_the_next_overlay_has
         done = kubectl(config, "apply", "-k", str(DAEMONSET / "overlays" / "arbiter"))
         assert done.returncode == 0, done.stderr
         assert cluster.raw("GET", rule).status == 200
-        assert cluster.raw("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
-                           claim("c1")).status == 201
+        assert (
+            cluster.raw("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", claim("c1")).status == 201
+        )
         deadline = time.monotonic() + 30  # the policy applies a moment after it is created
         while True:
             cluster.raw("DELETE", "/api/v1/namespaces/default/pods/waits?gracePeriodSeconds=0")
@@ -167,8 +188,13 @@ def test_uninstall_hands_waiting_pods_to_kube_scheduler_and_the_next_overlay_has
                 break
             assert time.monotonic() < deadline, "the overlay's admission policy never gated the pod"
             time.sleep(0.5)
-        out = subprocess.run([sys.executable, "-m", "agent.cli", "arbiter", "--uninstall", "--kubeconfig",
-                              str(config)], capture_output=True, text=True, timeout=120, check=False)
+        out = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "arbiter", "--uninstall", "--kubeconfig", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert out.returncode == 0, out.stderr
         assert f"deleted Deployment {NS}/gpu-dra-agent-arbiter" in out.stdout
         assert f"deleted DeviceTaintRule {FENCE_RULE}" in out.stdout
@@ -186,8 +212,13 @@ def test_uninstall_hands_waiting_pods_to_kube_scheduler_and_the_next_overlay_has
         assert cluster.raw("POST", "/api/v1/namespaces/default/pods", pod("after", "c1")).status == 201
         assert gates(cluster, "after") == []
         # run again: nothing left to remove, and it says so without failing
-        again = subprocess.run([sys.executable, "-m", "agent.cli", "arbiter", "--uninstall", "--kubeconfig",
-                                str(config)], capture_output=True, text=True, timeout=120, check=False)
+        again = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "arbiter", "--uninstall", "--kubeconfig", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert again.returncode == 0, again.stderr
         assert "0 pod(s) handed to kube-scheduler" in again.stdout
     finally:  # the real control plane is shared: nothing of the overlay may reach the next test

@@ -22,7 +22,7 @@ from fakes.cluster import FakeCluster, wait_for
 
 pytestmark = pytest.mark.slow
 NS = "team-a"
-FAILS = 'device.driver.size() / 0 == 1'  # a runtime error on every device
+FAILS = "device.driver.size() / 0 == 1"  # a runtime error on every device
 
 
 @pytest.fixture
@@ -35,10 +35,29 @@ def cluster() -> Iterator[FakeCluster]:
 
 def claim(cluster: FakeCluster, selector: str) -> dict[str, Any]:
     cluster.namespace(NS)
-    return cluster.rest.create(RESOURCE_CLAIMS, NS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "picky", "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "count": 1, "selectors": [{"cel": {"expression": selector}}]}}]}}})
+    return cluster.rest.create(
+        RESOURCE_CLAIMS,
+        NS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "picky", "namespace": NS},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "gpu.nvidia.com",
+                                "count": 1,
+                                "selectors": [{"cel": {"expression": selector}}],
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
 
 
 def reserves(calls: list[str]) -> int:
@@ -49,8 +68,9 @@ def events(cluster: FakeCluster, kind: str) -> list[dict[str, Any]]:
     return [e for e in cluster.rest.list(EVENTS, NS)["items"] if e["involvedObject"]["kind"] == kind]
 
 
-def test_a_claim_a_node_refuses_waits_told_once_until_it_changes(cluster: FakeCluster,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_claim_a_node_refuses_waits_told_once_until_it_changes(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[str] = []
     real = NodeAllocatorService.reserve
 
@@ -60,8 +80,9 @@ def test_a_claim_a_node_refuses_waits_told_once_until_it_changes(cluster: FakeCl
 
     monkeypatch.setattr(NodeAllocatorService, "reserve", counted)
     claim(cluster, FAILS)
-    cluster.pod(NS, "trainer", "team-a", 1, spec_extra={"resourceClaims": [{"name": "gpus",
-                                                                             "resourceClaimName": "picky"}]})
+    cluster.pod(
+        NS, "trainer", "team-a", 1, spec_extra={"resourceClaims": [{"name": "gpus", "resourceClaimName": "picky"}]}
+    )
     arbiter = cluster.arbiter(ArbiterConfig(period_s=0.1, cycle_gap_s=0.1))
     wait_for(lambda: reserves(calls) >= 1, timeout=30, what="a first Reserve")
     cycles = arbiter.cycles
@@ -75,7 +96,8 @@ def test_a_claim_a_node_refuses_waits_told_once_until_it_changes(cluster: FakeCl
     on_pod = [e for e in events(cluster, "Pod") if e["involvedObject"]["name"] == "trainer"]
     assert len(on_pod) == 1, on_pod  # one Event on the pod, in the claim's words, blaming no node
     assert on_pod[0]["type"] == "Warning" and on_pod[0]["message"].startswith(
-        "ResourceClaim picky of trainer was refused as written: ")
+        "ResourceClaim picky of trainer was refused as written: "
+    )
     assert "NodeUnavailable" not in on_pod[0]["message"] and "INVALID_ARGUMENT" not in on_pod[0]["message"]
 
     # a change to the claim (any: a label) is tried again, once
@@ -88,10 +110,17 @@ def test_a_claim_a_node_refuses_waits_told_once_until_it_changes(cluster: FakeCl
 
     # claims cannot be edited in place: the fixed claim is a new one, and the pod is admitted with it
     cluster.rest.delete(RESOURCE_CLAIMS, NS, "picky")
-    wait_for(lambda: not [c for c in cluster.rest.list(RESOURCE_CLAIMS, NS)["items"]
-                          if c["metadata"]["name"] == "picky"], what="the claim deleted")
+    wait_for(
+        lambda: not [c for c in cluster.rest.list(RESOURCE_CLAIMS, NS)["items"] if c["metadata"]["name"] == "picky"],
+        what="the claim deleted",
+    )
     claim(cluster, 'device.driver == "gpu.nvidia.com"')
-    pod = wait_for(lambda: next((p for p in cluster.pods(NS) if not any(
-        g["name"] == GATE for g in p["spec"].get("schedulingGates") or ())), None), timeout=30,
-        what="the pod admitted with the fixed claim")
+    pod = wait_for(
+        lambda: next(
+            (p for p in cluster.pods(NS) if not any(g["name"] == GATE for g in p["spec"].get("schedulingGates") or ())),
+            None,
+        ),
+        timeout=30,
+        what="the pod admitted with the fixed claim",
+    )
     assert pod["metadata"]["name"] == "trainer"

@@ -52,8 +52,11 @@ def claims_by_pod(cluster: FakeCluster) -> dict[str, list[dict[str, Any]]]:
 
 
 def allocated_devices(cluster: FakeCluster) -> list[tuple[str, str]]:
-    return [(r["pool"], r["device"]) for c in cluster.rest.list(RESOURCE_CLAIMS)["items"]
-            for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])]
+    return [
+        (r["pool"], r["device"])
+        for c in cluster.rest.list(RESOURCE_CLAIMS)["items"]
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    ]
 
 
 def running(cluster: FakeCluster, prefix: str) -> list[dict[str, Any]]:
@@ -70,16 +73,21 @@ def test_a_gang_of_two_by_eight_gpus_is_admitted_on_two_nodes(cluster: FakeClust
         assert not gated(pod)
         terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert terms["nodeSelectorTerms"][0]["matchFields"] == [
-            {"key": "metadata.name", "operator": "In", "values": [pod["spec"]["nodeName"]]}]
+            {"key": "metadata.name", "operator": "In", "values": [pod["spec"]["nodeName"]]}
+        ]
         (claim,) = by_pod[pod["metadata"]["name"]]
         results = claim["status"]["allocation"]["devices"]["results"]
         assert len(results) == 8 and {r["pool"] for r in results} == {pod["spec"]["nodeName"]}
         assert [r["uid"] for r in claim["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
         assert DELETE_PROTECTION in claim["metadata"]["finalizers"]
     assert len(set(allocated_devices(cluster))) == 16
-    status = wait_for(lambda: ((cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("allocated")
-                               or {}).get("gpu") == 16 and cluster.rest.get(QUEUES, None, "team-a")["status"],
-                      what="queue status")
+    status = wait_for(
+        lambda: (
+            ((cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("allocated") or {}).get("gpu") == 16
+            and cluster.rest.get(QUEUES, None, "team-a")["status"]
+        ),
+        what="queue status",
+    )
     assert status["fairShare"]["gpu"] == 16 and status["requested"]["gpu"] == 16
 
 
@@ -88,19 +96,36 @@ def test_an_admitted_gang_s_podgroup_is_marked_scheduled_as_kube_scheduler_would
     finds it written word for word: the arbiter writes it when it admits the gang, once."""
     cluster.gang(NS, "first", "team-a", pods=2, gpus=1)
     cluster.gang(NS, "again", "team-a", pods=2, gpus=1)  # tried: marked already (admitted once, then evicted)
-    earlier = {"type": "PodGroupInitiallyScheduled", "status": "True", "reason": "Scheduled", "message": "",
-               "observedGeneration": cluster.rest.get(POD_GROUPS, NS, "again")["metadata"]["generation"],
-               "lastTransitionTime": "2026-01-01T00:00:00Z"}
-    marked = cluster.rest.patch(POD_GROUPS, NS, "again", {"status": {"conditions": [earlier]}},
-                                content_type=STRATEGIC_MERGE_PATCH, subresource="status")
+    earlier = {
+        "type": "PodGroupInitiallyScheduled",
+        "status": "True",
+        "reason": "Scheduled",
+        "message": "",
+        "observedGeneration": cluster.rest.get(POD_GROUPS, NS, "again")["metadata"]["generation"],
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    marked = cluster.rest.patch(
+        POD_GROUPS,
+        NS,
+        "again",
+        {"status": {"conditions": [earlier]}},
+        content_type=STRATEGIC_MERGE_PATCH,
+        subresource="status",
+    )
     cluster.arbiter()
-    wait_for(lambda: len(running(cluster, "first-")) == 2 and len(running(cluster, "again-")) == 2,
-             what="both gangs bound")
+    wait_for(
+        lambda: len(running(cluster, "first-")) == 2 and len(running(cluster, "again-")) == 2, what="both gangs bound"
+    )
     first = cluster.rest.get(POD_GROUPS, NS, "first")
     condition = scheduled_condition(first)
     assert condition is not None and condition.pop("lastTransitionTime")
-    assert condition == {"type": "PodGroupInitiallyScheduled", "status": "True", "reason": "Scheduled",
-                         "message": "", "observedGeneration": first["metadata"]["generation"]}
+    assert condition == {
+        "type": "PodGroupInitiallyScheduled",
+        "status": "True",
+        "reason": "Scheduled",
+        "message": "",
+        "observedGeneration": first["metadata"]["generation"],
+    }
     again = cluster.rest.get(POD_GROUPS, NS, "again")
     assert again["metadata"]["resourceVersion"] == marked["metadata"]["resourceVersion"]  # not written again
     assert scheduled_condition(again) == earlier
@@ -122,10 +147,17 @@ def test_a_reservation_kube_scheduler_took_back_is_given_back(cluster: FakeClust
         allocations[claim["metadata"]["name"]] = claim["status"]["allocation"]
         pod = cluster.rest.get(PODS, NS, f"pair-{i}")
         assert not gated(pod) and not pod["spec"].get("nodeName")
-        cluster.rest.patch(RESOURCE_CLAIMS, NS, claim["metadata"]["name"], {
-            "metadata": {"uid": claim["metadata"]["uid"]},
-            "status": {"reservedFor": [{"$patch": "delete", "uid": pod["metadata"]["uid"]}]}},
-            content_type=STRATEGIC_MERGE_PATCH, subresource="status")
+        cluster.rest.patch(
+            RESOURCE_CLAIMS,
+            NS,
+            claim["metadata"]["name"],
+            {
+                "metadata": {"uid": claim["metadata"]["uid"]},
+                "status": {"reservedFor": [{"$patch": "delete", "uid": pod["metadata"]["uid"]}]},
+            },
+            content_type=STRATEGIC_MERGE_PATCH,
+            subresource="status",
+        )
     assert all(not c["status"].get("reservedFor") for cs in claims_by_pod(cluster).values() for c in cs)
 
     def given_back() -> bool:
@@ -172,8 +204,14 @@ def test_deleting_a_gangs_pods_frees_their_devices_for_the_next_gang(cluster: Fa
     cluster.arbiter()
     wait_for(lambda: len(running(cluster, "first-")) == 2, what="first gang")
     cluster.gang(NS, "second", "team-a", pods=2, gpus=8)
-    wait_for(lambda: any(e["reason"] == "Waiting" for e in cluster.rest.list(EVENTS, NS)["items"]
-                         if e["involvedObject"]["name"] == "second"), what="second waits")
+    wait_for(
+        lambda: any(
+            e["reason"] == "Waiting"
+            for e in cluster.rest.list(EVENTS, NS)["items"]
+            if e["involvedObject"]["name"] == "second"
+        ),
+        what="second waits",
+    )
     assert running(cluster, "second-") == []
     for p in running(cluster, "first-"):
         cluster.rest.delete(PODS, NS, p["metadata"]["name"])
@@ -183,8 +221,9 @@ def test_deleting_a_gangs_pods_frees_their_devices_for_the_next_gang(cluster: Fa
     assert len(devices) == len(set(devices)) == 16
 
 
-def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: FakeCluster,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(
+    cluster: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="agent.arbiter.controller")
     for i in range(4):  # team-a takes all 16 GPUs: 8 in quota, 8 over it (work-conserving)
         cluster.gang(NS, f"burst{i}", "team-a", pods=1, gpus=4)
@@ -197,15 +236,28 @@ def test_a_burst_over_quota_is_reclaimed_when_the_other_team_arrives(cluster: Fa
     evicted = [e for e in cluster.rest.list(EVENTS, NS)["items"] if e["reason"] == "Evicted"]
     assert len(evicted) == 2 and all(e["type"] == "Warning" for e in evicted)
     assert {e["message"] for e in evicted} == {
-        "evicted by the arbiter (reclaim) to make room for gang team-b/train of queue team-b"}
-    assert all(e["involvedObject"]["kind"] == "Pod" and e["involvedObject"]["name"].startswith("burst")
-               for e in evicted)
+        "evicted by the arbiter (reclaim) to make room for gang team-b/train of queue team-b"
+    }
+    assert all(
+        e["involvedObject"]["kind"] == "Pod" and e["involvedObject"]["name"].startswith("burst") for e in evicted
+    )
     lines = [r.getMessage() for r in caplog.records]
-    assert len([m for m in lines if m.startswith("evicted team-a/burst")
-                and "queue team-a" in m and "for gang team-b/train of queue team-b" in m]) == 2
+    assert (
+        len(
+            [
+                m
+                for m in lines
+                if m.startswith("evicted team-a/burst")
+                and "queue team-a" in m
+                and "for gang team-b/train of queue team-b" in m
+            ]
+        )
+        == 2
+    )
     (admitted,) = [m for m in lines if m.startswith("admitted gang team-b/train")]
     assert admitted == "admitted gang team-b/train of queue team-b on nodes " + ",".join(
-        sorted({p["spec"]["nodeName"] for p in pods}))
+        sorted({p["spec"]["nodeName"] for p in pods})
+    )
 
 
 def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
@@ -215,14 +267,17 @@ def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
     arbiter = cluster.arbiter()
     wait_for(lambda: len(running(cluster, "burst")) == 4, what="burst")
     cluster.gang("team-b", "train", "team-b", pods=2, gpus=4)
+
     def waits() -> list[dict[str, Any]]:
         return [e for e in cluster.rest.list(EVENTS, "team-b")["items"] if e["reason"] == "Waiting"]
 
     wait_for(lambda: any(e["type"] == "Warning" for e in waits()), what="team-b waits")
     assert arbiter.cycles > 0 and len(running(cluster, "burst")) == 4 and running(cluster, "train-") == []
     # told on the PodGroup it is about (not on each of its pods); a problem is a Warning, progress is not
-    told = {(e["type"], e["involvedObject"]["kind"], e["involvedObject"]["name"], e["message"].split(":")[0])
-            for e in waits()}
+    told = {
+        (e["type"], e["involvedObject"]["kind"], e["involvedObject"]["name"], e["message"].split(":")[0])
+        for e in waits()
+    }
     assert ("Warning", "PodGroup", "train", "no fit") in told
     assert {t[:3] for t in told} <= {("Warning", "PodGroup", "train"), ("Normal", "PodGroup", "train")}
 
@@ -289,9 +344,22 @@ def test_kill_minus_nine_of_the_arbiter_loses_nothing(cluster: FakeCluster) -> N
     for i in range(4):
         cluster.gang(NS, f"s{i}", "team-a", pods=1, gpus=1)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
-               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", "0.1",
-               "--cycle-gap", "0.1"]
+    command = [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "arbiter",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--reservation-token-file",
+        str(cluster.token_file),
+        "--metrics-addr",
+        "",
+        "--period",
+        "0.1",
+        "--cycle-gap",
+        "0.1",
+    ]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: any(not gated(p) for p in cluster.pods(NS)), timeout=60, what="the first admission")
@@ -299,10 +367,12 @@ def test_kill_minus_nine_of_the_arbiter_loses_nothing(cluster: FakeCluster) -> N
         proc.wait(timeout=10)
         log_path = cluster.root / "restarted-arbiter.log"
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([*command, "--log-format", "json"], env=env, stdout=subprocess.DEVNULL,
-                                    stderr=log)
-        wait_for(lambda: len([p for p in cluster.pods(NS) if p["spec"].get("nodeName")]) == 10, timeout=60,
-                 what="every pod admitted after the restart")
+            proc = subprocess.Popen([*command, "--log-format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+        wait_for(
+            lambda: len([p for p in cluster.pods(NS) if p["spec"].get("nodeName")]) == 10,
+            timeout=60,
+            what="every pod admitted after the restart",
+        )
         # the recovery alone may have finished every gang the first arbiter left half done; the cycle that
         # decides on the repaired state starts a cycle gap later
         time.sleep(1.0)
@@ -318,8 +388,7 @@ def test_kill_minus_nine_of_the_arbiter_loses_nothing(cluster: FakeCluster) -> N
     assert len(devices) == len(set(devices)) == 16  # 3 gangs x 2 pods x 2 GPUs + 4 x 1: every GPU, none twice
     for name, claims in claims_by_pod(cluster).items():
         pod = cluster.rest.get(PODS, NS, name)
-        assert not gated(pod) and all(c["status"]["reservedFor"][0]["uid"] == pod["metadata"]["uid"]
-                                      for c in claims)
+        assert not gated(pod) and all(c["status"]["reservedFor"][0]["uid"] == pod["metadata"]["uid"] for c in claims)
 
 
 def test_metrics_and_a_missing_queue_event(cluster: FakeCluster) -> None:
@@ -363,20 +432,48 @@ def test_a_burst_of_changes_is_decided_together_and_an_idle_arbiter_decides_at_o
     loop.start()
     try:
         cluster.namespace(NS)
-        cluster.rest.create(RESOURCE_CLAIMS, NS, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "alone-gpu", "namespace": NS},
-            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}}})
+        cluster.rest.create(
+            RESOURCE_CLAIMS,
+            NS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "alone-gpu", "namespace": NS},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpus",
+                                "exactly": {
+                                    "deviceClassName": "gpu.nvidia.com",
+                                    "allocationMode": "ExactCount",
+                                    "count": 1,
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        )
         # idle: no cycle started for longer than a gap (a change pending would have started one by then)
-        wait_for(lambda: starts and time.monotonic() - starts[-1] > 2.2, timeout=30, interval=0.1,
-                 what="an idle arbiter")
+        wait_for(
+            lambda: starts and time.monotonic() - starts[-1] > 2.2, timeout=30, interval=0.1, what="an idle arbiter"
+        )
         arrived = time.monotonic()
-        cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": "alone", "namespace": NS, "labels": {QUEUE_LABEL: "team-a"}}, "spec": {
-            "containers": [{"name": "main", "image": "trainer:1", "resources": {"claims": [{"name": "gpus"}]}}],
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": "alone-gpu"}],
-            "schedulingGates": [{"name": GATE}]}})
+        cluster.rest.create(
+            PODS,
+            NS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "alone", "namespace": NS, "labels": {QUEUE_LABEL: "team-a"}},
+                "spec": {
+                    "containers": [{"name": "main", "image": "trainer:1", "resources": {"claims": [{"name": "gpus"}]}}],
+                    "resourceClaims": [{"name": "gpus", "resourceClaimName": "alone-gpu"}],
+                    "schedulingGates": [{"name": GATE}],
+                },
+            },
+        )
         wait_for(lambda: not gated(cluster.rest.get(PODS, NS, "alone")), what="the pod admitted")
         assert time.monotonic() - arrived < 1.5, [round(t - arrived, 2) for t in starts]
         burst = len(starts)
@@ -387,7 +484,7 @@ def test_a_burst_of_changes_is_decided_together_and_an_idle_arbiter_decides_at_o
     finally:
         stop.set()
         loop.join(timeout=10)
-    gaps = [b - a for a, b in itertools.pairwise(starts[burst - 1:])]
+    gaps = [b - a for a, b in itertools.pairwise(starts[burst - 1 :])]
     assert gaps and min(gaps) >= 1.99, gaps
     assert len(gaps) < 8  # 12 arrivals (each a change, and more for each claim made): a handful of cycles
 
@@ -399,8 +496,14 @@ def test_a_queue_with_a_missing_parent_stops_no_admission_and_says_why(cluster: 
     arbiter = cluster.arbiter(ArbiterConfig(period_s=0.2, status_period_s=0.0), start=False)
     report = wait_for(lambda: (r := arbiter.cycle()).admitted and r, what="the pod admitted")
     assert report.admitted == [f"{NS}/pod/want"]
-    condition = wait_for(lambda: [c for c in (cluster.rest.get(QUEUES, None, "orphan").get("status") or {})
-                                  .get("conditions", ()) if c["type"] == "Valid"], what="the Valid condition")
+    condition = wait_for(
+        lambda: [
+            c
+            for c in (cluster.rest.get(QUEUES, None, "orphan").get("status") or {}).get("conditions", ())
+            if c["type"] == "Valid"
+        ],
+        what="the Valid condition",
+    )
     assert condition[0]["status"] == "False" and condition[0]["reason"] == "InvalidSpec"
     assert condition[0]["message"] == "invalid Queue: its parentQueue no-such-parent does not exist"
     healthy = cluster.rest.get(QUEUES, None, "team-a")["status"]["conditions"]
@@ -410,8 +513,9 @@ def test_a_queue_with_a_missing_parent_stops_no_admission_and_says_why(cluster: 
     assert (event["type"], event["reason"], event["involvedObject"]["kind"]) == ("Warning", "Invalid", "Queue")
     arbiter.cycle()  # told once, not once a cycle
     assert arbiter.flush_events()
-    assert len([e for e in cluster.rest.list(EVENTS, "default")["items"]
-                if e["involvedObject"]["name"] == "orphan"]) == 1
+    assert (
+        len([e for e in cluster.rest.list(EVENTS, "default")["items"] if e["involvedObject"]["name"] == "orphan"]) == 1
+    )
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="kill -9 of a subprocess")
@@ -419,11 +523,24 @@ def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(clust
     from agent.kube.rest import LEASES
 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    command = [sys.executable, "-m", "agent.cli", "arbiter", "--kubeconfig", str(cluster.kubeconfig),
-               "--reservation-token-file", str(cluster.token_file), "--metrics-addr", "", "--period", "0.1",
-               "--leader-elect", "--leader-elect-namespace", "default"]
-    procs = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for _ in range(2)]
+    command = [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "arbiter",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--reservation-token-file",
+        str(cluster.token_file),
+        "--metrics-addr",
+        "",
+        "--period",
+        "0.1",
+        "--leader-elect",
+        "--leader-elect-namespace",
+        "default",
+    ]
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     try:
         cluster.gang(NS, "first", "team-a", pods=1, gpus=8)
         wait_for(lambda: running(cluster, "first-"), timeout=90, what="the leader admits")
@@ -459,8 +576,10 @@ def test_time_aware_usage_is_kept_in_the_queue_status_and_survives_a_restart(clu
     now[0] += 3600
     first.cycle()
     # all of the cluster's GPUs for the whole hour (Queue status is written in the background, in order)
-    wait_for(lambda: ((cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("usage") or {})
-             .get("gpu", 0) > 0.9, what="an hour's usage in the queue status")
+    wait_for(
+        lambda: ((cluster.rest.get(QUEUES, None, "team-a").get("status") or {}).get("usage") or {}).get("gpu", 0) > 0.9,
+        what="an hour's usage in the queue status",
+    )
     state = cluster.rest.get(QUEUES, None, "team-a")["status"]["usageState"]
     assert state["possible"]["gpu"] > 0 and state["updatedAt"]
     cluster.stop_arbiters()

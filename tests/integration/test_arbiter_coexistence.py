@@ -38,9 +38,10 @@ def test_the_arbiter_puts_its_fence_back() -> None:
     with FakeCluster(nodes=1) as cluster:
         cluster.arbiter(ArbiterConfig(period_s=0.05))
         rule = wait_for(lambda: _get(cluster, DEVICE_TAINT_RULES, FENCE_RULE), what="the fence rule")
-        assert rule["spec"] == {"deviceSelector": {"driver": DRIVER},
-                                "taint": {"key": FENCE_TAINT, "effect": "NoSchedule",
-                                          "timeAdded": rule["spec"]["taint"]["timeAdded"]}}
+        assert rule["spec"] == {
+            "deviceSelector": {"driver": DRIVER},
+            "taint": {"key": FENCE_TAINT, "effect": "NoSchedule", "timeAdded": rule["spec"]["taint"]["timeAdded"]},
+        }
         cluster.rest.delete(DEVICE_TAINT_RULES, None, FENCE_RULE)
         wait_for(lambda: _get(cluster, DEVICE_TAINT_RULES, FENCE_RULE), timeout=30, what="the rule put back")
 
@@ -70,13 +71,24 @@ def _get(cluster: FakeCluster, resource: Any, name: str, ns: str | None = None) 
 
 def _allocated_claim(cluster: FakeCluster, ns: str, name: str, node: str, device: str) -> dict[str, Any]:
     cluster.namespace(ns)
-    claim = cluster.rest.create(RESOURCE_CLAIMS, ns, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
-    claim["status"] = {"allocation": {
-        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    claim = cluster.rest.create(
+        RESOURCE_CLAIMS,
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    }
     return cluster.rest.replace(RESOURCE_CLAIMS, claim, "status")
 
 
@@ -91,8 +103,11 @@ def test_a_device_in_two_claims_is_reported_and_the_rest_is_still_admitted() -> 
         arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05))
         arbiter.metrics = ArbiterMetrics(registry)
         cluster.gang("team", "big", "team", pods=1, gpus=8)
-        pod = wait_for(lambda: next((p for p in cluster.pods("team") if not p["spec"].get("schedulingGates")), None),
-                       timeout=60, what="the gang admitted")
+        pod = wait_for(
+            lambda: next((p for p in cluster.pods("team") if not p["spec"].get("schedulingGates")), None),
+            timeout=60,
+            what="the gang admitted",
+        )
         assert "gpu-node-1" in str(pod["spec"]["affinity"])
         arbiter.flush_events()
         events = cluster.rest._request("GET", EVENTS_PATH.format(ns="hand"))["items"]
@@ -117,8 +132,9 @@ def real_site(control_plane: Any) -> Iterator[tuple[Any, FakeCluster]]:
         cluster.close()
         coexistence.force_delete_pods(cluster.rest, ["plain", *(f"ns-q{q}" for q in range(4))])
         # the Queue CRD (and with it every Queue) goes too: the next test on this control plane starts clean
-        control_plane.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                                        "queues.scheduling.gpu-dra-agent.io")
+        control_plane.request(
+            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
+        )
         reset(control_plane, timeout=120)
 
 
@@ -142,11 +158,15 @@ def test_a_gang_is_told_on_its_podgroup_once_not_on_every_pod() -> None:
         def admitted() -> list[tuple[str, str]]:
             arbiter.flush_events()
             events = cluster.rest._request("GET", EVENTS_PATH.format(ns="team"))["items"]
-            return [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events
-                    if e["reason"] == "Admitted"]
+            return [
+                (e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events if e["reason"] == "Admitted"
+            ]
 
-        wait_for(lambda: all(not p["spec"].get("schedulingGates") for p in cluster.pods("team")), timeout=60,
-                 what="the gang admitted")
+        wait_for(
+            lambda: all(not p["spec"].get("schedulingGates") for p in cluster.pods("team")),
+            timeout=60,
+            what="the gang admitted",
+        )
         # the pods are ungated inside the commit and the Event is recorded right after it: wait for the Event,
         # then make sure it is the only one
         wait_for(admitted, timeout=30, what="an Admitted Event")

@@ -41,33 +41,63 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
 
     cp = request.getfixturevalue("control_plane")
     reset(cp)
-    real = FakeCluster(nodes=2, kubeconfig=cp.write_kubeconfig(cp.workdir / "first-available.kubeconfig"),
-                       make_node=cp.add_node)
+    real = FakeCluster(
+        nodes=2, kubeconfig=cp.write_kubeconfig(cp.workdir / "first-available.kubeconfig"), make_node=cp.add_node
+    )
     try:
         yield real
     finally:
         real.close()
         coexistence.force_delete_pods(real.rest, [NS])
-        cp.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                             "queues.scheduling.gpu-dra-agent.io")
+        cp.request(
+            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
+        )
         reset(cp, timeout=120)
 
 
 def _template(cluster: FakeCluster, name: str, subrequests: list[tuple[str, int]]) -> None:
     cluster.namespace(NS)
     with contextlib.suppress(Conflict):
-        cluster.rest.create(RESOURCE_CLAIM_TEMPLATES, NS, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "firstAvailable": [
-                {"name": sub, "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}
-                for sub, count in subrequests]}]}}}})
+        cluster.rest.create(
+            RESOURCE_CLAIM_TEMPLATES,
+            NS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpus",
+                                    "firstAvailable": [
+                                        {
+                                            "name": sub,
+                                            "deviceClassName": "gpu.nvidia.com",
+                                            "allocationMode": "ExactCount",
+                                            "count": count,
+                                        }
+                                        for sub, count in subrequests
+                                    ],
+                                }
+                            ]
+                        }
+                    }
+                },
+            },
+        )
 
 
 def _pod(cluster: FakeCluster, name: str, *, arbiter: bool) -> None:
     spec: dict[str, Any] = {
-        "containers": [{"name": "main", "image": "trainer:1",
-                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "claims": [{"name": "gpus"}]}}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "trainer:1",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "claims": [{"name": "gpus"}]},
+            }
+        ],
         "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": name}],
         "terminationGracePeriodSeconds": 0,
     }
@@ -75,8 +105,16 @@ def _pod(cluster: FakeCluster, name: str, *, arbiter: bool) -> None:
     if arbiter:
         spec["schedulingGates"] = [{"name": GATE}]
         labels[QUEUE_LABEL] = NS
-    cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod",
-                                   "metadata": {"name": name, "namespace": NS, "labels": labels}, "spec": spec})
+    cluster.rest.create(
+        PODS,
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": spec,
+        },
+    )
 
 
 def _results(cluster: FakeCluster, pod: str) -> list[str] | None:
@@ -95,22 +133,29 @@ def _run(cluster: FakeCluster, *, arbiter: bool) -> dict[str, list[str]]:
     chosen = {}
     for pod, _ in PODS_IN_ORDER:
         _pod(cluster, pod, arbiter=arbiter)
-        chosen[pod] = wait_for(lambda p=pod: _results(cluster, p), timeout=90, interval=0.2,
-                               what=f"{pod} bound with its claim allocated")
+        chosen[pod] = wait_for(
+            lambda p=pod: _results(cluster, p), timeout=90, interval=0.2, what=f"{pod} bound with its claim allocated"
+        )
     return chosen
 
 
 def test_the_arbiter_takes_the_subrequest_kube_scheduler_takes(cluster: FakeCluster) -> None:
     for pod, subrequests in PODS_IN_ORDER:
         _template(cluster, pod, subrequests)
-    expected = {"p-nine-or-one": ["gpus/one"], "p-eight-or-one": ["gpus/eight"] * 8,
-                "p-eight-or-two": ["gpus/two"] * 2}
+    expected = {"p-nine-or-one": ["gpus/one"], "p-eight-or-one": ["gpus/eight"] * 8, "p-eight-or-two": ["gpus/two"] * 2}
     assert _run(cluster, arbiter=False) == expected  # kube-scheduler's own choice
 
     coexistence.force_delete_pods(cluster.rest, [NS])  # the same empty cluster for the arbiter
-    wait_for(lambda: not cluster.rest.list(PODS, NS)["items"] and not any(
-        (c.get("status") or {}).get("allocation") for c in cluster.rest.list(RESOURCE_CLAIMS, NS)["items"]),
-        timeout=90, what="the pods gone and their claims freed")
+    wait_for(
+        lambda: (
+            not cluster.rest.list(PODS, NS)["items"]
+            and not any(
+                (c.get("status") or {}).get("allocation") for c in cluster.rest.list(RESOURCE_CLAIMS, NS)["items"]
+            )
+        ),
+        timeout=90,
+        what="the pods gone and their claims freed",
+    )
     cluster.queue(NS, gpu_quota=16)
     cluster.arbiter(ArbiterConfig(period_s=0.05))
     assert _run(cluster, arbiter=True) == expected

@@ -49,20 +49,33 @@ def served() -> Any:
 
 
 def kai_queue(name: str, **extra: Any) -> dict[str, Any]:
-    return {"apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1", "kind": "Queue", "metadata": {"name": name},
-            "spec": {"parentQueue": "root", "priority": 100, "preemptMinRuntime": "5m",
-                     "resources": {"gpu": {"quota": 8, "limit": -1, "overQuotaWeight": 1},
-                                   "cpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
-                                   "memory": {"quota": -1, "limit": -1, "overQuotaWeight": 1}}, **extra}}
+    return {
+        "apiVersion": "scheduling.gpu-dra-agent.io/v1alpha1",
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": {
+            "parentQueue": "root",
+            "priority": 100,
+            "preemptMinRuntime": "5m",
+            "resources": {
+                "gpu": {"quota": 8, "limit": -1, "overQuotaWeight": 1},
+                "cpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
+                "memory": {"quota": -1, "limit": -1, "overQuotaWeight": 1},
+            },
+            **extra,
+        },
+    }
 
 
 def test_a_kai_queue_converts_by_its_api_version_and_bad_fields_are_refused(served: Any) -> None:
     _, rest = served
     rest.create(QUEUES, None, kai_queue("team-a"))
-    rest.patch(QUEUES, None, "team-a", {"status": {"allocated": {"gpu": 4}, "fairShare": {"gpu": 8}}},
-               subresource="status")
+    rest.patch(
+        QUEUES, None, "team-a", {"status": {"allocated": {"gpu": 4}, "fairShare": {"gpu": 8}}}, subresource="status"
+    )
     assert rest.get(QUEUES, None, "team-a")["status"]["fairShare"] == {"gpu": 8}
     from agent.kube.errors import Invalid
+
     with pytest.raises(Invalid):  # tried: a quota that is not a number
         rest.create(QUEUES, None, kai_queue("bad", resources={"gpu": {"quota": "lots"}}))
 
@@ -71,11 +84,17 @@ def test_a_kai_queue_converts_by_its_api_version_and_bad_fields_are_refused(serv
 def test_kubectl_get_queues_shows_the_columns(served: Any, tmp_path: pathlib.Path) -> None:
     server, rest = served
     rest.create(QUEUES, None, kai_queue("team-a"))
-    rest.patch(QUEUES, None, "team-a", {"status": {"allocated": {"gpu": 4}, "fairShare": {"gpu": 8}}},
-               subresource="status")
+    rest.patch(
+        QUEUES, None, "team-a", {"status": {"allocated": {"gpu": 4}, "fairShare": {"gpu": 8}}}, subresource="status"
+    )
     config = server.write_kubeconfig(tmp_path / "kubeconfig")
-    out = subprocess.run(["kubectl", "--kubeconfig", str(config), "get", "queues"], capture_output=True, check=False,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["kubectl", "--kubeconfig", str(config), "get", "queues"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+    )
     if out.returncode != 0 and "the server doesn't have a resource type" in out.stderr:
         pytest.skip("this API fake serves no discovery for custom resources yet")
     assert out.returncode == 0, out.stderr
@@ -87,10 +106,19 @@ def test_kubectl_get_queues_shows_the_columns(served: Any, tmp_path: pathlib.Pat
 
 
 def rules_of(role: str) -> set[tuple[str, str, str]]:
-    (found,) = [d for name in ("arbiter.yaml",) for d in docs(name)
-                if d["kind"] in ("ClusterRole", "Role") and d["metadata"]["name"] == role]
-    return {(g, r, v) for rule in found["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]}
+    (found,) = [
+        d
+        for name in ("arbiter.yaml",)
+        for d in docs(name)
+        if d["kind"] in ("ClusterRole", "Role") and d["metadata"]["name"] == role
+    ]
+    return {
+        (g, r, v)
+        for rule in found["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
 def test_the_arbiter_rbac_is_what_it_calls() -> None:
@@ -105,18 +133,28 @@ def test_the_arbiter_rbac_is_what_it_calls() -> None:
         ("resource.k8s.io", "resourceclaims/binding", "update"),
         ("scheduling.gpu-dra-agent.io", "queues/status", "patch"),
         ("scheduling.gpu-dra-agent.io", "queues", "create"),  # the default Queue, when missing
-        ("", "events", "create"), ("", "events", "patch"),
+        ("", "events", "create"),
+        ("", "events", "patch"),
         # the fence: put back the DeviceTaintRule that keeps kube-scheduler off the driver's devices
-        ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "update"),
+        ("resource.k8s.io", "devicetaintrules", "create"),
+        ("resource.k8s.io", "devicetaintrules", "update"),
     }
     reads = {(g, r) for g, r, v in rules if v == "watch"}
-    assert reads == {("", "pods"), ("", "nodes"), ("resource.k8s.io", "resourceclaims"),
-                     ("resource.k8s.io", "resourceslices"), ("resource.k8s.io", "deviceclasses"),
-                     ("scheduling.k8s.io", "podgroups"), ("scheduling.gpu-dra-agent.io", "queues"),
-                     ("resource.k8s.io", "devicetaintrules")}
+    assert reads == {
+        ("", "pods"),
+        ("", "nodes"),
+        ("resource.k8s.io", "resourceclaims"),
+        ("resource.k8s.io", "resourceslices"),
+        ("resource.k8s.io", "deviceclasses"),
+        ("scheduling.k8s.io", "podgroups"),
+        ("scheduling.gpu-dra-agent.io", "queues"),
+        ("resource.k8s.io", "devicetaintrules"),
+    }
     assert rules_of("gpu-dra-agent-arbiter-leader") == {
-        ("coordination.k8s.io", "leases", "create"), ("coordination.k8s.io", "leases", "get"),
-        ("coordination.k8s.io", "leases", "update")}
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
 
 
 def test_the_admission_policy_gates_pods_that_name_a_queue() -> None:
@@ -129,14 +167,25 @@ def test_the_admission_policy_gates_pods_that_name_a_queue() -> None:
     assert container["command"][:3] == ["gpu-dra-agent", "arbiter", "--leader-elect"]
 
 
-@pytest.mark.parametrize(("field", "value", "valid"), [
-    ("quota", -5, False), ("quota", -0.5, False), ("quota", -1, True), ("quota", 0, True), ("quota", 2.5, True),
-    ("limit", -2, False), ("limit", -1, True), ("limit", 16, True),
-    ("overQuotaWeight", -1, False), ("overQuotaWeight", 0, True), ("overQuotaWeight", 3, True),
-])
-def test_the_queue_schema_refuses_values_that_mean_nothing(served: Any, field: str, value: float,
-                                                           valid: bool) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "valid"),
+    [
+        ("quota", -5, False),
+        ("quota", -0.5, False),
+        ("quota", -1, True),
+        ("quota", 0, True),
+        ("quota", 2.5, True),
+        ("limit", -2, False),
+        ("limit", -1, True),
+        ("limit", 16, True),
+        ("overQuotaWeight", -1, False),
+        ("overQuotaWeight", 0, True),
+        ("overQuotaWeight", 3, True),
+    ],
+)
+def test_the_queue_schema_refuses_values_that_mean_nothing(served: Any, field: str, value: float, valid: bool) -> None:
     from agent.kube.errors import Invalid
+
     _, rest = served
     for resource in ("gpu", "cpu", "memory"):
         body = kai_queue(f"q-{resource}", resources={resource: {field: value}})
@@ -168,9 +217,13 @@ def test_the_queue_schema_holds_on_the_fake_and_on_kube_apiserver(cluster: Any) 
     assert cluster.raw("POST", crds, crd).status == 201
     try:
         deadline = time.monotonic() + 30
-        while not any(c["type"] == "Established" and c["status"] == "True" for c in (
-                cluster.raw("GET", f"{crds}/{crd['metadata']['name']}").body.get("status") or {}).get(
-                "conditions") or ()):
+        while not any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (cluster.raw("GET", f"{crds}/{crd['metadata']['name']}").body.get("status") or {}).get(
+                "conditions"
+            )
+            or ()
+        ):
             assert time.monotonic() < deadline, "the CRD was not established"
             time.sleep(0.1)
         queues = "/apis/scheduling.gpu-dra-agent.io/v1alpha1/queues"
@@ -179,8 +232,13 @@ def test_the_queue_schema_holds_on_the_fake_and_on_kube_apiserver(cluster: Any) 
             time.sleep(0.1)  # kube-apiserver serves a new CRD's endpoint a moment after Established
         assert answer.status == 201, answer
         for value, status in ((-1, 201), (0, 201), (2.5, 201), (-5, 422), (-0.5, 422)):
-            answer = cluster.raw("POST", queues, kai_queue(f"q{status}-{abs(value)}".replace(".", "-"),
-                                                          resources={"gpu": {"quota": value, "limit": value}}))
+            answer = cluster.raw(
+                "POST",
+                queues,
+                kai_queue(
+                    f"q{status}-{abs(value)}".replace(".", "-"), resources={"gpu": {"quota": value, "limit": value}}
+                ),
+            )
             assert answer.status == status, (value, answer)
             if status == 422:
                 assert "spec.resources.gpu.quota" in json.dumps(answer.body)

@@ -34,33 +34,51 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
 
     cp = request.getfixturevalue("control_plane")
     reset(cp)
-    real = FakeCluster(nodes=2, kubeconfig=cp.write_kubeconfig(cp.workdir / "node-rules.kubeconfig"),
-                       make_node=cp.add_node)
+    real = FakeCluster(
+        nodes=2, kubeconfig=cp.write_kubeconfig(cp.workdir / "node-rules.kubeconfig"), make_node=cp.add_node
+    )
     try:
         yield real
     finally:
         real.close()
         coexistence.force_delete_pods(real.rest, [NS])
-        cp.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                             "queues.scheduling.gpu-dra-agent.io")
+        cp.request(
+            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
+        )
         reset(cp, timeout=120)  # the nodes too, their taints and labels with them
 
 
 def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: FakeCluster) -> None:
     # gpu-node-0, first by name and so the arbiter's pick for an empty cluster, is tainted for inference
     tainted, plain = sorted(cluster.agents)
-    cluster.rest.patch(NODES, None, tainted, {"metadata": {"labels": {"zone": "a"}}, "spec": {"taints": [DEDICATED]}},
-                       content_type=STRATEGIC_MERGE_PATCH)
-    cluster.rest.patch(NODES, None, plain, {"metadata": {"labels": {"zone": "b"}}},
-                       content_type=STRATEGIC_MERGE_PATCH)
+    cluster.rest.patch(
+        NODES,
+        None,
+        tainted,
+        {"metadata": {"labels": {"zone": "a"}}, "spec": {"taints": [DEDICATED]}},
+        content_type=STRATEGIC_MERGE_PATCH,
+    )
+    cluster.rest.patch(NODES, None, plain, {"metadata": {"labels": {"zone": "b"}}}, content_type=STRATEGIC_MERGE_PATCH)
     cluster.queue(NS, gpu_quota=16)
     cluster.gang(NS, "training", NS, pods=2, gpus=1)  # tolerates nothing: only the untainted node
-    cluster.pod(NS, "inference", NS, 1, spec_extra={  # zone a, and tolerating its taint: only the tainted node
-        "nodeSelector": {"zone": "a"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]})
+    cluster.pod(
+        NS,
+        "inference",
+        NS,
+        1,
+        spec_extra={  # zone a, and tolerating its taint: only the tainted node
+            "nodeSelector": {"zone": "a"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        },
+    )
     cluster.pod(NS, "nowhere", NS, 1, spec_extra={"nodeSelector": {"zone": "c"}})  # no node has zone c
     # claims made first: a cycle before that tells "waiting for the ResourceClaims" too, before the node reason
-    wait_for(lambda: all((p.get("status") or {}).get("resourceClaimStatuses") for p in cluster.pods(NS)),
-             timeout=30, interval=0.05, what="the pods' claims made from their templates")
+    wait_for(
+        lambda: all((p.get("status") or {}).get("resourceClaimStatuses") for p in cluster.pods(NS)),
+        timeout=30,
+        interval=0.05,
+        what="the pods' claims made from their templates",
+    )
     arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05))
 
     def bound() -> dict[str, str] | None:
@@ -78,21 +96,42 @@ def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: F
         return [e["message"] for e in events if e["involvedObject"]["name"] == "nowhere" and e["reason"] == "Waiting"]
 
     assert wait_for(told, timeout=30, what="why it waits, told") == [
-        "no node may run nowhere: 0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."]
+        "no node may run nowhere: 0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+    ]
 
 
 def test_a_pod_asking_an_extended_resource_goes_where_a_node_has_it(cluster: FakeCluster) -> None:
     # gpu-node-1 alone has the fabric, room for one pod of it; gpu-node-0, first by name, has none
     _, second = sorted(cluster.agents)
-    cluster.rest.patch(NODES, None, second, {"status": {"capacity": {"example.com/ib": "1"},
-                                                        "allocatable": {"example.com/ib": "1"}}},
-                       content_type=STRATEGIC_MERGE_PATCH, subresource="status")
+    cluster.rest.patch(
+        NODES,
+        None,
+        second,
+        {"status": {"capacity": {"example.com/ib": "1"}, "allocatable": {"example.com/ib": "1"}}},
+        content_type=STRATEGIC_MERGE_PATCH,
+        subresource="status",
+    )
     cluster.queue(NS, gpu_quota=16)
     for name in ("fabric-0", "fabric-1"):
-        cluster.pod(NS, name, NS, 1, spec_extra={"containers": [{
-            "name": "main", "image": "trainer:1", "resources": {
-                "requests": {"cpu": "4", "memory": "16Gi", "example.com/ib": "1"},
-                "limits": {"example.com/ib": "1"}, "claims": [{"name": "gpus"}]}}]})
+        cluster.pod(
+            NS,
+            name,
+            NS,
+            1,
+            spec_extra={
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "trainer:1",
+                        "resources": {
+                            "requests": {"cpu": "4", "memory": "16Gi", "example.com/ib": "1"},
+                            "limits": {"example.com/ib": "1"},
+                            "claims": [{"name": "gpus"}],
+                        },
+                    }
+                ]
+            },
+        )
     cluster.arbiter(ArbiterConfig(period_s=0.05))
 
     def bound() -> list[tuple[str, str]] | None:
@@ -115,29 +154,60 @@ def test_an_admitted_pod_kube_scheduler_will_not_bind_is_reported_in_its_words(c
     from tests.controlplane.cluster import reset
 
     reset(control_plane)
-    cluster = FakeCluster(nodes=1, kubeconfig=control_plane.write_kubeconfig(control_plane.workdir / "unbindable.kc"),
-                          make_node=control_plane.add_node)
+    cluster = FakeCluster(
+        nodes=1,
+        kubeconfig=control_plane.write_kubeconfig(control_plane.workdir / "unbindable.kc"),
+        make_node=control_plane.add_node,
+    )
     try:
         (node,) = cluster.agents
-        cluster.rest.patch(NODES, None, node, {"metadata": {"labels": {"kubernetes.io/hostname": node}}},
-                           content_type=STRATEGIC_MERGE_PATCH)
+        cluster.rest.patch(
+            NODES,
+            None,
+            node,
+            {"metadata": {"labels": {"kubernetes.io/hostname": node}}},
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
         cluster.namespace(NS)
-        cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod",
-                                       "metadata": {"name": "web", "namespace": NS, "labels": {"app": "web"}},
-                                       "spec": {"containers": [{"name": "main", "image": "web:1"}]}})
-        wait_for(lambda: cluster.rest.get(PODS, NS, "web")["spec"].get("nodeName"), timeout=60,
-                 what="the web pod bound by kube-scheduler")
+        cluster.rest.create(
+            PODS,
+            NS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "web", "namespace": NS, "labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "main", "image": "web:1"}]},
+            },
+        )
+        wait_for(
+            lambda: cluster.rest.get(PODS, NS, "web")["spec"].get("nodeName"),
+            timeout=60,
+            what="the web pod bound by kube-scheduler",
+        )
         cluster.queue(NS, gpu_quota=8)
-        cluster.pod(NS, "apart", NS, 1, spec_extra={"affinity": {"podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [{
-                "labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}})
+        cluster.pod(
+            NS,
+            "apart",
+            NS,
+            1,
+            spec_extra={
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}
+                        ]
+                    }
+                }
+            },
+        )
         arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05, unbindable_after_s=0))
 
         def told() -> list[str]:
             arbiter.flush_events()
             events = cluster.rest._request("GET", f"/api/v1/namespaces/{NS}/events")["items"]
-            return [e["message"] for e in events
-                    if e["involvedObject"]["name"] == "apart" and e["reason"] == "Unbindable"]
+            return [
+                e["message"] for e in events if e["involvedObject"]["name"] == "apart" and e["reason"] == "Unbindable"
+            ]
 
         (message,) = wait_for(told, timeout=120, interval=0.2, what="the refusal told")
         assert message.startswith(f"kube-scheduler does not bind this pod to {node}, where the arbiter admitted it")
@@ -146,6 +216,7 @@ def test_an_admitted_pod_kube_scheduler_will_not_bind_is_reported_in_its_words(c
     finally:
         cluster.close()
         coexistence.force_delete_pods(cluster.rest, [NS])
-        control_plane.request("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                                        "queues.scheduling.gpu-dra-agent.io")
+        control_plane.request(
+            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
+        )
         reset(control_plane, timeout=120)

@@ -37,17 +37,48 @@ def cluster() -> Iterator[FakeCluster]:
 
 def share_pod(cluster: FakeCluster, name: str, memory: str = "8Gi") -> None:
     cluster.namespace(NS)
-    cluster.rest.create(RESOURCE_CLAIMS, NS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": memory}}}}]}},
-    })
-    cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": name, "namespace": NS, "labels": {QUEUE_LABEL: "serving"}}, "spec": {
-        "schedulingGates": [{"name": GATE}],
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-        "containers": [{"name": "main", "image": "server:1", "resources": {
-            "requests": {"cpu": "1", "memory": "4Gi"}, "claims": [{"name": "gpu"}]}}]}})
+    cluster.rest.create(
+        RESOURCE_CLAIMS,
+        NS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "gpu.nvidia.com",
+                                "capacity": {"requests": {"memory": memory}},
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    cluster.rest.create(
+        PODS,
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {QUEUE_LABEL: "serving"}},
+            "spec": {
+                "schedulingGates": [{"name": GATE}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "server:1",
+                        "resources": {"requests": {"cpu": "1", "memory": "4Gi"}, "claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        },
+    )
 
 
 def bound(cluster: FakeCluster, names: list[str]) -> list[dict[str, Any]] | None:
@@ -61,7 +92,8 @@ def results(cluster: FakeCluster, name: str) -> list[dict[str, Any]]:
 
 
 def test_gated_share_claims_of_a_queue_are_admitted_onto_one_gpu_and_prepared(
-        cluster: FakeCluster, tmp_path: pathlib.Path) -> None:
+    cluster: FakeCluster, tmp_path: pathlib.Path
+) -> None:
     names = [f"llm-{i}" for i in range(9)]
     for name in names:
         share_pod(cluster, name)
@@ -83,8 +115,9 @@ def test_gated_share_claims_of_a_queue_are_admitted_onto_one_gpu_and_prepared(
 
     # the queue counts the nine and the tenth as the fractions they are: 80/79.6, not ten GPUs
     def allocated() -> float:
-        return float(((cluster.rest.get(QUEUES, None, "serving").get("status") or {}).get("allocated") or {}).get(
-            "gpu", 0))
+        return float(
+            ((cluster.rest.get(QUEUES, None, "serving").get("status") or {}).get("allocated") or {}).get("gpu", 0)
+        )
 
     wait_for(lambda: allocated() == pytest.approx(1.004, abs=0.001), timeout=30, what="the queue's status")
 

@@ -33,8 +33,11 @@ def _conditions(cluster: FakeCluster, name: str) -> dict[str, dict[str, Any]]:
 
 
 def _gated(cluster: FakeCluster) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in cluster.pods()
-                  if any(g.get("name") == GATE for g in p["spec"].get("schedulingGates") or ()))
+    return sorted(
+        p["metadata"]["name"]
+        for p in cluster.pods()
+        if any(g.get("name") == GATE for g in p["spec"].get("schedulingGates") or ())
+    )
 
 
 def test_a_child_queue_under_a_leaf_with_pending_pods_is_told_on_both_queues(cluster: FakeCluster) -> None:
@@ -44,9 +47,11 @@ def test_a_child_queue_under_a_leaf_with_pending_pods_is_told_on_both_queues(clu
     arbiter = cluster.arbiter(ArbiterConfig(period_s=0.2, status_period_s=0.0), start=False)
     report = wait_for(lambda: (r := arbiter.cycle()).waiting.get(f"{NS}/pod/p3") and r, what="the pods weighed")
     assert report.admitted == [] and _gated(cluster) == ["p1", "p2", "p3"]  # KAI: they stay where they are
-    assert report.waiting[f"{NS}/pod/p1"] == ("queue good is a parent queue (of bad); only leaf queues take pods: "
-                                              "the gang waits until it names a leaf queue or good has no child "
-                                              "queue again")
+    assert report.waiting[f"{NS}/pod/p1"] == (
+        "queue good is a parent queue (of bad); only leaf queues take pods: "
+        "the gang waits until it names a leaf queue or good has no child "
+        "queue again"
+    )
     good = wait_for(lambda: _conditions(cluster, "good").get("PodsStranded"), what="the former leaf's condition")
     assert (good["status"], good["reason"]) == ("True", "ParentQueueHasPods")
     assert good["message"].startswith("3 pending pod(s) name queue good, a parent queue since bad named it")
@@ -57,5 +62,4 @@ def test_a_child_queue_under_a_leaf_with_pending_pods_is_told_on_both_queues(clu
 
     cluster.rest.delete(QUEUES, None, "bad")  # good is a leaf again: its pods are admitted, the condition goes
     wait_for(lambda: arbiter.cycle().admitted and not _gated(cluster), what="the pods admitted")
-    wait_for(lambda: (arbiter.cycle() and "PodsStranded" not in _conditions(cluster, "good")),
-             what="the condition gone")
+    wait_for(lambda: arbiter.cycle() and "PodsStranded" not in _conditions(cluster, "good"), what="the condition gone")

@@ -74,9 +74,27 @@ def rootfs(tmp_path: pathlib.Path) -> pathlib.Path:
 def engine_runs(podman: str, rootfs: pathlib.Path) -> None:
     """Skip, saying why, where podman cannot run any container here (cgroups, storage): the machine's limit,
     not what these tests check."""
-    done = subprocess.run([podman, "--runtime", "runc", "run", "--rm", "--network", "none", *LIMITS,
-                           "--rootfs", str(rootfs), "/bin/sh", "-c", "true"],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [
+            podman,
+            "--runtime",
+            "runc",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            *LIMITS,
+            "--rootfs",
+            str(rootfs),
+            "/bin/sh",
+            "-c",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"podman cannot run a plain container here: {done.stderr.strip()[-300:]}")
 
@@ -85,9 +103,16 @@ def prepare(tmp_path: pathlib.Path, server: fakes.apiserver.ApiServer, hook: str
     """Prepare a one-GPU claim with the agent on a fake driver root; its CDI device id and written spec."""
     driver_root = tmp_path / "driver-root"
     install_driver_root(driver_root)
-    config = NodeConfig(NODE, DRIVER, tmp_path / "kubelet", tmp_path / "cdi", tmp_path / "state",
-                        driver_root=driver_root, host_driver_root=str(driver_root),
-                        nvidia_cdi_hook_path=hook)  # fmt: skip
+    config = NodeConfig(
+        NODE,
+        DRIVER,
+        tmp_path / "kubelet",
+        tmp_path / "cdi",
+        tmp_path / "state",
+        driver_root=driver_root,
+        host_driver_root=str(driver_root),
+        nvidia_cdi_hook_path=hook,
+    )
     api = server.api_client()
     ref = allocate_claim(api, f"ctr-{uuid.uuid4().hex[:8]}", ["gpu-0"])
     with open_nvml(MACHINE) as nvml:
@@ -116,10 +141,28 @@ def run(podman: str, rootfs: pathlib.Path, device_id: str, spec: dict[str, Any],
     path.write_text(json.dumps(copy))  # as the agent writes it: podman's CDI library reads the .json file
     try:
         done = subprocess.run(
-            [podman, "--runtime", "runc", "run", "--rm", "--network", "none", *LIMITS, "--device", device_id,
-             "--rootfs", str(rootfs), "/bin/sh", "-c", script],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [
+                podman,
+                "--runtime",
+                "runc",
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                *LIMITS,
+                "--device",
+                device_id,
+                "--rootfs",
+                str(rootfs),
+                "/bin/sh",
+                "-c",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     finally:
         path.unlink(missing_ok=True)
     assert done.returncode == 0, f"podman failed ({done.returncode}):\n{done.stderr}\n{done.stdout}"
@@ -133,11 +176,19 @@ def test_without_the_hook_the_container_sees_the_libraries_and_its_ldconfig_find
     engine_runs(podman, rootfs)
     device_id, spec = prepare(tmp_path, server, hook=None)
     assert "hooks" not in spec["containerEdits"]
-    lib_dir = next(m["containerPath"] for m in spec["containerEdits"]["mounts"]
-                   if m["containerPath"].endswith(f"/libcuda.so.{VERSION}")).rsplit("/", 1)[0]  # fmt: skip
-    out = run(podman, rootfs, device_id, spec,
-              f"echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; ls {lib_dir}; ls /usr/bin /dev;"
-              " ldconfig -p | grep -c nv || true; ldconfig; ldconfig -p")  # fmt: skip
+    lib_dir = next(
+        m["containerPath"]
+        for m in spec["containerEdits"]["mounts"]
+        if m["containerPath"].endswith(f"/libcuda.so.{VERSION}")
+    ).rsplit("/", 1)[0]
+    out = run(
+        podman,
+        rootfs,
+        device_id,
+        spec,
+        f"echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; ls {lib_dir}; ls /usr/bin /dev;"
+        " ldconfig -p | grep -c nv || true; ldconfig; ldconfig -p",
+    )
     listed = out.split()
     assert "VISIBLE=void" in listed
     assert f"libcuda.so.{VERSION}" in listed and f"libnvidia-ml.so.{VERSION}" in listed
@@ -162,8 +213,11 @@ def test_with_nvidia_cdi_hook_the_spec_alone_makes_libcuda_resolvable(
         pytest.skip(str(exc))
     device_id, spec = prepare(tmp_path, server, hook=hook)
     assert [h["args"][1] for h in spec["containerEdits"]["hooks"]] == [
-        "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"
-    ]  # fmt: skip
+        "create-symlinks",
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
+    ]
     lib_dir = spec["containerEdits"]["hooks"][2]["args"][3]
     script = f"ldconfig -p; readlink {lib_dir}/libcuda.so; readlink {lib_dir}/libcuda.so.1"
     out = run(podman, rootfs, device_id, spec, script)
@@ -207,11 +261,22 @@ def test_each_requests_containers_get_only_that_requests_sharing_edits(
     engine_runs(podman, rootfs)
     monkeypatch.setenv(persist.ENV, str(tmp_path / "gpus.json"))  # the fake binaries share the fake GPUs
     driver_root = install_driver_root(tmp_path / "driver-root").parents[1]
-    config = NodeConfig(NODE, DRIVER, tmp_path / "kubelet", tmp_path / "cdi", tmp_path / "state",
-                        driver_root=driver_root, host_driver_root=str(driver_root))  # fmt: skip
+    config = NodeConfig(
+        NODE,
+        DRIVER,
+        tmp_path / "kubelet",
+        tmp_path / "cdi",
+        tmp_path / "state",
+        driver_root=driver_root,
+        host_driver_root=str(driver_root),
+    )
     api = server.api_client()
-    ref = allocate_requests(api, f"ts-mps-{uuid.uuid4().hex[:8]}", {"r0": "gpu-0", "r1": "gpu-1"}, [
-        {"strategy": "MPS"}, {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}])
+    ref = allocate_requests(
+        api,
+        f"ts-mps-{uuid.uuid4().hex[:8]}",
+        {"r0": "gpu-0", "r1": "gpu-1"},
+        [{"strategy": "MPS"}, {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}],
+    )
     with open_nvml(MACHINE) as nvml:
         agent = NodeAgent(config, nvml, rest=server.rest())
         result = agent.preparer.prepare([ref])[ref.uid]
@@ -237,16 +302,32 @@ def allocate_requests(api: Any, name: str, devices: dict[str, str], sharing: lis
 
     resource = client.ResourceV1Api(api)
     requests = [{"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in devices]
-    created = resource.create_namespaced_resource_claim("default", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "spec": {"devices": {"requests": requests}}})  # fmt: skip
+    created = resource.create_namespaced_resource_claim(
+        "default",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": requests}},
+        },
+    )
     body = api.sanitize_for_serialization(created)
-    configs = [{"source": "FromClaim", "requests": [r], "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": s}}} for r, s in zip(devices, sharing, strict=True)]
+    configs = [
+        {
+            "source": "FromClaim",
+            "requests": [r],
+            "opaque": {"driver": DRIVER, "parameters": {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": s}},
+        }
+        for r, s in zip(devices, sharing, strict=True)
+    ]
     results = [{"request": r, "driver": DRIVER, "pool": NODE, "device": d} for r, d in devices.items()]
-    body["status"] = {"allocation": {
-        "devices": {"results": results, "config": configs},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}  # fmt: skip
+    body["status"] = {
+        "allocation": {
+            "devices": {"results": results, "config": configs},
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
+            },
+        }
+    }
     resource.replace_namespaced_resource_claim_status(name, "default", body)
     return ClaimRef("default", created.metadata.uid, name)

@@ -29,31 +29,60 @@ POLICY = DAEMONSET / "base" / "claim-config-policy.yaml"
 NVIDIA_STYLE: list[dict[str, Any]] = [
     {"apiVersion": API_VERSION, "kind": "GpuConfig"},
     {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}},
-    {"apiVersion": API_VERSION, "kind": "GpuConfig",
-     "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
-    {"apiVersion": API_VERSION, "kind": "GpuConfig",
-     "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                                                  "defaultPinnedDeviceMemoryLimit": "10Gi",
-                                                  "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi", "GPU-1a": 1024}}}},
+    {
+        "apiVersion": API_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    },
+    {
+        "apiVersion": API_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi", "GPU-1a": 1024},
+            },
+        },
+    },
     {"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
     {"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}},
-]  # fmt: skip
+]
 
 
 def kubectl(config: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     assert KUBECTL is not None
-    return subprocess.run([KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-                          input=stdin, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def claim(name: str, parameters: Any, template: bool = False) -> dict[str, Any]:
-    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
-                        "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}]}}
+    spec = {
+        "devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}],
+        }
+    }
     if template:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name, "namespace": "default"}, "spec": {"spec": spec}}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"}, "spec": spec}  # fmt: skip
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"spec": spec},
+        }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }
 
 
 def node_says(parameters: Any) -> str:
@@ -97,8 +126,7 @@ def refusals(stderr: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("template", [False, True], ids=["claim", "template"])
-def test_each_config_the_node_refuses_is_refused_at_create_with_its_words(kubeconfig: Path,
-                                                                         template: bool) -> None:
+def test_each_config_the_node_refuses_is_refused_at_create_with_its_words(kubeconfig: Path, template: bool) -> None:
     kind = "resourceclaimtemplates" if template else "resourceclaims"
     bad = {f"bad-{i}": params for i, (params, _) in enumerate(BAD_CONFIGS) if isinstance(params, dict)}
     done = apply(kubeconfig, [claim(name, params, template) for name, params in bad.items()])
@@ -111,8 +139,12 @@ def test_each_config_the_node_refuses_is_refused_at_create_with_its_words(kubeco
 
 
 def test_good_configs_pass(kubeconfig: Path) -> None:
-    examples = [d for p in sorted((DAEMONSET / "examples").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
-                if d and d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")]
+    examples = [
+        d
+        for p in sorted((DAEMONSET / "examples").glob("*.yaml"))
+        for d in yaml.safe_load_all(p.read_text())
+        if d and d["kind"] in ("ResourceClaim", "ResourceClaimTemplate")
+    ]
     assert any("config" in d["spec"]["spec"]["devices"] for d in examples)  # the examples do have configs
     for i, params in enumerate(NVIDIA_STYLE):
         parse_config(params)  # the node takes each

@@ -91,8 +91,10 @@ def check_converged(root: pathlib.Path) -> None:
         spec = yaml.safe_load((root / "cdi" / cdi.spec_file_name(uid)).read_text())
         names = [i.split("=", 1)[1] for d in cp.claims[uid].devices for i in d.cdi_device_ids]
         assert [d["name"] for d in spec["devices"]] == names
-        assert all(n == cdi.cdi_name(uid, d.device_name, d.share_id) for n, d in zip(names, cp.claims[uid].devices,
-                                                                                      strict=True))
+        assert all(
+            n == cdi.cdi_name(uid, d.device_name, d.share_id)
+            for n, d in zip(names, cp.claims[uid].devices, strict=True)
+        )
     for uid, what in last_journal_state(root).items():
         if what == "prepared":
             assert uid in states, f"{uid} was prepared before the kill and is lost"
@@ -103,11 +105,16 @@ def check_converged(root: pathlib.Path) -> None:
 def shared_claim(ref: ClaimRef) -> dict[str, object]:
     """A share of gpu-0 (10Gi of it), as kube-scheduler allocates consumable capacity."""
     body = claim(ref.uid, [], name=ref.name, namespace=ref.namespace)
-    body["status"]["allocation"]["devices"]["results"] = [{
-        "request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0",
-        "shareID": str(uuid.uuid5(uuid.NAMESPACE_OID, ref.uid)),
-        "consumedCapacity": {"memory": "10Gi"},
-    }]
+    body["status"]["allocation"]["devices"]["results"] = [
+        {
+            "request": "gpu",
+            "driver": DRIVER,
+            "pool": NODE,
+            "device": "gpu-0",
+            "shareID": str(uuid.uuid5(uuid.NAMESPACE_OID, ref.uid)),
+            "consumedCapacity": {"memory": "10Gi"},
+        }
+    ]
     return body
 
 

@@ -40,11 +40,26 @@ hostile = st.one_of(
 )
 uids = st.one_of(st.sampled_from(["uid-1", "uid-2", "uid-3"]), hostile)
 devices = st.one_of(
-    st.sampled_from(["gpu-0", "gpu-1", "gpu-01", "gpu-001", "gpu-3", "gpu-4", "gpu-9", "gpu--1", "GPU-0",
-                     "gpu-4-mig-1g10gb-19-0", "gpu-4-mig-1g10gb-19-00", "gpu-4-mig-1g10gb-19-1",
-                     "gpu-0-mig-1g10gb-19-0", "gpu-4-mig-7g80gb-0-0"]),
+    st.sampled_from(
+        [
+            "gpu-0",
+            "gpu-1",
+            "gpu-01",
+            "gpu-001",
+            "gpu-3",
+            "gpu-4",
+            "gpu-9",
+            "gpu--1",
+            "GPU-0",
+            "gpu-4-mig-1g10gb-19-0",
+            "gpu-4-mig-1g10gb-19-00",
+            "gpu-4-mig-1g10gb-19-1",
+            "gpu-0-mig-1g10gb-19-0",
+            "gpu-4-mig-7g80gb-0-0",
+        ]
+    ),
     hostile,
-)  # fmt: skip
+)
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=10)),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
@@ -54,53 +69,79 @@ sharing = st.one_of(
     st.fixed_dictionaries({"strategy": st.sampled_from(["TimeSlicing", "MPS", "None", ""])}),
     st.fixed_dictionaries(
         {"strategy": st.just("MPS")},
-        optional={"mpsConfig": st.dictionaries(
-            st.sampled_from(["defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit",
-                             "defaultPerDevicePinnedMemoryLimit", "bogus"]),
-            st.one_of(json_values, st.dictionaries(st.one_of(st.sampled_from(["0", "1", "\u00b2", "GPU-x"]),
-                                                             st.text(max_size=5)),
-                                                   st.one_of(st.sampled_from(["1Gi", "9" * 500]), json_values),
-                                                   max_size=2)),
-            max_size=3)},
+        optional={
+            "mpsConfig": st.dictionaries(
+                st.sampled_from(
+                    [
+                        "defaultActiveThreadPercentage",
+                        "defaultPinnedDeviceMemoryLimit",
+                        "defaultPerDevicePinnedMemoryLimit",
+                        "bogus",
+                    ]
+                ),
+                st.one_of(
+                    json_values,
+                    st.dictionaries(
+                        st.one_of(st.sampled_from(["0", "1", "\u00b2", "GPU-x"]), st.text(max_size=5)),
+                        st.one_of(st.sampled_from(["1Gi", "9" * 500]), json_values),
+                        max_size=2,
+                    ),
+                ),
+                max_size=3,
+            )
+        },
     ),
     json_values,
-)  # fmt: skip
+)
 parameters = st.one_of(
     st.fixed_dictionaries(
-        {"apiVersion": st.sampled_from([API_VERSION, "v1"]),
-         "kind": st.sampled_from(["GpuConfig", "MigDeviceConfig", "X"])},
+        {
+            "apiVersion": st.sampled_from([API_VERSION, "v1"]),
+            "kind": st.sampled_from(["GpuConfig", "MigDeviceConfig", "X"]),
+        },
         optional={"sharing": sharing},
     ),
     json_values,
-)  # fmt: skip
+)
 configs = st.lists(
     st.one_of(
         st.fixed_dictionaries(
-            {"opaque": st.fixed_dictionaries({"driver": st.sampled_from([DRIVER, "other.example.com"]),
-                                              "parameters": parameters})},
-            optional={"source": st.sampled_from(["FromClaim", "FromClass", "Nowhere"]),
-                      "requests": st.one_of(st.lists(st.sampled_from(["gpu", "r"]), max_size=2), json_values)},
+            {
+                "opaque": st.fixed_dictionaries(
+                    {"driver": st.sampled_from([DRIVER, "other.example.com"]), "parameters": parameters}
+                )
+            },
+            optional={
+                "source": st.sampled_from(["FromClaim", "FromClass", "Nowhere"]),
+                "requests": st.one_of(st.lists(st.sampled_from(["gpu", "r"]), max_size=2), json_values),
+            },
         ),
         json_values,
     ),
     max_size=2,
-)  # fmt: skip
+)
 results = st.lists(
     st.fixed_dictionaries(
-        {"request": st.sampled_from(["gpu", "r", "gpu/sub"]), "device": devices,
-         "driver": st.sampled_from([DRIVER, DRIVER, "other.example.com"]),
-         "pool": st.sampled_from([NODE, NODE, "node-b"])},
+        {
+            "request": st.sampled_from(["gpu", "r", "gpu/sub"]),
+            "device": devices,
+            "driver": st.sampled_from([DRIVER, DRIVER, "other.example.com"]),
+            "pool": st.sampled_from([NODE, NODE, "node-b"]),
+        },
         optional={"adminAccess": st.booleans(), "shareID": st.sampled_from(["", "s1", "s2"])},
     ),
     max_size=3,
-)  # fmt: skip
+)
 
 
 @st.composite
 def claims(draw: st.DrawFn) -> tuple[pb.Claim, dict[str, Any] | None]:
     """A claim as the kubelet names it, and the ResourceClaim the API holds for it (None: not found)."""
-    ref = pb.Claim(namespace=draw(st.one_of(st.just("default"), hostile)), uid=draw(uids),
-                   name=draw(st.one_of(st.sampled_from(["c1", "c2"]), hostile)))  # fmt: skip
+    ref = pb.Claim(
+        namespace=draw(st.one_of(st.just("default"), hostile)),
+        uid=draw(uids),
+        name=draw(st.one_of(st.sampled_from(["c1", "c2"]), hostile)),
+    )
     kind = draw(st.sampled_from(["allocated", "allocated", "other uid", "unallocated", "missing", "garbage"]))
     if kind == "missing":
         return ref, None
@@ -121,8 +162,13 @@ def files_under(root: Path) -> set[Path]:
 @settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
-@given(st.lists(st.tuples(st.sampled_from(["prepare", "unprepare"]), st.lists(claims(), min_size=1, max_size=4)),
-                min_size=1, max_size=4))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["prepare", "unprepare"]), st.lists(claims(), min_size=1, max_size=4)),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_hostile_prepare_and_unprepare_requests_stay_per_claim(
     calls: list[tuple[str, list[tuple[pb.Claim, dict[str, Any] | None]]]],
 ) -> None:
@@ -145,8 +191,13 @@ def test_hostile_prepare_and_unprepare_requests_stay_per_claim(
                 if method == "prepare" and not entry.error:
                     assert entry.devices, f"claim {ref.uid!r} prepared with no device"
             _check_no_device_prepared_twice(root / "state")
-            stray = {p for p in files_under(root) if not p.is_relative_to(root / "cdi")
-                     and not p.is_relative_to(root / "state") and not p.is_relative_to(root / "kubelet")}  # fmt: skip
+            stray = {
+                p
+                for p in files_under(root)
+                if not p.is_relative_to(root / "cdi")
+                and not p.is_relative_to(root / "state")
+                and not p.is_relative_to(root / "kubelet")
+            }
             assert stray == set(), f"files outside the CDI root and state dir: {stray}"
             assert files_under(root.parent / f"{root.name}-outside") == outside_before
             for path in files_under(root / "cdi"):

@@ -28,8 +28,15 @@ def driver_root(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "NODE_NAME", "NVML")}
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], env={**base, **(env or {})}, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args],
+        env={**base, **(env or {})},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def one_line(done: subprocess.CompletedProcess[str], code: int, command: str, *words: str) -> str:
@@ -44,19 +51,42 @@ def one_line(done: subprocess.CompletedProcess[str], code: int, command: str, *w
 
 
 def test_node_with_an_unknown_nvml_is_a_bad_setting(tmp_path: pathlib.Path, driver_root: pathlib.Path) -> None:
-    done = cli("node", "--node-name", "n", "--nvml", "bogus", "--kubeconfig", str(tmp_path / "k"),
-               "--driver-root", str(driver_root))
+    done = cli(
+        "node",
+        "--node-name",
+        "n",
+        "--nvml",
+        "bogus",
+        "--kubeconfig",
+        str(tmp_path / "k"),
+        "--driver-root",
+        str(driver_root),
+    )
     one_line(done, 2, "node", "bogus")
 
 
 @pytest.mark.parametrize("command", ["node", "arbiter"])
-def test_a_missing_kubeconfig_is_a_bad_setting_for_both_daemons(command: str, tmp_path: pathlib.Path,
-                                                                driver_root: pathlib.Path) -> None:
+def test_a_missing_kubeconfig_is_a_bad_setting_for_both_daemons(
+    command: str, tmp_path: pathlib.Path, driver_root: pathlib.Path
+) -> None:
     token = tmp_path / "token"
     token.write_text("t" * 32)
-    extra = ["--node-name", "n", "--nvml", "fake:dgx-h100", "--state-dir", str(tmp_path / "s"),
-             "--cdi-root", str(tmp_path / "c"), "--kubelet-root", str(tmp_path / "k"),
-             "--metrics-addr", "", "--driver-root", str(driver_root)]
+    extra = [
+        "--node-name",
+        "n",
+        "--nvml",
+        "fake:dgx-h100",
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--cdi-root",
+        str(tmp_path / "c"),
+        "--kubelet-root",
+        str(tmp_path / "k"),
+        "--metrics-addr",
+        "",
+        "--driver-root",
+        str(driver_root),
+    ]
     if command == "arbiter":
         extra = ["--reservation-token-file", str(token)]
     done = cli(command, "--kubeconfig", str(tmp_path / "missing"), *extra)
@@ -68,11 +98,14 @@ def test_replay_trace_errors_carry_the_prefix(tmp_path: pathlib.Path) -> None:
     one_line(done, 2, "replay-trace", "--seeds")
 
 
-@pytest.mark.parametrize(("variable", "value", "flag"), [
-    ("RESYNC_INTERVAL", "soon", "--resync-interval"),
-    ("PARTITIONABLE_DEVICES", "maybe", "--partitionable-devices"),
-    ("HEALTH_EVENTS", "yes please", "--health-events"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value", "flag"),
+    [
+        ("RESYNC_INTERVAL", "soon", "--resync-interval"),
+        ("PARTITIONABLE_DEVICES", "maybe", "--partitionable-devices"),
+        ("HEALTH_EVENTS", "yes please", "--health-events"),
+    ],
+)
 def test_a_bad_environment_value_names_the_variable_and_the_flag(variable: str, value: str, flag: str) -> None:
     done = cli("node", "--node-name", "n", env={variable: value})
     line = one_line(done, 2, "node", variable, flag, repr(value))
@@ -88,8 +121,9 @@ def parsed(module: object, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
 
 
 def test_environment_fallbacks_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = parsed(node, {"RESYNC_INTERVAL": "7.5", "PARTITIONABLE_DEVICES": "1", "MIG_RECONFIGURE": "FALSE"},
-                  monkeypatch)
+    args = parsed(
+        node, {"RESYNC_INTERVAL": "7.5", "PARTITIONABLE_DEVICES": "1", "MIG_RECONFIGURE": "FALSE"}, monkeypatch
+    )
     assert (args.resync_interval, args.partitionable_devices, args.mig_reconfigure) == (7.5, True, False)
     flagged = parsed(node, {"PARTITIONABLE_DEVICES": "true"}, monkeypatch, "--no-partitionable-devices")
     assert flagged.partitionable_devices is False  # the flag wins over the environment
@@ -112,8 +146,12 @@ def test_help_shows_every_flags_variable_and_default(module: object) -> None:
 
 
 def test_output_into_a_closed_pipe_ends_quietly() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "inventory", "--nvml", "fake:dgx-h100", "--output",
-                             "json"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "inventory", "--nvml", "fake:dgx-h100", "--output", "json"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first write, as `| head` is after its lines
     err = proc.stderr.read().decode()

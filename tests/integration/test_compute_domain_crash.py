@@ -50,21 +50,57 @@ def _setup(rest: Rest, mode: str) -> ClaimRef:
     wait_for(lambda: _served(rest), timeout=30, what="the CRD")
     rest.create(NODES, None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     rest.create(NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    domain = rest.create(COMPUTE_DOMAINS, NS, {
-        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain", "metadata": {"name": "job"},
-        "spec": {"numNodes": 1, "channel": {"allocationMode": mode, "resourceClaimTemplate": {"name": "job"}}}})
-    claim = rest.create(RESOURCE_CLAIMS, NS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "job-channel"},
-        "spec": {"devices": {"requests": [{"name": "channel", "exactly": {
-            "deviceClassName": "compute-domain-default-channel.nvidia.com"}}]}}})
-    claim["status"] = {"allocation": {
-        "devices": {
-            "results": [{"request": "channel", "driver": DRIVER, "pool": NODE, "device": "channel-0"}],
-            "config": [{"source": "FromClaim", "requests": ["channel"], "opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
-                "domainID": domain["metadata"]["uid"], "allocationMode": mode}}}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}
+    domain = rest.create(
+        COMPUTE_DOMAINS,
+        NS,
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomain",
+            "metadata": {"name": "job"},
+            "spec": {"numNodes": 1, "channel": {"allocationMode": mode, "resourceClaimTemplate": {"name": "job"}}},
+        },
+    )
+    claim = rest.create(
+        RESOURCE_CLAIMS,
+        NS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "job-channel"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}
+                    ]
+                }
+            },
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "channel", "driver": DRIVER, "pool": NODE, "device": "channel-0"}],
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": ["channel"],
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": "resource.nvidia.com/v1beta1",
+                                "kind": "ComputeDomainChannelConfig",
+                                "domainID": domain["metadata"]["uid"],
+                                "allocationMode": mode,
+                            },
+                        },
+                    }
+                ],
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
+            },
+        }
+    }
     rest.replace(RESOURCE_CLAIMS, claim, "status")
     return ClaimRef(NS, claim["metadata"]["uid"], "job-channel")
 
@@ -109,12 +145,27 @@ class Node:
     def __init__(self, root: pathlib.Path, kubeconfig: pathlib.Path, *extra: str) -> None:
         self.root = root
         self.dev_root = root / "dev-root"
-        self.agent = Daemon(root, kubeconfig, node=NODE, machine=f"fake:{NODE}",
-                            env={persist.ENV: str(root / "gpus.json")},
-                            extra_args=("--compute-domains", "--imex-address", "127.0.0.9",
-                                        "--proc-devices", str(root / "driver-root" / "proc" / "devices"),
-                                        "--dev-root", str(self.dev_root), "--imex-channel-count", str(CHANNELS),
-                                        "--no-mig-reconfigure", "--no-health-events", *extra))
+        self.agent = Daemon(
+            root,
+            kubeconfig,
+            node=NODE,
+            machine=f"fake:{NODE}",
+            env={persist.ENV: str(root / "gpus.json")},
+            extra_args=(
+                "--compute-domains",
+                "--imex-address",
+                "127.0.0.9",
+                "--proc-devices",
+                str(root / "driver-root" / "proc" / "devices"),
+                "--dev-root",
+                str(self.dev_root),
+                "--imex-channel-count",
+                str(CHANNELS),
+                "--no-mig-reconfigure",
+                "--no-health-events",
+                *extra,
+            ),
+        )
 
     def channel_nodes(self) -> list[str]:
         d = self.dev_root / "dev" / "nvidia-caps-imex-channels"
@@ -136,8 +187,13 @@ class Node:
         """Start the agent; its compute-domain recovery record once the plugin serves."""
         self.agent.start()
         recovery = self.agent.wait_for_log("compute-domain checkpoint ready", timeout=60)
-        wait_for(lambda: any(r.get("msg") == "kubelet plugin serving" and r.get("driver") == DRIVER
-                             for r in self.agent.logs()), timeout=30, what="the compute-domain plugin to serve")
+        wait_for(
+            lambda: any(
+                r.get("msg") == "kubelet plugin serving" and r.get("driver") == DRIVER for r in self.agent.logs()
+            ),
+            timeout=30,
+            what="the compute-domain plugin to serve",
+        )
         return recovery
 
 
@@ -155,8 +211,7 @@ def one_trial(seed: int, mode: str) -> str:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _trial(rng: random.Random, seed: int, mode: str, rest: Rest, ref: ClaimRef, node: Node,
-           root: pathlib.Path) -> str:
+def _trial(rng: random.Random, seed: int, mode: str, rest: Rest, ref: ClaimRef, node: Node, root: pathlib.Path) -> str:
     with FakeKubelet(node.agent.kubelet_root, retry=Retry(attempts=1), timeout=30) as kubelet:
         node.start()
         kubelet.wait_for_driver(DRIVER, timeout=30)
@@ -226,7 +281,6 @@ def test_kill_9_during_channel_prepare_leaks_nothing_in_50_trials() -> None:
     assert len(outcomes) >= 2  # both sides of the race were hit
 
 
-
 def test_sigterm_with_the_api_server_gone_stops_the_agent_and_its_daemons_at_once() -> None:
     """Tried: a node agent running a domain's IMEX daemon, its API server gone, then SIGTERM (a drained node): it
     exits well within the pod's grace period and its daemon goes with it (its status write fails at once)."""
@@ -273,7 +327,8 @@ def test_a_node_that_leaves_its_fabric_clique_withdraws_its_channels_and_republi
             # the channels name the node's clique, by which the arbiter keeps a domain's gang in one clique
             body = rest.get(RESOURCE_SLICES, None, name)
             assert {d["attributes"]["cliqueID"]["string"] for d in body["spec"]["devices"]} == {
-                f"{uuid.UUID(bytes=NVL72_CLUSTER_UUID)}.{NVL72_CLIQUE_ID}"}
+                f"{uuid.UUID(bytes=NVL72_CLUSTER_UUID)}.{NVL72_CLIQUE_ID}"
+            }
             # a degraded bandwidth (healthMask DEGRADED_BW) withdraws them too: a clique that is not whole is
             # not offered to new domains
             fake.set_fabric(1, degraded=True)

@@ -36,8 +36,14 @@ def nvl_cluster(cliques: dict[str, int]) -> FakeCluster:
             cluster.rest.create(RESOURCE_SLICES, None, channels.resource_slice(name, uid, 0, f"cluster-uuid.{clique}"))
     cluster.queue("mnnvl", gpu_quota=0)
     cluster.namespace(NS)
-    domain = ComputeDomain(namespace=NS, name="train", uid="domain-uid", num_nodes=4, template_name="train-channel",
-                           allocation_mode="Single")
+    domain = ComputeDomain(
+        namespace=NS,
+        name="train",
+        uid="domain-uid",
+        num_nodes=4,
+        template_name="train-channel",
+        allocation_mode="Single",
+    )
     cluster.rest.create(RESOURCE_CLAIM_TEMPLATES, NS, templates.channel_template(domain))
     return cluster
 
@@ -45,19 +51,45 @@ def nvl_cluster(cliques: dict[str, int]) -> FakeCluster:
 def domain_gang(cluster: FakeCluster, name: str, pods: int) -> None:
     """A PodGroup of `pods` workers, each with 4 GPUs and the domain's channel, gated for the arbiter."""
     gpus = cluster.template(NS, 4)
-    cluster.rest.create(POD_GROUPS, NS, {
-        "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-        "metadata": {"name": name, "namespace": NS, "labels": {QUEUE_LABEL: "mnnvl"}},
-        "spec": {"schedulingPolicy": {"gang": {"minCount": pods}}}})
+    cluster.rest.create(
+        POD_GROUPS,
+        NS,
+        {
+            "apiVersion": "scheduling.k8s.io/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": NS, "labels": {QUEUE_LABEL: "mnnvl"}},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": pods}}},
+        },
+    )
     for i in range(pods):
-        cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"{name}-{i}", "namespace": NS, "labels": {QUEUE_LABEL: "mnnvl"}}, "spec": {
-            "containers": [{"name": "main", "image": "trainer:1", "resources": {
-                "requests": {"cpu": "4", "memory": "16Gi"}, "claims": [{"name": "gpus"}, {"name": "channel"}]}}],
-            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": gpus},
-                               {"name": "channel", "resourceClaimTemplateName": "train-channel"}],
-            "schedulingGates": [{"name": GATE}], "schedulingGroup": {"podGroupName": name},
-            "terminationGracePeriodSeconds": 0}})
+        cluster.rest.create(
+            PODS,
+            NS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{name}-{i}", "namespace": NS, "labels": {QUEUE_LABEL: "mnnvl"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "trainer:1",
+                            "resources": {
+                                "requests": {"cpu": "4", "memory": "16Gi"},
+                                "claims": [{"name": "gpus"}, {"name": "channel"}],
+                            },
+                        }
+                    ],
+                    "resourceClaims": [
+                        {"name": "gpus", "resourceClaimTemplateName": gpus},
+                        {"name": "channel", "resourceClaimTemplateName": "train-channel"},
+                    ],
+                    "schedulingGates": [{"name": GATE}],
+                    "schedulingGroup": {"podGroupName": name},
+                    "terminationGracePeriodSeconds": 0,
+                },
+            },
+        )
     wait_for(lambda: len(_claims(cluster)) == 2 * pods, what="the claims generated from the templates")
 
 
@@ -66,8 +98,11 @@ def _claims(cluster: FakeCluster) -> list[dict]:
 
 
 def _nodes(cluster: FakeCluster, prefix: str) -> dict[str, str | None]:
-    return {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods(NS)
-            if p["metadata"]["name"].startswith(prefix)}
+    return {
+        p["metadata"]["name"]: p["spec"].get("nodeName")
+        for p in cluster.pods(NS)
+        if p["metadata"]["name"].startswith(prefix)
+    }
 
 
 def test_a_domain_gang_is_placed_inside_one_clique_and_its_channels_there() -> None:
@@ -79,9 +114,12 @@ def test_a_domain_gang_is_placed_inside_one_clique_and_its_channels_there() -> N
         assert sorted(n or "" for n in _nodes(cluster, "train").values()) == ["b-0", "b-1", "b-2", "b-3"]
 
         def channel_nodes() -> list[str]:
-            return sorted(r["pool"] for c in _claims(cluster) for r in
-                          ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
-                          if r["driver"] == "compute-domain.nvidia.com")
+            return sorted(
+                r["pool"]
+                for c in _claims(cluster)
+                for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+                if r["driver"] == "compute-domain.nvidia.com"
+            )
 
         wait_for(lambda: len(channel_nodes()) == 4, timeout=30, what="the channels allocated")
         assert channel_nodes() == ["b-0", "b-1", "b-2", "b-3"]  # one channel a node, by kube-scheduler
@@ -96,5 +134,6 @@ def test_a_domain_gang_that_fits_no_clique_waits_and_says_why() -> None:
             assert report.admitted == []
         assert report.waiting[f"{NS}/train"].startswith(
             "no fit in one NVLink clique: the gang shares a ComputeDomain, so its 4 pod(s) needing 16 GPUs must "
-            "all run on nodes of one clique; 2 clique(s) offer IMEX channels, the largest with 12 GPUs")
+            "all run on nodes of one clique; 2 clique(s) offer IMEX channels, the largest with 12 GPUs"
+        )
         assert all(n is None for n in _nodes(cluster, "train").values())

@@ -25,17 +25,32 @@ def domain_doc(name: str, nodes: int, template: str, mode: str | None = None) ->
     channel: dict = {"resourceClaimTemplate": {"name": template}}
     if mode:
         channel["allocationMode"] = mode
-    return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain", "metadata": {"name": name},
-            "spec": {"numNodes": nodes, "channel": channel}}
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name},
+        "spec": {"numNodes": nodes, "channel": channel},
+    }
 
 
 def worker(name: str, template: str, gpus: int) -> dict:
     """A worker of a multi-node job: `gpus` GPUs through the device-plugin-style resource (the DeviceClass maps
     nvidia.com/gpu), and the domain's channel, as NVIDIA's nvbandwidth job asks for them."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"job": "train"}},
-            "spec": {"containers": [{"name": "main", "image": "trainer:1", "resources": {
-                "limits": {"nvidia.com/gpu": str(gpus)}, "claims": [{"name": "channel"}]}}],
-                "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": template}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"job": "train"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "trainer:1",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "claims": [{"name": "channel"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": template}],
+        },
+    }
 
 
 @pytest.fixture
@@ -50,13 +65,18 @@ def test_a_four_node_domain_job_of_16_gpus_gets_one_channel_per_pod_and_a_daemon
     template = rack.wait_for(lambda: _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "train-channel"), what="template")
     uid = rack.domain(NS, "train")["metadata"]["uid"]
     params = template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
-    assert params == {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
-                      "domainID": uid, "allocationMode": "Single"}
+    assert params == {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomainChannelConfig",
+        "domainID": uid,
+        "allocationMode": "Single",
+    }
     assert template["metadata"]["ownerReferences"][0]["uid"] == uid
 
     rack.apply([worker(f"train-{i}", "train-channel", 4) for i in range(4)], NS)
-    rack.wait_for(lambda: all(_running(rack, f"train-{i}") for i in range(4)), timeout=90,
-                  what="the four workers to start")
+    rack.wait_for(
+        lambda: all(_running(rack, f"train-{i}") for i in range(4)), timeout=90, what="the four workers to start"
+    )
     nodes = [rack.pod_node(NS, f"train-{i}") for i in range(4)]
     assert len({n.name for n in nodes if n}) == 4  # 4 GPUs a node: one worker each, 16 GPUs in all
     addresses = sorted(n.address for n in nodes if n)
@@ -66,11 +86,15 @@ def test_a_four_node_domain_job_of_16_gpus_gets_one_channel_per_pod_and_a_daemon
         spec = yaml.safe_load((node.cdi_root / node.cdi_specs()[0]).read_text())
         device_nodes = [n for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
         assert [(n["path"], n["major"], n["minor"]) for n in device_nodes] == [
-            ("/dev/nvidia-caps-imex-channels/channel0", 234, 0)]
+            ("/dev/nvidia-caps-imex-channels/channel0", 234, 0)
+        ]
         assert device_nodes[0]["hostPath"] == str(node.dev_root / "dev/nvidia-caps-imex-channels/channel0")
         # every node's daemon config names exactly the four nodes, and that is what its daemon loaded
-        rack.wait_for(lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses, timeout=30,
-                      what=f"{node.name}'s daemon to load the four peers")
+        rack.wait_for(
+            lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses,
+            timeout=30,
+            what=f"{node.name}'s daemon to load the four peers",
+        )
     idle = next(n for n in rack.nodes if n not in nodes)
     assert idle.daemon_nodes() == {} and idle.channel_nodes() == []
 
@@ -83,14 +107,25 @@ def test_a_four_node_domain_job_of_16_gpus_gets_one_channel_per_pod_and_a_daemon
     # deleting the job tears down the daemons and the channels; deleting the domain, its template
     for i in range(4):
         rack.rest.delete(PODS, NS, f"train-{i}")
-    rack.wait_for(lambda: all(not n.channel_nodes() and not n.cdi_specs() and not n.daemon_nodes()
-                              for n in rack.nodes), timeout=60, what="channels and daemons to go")
-    rack.wait_for(lambda: rack.domain(NS, "train")["status"].get("nodes", []) == [], timeout=30,
-                  what="every node to leave status.nodes")
+    rack.wait_for(
+        lambda: all(not n.channel_nodes() and not n.cdi_specs() and not n.daemon_nodes() for n in rack.nodes),
+        timeout=60,
+        what="channels and daemons to go",
+    )
+    rack.wait_for(
+        lambda: rack.domain(NS, "train")["status"].get("nodes", []) == [],
+        timeout=30,
+        what="every node to leave status.nodes",
+    )
     rack.rest.delete(COMPUTE_DOMAINS_RESOURCE, NS, "train")
-    rack.wait_for(lambda: _get(rack, COMPUTE_DOMAINS_RESOURCE, NS, "train") is None
-                  and _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "train-channel") is None, timeout=30,
-                  what="the domain and its template to go")
+    rack.wait_for(
+        lambda: (
+            _get(rack, COMPUTE_DOMAINS_RESOURCE, NS, "train") is None
+            and _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "train-channel") is None
+        ),
+        timeout=30,
+        what="the domain and its template to go",
+    )
 
 
 def _get(rack: NvlRack, resource, namespace: str, name: str):
@@ -114,8 +149,10 @@ def nvidia_spec(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((FIXTURES / name).read_text()) if d]
 
 
-@pytest.mark.parametrize("spec, channels", [("channel-injection.yaml", ["channel0"]),
-                                             ("channel-injection-all.yaml", [f"channel{i}" for i in range(2048)])])
+@pytest.mark.parametrize(
+    "spec, channels",
+    [("channel-injection.yaml", ["channel0"]), ("channel-injection-all.yaml", [f"channel{i}" for i in range(2048)])],
+)
 def test_nvidias_channel_injection_specs_apply_unchanged(rack: NvlRack, spec: str, channels: list[str]) -> None:
     docs = nvidia_spec(spec)
     pod = next(d for d in docs if d["kind"] == "Pod")["metadata"]["name"]
@@ -128,8 +165,11 @@ def test_nvidias_channel_injection_specs_apply_unchanged(rack: NvlRack, spec: st
     injected = [n["path"] for d in spec_doc["devices"] for n in d["containerEdits"]["deviceNodes"]]
     assert sorted(injected) == sorted(f"/dev/nvidia-caps-imex-channels/{c}" for c in channels)
     rack.rest.delete(PODS, NS, pod)
-    rack.wait_for(lambda: not node.channel_nodes() and not node.cdi_specs() and not node.daemon_nodes(),
-                  timeout=60, what="the channels and the daemon to go")
+    rack.wait_for(
+        lambda: not node.channel_nodes() and not node.cdi_specs() and not node.daemon_nodes(),
+        timeout=60,
+        what="the channels and the daemon to go",
+    )
 
 
 def test_nvidias_nvbandwidth_job_applies_unchanged(rack: NvlRack) -> None:
@@ -144,8 +184,11 @@ def test_nvidias_nvbandwidth_job_applies_unchanged(rack: NvlRack) -> None:
     addresses = sorted(n.address for n in nodes if n)
     for node in nodes:
         assert node is not None and node.channel_nodes() == ["channel0"]
-        rack.wait_for(lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses, timeout=30,
-                      what=f"{node.name}'s daemon to span the four workers")
+        rack.wait_for(
+            lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses,
+            timeout=30,
+            what=f"{node.name}'s daemon to span the four workers",
+        )
     rack.wait_for(lambda: _ready(rack, "nvbandwidth-test-compute-domain"), timeout=30, what="Ready")
 
 
@@ -165,8 +208,11 @@ def test_nodes_in_different_cliques_never_share_a_daemon_config() -> None:
         for group in (first, second):
             peers = sorted(n.address for n in group)
             for node in group:
-                rack.wait_for(lambda node=node, peers=peers: sorted(node.daemon_nodes().get(uid, [])) == peers,
-                              timeout=30, what=f"{node.name}'s daemon to list its clique only")
+                rack.wait_for(
+                    lambda node=node, peers=peers: sorted(node.daemon_nodes().get(uid, [])) == peers,
+                    timeout=30,
+                    what=f"{node.name}'s daemon to list its clique only",
+                )
         entries = rack.wait_for(lambda: _ready(rack, "split"), timeout=30, what="Ready")["status"]["nodes"]
         by_clique: dict[str, list[int]] = {}
         for e in entries:
@@ -175,8 +221,14 @@ def test_nodes_in_different_cliques_never_share_a_daemon_config() -> None:
 
 
 def test_a_fabric_broken_mid_job_makes_the_domain_not_ready(rack: NvlRack) -> None:
-    rack.apply([domain_doc("fragile", 2, "fragile-channel"),
-                worker("fragile-0", "fragile-channel", 4), worker("fragile-1", "fragile-channel", 4)], NS)
+    rack.apply(
+        [
+            domain_doc("fragile", 2, "fragile-channel"),
+            worker("fragile-0", "fragile-channel", 4),
+            worker("fragile-1", "fragile-channel", 4),
+        ],
+        NS,
+    )
     rack.wait_for(lambda: _ready(rack, "fragile"), timeout=90, what="the domain to be Ready")
     node = rack.pod_node(NS, "fragile-0")
     assert node is not None
@@ -189,14 +241,26 @@ def test_a_fabric_broken_mid_job_makes_the_domain_not_ready(rack: NvlRack) -> No
 
 def test_a_template_name_taken_by_something_else_is_left_alone_and_told(rack: NvlRack) -> None:
     rack.namespace(NS)
-    theirs = rack.rest.create(RESOURCE_CLAIM_TEMPLATES, NS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "taken"},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
+    theirs = rack.rest.create(
+        RESOURCE_CLAIM_TEMPLATES,
+        NS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "taken"},
+            "spec": {
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+            },
+        },
+    )
     rack.apply([domain_doc("clash", 1, "taken")], NS)
-    event = rack.wait_for(lambda: next((e for e in rack.rest.list(EVENTS, NS)["items"]
-                                        if e.get("reason") == "ResourceClaimTemplateTaken"), None),
-                          timeout=30, what="a Warning Event on the domain")
+    event = rack.wait_for(
+        lambda: next(
+            (e for e in rack.rest.list(EVENTS, NS)["items"] if e.get("reason") == "ResourceClaimTemplateTaken"), None
+        ),
+        timeout=30,
+        what="a Warning Event on the domain",
+    )
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "clash"
     assert rack.rest.get(RESOURCE_CLAIM_TEMPLATES, NS, "taken")["metadata"]["uid"] == theirs["metadata"]["uid"]
     rack.rest.delete(COMPUTE_DOMAINS_RESOURCE, NS, "clash")

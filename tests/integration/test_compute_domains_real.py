@@ -22,16 +22,39 @@ NS = "mnnvl"
 
 
 def pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "main", "image": "trainer:1",
-                                     "resources": {"claims": [{"name": "gpus"}, {"name": "channel"}]}}],
-                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "four-gpus"},
-                                        {"name": "channel", "resourceClaimTemplateName": "train-channel"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "trainer:1", "resources": {"claims": [{"name": "gpus"}, {"name": "channel"}]}}
+            ],
+            "resourceClaims": [
+                {"name": "gpus", "resourceClaimTemplateName": "four-gpus"},
+                {"name": "channel", "resourceClaimTemplateName": "train-channel"},
+            ],
+        },
+    }
 
 
-FOUR_GPUS = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "four-gpus"},
-             "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                 "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4}}]}}}}
+FOUR_GPUS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "four-gpus"},
+    "spec": {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpus",
+                        "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4},
+                    }
+                ]
+            }
+        }
+    },
+}
 
 
 def _gone(rest: Any, resource: Any, name: str) -> bool:
@@ -48,30 +71,52 @@ def test_a_four_node_domain_job_runs_on_the_real_control_plane(control_plane: An
     reset(control_plane)
     with short_tmpdir("nvlr-") as root:
         kubeconfig = control_plane.write_kubeconfig(root / "kubeconfig")
-        with NvlRack(root, nodes=5, kubeconfig=kubeconfig,
-                     make_node=lambda name: control_plane.add_node(name, {"kubernetes.io/hostname": name})) as rack:
+        with NvlRack(
+            root,
+            nodes=5,
+            kubeconfig=kubeconfig,
+            make_node=lambda name: control_plane.add_node(name, {"kubernetes.io/hostname": name}),
+        ) as rack:
             rest = rack.rest
             rack.apply([domain_doc("train", 4, "train-channel"), FOUR_GPUS], NS)
             rack.wait_for(lambda: not _gone(rest, RESOURCE_CLAIM_TEMPLATES, "train-channel"), what="the template")
             rack.apply([pod(f"train-{i}") for i in range(4)], NS)
-            rack.wait_for(lambda: all((rest.get(PODS, NS, f"train-{i}").get("status") or {}).get("phase")
-                                      == "Running" for i in range(4)), timeout=120, what="the workers to start")
+            rack.wait_for(
+                lambda: all(
+                    (rest.get(PODS, NS, f"train-{i}").get("status") or {}).get("phase") == "Running" for i in range(4)
+                ),
+                timeout=120,
+                what="the workers to start",
+            )
             nodes = [rack.pod_node(NS, f"train-{i}") for i in range(4)]
             assert len({n.name for n in nodes if n}) == 4
             uid = rack.domain(NS, "train")["metadata"]["uid"]
             addresses = sorted(n.address for n in nodes if n)
             for node in nodes:
                 assert node is not None and node.channel_nodes() == ["channel0"]
-                rack.wait_for(lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses, timeout=30,
-                              what=f"{node.name}'s daemon to load the four peers")
-            rack.wait_for(lambda: (rack.domain(NS, "train").get("status") or {}).get("status") == READY,
-                          timeout=30, what="the domain to be Ready")
+                rack.wait_for(
+                    lambda node=node: sorted(node.daemon_nodes().get(uid, [])) == addresses,
+                    timeout=30,
+                    what=f"{node.name}'s daemon to load the four peers",
+                )
+            rack.wait_for(
+                lambda: (rack.domain(NS, "train").get("status") or {}).get("status") == READY,
+                timeout=30,
+                what="the domain to be Ready",
+            )
             for i in range(4):
                 rest.delete(PODS, NS, f"train-{i}")
-            rack.wait_for(lambda: all(not n.channel_nodes() and not n.cdi_specs() and not n.daemon_nodes()
-                                      for n in rack.nodes), timeout=60, what="channels and daemons to go")
+            rack.wait_for(
+                lambda: all(not n.channel_nodes() and not n.cdi_specs() and not n.daemon_nodes() for n in rack.nodes),
+                timeout=60,
+                what="channels and daemons to go",
+            )
             rest.delete(COMPUTE_DOMAINS, NS, "train")
-            rack.wait_for(lambda: _gone(rest, COMPUTE_DOMAINS, "train")
-                          and _gone(rest, RESOURCE_CLAIM_TEMPLATES, "train-channel"), timeout=60,
-                          what="the domain and its template to go")
+            rack.wait_for(
+                lambda: (
+                    _gone(rest, COMPUTE_DOMAINS, "train") and _gone(rest, RESOURCE_CLAIM_TEMPLATES, "train-channel")
+                ),
+                timeout=60,
+                what="the domain and its template to go",
+            )
     reset(control_plane)

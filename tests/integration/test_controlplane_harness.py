@@ -42,7 +42,7 @@ def test_admin_kubeconfig_works_for_the_client_and_rbac_is_enforced(control_plan
                 "user": "system:serviceaccount:default:default",
                 "resourceAttributes": {"verb": "list", "resource": "nodes"},
             }
-        }  # fmt: skip
+        }
     )
     assert review.status.allowed is False
 
@@ -63,8 +63,13 @@ def test_nodes_look_ready_and_stay_untainted(control_plane: ControlPlane) -> Non
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on PATH")
 def test_kubectl_talks_to_it_with_the_written_kubeconfig(control_plane: ControlPlane, tmp_path: Path) -> None:
     kubeconfig = control_plane.write_kubeconfig(tmp_path / "kubeconfig")
-    out = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "namespaces", "-o", "json"],
-                         capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    out = subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), "get", "namespaces", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert "kube-system" in {n["metadata"]["name"] for n in json.loads(out.stdout)["items"]}
 
 

@@ -20,8 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(cycle.__file__.endswith(".py"), reason="the core runs interpreted here (see `make compiled`)")
 @pytest.mark.parametrize("gpu", ["fgd", "binpack"])
 def test_the_compiled_core_decides_as_its_source_does(tmp_path: Path, gpu: str) -> None:
-    sources = [ROOT / "agent" / "__init__.py", ROOT / "agent" / "arbiter" / "__init__.py",
-               *(ROOT / "agent" / "arbiter" / "core").glob("*.py")]
+    sources = [
+        ROOT / "agent" / "__init__.py",
+        ROOT / "agent" / "arbiter" / "__init__.py",
+        *(ROOT / "agent" / "arbiter" / "core").glob("*.py"),
+    ]
     for source in sources:
         copy = tmp_path / source.relative_to(ROOT)
         copy.parent.mkdir(parents=True, exist_ok=True)
@@ -31,4 +34,7 @@ def test_the_compiled_core_decides_as_its_source_does(tmp_path: Path, gpu: str) 
     compiled = _cycle(dataclasses.replace(synthetic(*size), placement=Placement(gpu=gpu)))
     assert compiled["pods placed"] > 0 and compiled["pods evicted"] > 0
     assert (compiled["pods placed"], compiled["pods evicted"], compiled["decisions"]) == (
-        interpreted["pods placed"], interpreted["pods evicted"], interpreted["decisions"])
+        interpreted["pods placed"],
+        interpreted["pods evicted"],
+        interpreted["decisions"],
+    )

@@ -58,11 +58,17 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     # time-sliced GPU's slice; both undone at unprepare (the pid check below finds the daemon gone).
     mps_uid = claims["mps-shared-gpu"][1]
     assert re.search(r"gpu-\d: compute mode Exclusive_Process, time slice Default, MPS server pid \d+", out)
-    assert re.search(rf"MPS control daemon pid \d+ at \S+/state/mps/{mps_uid}/pipe: active thread percentage 50\.0, "
-                     r"pinned memory limit 10240M on gpu-\d", out)
+    assert re.search(
+        rf"MPS control daemon pid \d+ at \S+/state/mps/{mps_uid}/pipe: active thread percentage 50\.0, "
+        r"pinned memory limit 10240M on gpu-\d",
+        out,
+    )
     assert re.search(r"gpu-\d: compute mode Default, time slice Long, MPS server none", out)
-    assert re.search(r"mps-shared-gpu unprepared; on the node:\n\s+gpu-\d: compute mode Default, time slice "
-                     r"Default, MPS server none", out)
+    assert re.search(
+        r"mps-shared-gpu unprepared; on the node:\n\s+gpu-\d: compute mode Default, time slice "
+        r"Default, MPS server none",
+        out,
+    )
 
     assert "kind: k8s.gpu.nvidia.com/claim" in out  # one claim's CDI spec, printed
     assert re.search(r"DEVICE\s+TYPE\s+PRODUCT / PROFILE\s+MEMORY\s+NVLINK DOMAIN", out)
@@ -71,8 +77,11 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     assert cdi_dirs
     assert set(cdi_dirs) == {"empty"}
     # the device-plugin-style pod: nvidia.com/gpu through the scheduler's own claim, prepared like any other
-    found = re.search(r"pod device-plugin-style-pod \(nvidia.com/gpu: 1\) bound to (\S+); claim "
-                      r"(device-plugin-style-pod-extended-resources-\w+) made by the scheduler", out)
+    found = re.search(
+        r"pod device-plugin-style-pod \(nvidia.com/gpu: 1\) bound to (\S+); claim "
+        r"(device-plugin-style-pod-extended-resources-\w+) made by the scheduler",
+        out,
+    )
     assert found, out
     assert "ctr: nvidia.com/gpu -> request container-0-request-0" in out
     assert re.search(r"gpu-\d+\s+container-0-request-0\s+k8s\.gpu\.nvidia\.com/claim=", out)
@@ -95,8 +104,11 @@ def test_demo_prepares_every_example_claim_and_ends_clean(capsys: pytest.Capture
     assert shared == ["gpu-0"] * 9 + ["gpu-1"], out
     assert "gpu-0: 9 share(s), 0.904 of the GPU (72 of 79.6 GiB) in the queue" in out
     # multi-node NVLink: a 4-node ComputeDomain on the fake NVL72 rack, each daemon naming the same four peers
-    peers = re.findall(r"gb200-nvl72-node0\d\s+127\.0\.0\.\d\s+index \d\s+Ready\s+nvidia-imex peers: (.*)  channels: "
-                       r"channel0", out)
+    peers = re.findall(
+        r"gb200-nvl72-node0\d\s+127\.0\.0\.\d\s+index \d\s+Ready\s+nvidia-imex peers: (.*)  channels: "
+        r"channel0",
+        out,
+    )
     assert peers == ["127.0.0.1, 127.0.0.2, 127.0.0.3, 127.0.0.4"] * 4, out
     assert "every IMEX daemon stopped, every channel node and CDI spec removed" in out
 

@@ -75,8 +75,13 @@ class Deployed:
         return real.Site(self.cp, self.node)
 
     def run_helm(self, *args: str) -> str:
-        done = subprocess.run([self.helm, *args, "--kubeconfig", str(self.cp.kubeconfig_path)], capture_output=True,
-                              text=True, timeout=300, check=False)  # fmt: skip
+        done = subprocess.run(
+            [self.helm, *args, "--kubeconfig", str(self.cp.kubeconfig_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
         return done.stdout
 
@@ -179,22 +184,34 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         driver_root = install_driver_root(node.root / "driver-root", python="/usr/bin/python3").parents[1]
         metrics_port, health_port = free_port(), free_port()
         values = work / "values.yaml"
-        values.write_text(yaml.safe_dump({
-            "image": {"repository": "gpu-dra-agent", "tag": current, "pullPolicy": "Never"},
-            "nvidiaDriverRoot": str(driver_root),
-            "apiServer": {"host": "127.0.0.1", "port": str(cp.port)},
-            "kubeletPlugin": {
-                "kubeletRoot": str(node.kubelet_root), "cdiRoot": str(node.cdi_root),
-                "stateDir": str(node.root / "state"), "devRoot": str(node.dev_root),
-                "hostNetwork": True, "metricsPort": metrics_port, "healthcheckPort": health_port,
-                # the node's network: listen on loopback only (entries named as the chart's replace them)
-                "containers": {"gpus": {"env": [
-                    {"name": "NVML", "value": f"fake:{node.machine}"},
-                    {"name": "METRICS_ADDR", "value": f"127.0.0.1:{metrics_port}"},
-                    {"name": "HEALTHCHECK_ADDR", "value": f"127.0.0.1:{health_port}"},
-                ]}},
-            },
-        }))  # fmt: skip
+        values.write_text(
+            yaml.safe_dump(
+                {
+                    "image": {"repository": "gpu-dra-agent", "tag": current, "pullPolicy": "Never"},
+                    "nvidiaDriverRoot": str(driver_root),
+                    "apiServer": {"host": "127.0.0.1", "port": str(cp.port)},
+                    "kubeletPlugin": {
+                        "kubeletRoot": str(node.kubelet_root),
+                        "cdiRoot": str(node.cdi_root),
+                        "stateDir": str(node.root / "state"),
+                        "devRoot": str(node.dev_root),
+                        "hostNetwork": True,
+                        "metricsPort": metrics_port,
+                        "healthcheckPort": health_port,
+                        # the node's network: listen on loopback only (entries named as the chart's replace them)
+                        "containers": {
+                            "gpus": {
+                                "env": [
+                                    {"name": "NVML", "value": f"fake:{node.machine}"},
+                                    {"name": "METRICS_ADDR", "value": f"127.0.0.1:{metrics_port}"},
+                                    {"name": "HEALTHCHECK_ADDR", "value": f"127.0.0.1:{health_port}"},
+                                ]
+                            }
+                        },
+                    },
+                }
+            )
+        )
         yield Deployed(cp, node, helm, {"current": current, NEXT: NEXT}, values, metrics_port)
 
 
@@ -203,16 +220,20 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_helm_install_runs_the_agent_pod_which_publishes_the_node_and_serves_claims(deployed: Deployed) -> None:
     started = time.monotonic()
-    deployed.run_helm("install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace",
-                      "-f", str(deployed.values))  # fmt: skip
+    deployed.run_helm(
+        "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", "-f", str(deployed.values)
+    )
     image = _image_name(deployed.tags["current"])
-    first_slice = wait_for("the node's first slice", lambda: deployed.slices() or None, 240,
-                           deployed.node.check_running)  # fmt: skip
+    first_slice = wait_for(
+        "the node's first slice", lambda: deployed.slices() or None, 240, deployed.node.check_running
+    )
     deployed.timings["slice"] = time.monotonic() - started
     pod = deployed.ready_agent(image)
     deployed.timings["ready"] = time.monotonic() - started
-    print(f"helm install -> first slice {deployed.timings['slice']:.1f}s, agent pod Ready "
-          f"{deployed.timings['ready']:.1f}s")  # fmt: skip
+    print(
+        f"helm install -> first slice {deployed.timings['slice']:.1f}s, agent pod Ready "
+        f"{deployed.timings['ready']:.1f}s"
+    )
     assert first_slice[0]["spec"]["driver"] == "gpu.nvidia.com"
     # Its service-account token mounted (kube-root-ca.crt published), the API server at loopback as the chart set.
     assert any(v.get("projected") for v in pod["spec"]["volumes"])
@@ -246,8 +267,9 @@ def test_helm_install_runs_the_agent_pod_which_publishes_the_node_and_serves_cla
 
 def _roll(deployed: Deployed, tag: str) -> dict[str, Any]:
     """`helm upgrade` to image `tag`: the DaemonSet rolls its pod (maxUnavailable 1); the new one Ready."""
-    deployed.run_helm("upgrade", RELEASE, str(CHART), "--namespace", NS, "-f", str(deployed.values),
-                      "--set", f"image.tag={tag}")  # fmt: skip
+    deployed.run_helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", NS, "-f", str(deployed.values), "--set", f"image.tag={tag}"
+    )
     return deployed.ready_agent(_image_name(tag))
 
 
@@ -329,10 +351,14 @@ def test_helm_uninstall_leaves_running_pods_and_the_kubelet_withdraws_the_slices
     assert current is not None and current["status"]["phase"] == "Running"
     assert real.spec_path(site, uid).exists() and real.checkpoint_path(site, uid).exists()
     # What the chart made is gone; the namespace helm's --create-namespace made stays, empty of ours.
-    assert not [c for c in site.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
-                if c["metadata"]["name"].endswith("nvidia.com")]  # fmt: skip
-    roles = site.cp.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles?labelSelector="
-                                   "app.kubernetes.io%2Fname%3Dgpu-dra-agent")  # fmt: skip
+    assert not [
+        c
+        for c in site.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+        if c["metadata"]["name"].endswith("nvidia.com")
+    ]
+    roles = site.cp.request(
+        "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles?labelSelector=app.kubernetes.io%2Fname%3Dgpu-dra-agent"
+    )
     assert not roles["items"]
     assert site.get(f"/api/v1/namespaces/{NS}") is not None
     assert not site.cp.request("GET", f"/apis/apps/v1/namespaces/{NS}/daemonsets")["items"]
@@ -349,10 +375,16 @@ def _gang(deployed: Deployed, name: str) -> list[real.RunningPod]:
     """A PodGroup of two pods in the Queue `default`, each with one whole H100: gated by the chart's admission
     policy, admitted whole by the arbiter (which allocates their claims), bound by kube-scheduler."""
     site = deployed.site
-    site.cp.request("POST", PODGROUPS, {
-        "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-        "metadata": {"name": name, "labels": {QUEUE_LABEL: DEFAULT_QUEUE}},
-        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}})  # fmt: skip
+    site.cp.request(
+        "POST",
+        PODGROUPS,
+        {
+            "apiVersion": "scheduling.k8s.io/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "labels": {QUEUE_LABEL: DEFAULT_QUEUE}},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+        },
+    )
     template, pod = real.example("one-h100-80gb", name)
     with contextlib.suppress(urllib.error.HTTPError):  # made by an earlier test
         site.cp.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{real.NS}/resourceclaimtemplates", template)
@@ -383,8 +415,18 @@ def _leader(deployed: Deployed) -> tuple[str, str] | None:
 def test_the_arbiter_s_two_replicas_admit_a_gang_and_the_standby_takes_over(deployed: Deployed) -> None:
     site = deployed.site
     reservation_port = free_port()
-    deployed.run_helm("install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace",
-                      "-f", str(deployed.values), "-f", str(_arbiter_values(deployed, reservation_port)))  # fmt: skip
+    deployed.run_helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NS,
+        "--create-namespace",
+        "-f",
+        str(deployed.values),
+        "-f",
+        str(_arbiter_values(deployed, reservation_port)),
+    )
     deployed.ready_agent(_image_name(deployed.tags["current"]))
     # A pod left from the uninstall test holds a GPU: the new agent unprepares it.
     with contextlib.suppress(urllib.error.HTTPError):
@@ -401,8 +443,9 @@ def test_the_arbiter_s_two_replicas_admit_a_gang_and_the_standby_takes_over(depl
     # The leader's pod deleted: the standby takes the Lease and admits the next gang.
     started = time.monotonic()
     site.cp.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{leader}")
-    new_leader, new_holder = wait_for("the standby to lead", lambda: (lead := _leader(deployed)) and lead[1] != holder
-                                      and lead, 120)  # fmt: skip
+    new_leader, new_holder = wait_for(
+        "the standby to lead", lambda: (lead := _leader(deployed)) and lead[1] != holder and lead, 120
+    )
     takeover_s = time.monotonic() - started
     second = _gang(deployed, "gang-b")
     admitted_s = time.monotonic() - started
@@ -417,13 +460,19 @@ def _arbiter_values(deployed: Deployed, reservation_port: int) -> Path:
     """The arbiter on the node's network too, beside the agent: two replicas on one node ask for no metrics
     port; the agent serves reservations on loopback (the Node's InternalIP, so the arbiter calls it there)."""
     base = yaml.safe_load(deployed.values.read_text())
-    env = [*base["kubeletPlugin"]["containers"]["gpus"]["env"],
-           {"name": "RESERVATION_ADDR", "value": f"127.0.0.1:{reservation_port}"}]  # fmt: skip
+    env = [
+        *base["kubeletPlugin"]["containers"]["gpus"]["env"],
+        {"name": "RESERVATION_ADDR", "value": f"127.0.0.1:{reservation_port}"},
+    ]
     path = deployed.values.with_name("arbiter-values.yaml")
-    path.write_text(yaml.safe_dump({
-        "arbiter": {"enabled": True, "hostNetwork": True, "metricsPort": 0},
-        "kubeletPlugin": {"containers": {"gpus": {"env": env}}},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "arbiter": {"enabled": True, "hostNetwork": True, "metricsPort": 0},
+                "kubeletPlugin": {"containers": {"gpus": {"env": env}}},
+            }
+        )
+    )
     return path
 
 
@@ -449,10 +498,13 @@ def test_helm_uninstall_with_the_arbiter_removes_its_fence_and_gate_and_hands_wa
     assert not site.cp.request("GET", f"/apis/batch/v1/namespaces/{NS}/jobs")["items"]
 
     def left() -> list[str]:
-        return [f"{kind}/{o['metadata']['name']}" for kind, path in LEFT_BEHIND
-                for o in site.cp.request("GET", path)["items"]
-                if ("gpu-dra" in o["metadata"]["name"] and "-test:" not in o["metadata"]["name"])  # the test's own
-                or o["metadata"]["name"].endswith("nvidia.com")]  # fmt: skip
+        return [
+            f"{kind}/{o['metadata']['name']}"
+            for kind, path in LEFT_BEHIND
+            for o in site.cp.request("GET", path)["items"]
+            if ("gpu-dra" in o["metadata"]["name"] and "-test:" not in o["metadata"]["name"])  # the test's own
+            or o["metadata"]["name"].endswith("nvidia.com")
+        ]
 
     # The Queue CRD goes last (its Queues, the default one included, with it): the API server empties it first.
     with contextlib.suppress(AssertionError):
@@ -487,38 +539,67 @@ def _kustomization(deployed: Deployed, directory: Path) -> Path:
     plugin = values["kubeletPlugin"]
     kubelet_root = plugin["kubeletRoot"]
     # base/daemonset.yaml's first four volumes and mounts, in its order
-    paths = {0: f"{kubelet_root}/plugins", 1: f"{kubelet_root}/plugins_registry", 2: plugin["cdiRoot"],
-             3: plugin["stateDir"]}  # fmt: skip
+    paths = {
+        0: f"{kubelet_root}/plugins",
+        1: f"{kubelet_root}/plugins_registry",
+        2: plugin["cdiRoot"],
+        3: plugin["stateDir"],
+    }
     container = "/spec/template/spec/containers/0"
     ops: list[dict[str, Any]] = [
         {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
         {"op": "replace", "path": f"{container}/image", "value": _image_name(deployed.tags["current"])},
         {"op": "replace", "path": f"{container}/imagePullPolicy", "value": "Never"},
-        {"op": "replace", "path": f"{container}/ports", "value": [
-            {"name": "metrics", "containerPort": plugin["metricsPort"], "protocol": "TCP"},
-            {"name": "healthz", "containerPort": plugin["healthcheckPort"], "protocol": "TCP"}]},
+        {
+            "op": "replace",
+            "path": f"{container}/ports",
+            "value": [
+                {"name": "metrics", "containerPort": plugin["metricsPort"], "protocol": "TCP"},
+                {"name": "healthz", "containerPort": plugin["healthcheckPort"], "protocol": "TCP"},
+            ],
+        },
         {"op": "replace", "path": f"{container}/livenessProbe/grpc/port", "value": plugin["healthcheckPort"]},
         {"op": "replace", "path": "/spec/template/spec/volumes/5/hostPath/path", "value": values["nvidiaDriverRoot"]},
-    ]  # fmt: skip
+    ]
     for index, path in paths.items():
         ops.append({"op": "replace", "path": f"/spec/template/spec/volumes/{index}/hostPath/path", "value": path})
         ops.append({"op": "replace", "path": f"{container}/volumeMounts/{index}/mountPath", "value": path})
-    env = {"KUBELET_ROOT": kubelet_root, "CDI_ROOT": plugin["cdiRoot"], "STATE_DIR": plugin["stateDir"],
-           "NVIDIA_HOST_DRIVER_ROOT": values["nvidiaDriverRoot"], "NVIDIA_DEV_ROOT": plugin["devRoot"],
-           "KUBERNETES_SERVICE_HOST": values["apiServer"]["host"],
-           "KUBERNETES_SERVICE_PORT": values["apiServer"]["port"],
-           **{e["name"]: e["value"] for e in plugin["containers"]["gpus"]["env"]}}  # fmt: skip
-    env_patch = {"apiVersion": "apps/v1", "kind": "DaemonSet",
-                 "metadata": {"name": "gpu-dra-agent-node", "namespace": NS},
-                 "spec": {"template": {"spec": {"containers": [
-                     {"name": "agent", "env": [{"name": k, "value": str(v)} for k, v in env.items()]}]}}}}  # fmt: skip
+    env = {
+        "KUBELET_ROOT": kubelet_root,
+        "CDI_ROOT": plugin["cdiRoot"],
+        "STATE_DIR": plugin["stateDir"],
+        "NVIDIA_HOST_DRIVER_ROOT": values["nvidiaDriverRoot"],
+        "NVIDIA_DEV_ROOT": plugin["devRoot"],
+        "KUBERNETES_SERVICE_HOST": values["apiServer"]["host"],
+        "KUBERNETES_SERVICE_PORT": values["apiServer"]["port"],
+        **{e["name"]: e["value"] for e in plugin["containers"]["gpus"]["env"]},
+    }
+    env_patch = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "gpu-dra-agent-node", "namespace": NS},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [{"name": "agent", "env": [{"name": k, "value": str(v)} for k, v in env.items()]}]
+                }
+            }
+        },
+    }
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(REPO / "daemonset", directory)],  # kustomize takes no absolute path
-        "patches": [{"target": {"kind": "DaemonSet", "name": "gpu-dra-agent-node"}, "patch": json.dumps(ops)},
-                    {"patch": yaml.safe_dump(env_patch)}],
-    }))  # fmt: skip
+    (directory / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(REPO / "daemonset", directory)],  # kustomize takes no absolute path
+                "patches": [
+                    {"target": {"kind": "DaemonSet", "name": "gpu-dra-agent-node"}, "patch": json.dumps(ops)},
+                    {"patch": yaml.safe_dump(env_patch)},
+                ],
+            }
+        )
+    )
     return directory
 
 
@@ -526,8 +607,13 @@ def _kubectl(deployed: Deployed, *args: str) -> str:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
-    done = subprocess.run([kubectl, "--kubeconfig", str(deployed.cp.kubeconfig_path), *args], capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [kubectl, "--kubeconfig", str(deployed.cp.kubeconfig_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
     return done.stdout
 
@@ -546,5 +632,8 @@ def test_kubectl_apply_k_runs_the_agent_and_delete_k_removes_it(deployed: Deploy
     wait_for("the node's slices to be withdrawn", lambda: None if deployed.slices() else True, 180)
     print(f"kubectl delete -k -> slices gone {time.monotonic() - started:.1f}s")
     assert deployed.site.get(f"/api/v1/namespaces/{NS}") is None  # the base's Namespace, deleted with it
-    assert not [c for c in deployed.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
-                if c["metadata"]["name"].endswith("nvidia.com")]  # fmt: skip
+    assert not [
+        c
+        for c in deployed.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+        if c["metadata"]["name"].endswith("nvidia.com")
+    ]

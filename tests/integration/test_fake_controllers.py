@@ -86,8 +86,10 @@ class _Stale:
         return list(self._objects)
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return next((o for o in self._objects if o["metadata"].get("namespace") == namespace
-                     and o["metadata"]["name"] == name), None)
+        return next(
+            (o for o in self._objects if o["metadata"].get("namespace") == namespace and o["metadata"]["name"] == name),
+            None,
+        )
 
 
 def test_a_pass_on_stale_informers_makes_no_second_claim(cluster: FakeCluster) -> None:
@@ -96,16 +98,29 @@ def test_a_pass_on_stale_informers_makes_no_second_claim(cluster: FakeCluster) -
 
     ghost = "only-the-stale-informer-has-it"  # the running controller cannot find it: it leaves the pod alone
     real = cluster.rest.get(RESOURCE_CLAIM_TEMPLATES, NS, cluster.template(NS, 1))  # makes the namespace too
-    pod = cluster.rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "lagging"}, "spec": {
-        "containers": [{"name": "main", "image": "trainer:1", "resources": {"claims": [{"name": "gpus"}]}}],
-        "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": ghost}],
-        "schedulingGates": [{"name": "test/held"}]}})
+    pod = cluster.rest.create(
+        PODS,
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "lagging"},
+            "spec": {
+                "containers": [{"name": "main", "image": "trainer:1", "resources": {"claims": [{"name": "gpus"}]}}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": ghost}],
+                "schedulingGates": [{"name": "test/held"}],
+            },
+        },
+    )
     template = {"metadata": {"namespace": NS, "name": ghost}, "spec": real["spec"]}
     controller = ResourceClaimController(cluster.rest, _Stale(pod), _Stale(), _Stale(template))  # type: ignore[arg-type]
     controller.sync()
     controller.sync()
-    owned = [c for c in cluster.rest.list(RESOURCE_CLAIMS, NS)["items"]
-             if any(o["uid"] == pod["metadata"]["uid"] for o in c["metadata"].get("ownerReferences") or ())]
+    owned = [
+        c
+        for c in cluster.rest.list(RESOURCE_CLAIMS, NS)["items"]
+        if any(o["uid"] == pod["metadata"]["uid"] for o in c["metadata"].get("ownerReferences") or ())
+    ]
     assert len(owned) == 1
     status = cluster.rest.get(PODS, NS, "lagging")["status"]["resourceClaimStatuses"]
     assert status == [{"name": "gpus", "resourceClaimName": owned[0]["metadata"]["name"]}]

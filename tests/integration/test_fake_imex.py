@@ -23,8 +23,10 @@ from fakes.nvml.machines import nvl72_node
 def _config(tmp: pathlib.Path, nodes: list[str]) -> pathlib.Path:
     (tmp / "nodes.cfg").write_text("".join(f"{n}\n" for n in nodes))
     config = tmp / "imexd.cfg"
-    config.write_text(f"DAEMONIZE=0\nSERVER_PORT=50000\nIMEX_NODE_CONFIG_FILE={tmp / 'nodes.cfg'}\n"
-                      "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.3\nIMEX_CMD_PORT=50005\n")
+    config.write_text(
+        f"DAEMONIZE=0\nSERVER_PORT=50000\nIMEX_NODE_CONFIG_FILE={tmp / 'nodes.cfg'}\n"
+        "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.3\nIMEX_CMD_PORT=50005\n"
+    )
     return config
 
 
@@ -36,12 +38,17 @@ def test_daemon_records_its_nodes_and_ctl_answers_ready(tmp_path: pathlib.Path) 
     config = _config(tmp_path, ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
 
     def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(bin_dir / "nvidia-imex-ctl"), "-c", str(config), *args], capture_output=True,
-                              text=True, env=env, timeout=60, check=False)
+        return subprocess.run(
+            [str(bin_dir / "nvidia-imex-ctl"), "-c", str(config), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
 
     assert ctl("-q").returncode == 1  # no daemon yet: the tool cannot reach it
-    daemon = subprocess.Popen([str(bin_dir / "nvidia-imex"), "-c", str(config)], env=env,
-                              stdout=subprocess.DEVNULL)
+    daemon = subprocess.Popen([str(bin_dir / "nvidia-imex"), "-c", str(config)], env=env, stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: ctl("-q").stdout == "READY\n", timeout=30, what="the fake daemon to be ready")
         loaded = json.loads(status_path(config).read_text())
@@ -54,8 +61,11 @@ def test_daemon_records_its_nodes_and_ctl_answers_ready(tmp_path: pathlib.Path) 
 
         (tmp_path / "nodes.cfg").write_text("127.0.0.3\n127.0.0.4\n")
         daemon.send_signal(signal.SIGUSR1)
-        wait_for(lambda: json.loads(status_path(config).read_text())["nodes"] == ["127.0.0.3", "127.0.0.4"],
-                 timeout=30, what="the reload")
+        wait_for(
+            lambda: json.loads(status_path(config).read_text())["nodes"] == ["127.0.0.3", "127.0.0.4"],
+            timeout=30,
+            what="the reload",
+        )
     finally:
         daemon.terminate()
         assert daemon.wait(timeout=30) == 0
@@ -67,8 +77,9 @@ def test_daemon_refuses_a_peer_off_loopback(tmp_path: pathlib.Path) -> None:
     bin_dir = install_driver_root(tmp_path / "root")
     config = _config(tmp_path, ["127.0.0.1", "10.0.0.7"])
     started = time.monotonic()
-    done = subprocess.run([str(bin_dir / "nvidia-imex"), "-c", str(config)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [str(bin_dir / "nvidia-imex"), "-c", str(config)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 1 and "10.0.0.7 is not a loopback address" in done.stderr
     assert time.monotonic() - started < 30
 

@@ -28,10 +28,22 @@ class Binaries:
         self.pipe, self.log = tmp / "mps" / "pipe", tmp / "mps" / "log"
 
     def run(self, binary: str, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
-        full_env = {**os.environ, persist.ENV: str(self.state), "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe),
-                    "CUDA_MPS_LOG_DIRECTORY": str(self.log), **env}
-        return subprocess.run([str(self.bin / binary), *args], input=stdin, text=True, capture_output=True,
-                              env=full_env, timeout=60, check=False)
+        full_env = {
+            **os.environ,
+            persist.ENV: str(self.state),
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.log),
+            **env,
+        }
+        return subprocess.run(
+            [str(self.bin / binary), *args],
+            input=stdin,
+            text=True,
+            capture_output=True,
+            env=full_env,
+            timeout=60,
+            check=False,
+        )
 
     def mps(self, *commands: str) -> subprocess.CompletedProcess[str]:
         return self.run("nvidia-cuda-mps-control", stdin="".join(c + "\n" for c in commands))
@@ -106,9 +118,13 @@ def test_mps_daemon_serves_its_pipe_directory_until_quit(bins: Binaries) -> None
     # The daemon is not the caller's child and outlives it; its server shows on the GPU it serves only.
     assert [p.name for p in bins.fake.gpus[2].processes] == ["nvidia-cuda-mps-server"]
     assert bins.fake.gpus[3].processes == []
-    answers = bins.mps("set_default_active_thread_percentage 25", f"set_default_device_pinned_mem_limit {uuid} 2048M",
-                       "get_default_active_thread_percentage", "get_default_device_pinned_mem_limit 0",
-                       "get_server_list")
+    answers = bins.mps(
+        "set_default_active_thread_percentage 25",
+        f"set_default_device_pinned_mem_limit {uuid} 2048M",
+        "get_default_active_thread_percentage",
+        "get_default_device_pinned_mem_limit 0",
+        "get_server_list",
+    )
     assert answers.returncode == 0, answers.stderr
     assert answers.stdout.split() == ["25.0", "25.0", "2048M", str(pid)]
     second = bins.run("nvidia-cuda-mps-control", "-d", CUDA_VISIBLE_DEVICES=uuid)
@@ -129,10 +145,12 @@ def test_mps_client_errors(bins: Binaries) -> None:
     assert bins.run("nvidia-cuda-mps-control", "-d").returncode == 0  # every GPU when nothing is named
     try:
         assert all(any(p.name == "nvidia-cuda-mps-server" for p in g.processes) for g in bins.fake.gpus)
-        for command, said in [("set_default_active_thread_percentage 150", "must be in (0, 100]"),
-                              ("set_default_device_pinned_mem_limit 9 1G", "not one of the 4 visible"),
-                              ("set_default_device_pinned_mem_limit 0 lots", "want <n>[K|M|G|T]"),
-                              ("start_server -uid 0", "Unrecognized command")]:
+        for command, said in [
+            ("set_default_active_thread_percentage 150", "must be in (0, 100]"),
+            ("set_default_device_pinned_mem_limit 9 1G", "not one of the 4 visible"),
+            ("set_default_device_pinned_mem_limit 0 lots", "want <n>[K|M|G|T]"),
+            ("start_server -uid 0", "Unrecognized command"),
+        ]:
             done = bins.mps(command)
             assert (done.returncode, said in done.stderr) == (1, True), (command, done.stderr)
     finally:

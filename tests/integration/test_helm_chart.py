@@ -114,12 +114,27 @@ def test_the_chart_renders_the_custom_mig_config_overlay(helm: str, tmp_path: Pa
 
 
 def test_values_named_as_nvidias_chart_change_what_they_say(helm: str) -> None:
-    objects = _template(helm, "--namespace", "default", "--set", "namespaceOverride=gpus",
-                        "--set", "nvidiaDriverRoot=/run/nvidia/driver",
-                        "--set", "image.repository=registry.example/agent",
-                        "--set", "image.tag=1.2.3", "--set", "kubeletPlugin.nodeSelector.gpu=yes",
-                        "--set", "arbiter.enabled=true", "--set", "apiServer.host=127.0.0.1",
-                        "--set", "apiServer.port=6443")  # fmt: skip
+    objects = _template(
+        helm,
+        "--namespace",
+        "default",
+        "--set",
+        "namespaceOverride=gpus",
+        "--set",
+        "nvidiaDriverRoot=/run/nvidia/driver",
+        "--set",
+        "image.repository=registry.example/agent",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "kubeletPlugin.nodeSelector.gpu=yes",
+        "--set",
+        "arbiter.enabled=true",
+        "--set",
+        "apiServer.host=127.0.0.1",
+        "--set",
+        "apiServer.port=6443",
+    )
     assert ("Namespace", "", "gpu-dra-agent") not in objects  # helm install --create-namespace makes it
     daemonset = objects[("DaemonSet", "gpus", "gpu-dra-agent-node")]
     pod = daemonset["spec"]["template"]["spec"]
@@ -169,7 +184,12 @@ def test_arbiter_metrics_port_0_turns_its_metrics_endpoint_off(helm: str) -> Non
 
 
 def test_a_value_the_chart_cannot_honour_is_refused(helm: str) -> None:
-    done = subprocess.run([helm, "template", "x", str(CHART), "--set", "resources.computeDomains.enabled=true"],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [helm, "template", "x", str(CHART), "--set", "resources.computeDomains.enabled=true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode != 0
     assert "ComputeDomains are not installed by this chart yet" in done.stderr

@@ -105,8 +105,7 @@ def test_the_same_tree_builds_the_same_image_twice(built: dict[str, Any]) -> Non
         assert a.path.read_bytes() == b.path.read_bytes()
 
 
-def test_the_product_image_is_small_and_holds_no_compiler_tests_or_fakes(built: dict[str, Any],
-                                                                         tmp_path: Path) -> None:  # fmt: skip
+def test_the_product_image_is_small_and_holds_no_compiler_tests_or_fakes(built: dict[str, Any], tmp_path: Path) -> None:
     product, _ = built["first"]
     assert product.size < 150e6, f"{product.size / 1e6:.1f} MB uncompressed"
     root = tmp_path / "root"

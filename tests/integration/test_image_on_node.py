@@ -77,7 +77,7 @@ def test_containerd_imports_the_archive_and_runs_the_agent_in_a_pod(node: tuple[
                     "imagePullPolicy": "Never",
                     "command": ["gpu-dra-agent", "inventory", "--nvml", "fake:dgx-h100", "--output", "json"],
                 }
-            ],  # fmt: skip
+            ],
         },
     }
     real.cp.request("POST", PODS, pod)

@@ -84,6 +84,7 @@ class _Blind:
 
     def watch(self, *a: Any, **k: Any) -> Iterator[Any]:
         from agent.kube.errors import ApiError
+
         time.sleep(0.05)
         raise ApiError(0, "blind")
 

@@ -33,9 +33,14 @@ def test_bookmarks_advance_the_version_and_stop_cuts_a_silent_watch() -> None:
         rest.create(NODES, None, node("mine"))
         listed: list[list[str]] = []
         events: list[tuple[str, str]] = []
-        reflector = Reflector(rest, NODES, lambda items: listed.append([o["metadata"]["name"] for o in items]),
-                              lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
-                              field_selector="metadata.name=mine", watch_timeout_s=600)
+        reflector = Reflector(
+            rest,
+            NODES,
+            lambda items: listed.append([o["metadata"]["name"] for o in items]),
+            lambda kind, obj: events.append((kind, obj["metadata"]["name"])),
+            field_selector="metadata.name=mine",
+            watch_timeout_s=600,
+        )
         reflector.start()
         eventually(lambda: listed == [["mine"]])
         first = reflector.resource_version

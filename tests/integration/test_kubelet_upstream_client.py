@@ -37,7 +37,11 @@ def test_upstream_client_registers(upstream, plugin):
     info = upstream.get_info(plugin.registration_socket)
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(plugin.dra_socket))
     assert list(info.supported_versions) == [
-        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     upstream.notify(plugin.registration_socket, registered=True)
     assert plugin.wait_registered(timeout=5).registered
 

@@ -19,15 +19,21 @@ DAEMONSET = Path(__file__).resolve().parents[2] / "daemonset"
 
 def kubectl(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert KUBECTL is not None
-    return subprocess.run([KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("install", ["daemonset", "daemonset/overlays/arbiter"])
 def test_a_second_apply_leaves_every_object_unchanged(cluster: Cluster, tmp_path: Path, install: str) -> None:
     listed = cluster.raw("GET", "/apis/admissionregistration.k8s.io/v1").body
-    if install.endswith("arbiter") and not any(r.get("name") == "mutatingadmissionpolicies"
-                                               for r in listed.get("resources") or []):
+    if install.endswith("arbiter") and not any(
+        r.get("name") == "mutatingadmissionpolicies" for r in listed.get("resources") or []
+    ):
         pytest.skip("the arbiter overlay's MutatingAdmissionPolicy v1 is served from Kubernetes 1.36")
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
     directory = str(DAEMONSET.parent / install)

@@ -21,16 +21,20 @@ DAEMONSET = Path(__file__).resolve().parents[2] / "daemonset"
 
 def kubectl(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert KUBECTL is not None
-    return subprocess.run([KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def rows(output: str) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in output.strip().splitlines()]
 
 
-def test_apply_recursive_of_the_daemonset_directory_passes_on_a_fresh_server(cluster: Cluster,
-                                                                            tmp_path: Path) -> None:
+def test_apply_recursive_of_the_daemonset_directory_passes_on_a_fresh_server(cluster: Cluster, tmp_path: Path) -> None:
     listed = cluster.raw("GET", "/apis/admissionregistration.k8s.io/v1").body
     if not any(r.get("name") == "mutatingadmissionpolicies" for r in listed.get("resources") or []):
         pytest.skip("the arbiter overlay's MutatingAdmissionPolicy v1 is served from Kubernetes 1.36")
@@ -45,16 +49,27 @@ def test_apply_recursive_of_the_daemonset_directory_passes_on_a_fresh_server(clu
 
 
 def _event(name: str, node: str, reason: str, kind: str, message: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": "default"},
-            "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"}, "reason": reason, "type": kind,
-            "message": message, "source": {"component": "gpu-dra-agent", "host": node}, "count": 2,
-            "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": "default"},
+        "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"},
+        "reason": reason,
+        "type": kind,
+        "message": message,
+        "source": {"component": "gpu-dra-agent", "host": node},
+        "count": 2,
+        "firstTimestamp": "2026-01-01T00:00:00Z",
+        "lastTimestamp": "2026-01-01T00:00:00Z",
+    }
 
 
 def test_get_events_shows_type_reason_object_and_message(cluster: Cluster, tmp_path: Path) -> None:
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
-    for event in (_event("gpu-7.a", "gpu-7", "MigConfigApplied", "Normal", "all-1g.10gb applied  "),
-                  _event("gpu-8.b", "gpu-8", "MigConfigFailed", "Warning", "unknown config x")):
+    for event in (
+        _event("gpu-7.a", "gpu-7", "MigConfigApplied", "Normal", "all-1g.10gb applied  "),
+        _event("gpu-8.b", "gpu-8", "MigConfigFailed", "Warning", "unknown config x"),
+    ):
         assert cluster.raw("POST", "/api/v1/namespaces/default/events", event).status == 201
     # The README's command.
     done = kubectl(config, "get", "events", "--field-selector", "involvedObject.name=gpu-7")
@@ -63,10 +78,22 @@ def test_get_events_shows_type_reason_object_and_message(cluster: Cluster, tmp_p
     assert header == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
     assert [row[1:] for row in body] == [["Normal", "MigConfigApplied", "node/gpu-7", "all-1g.10gb applied"]]
     wide = rows(kubectl(config, "get", "events", "-o", "wide", "--sort-by=.reason").stdout)
-    assert wide[0] == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "SUBOBJECT", "SOURCE", "MESSAGE", "FIRST SEEN",
-                       "COUNT", "NAME"]
+    assert wide[0] == [
+        "LAST SEEN",
+        "TYPE",
+        "REASON",
+        "OBJECT",
+        "SUBOBJECT",
+        "SOURCE",
+        "MESSAGE",
+        "FIRST SEEN",
+        "COUNT",
+        "NAME",
+    ]
     assert [row[2:4] + row[-2:] for row in wide[1:]] == [
-        ["MigConfigApplied", "node/gpu-7", "2", "gpu-7.a"], ["MigConfigFailed", "node/gpu-8", "2", "gpu-8.b"]]
+        ["MigConfigApplied", "node/gpu-7", "2", "gpu-7.a"],
+        ["MigConfigFailed", "node/gpu-8", "2", "gpu-8.b"],
+    ]
     assert "gpu-dra-agent, gpu-8" in wide[2]
 
 

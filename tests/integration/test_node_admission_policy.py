@@ -27,8 +27,12 @@ from tests.integration.test_slice_admission_policy import (
 pytestmark = pytest.mark.controlplane
 __all__ = ["installed"]  # the fixture: namespace, RBAC and both policies applied, nodes node-a and node-b
 
-OWN = {"metadata": {"labels": {STATE_LABEL: "success"},
-                    "annotations": {ADDRESS_ANNOTATION: "10.0.0.1:7443", FINGERPRINT_ANNOTATION: "ab" * 32}}}
+OWN = {
+    "metadata": {
+        "labels": {STATE_LABEL: "success"},
+        "annotations": {ADDRESS_ANNOTATION: "10.0.0.1:7443", FINGERPRINT_ANNOTATION: "ab" * 32},
+    }
+}
 
 
 def patch(cp: ControlPlane, node: str, body: dict[str, Any], **who: Any) -> tuple[int, str]:
@@ -38,6 +42,7 @@ def patch(cp: ControlPlane, node: str, body: dict[str, Any], **who: Any) -> tupl
 
 def wait_for_node_policy(cp: ControlPlane) -> None:
     import time
+
     deadline = time.monotonic() + 30
     while patch(cp, "node-b", OWN, headers=impersonating("node-a"))[0] != 403:
         assert time.monotonic() < deadline, "the Node policy is not in force after 30s"
@@ -47,9 +52,16 @@ def wait_for_node_policy(cp: ControlPlane) -> None:
 @pytest.fixture(scope="module")
 def agent_pod(installed: ControlPlane) -> Any:
     cp = installed
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent", "namespace": NAMESPACE},
-           "spec": {"serviceAccountName": ACCOUNT, "nodeName": "node-a",
-                    "containers": [{"name": "agent", "image": "gpu-dra-agent:test"}]}}  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "agent", "namespace": NAMESPACE},
+        "spec": {
+            "serviceAccountName": ACCOUNT,
+            "nodeName": "node-a",
+            "containers": [{"name": "agent", "image": "gpu-dra-agent:test"}],
+        },
+    }
     cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
     wait_for_node_policy(cp)
     try:
@@ -76,18 +88,26 @@ def test_another_nodes_object_is_refused(installed: ControlPlane, agent_pod: str
         assert "the node agent on node node-a may only change its own Node, not node-b" in message
 
 
-@pytest.mark.parametrize(("body", "said"), [
-    ({"metadata": {"labels": {CONFIG_LABEL: "all-1g.10gb"}}},
-     f"may change only the label {STATE_LABEL} of its Node, not {CONFIG_LABEL}"),
-    ({"metadata": {"labels": {"kubernetes.io/hostname": "node-b"}}}, "not kubernetes.io/hostname"),
-    ({"metadata": {"annotations": {"example.com/other": "x"}}},
-     f"may change only the annotations {ADDRESS_ANNOTATION} and {FINGERPRINT_ANNOTATION} of its Node, "
-     "not example.com/other"),
-    ({"spec": {"unschedulable": True}}, "may change only labels and annotations of its Node"),
-    ({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}, "not its spec, owners or finalizers"),
-])  # fmt: skip
-def test_keys_the_agent_does_not_own_are_refused_on_its_own_node(installed: ControlPlane, agent_pod: str,
-                                                                   body: dict[str, Any], said: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            {"metadata": {"labels": {CONFIG_LABEL: "all-1g.10gb"}}},
+            f"may change only the label {STATE_LABEL} of its Node, not {CONFIG_LABEL}",
+        ),
+        ({"metadata": {"labels": {"kubernetes.io/hostname": "node-b"}}}, "not kubernetes.io/hostname"),
+        (
+            {"metadata": {"annotations": {"example.com/other": "x"}}},
+            f"may change only the annotations {ADDRESS_ANNOTATION} and {FINGERPRINT_ANNOTATION} of its Node, "
+            "not example.com/other",
+        ),
+        ({"spec": {"unschedulable": True}}, "may change only labels and annotations of its Node"),
+        ({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}, "not its spec, owners or finalizers"),
+    ],
+)
+def test_keys_the_agent_does_not_own_are_refused_on_its_own_node(
+    installed: ControlPlane, agent_pod: str, body: dict[str, Any], said: str
+) -> None:
     for who in whos(agent_pod):
         status, message = patch(installed, "node-a", body, **who)
         assert status == 403, message

@@ -210,8 +210,13 @@ def test_stop_withdraws_slices_only_when_no_node_owns_them(node_exists: bool) ->
 def run_cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
     driver_root = fake_driver_root(cwd)
     return subprocess.run(
-        agent_command("--driver-root", str(driver_root), *args), check=False, capture_output=True, text=True,
-        env=clean_env(), timeout=60, cwd=cwd,
+        agent_command("--driver-root", str(driver_root), *args),
+        check=False,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        cwd=cwd,
     )
 
 

@@ -188,8 +188,12 @@ def pool_generation(node: Node) -> int:
 
 def taints_of(node: Node, device: str) -> list[dict[str, Any]]:
     """The device's taints as published; none while it is not published."""
-    found = [d for s in node.server.store.objects("ResourceSlice") for d in s["spec"].get("devices", [])
-             if d["name"] == device]
+    found = [
+        d
+        for s in node.server.store.objects("ResourceSlice")
+        for d in s["spec"].get("devices", [])
+        if d["name"] == device
+    ]
     return [t for d in found for t in d.get("taints", [])]
 
 
@@ -202,7 +206,10 @@ def test_a_critical_xid_taints_the_gpu_where_the_server_serves_taints(dgx_h100_w
     eventually(lambda: taints_of(node, "gpu-3") != [], "gpu-3 is tainted")
     (taint,) = taints_of(node, "gpu-3")
     assert {k: taint[k] for k in ("key", "value", "effect")} == {
-        "key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+        "key": "gpu.nvidia.com/xid",
+        "value": "79",
+        "effect": "NoSchedule",
+    }
     assert datetime.fromisoformat(taint["timeAdded"].replace("Z", "+00:00")).year >= 2026
     generation = pool_generation(node)
     assert taints_of(node, "gpu-1") == []
@@ -223,4 +230,3 @@ def test_a_lost_gpu_stays_listed_with_the_gpu_lost_taint(dgx_h100_with_taints: N
     assert [(t["key"], t["effect"]) for t in taints_of(node, "gpu-5")] == [("gpu.nvidia.com/gpu-lost", "NoSchedule")]
     time.sleep(0.5)
     assert "gpu-5" in node.published()  # resyncs after rediscovery keep it listed, tainted
-

@@ -35,8 +35,14 @@ H100_GPUS = 8
 
 
 class MigNode:
-    def __init__(self, server: fakes.apiserver.ApiServer, daemon: Daemon, kubelet: FakeKubelet,
-                 kubeconfig: pathlib.Path, gpu_state: pathlib.Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        server: fakes.apiserver.ApiServer,
+        daemon: Daemon,
+        kubelet: FakeKubelet,
+        kubeconfig: pathlib.Path,
+        gpu_state: pathlib.Path,
+    ) -> None:
         self.server = server
         self.api = server.api_client()
         self.daemon = daemon
@@ -52,18 +58,33 @@ class MigNode:
             client.CoreV1Api(self.api).patch_node(NODE, body)
             return
         done = subprocess.run(
-            [kubectl, "--kubeconfig", str(self.kubeconfig), "label", "node", NODE,
-             f"nvidia.com/mig.config={value}", "--overwrite"],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
+            [
+                kubectl,
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "label",
+                "node",
+                NODE,
+                f"nvidia.com/mig.config={value}",
+                "--overwrite",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
 
     def relabel(self, value: str, end: str = "success", timeout: float = 30.0) -> None:
         """Label, and wait until the agent has carried this value to `end` (an Event marks each end)."""
         done = len(self.ends())
         self.label(value)
-        wait_for(lambda: len(self.ends()) > done and self.labels().get(STATE) == end, f"{value} -> {end}",
-                 timeout, self.daemon)  # fmt: skip
+        wait_for(
+            lambda: len(self.ends()) > done and self.labels().get(STATE) == end,
+            f"{value} -> {end}",
+            timeout,
+            self.daemon,
+        )
 
     def release(self, *refs: ClaimRef) -> None:
         """Delete the claims, as the resourceclaim controller does once their pods are gone."""
@@ -94,9 +115,10 @@ class MigNode:
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [
-            e for e in self.server.store.objects("Event")
+            e
+            for e in self.server.store.objects("Event")
             if e["reason"] == reason and e["involvedObject"]["name"] == NODE
-        ]  # fmt: skip
+        ]
 
     def gpus(self) -> list[dict[str, Any]]:
         """The fake GPUs as the state file holds them (what survives the agent)."""
@@ -191,12 +213,15 @@ def test_pending_while_a_claim_is_prepared_then_applied(node: MigNode) -> None:
 def test_kill_9_in_the_middle_of_an_apply_converges_after_restart(node: MigNode) -> None:
     """Killed while the GPUs are half-way (some instances made, maybe a GPU instance without its compute
     instance), the restarted agent reaches exactly the label's layout: nothing leaked, nothing missing."""
-    for value, want in [("all-1g.10gb", Counter({"1g.10gb": 56})),
-                        ("all-balanced", Counter({"1g.10gb": 16, "2g.20gb": 8, "3g.40gb": 8}))]:  # fmt: skip
+    for value, want in [
+        ("all-1g.10gb", Counter({"1g.10gb": 56})),
+        ("all-balanced", Counter({"1g.10gb": 16, "2g.20gb": 8, "3g.40gb": 8})),
+    ]:
         before = instances(node.gpus())
         node.label(value)
-        wait_for(lambda b=before, w=want: instances(node.gpus()) not in (b, w), "a half-applied layout", 30,
-                 node.daemon)  # fmt: skip
+        wait_for(
+            lambda b=before, w=want: instances(node.gpus()) not in (b, w), "a half-applied layout", 30, node.daemon
+        )
         node.daemon.kill()
         half = node.gpus()
         assert instances(half) != want  # really killed half-way
@@ -242,8 +267,12 @@ def test_an_allocated_claim_not_yet_prepared_holds_the_relabel_until_released(no
     try:
         node.label("all-1g.10gb")
         node.wait_state("pending")
-        wait_for(lambda: any("default/placed-not-prepared" in e["message"] for e in node.events("MigConfigWaiting")),
-                 "a MigConfigWaiting Event naming the claim", 10, node.daemon)  # fmt: skip
+        wait_for(
+            lambda: any("default/placed-not-prepared" in e["message"] for e in node.events("MigConfigWaiting")),
+            "a MigConfigWaiting Event naming the claim",
+            10,
+            node.daemon,
+        )
         wait_for(lambda: not node.devices(), "the GPUs withdrawn from the slices", 10, node.daemon)
         time.sleep(1.5)  # more than a poll of the claims
         assert node.labels()[STATE] == "pending"
@@ -258,8 +287,10 @@ def test_an_allocated_claim_not_yet_prepared_holds_the_relabel_until_released(no
     ("content", "says"),
     [
         (None, "cannot be read: No such file or directory"),
-        ("version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: maybe\n",
-         "config 'mine' entry 0: mig-enabled must be true or false"),
+        (
+            "version: v1\nmig-configs:\n  mine:\n    - devices: all\n      mig-enabled: maybe\n",
+            "config 'mine' entry 0: mig-enabled must be true or false",
+        ),
     ],
     ids=["missing", "invalid"],
 )
@@ -271,10 +302,23 @@ def test_an_invalid_mig_config_file_stops_the_agent_with_one_sentence(
     if content is not None:
         path.write_text(content)
     done = subprocess.run(
-        agent_command("--node-name", NODE, "--nvml", "fake:dgx-h100", "--state-dir", str(tmp_path / "state"),
-                      "--mig-config-file", str(path)),
-        check=False, capture_output=True, text=True, env=clean_env(), timeout=60, cwd=tmp_path,
-    )  # fmt: skip
+        agent_command(
+            "--node-name",
+            NODE,
+            "--nvml",
+            "fake:dgx-h100",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--mig-config-file",
+            str(path),
+        ),
+        check=False,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr  # one sentence, no traceback

@@ -26,10 +26,16 @@ def node() -> Iterator[tuple[NodeAgent, fakes.apiserver.ApiServer]]:
         api = server.api_client()
         create_node(api)
         config = NodeConfig(
-            node_name=NODE, driver_name=DRIVER, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
-            state_dir=root / "state", resync_interval_s=3600, health_events=False,
-            reservation_address="127.0.0.1:0", mig_configs=load_mig_configs(None),
-        )  # fmt: skip
+            node_name=NODE,
+            driver_name=DRIVER,
+            kubelet_root=root / "kubelet",
+            cdi_root=root / "cdi",
+            state_dir=root / "state",
+            resync_interval_s=3600,
+            health_events=False,
+            reservation_address="127.0.0.1:0",
+            mig_configs=load_mig_configs(None),
+        )
         agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()
         try:
@@ -46,8 +52,9 @@ def test_a_relabel_withdraws_its_gpus_from_reservations_and_waits_for_one_held(
     book = agent.reservations.book
     held = book.reserve("gang-a", "m0", Claim((DeviceRequest("gpus", count=1),)), ttl_seconds=60)
     assert book.capacity().free_gpus_by_model == {"NVIDIA H100 80GB HBM3": 7}
-    client.CoreV1Api(server.api_client()).patch_node(NODE, {"metadata": {"labels": {"nvidia.com/mig.config":
-                                                                                    "all-1g.10gb"}}})  # fmt: skip
+    client.CoreV1Api(server.api_client()).patch_node(
+        NODE, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.10gb"}}}
+    )
 
     def events(reason: str) -> list[dict[str, Any]]:
         return [e for e in server.store.objects("Event") if e["reason"] == reason]

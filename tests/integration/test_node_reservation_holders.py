@@ -40,13 +40,19 @@ class Node:
 
 @pytest.fixture
 def node() -> Iterator[Node]:
-    with short_tmpdir("reshold-") as root, open_nvml("fake:dgx-h100") as nvml, \
-            fakes.apiserver.start(port=0) as server:
+    with short_tmpdir("reshold-") as root, open_nvml("fake:dgx-h100") as nvml, fakes.apiserver.start(port=0) as server:
         api = server.api_client()
         create_node(api)
-        config = NodeConfig(node_name=NODE, driver_name=DRIVER, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
-                            state_dir=root / "state", resync_interval_s=3600, health_events=False,
-                            reservation_address="127.0.0.1:0")
+        config = NodeConfig(
+            node_name=NODE,
+            driver_name=DRIVER,
+            kubelet_root=root / "kubelet",
+            cdi_root=root / "cdi",
+            state_dir=root / "state",
+            resync_interval_s=3600,
+            health_events=False,
+            reservation_address="127.0.0.1:0",
+        )
         agent = NodeAgent(config, nvml, rest=server.rest())
         agent.start()
         try:
@@ -65,8 +71,10 @@ def test_a_reserved_gpu_is_refused_to_another_claims_prepare_and_confirm_then_fa
         # kube-scheduler, not seeing the reservation, allocates gpu-0 to another claim; the kubelet prepares it
         intruder = allocate_claim(node.api, "intruder", ["gpu-0"])
         result = node.kubelet.prepare(DRIVER, [intruder])[intruder.uid]
-        assert result.error == ("device gpu-0 is reserved for another claim: reservation "
-                                f"{r.id} (gang g, member default/trainer-0/trainer-0-gpus)")
+        assert result.error == (
+            "device gpu-0 is reserved for another claim: reservation "
+            f"{r.id} (gang g, member default/trainer-0/trainer-0-gpus)"
+        )
         reservations = node.agent.reservations
         assert reservations is not None
         wait_for(lambda: "gpu-0" in reservations.holders(), what="the claim informer sees the intruder")

@@ -49,24 +49,45 @@ def rest() -> Iterator[Rest]:
 def node(rest: Rest) -> Iterator[tuple[NodeReservations, list[tuple[str, str]]]]:
     prepared: list[tuple[str, str]] = []  # (device, its claim)
     inv = inventory(*(gpu(i, "A") for i in range(4)))
-    service = NodeReservations(node_name=NODE, driver=DRIVER, inventory=lambda: inv, prepared=lambda: prepared,
-                               unhealthy=lambda: (), token=TOKEN, rest=rest)
+    service = NodeReservations(
+        node_name=NODE,
+        driver=DRIVER,
+        inventory=lambda: inv,
+        prepared=lambda: prepared,
+        unhealthy=lambda: (),
+        token=TOKEN,
+        rest=rest,
+    )
     service.start("127.0.0.1:0")
     yield service, prepared
     service.stop()
 
 
 def allocated_claim(rest: Rest, name: str, devices: list[str], node: str = NODE) -> None:
-    claim = rest.create(RESOURCE_CLAIMS, "default", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
-                                                                      "count": len(devices)}}]}},
-    })
-    claim["status"] = {"allocation": {
-        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": d} for d in devices]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-    }}
+    claim = rest.create(
+        RESOURCE_CLAIMS,
+        "default",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": len(devices)}}
+                    ]
+                }
+            },
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": d} for d in devices]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    }
     rest.replace(RESOURCE_CLAIMS, claim, "status")
 
 
@@ -88,7 +109,8 @@ def eventually(check: Any, timeout: float = 5.0) -> None:
 
 
 def test_the_address_is_advertised_on_the_node_and_serves_reservations(
-        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]
+) -> None:
     service, _ = node
     address = rest.get(NODES, None, NODE)["metadata"]["annotations"][ADDRESS_ANNOTATION]
     assert address == f"127.0.0.1:{service.port}"
@@ -105,7 +127,8 @@ def test_no_reservation_without_the_token(rest: Rest, node: tuple[NodeReservatio
 
 
 def test_allocated_prepared_and_reserved_devices_are_all_taken(
-        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]
+) -> None:
     service, prepared = node
     allocated_claim(rest, "held", ["gpu-0"])
     allocated_claim(rest, "elsewhere", ["gpu-1"], node="other-node")  # another node's pool: not ours
@@ -124,7 +147,8 @@ def test_allocated_prepared_and_reserved_devices_are_all_taken(
 
 
 def test_a_confirmed_reservation_holds_until_its_claim_is_seen_then_the_claim_counts(
-        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]
+) -> None:
     service, _ = node
     now = [1000.0]
     service.book._clock = lambda: now[0]  # type: ignore[method-assign]
@@ -141,14 +165,21 @@ def test_a_confirmed_reservation_holds_until_its_claim_is_seen_then_the_claim_co
 
 
 def test_an_unreachable_node_is_node_unavailable() -> None:
-    with grpc.insecure_channel("127.0.0.1:1") as channel, \
-            pytest.raises(NodeUnavailable):  # tried: nothing listens on the port
+    with (
+        grpc.insecure_channel("127.0.0.1:1") as channel,
+        pytest.raises(NodeUnavailable),
+    ):  # tried: nothing listens on the port
         GrpcNodeClient(channel, TOKEN, timeout_s=0.5).capacity()
 
 
-@pytest.mark.parametrize(("text", "error"), [
-    ("", "empty"), ("   \n", "empty"),
-], ids=["empty", "whitespace"])
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("", "empty"),
+        ("   \n", "empty"),
+    ],
+    ids=["empty", "whitespace"],
+)
 def test_an_empty_token_file_is_refused(tmp_path: Any, text: str, error: str) -> None:
     path = tmp_path / "token"
     path.write_text(text)
@@ -203,7 +234,8 @@ def impostor() -> Iterator[tuple[str, Recorder]]:
 
 
 def test_the_node_publishes_the_fingerprint_of_the_certificate_it_serves(
-        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]
+) -> None:
     import ssl
 
     service, _ = node
@@ -218,8 +250,15 @@ def test_a_new_agent_start_makes_a_new_certificate(rest: Rest) -> None:
     inv = inventory(gpu(0, "A"))
     seen = []
     for _ in range(2):
-        service = NodeReservations(node_name=NODE, driver=DRIVER, inventory=lambda: inv, prepared=lambda: (),
-                                   unhealthy=lambda: (), token=TOKEN, rest=rest)
+        service = NodeReservations(
+            node_name=NODE,
+            driver=DRIVER,
+            inventory=lambda: inv,
+            prepared=lambda: (),
+            unhealthy=lambda: (),
+            token=TOKEN,
+            rest=rest,
+        )
         service.start("127.0.0.1:0")
         seen.append(rest.get(NODES, None, NODE)["metadata"]["annotations"][FINGERPRINT_ANNOTATION])
         service.stop()
@@ -227,7 +266,8 @@ def test_a_new_agent_start_makes_a_new_certificate(rest: Rest) -> None:
 
 
 def test_a_man_in_the_middle_with_another_certificate_is_refused_and_never_sees_the_token(
-        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]], impostor: tuple[str, Recorder]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]], impostor: tuple[str, Recorder]
+) -> None:
     service, _ = node
     address, recorder = impostor
     published = rest.get(NODES, None, NODE)["metadata"]["annotations"][FINGERPRINT_ANNOTATION]
@@ -251,7 +291,8 @@ def test_a_man_in_the_middle_with_another_certificate_is_refused_and_never_sees_
 
 
 def test_a_node_that_publishes_no_fingerprint_is_not_connected_to(
-        node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    node: tuple[NodeReservations, list[tuple[str, str]]],
+) -> None:
     service, _ = node
     directory = NodeDirectory(TOKEN)  # no fingerprint for any node (an agent from before TLS)
     directory.addresses = {NODE: f"127.0.0.1:{service.port}"}
@@ -266,7 +307,8 @@ def test_a_node_that_publishes_no_fingerprint_is_not_connected_to(
 
 
 def test_confirm_fails_when_another_claim_was_allocated_and_prepared_a_reserved_device(
-        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]
+) -> None:
     service, prepared = node
     with channel(rest, service) as ch:
         client = GrpcNodeClient(ch, TOKEN)
@@ -284,11 +326,13 @@ def test_confirm_fails_when_another_claim_was_allocated_and_prepared_a_reserved_
 
 
 NESTED = "[{0}].all(a, [{0}].all(b, [{0}].all(c, [{0}].all(d, a + b + c + d >= 0))))".format(
-    ", ".join(str(i) for i in range(60)))  # 13M steps: minutes of CEL
+    ", ".join(str(i) for i in range(60))
+)  # 13M steps: minutes of CEL
 
 
 def test_a_costly_selector_is_cut_off_and_never_blocks_capacity(
-        rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[tuple[str, str]]]
+) -> None:
     """Tried: one Reserve with a nested comprehension held the lock for 67.8 s and blocked Capacity."""
     service, _ = node
     costly = Claim((DeviceRequest("x", selectors=(NESTED,)),))
@@ -347,23 +391,57 @@ def test_a_selector_worker_killed_while_idle_is_replaced() -> None:
         assert not selectors.evaluate(["false"], [device], 30).matches("false", device)
     finally:
         selectors.close()
+
+
 def test_consumable_capacity_shares_take_their_fraction_and_keep_the_gpu_from_whole_claims(
-        rest: Rest, node: tuple[NodeReservations, list[str]]) -> None:
+    rest: Rest, node: tuple[NodeReservations, list[str]]
+) -> None:
     service, _ = node
     memory = service._inventory().gpus[0].memory_bytes
     for i in range(9):
-        claim = rest.create(RESOURCE_CLAIMS, "default", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"share-{i}"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "8Gi"}}}}]}},
-        })
-        claim["status"] = {"allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0",
-                                     "shareID": f"00000000-0000-4000-8000-00000000000{i}",
-                                     "consumedCapacity": {"memory": "8Gi"}}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
-        }}
+        claim = rest.create(
+            RESOURCE_CLAIMS,
+            "default",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"share-{i}"},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": "gpu.nvidia.com",
+                                    "capacity": {"requests": {"memory": "8Gi"}},
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        )
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": NODE,
+                            "device": "gpu-0",
+                            "shareID": f"00000000-0000-4000-8000-00000000000{i}",
+                            "consumedCapacity": {"memory": "8Gi"},
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+                    ]
+                },
+            }
+        }
         rest.replace(RESOURCE_CLAIMS, claim, "status")
     per_share = -(-8 * (1 << 30) * 1000 // memory)
     eventually(lambda: service.usage().shared_milli.get("gpu-0") == 9 * per_share)

@@ -306,7 +306,8 @@ def test_a_driver_root_without_the_binaries_is_one_line_and_exit_2(
     (driver_root / "usr/bin" / missing).unlink()
     message = assert_refused(start(root, server, "--driver-root", str(driver_root)), "--driver-root", code=2)
     assert message.startswith(
-        f"gpu-dra-agent node: --driver-root {driver_root}: {missing} not found (looked in {driver_root}/usr/bin,")
+        f"gpu-dra-agent node: --driver-root {driver_root}: {missing} not found (looked in {driver_root}/usr/bin,"
+    )
     assert "NVIDIA_DRIVER_ROOT" in message
     assert not (root / "state").exists()
     empty = root / "empty"
@@ -328,8 +329,9 @@ def test_created_directories_get_their_modes_whatever_the_umask(
     for umask in (0o077, 0o000):
         base = root / f"umask-{umask:o}"
         base.mkdir()
-        daemon = Daemon(base, server.write_kubeconfig(base / "kubeconfig"), extra_args=("--driver-root",
-                                                                                     str(_DRIVER_ROOT[0])))
+        daemon = Daemon(
+            base, server.write_kubeconfig(base / "kubeconfig"), extra_args=("--driver-root", str(_DRIVER_ROOT[0]))
+        )
         previous = os.umask(umask)
         try:
             daemon.start()
@@ -369,22 +371,30 @@ def test_a_driver_root_of_another_version_is_refused(root: pathlib.Path, server:
     from fakes.nvml.binaries import install_driver_root
 
     install_driver_root(root / "driver-root", version="535.104.05")  # the fake NVML reports 550.54.15
-    assert_refused(start(root, server, "--driver-root", str(root / "driver-root")),
-                   "libcuda.so.535.104.05", "NVML reports driver 550.54.15", code=2)  # fmt: skip
+    assert_refused(
+        start(root, server, "--driver-root", str(root / "driver-root")),
+        "libcuda.so.535.104.05",
+        "NVML reports driver 550.54.15",
+        code=2,
+    )
 
 
 def test_host_driver_root_must_be_absolute(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> None:
     assert_refused(start(root, server, "--host-driver-root", "run/nvidia/driver"), "--host-driver-root", code=2)
+
+
 # --- consumable shares ----------------------------------------------------------------------------------
 
 
-def test_consumable_shares_with_partitionable_devices_is_refused(root: pathlib.Path,
-                                                                 server: fakes.apiserver.ApiServer) -> None:
+def test_consumable_shares_with_partitionable_devices_is_refused(
+    root: pathlib.Path, server: fakes.apiserver.ApiServer
+) -> None:
     result = start(root, server, "--consumable-shares", "memory", "--partitionable-devices")
     assert_refused(result, "--consumable-shares=memory cannot be combined with --partitionable-devices", code=2)
 
 
-def test_a_bad_consumable_shares_value_from_the_environment(root: pathlib.Path,
-                                                            server: fakes.apiserver.ApiServer) -> None:
+def test_a_bad_consumable_shares_value_from_the_environment(
+    root: pathlib.Path, server: fakes.apiserver.ApiServer
+) -> None:
     result = start(root, server, env={"CONSUMABLE_SHARES": "half"})
     assert_refused(result, "--consumable-shares must be one of disabled, memory, unlimited", "'half'", code=2)

@@ -119,11 +119,25 @@ class Daemon:
         --driver-root of the test's own, the fake binaries' driver root under `root`."""
         driver_root = () if "--driver-root" in self.extra_args else ("--driver-root", str(fake_driver_root(self.root)))
         args = agent_command(
-            "--node-name", self.node, "--nvml", self.machine, "--kubeconfig", str(self.kubeconfig),
-            "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
-            "--state-dir", str(self.state_dir), "--metrics-addr", "127.0.0.1:0", "--log-format", "json",
-            *driver_root, *self.extra_args,
-        )  # fmt: skip
+            "--node-name",
+            self.node,
+            "--nvml",
+            self.machine,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--kubelet-root",
+            str(self.kubelet_root),
+            "--cdi-root",
+            str(self.cdi_root),
+            "--state-dir",
+            str(self.state_dir),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            *driver_root,
+            *self.extra_args,
+        )
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.started_at = time.perf_counter()

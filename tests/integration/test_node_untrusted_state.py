@@ -31,8 +31,16 @@ def node_events(server: fakes.apiserver.ApiServer, reason: str) -> list[dict[str
 
 
 def config(root: pathlib.Path) -> NodeConfig:
-    return NodeConfig(NODE, DRIVER, root / "kubelet", root / "cdi", root / "state", driver_root=root / "driver-root",
-                      host_driver_root=str(root / "driver-root"), health_events=False)  # fmt: skip
+    return NodeConfig(
+        NODE,
+        DRIVER,
+        root / "kubelet",
+        root / "cdi",
+        root / "state",
+        driver_root=root / "driver-root",
+        host_driver_root=str(root / "driver-root"),
+        health_events=False,
+    )
 
 
 def test_world_writable_driver_files_are_told_on_the_node_and_counted(server: fakes.apiserver.ApiServer) -> None:
@@ -61,8 +69,9 @@ def test_a_corrupt_claim_record_fences_that_claim_and_the_node_goes_on(server: f
     with short_tmpdir("fence-") as root, open_nvml(MACHINE) as nvml:
         install_driver_root(root / "driver-root")
         api = server.api_client()
-        held, other, blocked = (allocate_claim(api, name, [d]) for name, d in (
-            ("held", "gpu-0"), ("other", "gpu-1"), ("blocked", "gpu-0")))  # fmt: skip
+        held, other, blocked = (
+            allocate_claim(api, name, [d]) for name, d in (("held", "gpu-0"), ("other", "gpu-1"), ("blocked", "gpu-0"))
+        )
         first = NodeAgent(config(root), nvml, rest=server.rest())
         assert first.preparer.prepare([held])[held.uid].error == ""
         record = CheckpointStore(root / "state").record_path(held.uid)

@@ -295,8 +295,9 @@ def test_fake_dgx_h100_discovered_through_nvml_is_published_whole() -> None:
             pub, _ = publisher(srv, partitionable=partitionable)
             result = pub.publish(inventory)  # every write is validated by the server (422 otherwise)
             slices = slices_in_api(srv)
-            gpus = [d for s in slices for d in s["spec"].get("devices", [])
-                    if d["attributes"]["type"]["string"] == "gpu"]
+            gpus = [
+                d for s in slices for d in s["spec"].get("devices", []) if d["attributes"]["type"]["string"] == "gpu"
+            ]
             minors = sorted(g.minor for g in inventory.gpus)
             assert [d["name"] for d in gpus] == [f"gpu-{m}" for m in minors]
             assert len({d["attributes"]["nvlinkDomain"]["string"] for d in gpus}) == 1

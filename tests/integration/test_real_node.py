@@ -108,8 +108,9 @@ def example(name: str, pod_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     template, pod = yaml.safe_load_all((EXAMPLES / f"{name}.yaml").read_text())
     pod["metadata"]["name"] = pod_name
     spec = pod["spec"]
-    spec.update(hostNetwork=True, automountServiceAccountToken=False, enableServiceLinks=False,
-                terminationGracePeriodSeconds=5)  # fmt: skip
+    spec.update(
+        hostNetwork=True, automountServiceAccountToken=False, enableServiceLinks=False, terminationGracePeriodSeconds=5
+    )
     for container in spec["containers"]:
         container.update(image=images.WORKLOAD_IMAGE, imagePullPolicy="Never", command=["/bin/sh", "-c", WORKLOAD])
     return template, pod
@@ -142,8 +143,10 @@ def wait_running(site: Site, pod_name: str) -> RunningPod:
         current = site.get(f"{PODS}/{pod_name}")
         events = site.cp.request("GET", f"/api/v1/namespaces/{NS}/events")["items"]
         said = "\n".join(f"{e['reason']}: {e['message']}" for e in events if e["involvedObject"]["name"] == pod_name)
-        raise AssertionError(f"{error}\nstatus: {json.dumps((current or {}).get('status'))}\nevents:\n{said}\n"
-                             f"kubelet:\n{site.node.components['kubelet'].tail(30)}") from None  # fmt: skip
+        raise AssertionError(
+            f"{error}\nstatus: {json.dumps((current or {}).get('status'))}\nevents:\n{said}\n"
+            f"kubelet:\n{site.node.components['kubelet'].tail(30)}"
+        ) from None
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     claim = site.cp.request("GET", f"{CLAIMS}/{claim_name}")
     return RunningPod(pod_name, pod, claim)
@@ -302,8 +305,11 @@ def test_an_xid_taints_the_device_and_marks_the_pod_s_resource_unhealthy(site: S
 
         def unhealthy() -> list[dict[str, Any]] | None:
             current = site.get(f"{PODS}/{pod.name}") or {}
-            statuses = [r for s in current.get("status", {}).get("containerStatuses", [])
-                        for r in s.get("allocatedResourcesStatus", [])]  # fmt: skip
+            statuses = [
+                r
+                for s in current.get("status", {}).get("containerStatuses", [])
+                for r in s.get("allocatedResourcesStatus", [])
+            ]
             return statuses if any(h.get("health") == "Unhealthy" for r in statuses for h in r["resources"]) else None
 
         statuses = wait_for("the pod's allocatedResourcesStatus to say Unhealthy", unhealthy, 60)

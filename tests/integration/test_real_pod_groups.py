@@ -22,16 +22,33 @@ NS = "pod-groups"
 
 
 def _group(rest: Rest, name: str) -> dict[str, Any]:
-    return rest.create(POD_GROUPS, NS, {
-        "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup", "metadata": {"name": name, "namespace": NS},
-        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}})
+    return rest.create(
+        POD_GROUPS,
+        NS,
+        {
+            "apiVersion": "scheduling.k8s.io/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+        },
+    )
 
 
 def _members(rest: Rest, group: str) -> None:
     for i in range(2):
-        rest.create(PODS, NS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{group}-{i}", "namespace": NS},
-                               "spec": {"containers": [{"name": "main", "image": "trainer:1"}],
-                                        "schedulingGroup": {"podGroupName": group}}})
+        rest.create(
+            PODS,
+            NS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{group}-{i}", "namespace": NS},
+                "spec": {
+                    "containers": [{"name": "main", "image": "trainer:1"}],
+                    "schedulingGroup": {"podGroupName": group},
+                },
+            },
+        )
 
 
 def _status_writers(group: dict[str, Any]) -> set[str]:
@@ -45,8 +62,9 @@ def test_kube_scheduler_leaves_a_podgroup_marked_as_the_arbiter_marks_it(control
     rest = control_plane.rest()
     try:
         control_plane.add_node("pod-group-node")
-        control_plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                             "metadata": {"name": NS}})
+        control_plane.request(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+        )
         committer = Committer(rest, "gpu.nvidia.com", dict, ttl_seconds=30, clock=time.time)
         try:
             committer.mark_scheduled(_group(rest, "marked"))  # as the arbiter does when it admits the gang
@@ -56,14 +74,21 @@ def test_kube_scheduler_leaves_a_podgroup_marked_as_the_arbiter_marks_it(control
         _group(rest, "unmarked")  # tried: the same group left to kube-scheduler alone
         for name in ("marked", "unmarked"):
             _members(rest, name)
-        wait_for(lambda: all(p["spec"].get("nodeName") for p in rest.list(PODS, NS)["items"]), timeout=60,
-                 what="both groups bound by kube-scheduler")
-        unmarked = wait_for(lambda: g if scheduled_condition(g := rest.get(POD_GROUPS, NS, "unmarked")) else None,
-                            timeout=30, what="kube-scheduler's own mark")
+        wait_for(
+            lambda: all(p["spec"].get("nodeName") for p in rest.list(PODS, NS)["items"]),
+            timeout=60,
+            what="both groups bound by kube-scheduler",
+        )
+        unmarked = wait_for(
+            lambda: g if scheduled_condition(g := rest.get(POD_GROUPS, NS, "unmarked")) else None,
+            timeout=30,
+            what="kube-scheduler's own mark",
+        )
         ours, theirs = scheduled_condition(marked), scheduled_condition(unmarked)
         assert ours is not None and theirs is not None
-        assert {k: v for k, v in ours.items() if k != "lastTransitionTime"} == \
-            {k: v for k, v in theirs.items() if k != "lastTransitionTime"}  # word for word
+        assert {k: v for k, v in ours.items() if k != "lastTransitionTime"} == {
+            k: v for k, v in theirs.items() if k != "lastTransitionTime"
+        }  # word for word
         assert "kube-scheduler" in _status_writers(unmarked)
         after = rest.get(POD_GROUPS, NS, "marked")
         assert after["metadata"]["resourceVersion"] == marked["metadata"]["resourceVersion"]  # nothing written

@@ -87,9 +87,13 @@ def site(control_plane: ControlPlane) -> Iterator[Site]:
                 # which sharing configs (MPS, time-slicing) are applied with
                 driver_root = install_driver_root(root / node / "driver-root").parents[1]
                 daemons[node] = Daemon(
-                    root / node, kubeconfig, node, env={persist.ENV: str(root / node / "gpus.json")},
-                    extra_args=(*extra, "--driver-root", str(driver_root)), machine=machine,
-                ).start()  # fmt: skip
+                    root / node,
+                    kubeconfig,
+                    node,
+                    env={persist.ENV: str(root / node / "gpus.json")},
+                    extra_args=(*extra, "--driver-root", str(driver_root)),
+                    machine=machine,
+                ).start()
             for node, daemon in daemons.items():
                 daemon.wait_serving(timeout=60)
                 kubelets[node] = FakeKubelet(daemon.kubelet_root)
@@ -200,18 +204,27 @@ def test_example_is_allocated_by_kube_scheduler_prepared_and_released(site: Site
 
 def test_a_shared_claim_is_deallocated_when_its_last_pod_goes(site: Site) -> None:
     claim = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "shared-gpu"},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared-gpu"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-    }  # fmt: skip
+    }
     site.resource.create_namespaced_resource_claim(NAMESPACE, claim)
     pods = []
     for name in ("shared-1", "shared-2"):
-        site.core.create_namespaced_pod(NAMESPACE, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never",
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}],
-                     "containers": [{"name": "ctr", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]},
-        })  # fmt: skip
+        site.core.create_namespaced_pod(
+            NAMESPACE,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-gpu"}],
+                    "containers": [{"name": "ctr", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+                },
+            },
+        )
         pods.append(scheduled(site, name))
     assert pods[0].spec.node_name == pods[1].spec.node_name  # the claim's devices pin both pods to one node
 
@@ -226,7 +239,9 @@ def test_a_shared_claim_is_deallocated_when_its_last_pod_goes(site: Site) -> Non
     wait_for("shared-1 to leave reservedFor", lambda: True if reserved() == ["shared-2"] else None)
     assert read()["status"]["allocation"], "still allocated while a pod uses it"
     force_delete(site, "shared-2")
-    status = wait_for("the resourceclaim controller to deallocate shared-gpu",
-                      lambda: s if not (s := read().get("status") or {}).get("allocation") else None)  # fmt: skip
+    status = wait_for(
+        "the resourceclaim controller to deallocate shared-gpu",
+        lambda: s if not (s := read().get("status") or {}).get("allocation") else None,
+    )
     assert not status.get("reservedFor")
     assert read()["metadata"].get("finalizers") in (None, [])  # nothing left to protect once deallocated

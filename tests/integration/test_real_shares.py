@@ -36,8 +36,9 @@ def site(control_plane: ControlPlane) -> Iterator[Site]:
     with short_tmpdir("cs-") as root:
         kubeconfig = control_plane.write_kubeconfig(root / "kubeconfig")
         control_plane.add_node(NODE)
-        daemon = Daemon(root, kubeconfig, NODE, extra_args=("--consumable-shares", "memory"),
-                        machine="fake:dgx-h100").start()
+        daemon = Daemon(
+            root, kubeconfig, NODE, extra_args=("--consumable-shares", "memory"), machine="fake:dgx-h100"
+        ).start()
         kubelet: FakeKubelet | None = None
         try:
             daemon.wait_serving(timeout=60)
@@ -52,16 +53,40 @@ def site(control_plane: ControlPlane) -> Iterator[Site]:
 
 
 def share_pod(site: Site, name: str) -> None:
-    site.resource.create_namespaced_resource_claim(NAMESPACE, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": "8Gi"}}}}]}},
-    })
-    site.core.create_namespaced_pod(NAMESPACE, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {QUEUE_LABEL: "inference"}},
-        "spec": {"restartPolicy": "Never", "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                 "containers": [{"name": "ctr", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]},
-    })
+    site.resource.create_namespaced_resource_claim(
+        NAMESPACE,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "gpu.nvidia.com",
+                                "capacity": {"requests": {"memory": "8Gi"}},
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    site.core.create_namespaced_pod(
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {QUEUE_LABEL: "inference"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [{"name": "ctr", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        },
+    )
 
 
 def test_nine_8gi_shares_on_one_h100_the_tenth_on_another_prepared_and_counted(site: Site) -> None:
@@ -73,8 +98,10 @@ def test_nine_8gi_shares_on_one_h100_the_tenth_on_another_prepared_and_counted(s
     for name in names:
         share_pod(site, name)
         scheduled(site, name)  # one at a time, so the order is the order they were created
-    claims = {n: dict(site.cp.request("GET", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{n}"))
-              for n in names}  # fmt: skip
+    claims = {
+        n: dict(site.cp.request("GET", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{n}"))
+        for n in names
+    }
     results = {n: c["status"]["allocation"]["devices"]["results"] for n, c in claims.items()}
     devices = [results[n][0]["device"] for n in names]
     assert devices[:9] == ["gpu-0"] * 9 and devices[9] not in ("gpu-0", None)
@@ -110,11 +137,20 @@ def test_nine_8gi_shares_on_one_h100_the_tenth_on_another_prepared_and_counted(s
     # the arbiter counts the nine on gpu-0 as 72/79.6 of a GPU in their queue
     node_obj = site.cp.request("GET", f"/api/v1/nodes/{NODE}")
     node_obj.setdefault("metadata", {}).setdefault("annotations", {}).update(
-        {ADDRESS_ANNOTATION: "127.0.0.1:1", FINGERPRINT_ANNOTATION: "ab" * 32})
+        {ADDRESS_ANNOTATION: "127.0.0.1:1", FINGERPRINT_ANNOTATION: "ab" * 32}
+    )
     pods = site.cp.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
     queues = [{"metadata": {"name": "inference"}, "spec": {"resources": {"gpu": {"quota": 1, "limit": -1}}}}]
-    world = build_world(pods=[p for p in pods if p["metadata"]["name"] in names[:9]], claims=list(claims.values()),
-                        pod_groups=[], queues=queues, nodes=[node_obj], slices=slices, driver=DRIVER, now=0.0)
+    world = build_world(
+        pods=[p for p in pods if p["metadata"]["name"] in names[:9]],
+        claims=list(claims.values()),
+        pod_groups=[],
+        queues=queues,
+        nodes=[node_obj],
+        slices=slices,
+        driver=DRIVER,
+        now=0.0,
+    )
     held = sum(p.gpu_milli for j in world.snapshot.jobs for p in j.pods)
     assert held == round(9 * 8 / H100_GIB * 1000) == 904
 
@@ -123,5 +159,8 @@ def test_nine_8gi_shares_on_one_h100_the_tenth_on_another_prepared_and_counted(s
         ref = ClaimRef(NAMESPACE, c["metadata"]["uid"], name)
         assert kubelet.unprepare(DRIVER, [ref]) == {ref.uid: ""}
         site.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
-    wait_for("pods to go", lambda: True if not site.cp.request(
-        "GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"] else None, timeout=30)
+    wait_for(
+        "pods to go",
+        lambda: True if not site.cp.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"] else None,
+        timeout=30,
+    )

@@ -11,15 +11,24 @@ from agent.cli import main
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"node-{i},{32000 if i % 2 else 64000},131072,{8 if i % 3 else 2},{'V100M32' if i % 4 == 0 else 'T4'}\n"
-    for i in range(40))
-PODS_HEADER = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
-               "creation_time,deletion_time,scheduled_time\n")
+    for i in range(40)
+)
+PODS_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+)
 # every GPU request is under 1% of the capacity, so the arrived share passes through every level
-KINDS = [(4000, 8192, 1, 1000, ""), (2000, 4096, 1, 500, ""), (2000, 4096, 1, 250, ""),
-         (8000, 16384, 2, 1000, ""), (16000, 32768, 0, 0, ""), (4000, 8192, 1, 700, "V100M32")]
+KINDS = [
+    (4000, 8192, 1, 1000, ""),
+    (2000, 4096, 1, 500, ""),
+    (2000, 4096, 1, 250, ""),
+    (8000, 16384, 2, 1000, ""),
+    (16000, 32768, 0, 0, ""),
+    (4000, 8192, 1, 700, "V100M32"),
+]
 PODS = PODS_HEADER + "".join(
     f"pod-{i:03d},{c},{m},{g},{milli},{spec},LS,Running,0,1,0\n"
-    for i, (c, m, g, milli, spec) in enumerate(KINDS[j % len(KINDS)] for j in range(60)))
+    for i, (c, m, g, milli, spec) in enumerate(KINDS[j % len(KINDS)] for j in range(60))
+)
 
 
 @pytest.fixture
@@ -36,7 +45,8 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[
 
 
 def test_all_policies_side_by_side_json_on_stdout_table_on_stderr(
-        trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, result, err = run_json(capsys, "--trace-dir", str(trace_dir), "--seeds", "3")
     assert code == 0
     assert list(result) == ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "ours"]
@@ -47,8 +57,7 @@ def test_all_policies_side_by_side_json_on_stdout_table_on_stderr(
 
 def test_ours_does_not_depend_on_the_tie_regime(trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, fixed, _ = run_json(capsys, "--trace-dir", str(trace_dir), "--seeds", "2", "--policy", "ours")
-    _, rand, _ = run_json(capsys, "--trace-dir", str(trace_dir), "--seeds", "2", "--policy", "ours",
-                          "--ties", "random")
+    _, rand, _ = run_json(capsys, "--trace-dir", str(trace_dir), "--seeds", "2", "--policy", "ours", "--ties", "random")
     assert fixed == rand
 
 
@@ -62,10 +71,20 @@ def test_bad_input_exits_nonzero_with_a_sentence(trace_dir: pathlib.Path, capsys
     assert code == 2 and "bad pod row 'x'" in err
 
 
-def test_runs_on_a_multigpu_variant_of_the_real_trace(shared_dir: pathlib.Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    code, result, _ = run_json(capsys, "--trace-dir", str(shared_dir / "data/traces"),
-                               "--pods", "openb_pod_list_multigpu50.csv", "--seeds", "1", "--policy", "packing")
+def test_runs_on_a_multigpu_variant_of_the_real_trace(
+    shared_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, result, _ = run_json(
+        capsys,
+        "--trace-dir",
+        str(shared_dir / "data/traces"),
+        "--pods",
+        "openb_pod_list_multigpu50.csv",
+        "--seeds",
+        "1",
+        "--policy",
+        "packing",
+    )
     assert code == 0 and 0 < float(result["packing"]["unallocatedGpuPercent"]) < 30  # type: ignore[arg-type]
 
 
@@ -124,28 +143,57 @@ def test_a_policy_list_naming_nothing_is_a_usage_error(
 
 
 def test_pods_all_replays_every_list_under_both_regimes_in_parallel(
-        trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace_dir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Every openb_pod_list_*.csv in the directory, both tie regimes, over two processes: the same numbers as
     one list replayed alone in this process, one table per regime with the paired ours-fgd column."""
-    (trace_dir / "openb_pod_list_gpushare.csv").write_text(PODS_HEADER + "".join(
-        f"pod-{i:03d},2000,4096,1,{250 + 125 * (i % 5)},,LS,Running,0,1,0\n" for i in range(60)))
+    (trace_dir / "openb_pod_list_gpushare.csv").write_text(
+        PODS_HEADER + "".join(f"pod-{i:03d},2000,4096,1,{250 + 125 * (i % 5)},,LS,Running,0,1,0\n" for i in range(60))
+    )
     (trace_dir / "notes.csv").write_text("not,a,pod,list\n")  # not named like a pod list: left alone
-    code, result, err = run_json(capsys, "--trace-dir", str(trace_dir), "--pods", "all", "--ties", "both",
-                                 "--seeds", "2", "--jobs", "2", "--policy", "fgd,ours,random")
+    code, result, err = run_json(
+        capsys,
+        "--trace-dir",
+        str(trace_dir),
+        "--pods",
+        "all",
+        "--ties",
+        "both",
+        "--seeds",
+        "2",
+        "--jobs",
+        "2",
+        "--policy",
+        "fgd,ours,random",
+    )
     assert code == 0
     assert list(result) == ["fixed", "random"]
     for regime in result.values():
         assert list(regime) == ["default", "gpushare"]  # default first, then by name
     fixed, rand = result["fixed"], result["random"]
     assert fixed["gpushare"]["ours"] == rand["gpushare"]["ours"]  # settles its own ties: ran once, both shown
-    _, alone, _ = run_json(capsys, "--trace-dir", str(trace_dir), "--pods", "openb_pod_list_gpushare.csv",
-                           "--seeds", "2", "--jobs", "1", "--policy", "fgd,ours,random", "--ties", "random")
+    _, alone, _ = run_json(
+        capsys,
+        "--trace-dir",
+        str(trace_dir),
+        "--pods",
+        "openb_pod_list_gpushare.csv",
+        "--seeds",
+        "2",
+        "--jobs",
+        "1",
+        "--policy",
+        "fgd,ours,random",
+        "--ties",
+        "random",
+    )
     assert rand["gpushare"] == alone
     assert "ties fixed" in err and "ties random" in err and "ours-fgd" in err and "gpushare" in err
 
 
 def test_pods_all_refuses_a_directory_without_pod_lists_and_bad_job_counts(
-        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "openb_node_list_gpu_node.csv").write_text(NODES)
     code, _, err = run_json(capsys, "--trace-dir", str(tmp_path), "--pods", "all")  # tried: no pod list at all
     assert code == 2 and "no openb_pod_list_*.csv files" in err

@@ -31,8 +31,11 @@ ONE = Claim((DeviceRequest("gpus"),))
 
 def token_of(rest: Rest, namespace: str, account: str, audiences: list[str]) -> str:
     request = Resource("", "v1", f"serviceaccounts/{account}/token", True)
-    answer = rest.create(request, namespace, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                              "spec": {"audiences": audiences}})
+    answer = rest.create(
+        request,
+        namespace,
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": audiences}},
+    )
     return str(answer["status"]["token"])
 
 
@@ -56,8 +59,15 @@ def node(server: Any) -> Iterator[tuple[NodeReservations, TokenReviewer]]:
     rest = server.rest()
     reviewer = TokenReviewer(rest)
     inv = inventory(*(gpu(i, "A") for i in range(4)))
-    service = NodeReservations(node_name=NODE, driver="gpu.nvidia.com", inventory=lambda: inv,
-                               prepared=lambda: (), unhealthy=lambda: (), token=reviewer, rest=rest)
+    service = NodeReservations(
+        node_name=NODE,
+        driver="gpu.nvidia.com",
+        inventory=lambda: inv,
+        prepared=lambda: (),
+        unhealthy=lambda: (),
+        token=reviewer,
+        rest=rest,
+    )
     service.start("127.0.0.1:0")
     yield service, reviewer
     service.stop()
@@ -78,7 +88,8 @@ def write(path: pathlib.Path, token: str) -> None:
 
 
 def test_the_arbiters_token_reserves_and_is_reviewed_once(
-        server: Any, node: tuple[NodeReservations, TokenReviewer]) -> None:
+    server: Any, node: tuple[NodeReservations, TokenReviewer]
+) -> None:
     service, reviewer = node
     rest = server.rest()
     d = directory(rest, service, arbiter_token(rest))
@@ -92,22 +103,28 @@ def test_the_arbiters_token_reserves_and_is_reviewed_once(
 
 
 def test_tokens_that_are_not_the_arbiters_for_this_audience_are_refused(
-        server: Any, node: tuple[NodeReservations, TokenReviewer]) -> None:
+    server: Any, node: tuple[NodeReservations, TokenReviewer]
+) -> None:
     """Tried (before): one shared Secret token reserved every node's GPUs for whoever held it."""
     service, _ = node
     rest = server.rest()
     namespace = ARBITER_USER.split(":")[2]
     arbiter_token(rest)  # the namespace and the arbiter's account
-    rest.create(Resource("", "v1", "serviceaccounts", True), namespace,
-                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "someone-else"}})
+    rest.create(
+        Resource("", "v1", "serviceaccounts", True),
+        namespace,
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "someone-else"}},
+    )
     refusals = {
         "another account's token for the audience": (
             token_of(rest, namespace, "someone-else", [RESERVATION_AUDIENCE]),
-            f"system:serviceaccount:{namespace}:someone-else may not reserve devices here: only {ARBITER_USER} may"),
+            f"system:serviceaccount:{namespace}:someone-else may not reserve devices here: only {ARBITER_USER} may",
+        ),
         "the arbiter's token for the API server": (
             token_of(rest, namespace, "gpu-dra-agent-arbiter", ["https://kubernetes.default.svc"]),
-            'the API server does not accept the token: [invalid bearer token, token audiences '
-            '["https://kubernetes.default.svc"] is invalid for the target audiences ["gpu-dra-agent-reservations"]]'),
+            "the API server does not accept the token: [invalid bearer token, token audiences "
+            '["https://kubernetes.default.svc"] is invalid for the target audiences ["gpu-dra-agent-reservations"]]',
+        ),
         "a shared secret": ("s3cret-token", "the API server does not accept the token: invalid bearer token"),
     }
     for what, (token, why) in refusals.items():
@@ -139,7 +156,8 @@ def test_answers_are_cached_for_a_while_and_the_cache_is_bounded(server: Any) ->
 
 
 def test_a_token_review_that_fails_is_unavailable_and_not_remembered(
-        server: Any, node: tuple[NodeReservations, TokenReviewer]) -> None:
+    server: Any, node: tuple[NodeReservations, TokenReviewer]
+) -> None:
     """E.g. the agent's RBAC lacks `create` on tokenreviews: the node says it cannot check the token."""
     service, reviewer = node
     rest = server.rest()
@@ -152,7 +170,8 @@ def test_a_token_review_that_fails_is_unavailable_and_not_remembered(
 
 
 def test_a_rotated_token_is_read_and_used_without_a_restart(
-        server: Any, node: tuple[NodeReservations, TokenReviewer], tmp_path: pathlib.Path) -> None:
+    server: Any, node: tuple[NodeReservations, TokenReviewer], tmp_path: pathlib.Path
+) -> None:
     """Tried (before): the arbiter read its token once; after a rotation every node refused it until restarted.
     Here the old token is revoked the moment the file changes: the next call carries the new one."""
     service, _ = node
@@ -186,8 +205,9 @@ def test_the_arbiter_keeps_admitting_across_a_token_rotation() -> None:
     from fakes.cluster import FakeCluster, wait_for
 
     def bound(cluster: FakeCluster, prefix: str) -> int:
-        return sum(1 for p in cluster.pods("team-a")
-                   if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName"))
+        return sum(
+            1 for p in cluster.pods("team-a") if p["metadata"]["name"].startswith(prefix) and p["spec"].get("nodeName")
+        )
 
     with FakeCluster(nodes=2) as cluster:
         cluster.queue("team-a", gpu_quota=16)

@@ -23,8 +23,14 @@ DAEMONSET = Path(__file__).resolve().parents[2] / "daemonset"
 NAMESPACE = "gpu-dra-agent"
 NODE_ACCOUNT = "gpu-dra-agent-node"
 ARBITER_ACCOUNT = ARBITER_USER.split(":")[3]
-PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-           "ClusterRoleBinding": "clusterrolebindings", "Role": "roles", "RoleBinding": "rolebindings"}
+PLURALS = {
+    "Namespace": "namespaces",
+    "ServiceAccount": "serviceaccounts",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+}
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -43,8 +49,11 @@ def token(cp: ControlPlane, account: str, audiences: list[str] | None = None) ->
     spec: dict[str, Any] = {"expirationSeconds": 600}
     if audiences is not None:
         spec["audiences"] = audiences
-    answer = cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token",
-                        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+    answer = cp.request(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
     return str(answer["status"]["token"])
 
 
@@ -65,8 +74,11 @@ def installed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     """The namespace, both service accounts and their RBAC, from daemonset/ as `kubectl apply -k` puts them."""
     cp = control_plane
     created: list[str] = []
-    docs = (documents(DAEMONSET / "base" / "00-namespace.yaml") + documents(DAEMONSET / "base" / "rbac.yaml")
-            + documents(DAEMONSET / "overlays" / "arbiter" / "arbiter.yaml"))
+    docs = (
+        documents(DAEMONSET / "base" / "00-namespace.yaml")
+        + documents(DAEMONSET / "base" / "rbac.yaml")
+        + documents(DAEMONSET / "overlays" / "arbiter" / "arbiter.yaml")
+    )
     for doc in docs:
         path = collection(doc)
         cp.request("POST", path, doc)
@@ -79,8 +91,7 @@ def installed(control_plane: ControlPlane) -> Iterator[ControlPlane]:
                 cp.request("DELETE", path)
 
 
-def test_the_node_agent_accepts_the_arbiters_token_and_refuses_others(installed: ControlPlane,
-                                                                       tmp_path: Path) -> None:
+def test_the_node_agent_accepts_the_arbiters_token_and_refuses_others(installed: ControlPlane, tmp_path: Path) -> None:
     cp = installed
     reviewer = TokenReviewer(rest_as(cp, tmp_path, NODE_ACCOUNT))  # the RBAC of the manifests, no more
     reviewer.authenticate(token(cp, ARBITER_ACCOUNT, [RESERVATION_AUDIENCE]))
@@ -90,9 +101,12 @@ def test_the_node_agent_accepts_the_arbiters_token_and_refuses_others(installed:
     refused = {
         "the node agent's own token for the audience": (
             token(cp, NODE_ACCOUNT, [RESERVATION_AUDIENCE]),
-            f"system:serviceaccount:{NAMESPACE}:{NODE_ACCOUNT} may not reserve devices here: only {ARBITER_USER}"),
+            f"system:serviceaccount:{NAMESPACE}:{NODE_ACCOUNT} may not reserve devices here: only {ARBITER_USER}",
+        ),
         "the arbiter's token for the API server's audience": (
-            token(cp, ARBITER_ACCOUNT), "the API server does not accept the token: .*audience"),
+            token(cp, ARBITER_ACCOUNT),
+            "the API server does not accept the token: .*audience",
+        ),
         "a string that is no token": ("s3cret-token", "the API server does not accept the token"),
     }
     for what, (bearer, why) in refused.items():
@@ -101,8 +115,9 @@ def test_the_node_agent_accepts_the_arbiters_token_and_refuses_others(installed:
         assert what
 
 
-def test_without_the_tokenreviews_grant_the_node_cannot_check_and_says_so(installed: ControlPlane,
-                                                                          tmp_path: Path) -> None:
+def test_without_the_tokenreviews_grant_the_node_cannot_check_and_says_so(
+    installed: ControlPlane, tmp_path: Path
+) -> None:
     """The arbiter's own account may not create TokenReviews: as a node agent missing its grant would be."""
     cp = installed
     reviewer = TokenReviewer(rest_as(cp, tmp_path, ARBITER_ACCOUNT))

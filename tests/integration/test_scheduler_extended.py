@@ -30,8 +30,9 @@ def test_a_pod_asking_for_nvidia_com_gpu_gets_gpus_through_an_extended_resource_
             SliceApi(server.rest()).create(s)
         pod: dict[str, Any] = {
             "metadata": {"name": "trainer", "namespace": "default"},
-            "spec": {"containers": [{"name": "main", "image": "cuda",
-                                     "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+            "spec": {
+                "containers": [{"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]
+            },
         }
         uid = core.create_namespaced_pod("default", pod).metadata.uid
 
@@ -52,8 +53,9 @@ def test_a_pod_asking_for_nvidia_com_gpu_gets_gpus_through_an_extended_resource_
         assert stored is not None and stored["spec"]["nodeName"] == "node-a"
         assert stored["status"]["extendedResourceClaimStatus"] == {
             "resourceClaimName": meta["name"],
-            "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu",
-                                 "requestName": "container-0-request-0"}],
+            "requestMappings": [
+                {"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}
+            ],
         }
         # A second cycle finds the allocated claim instead of making another.
         again = scheduler.schedule_extended_resources("default", "trainer", "node-a")

@@ -40,9 +40,14 @@ from tests.claim_sources import FileClaimSource
 from tests.integration.test_node_support import Daemon, create_node, running, short_tmpdir
 from tests.unit.test_claims_support import DRIVER, NODE, cdi_validator, claim, opaque
 
-MPS_50 = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
-                                           "defaultPinnedDeviceMemoryLimit": "10Gi",
-                                           "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi"}}}  # fmt: skip
+MPS_50 = {
+    "strategy": "MPS",
+    "mpsConfig": {
+        "defaultActiveThreadPercentage": 50,
+        "defaultPinnedDeviceMemoryLimit": "10Gi",
+        "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi"},
+    },
+}
 MPS_HALF = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
 
 
@@ -75,7 +80,7 @@ class Node:
             cdi_root=self.cdi_root,
             source=FileClaimSource(self.claims),
             boot_id=lambda: "boot-1",
-        )  # fmt: skip
+        )
         self.preparer.recover()
         return self.preparer
 
@@ -109,8 +114,15 @@ class Node:
     def ask_daemon(self, uid: str, *commands: str) -> list[str]:
         """Ask the claim's MPS daemon as a CUDA client in a container would: through its pipe directory."""
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe(uid))}
-        done = subprocess.run([str(self.driver_root / "usr/bin/nvidia-cuda-mps-control")], text=True, env=env,
-                              input="".join(c + "\n" for c in commands), capture_output=True, timeout=60, check=False)
+        done = subprocess.run(
+            [str(self.driver_root / "usr/bin/nvidia-cuda-mps-control")],
+            text=True,
+            env=env,
+            input="".join(c + "\n" for c in commands),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 
@@ -155,7 +167,8 @@ def test_time_slicing_is_set_at_prepare_and_restored_after_the_last_claim(node: 
 
 
 def test_a_mig_device_configured_for_time_slicing_is_prepared_without_a_time_slice_and_the_user_told(
-        node: Node, caplog: pytest.LogCaptureFixture) -> None:
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
     # Tried: MigDeviceConfig with strategy TimeSlicing (NVIDIA's driver accepts it and sets no time slice). Before,
     # its prepare failed ("MIG devices cannot be time-sliced") and the pod stayed in ContainerCreating.
     told: list[tuple[ClaimRef | None, str, str, str]] = []
@@ -167,9 +180,15 @@ def test_a_mig_device_configured_for_time_slicing_is_prepared_without_a_time_sli
         results = node.preparer.prepare([ts_mig, ts_gpu])
     assert {uid: r.error for uid, r in results.items()} == {"ts-mig": "", "ts-gpu": ""}
     assert (node.fake_gpu(0).timeslice, node.fake_gpu(3).timeslice) == (0, 1)  # the MIG device's GPU: untouched
-    assert told == [(ts_mig, "Normal", "MigTimeSliceNotSet",
-                     f"MIG device(s) {mig} are shared by time as configured, but a MIG device's time slice cannot "
-                     "be set: processes on it take turns at the driver's default time slice")]  # fmt: skip
+    assert told == [
+        (
+            ts_mig,
+            "Normal",
+            "MigTimeSliceNotSet",
+            f"MIG device(s) {mig} are shared by time as configured, but a MIG device's time slice cannot "
+            "be set: processes on it take turns at the driver's default time slice",
+        )
+    ]
     # one line per claim prepared: the claim, its devices and how long the call took
     lines = [r for r in caplog.records if r.getMessage().startswith("prepared claim")]
     assert [(r.claim_uid, r.devices) for r in lines] == [("ts-mig", [mig]), ("ts-gpu", ["gpu-3"])]  # type: ignore[attr-defined]
@@ -179,8 +198,10 @@ def test_a_mig_device_configured_for_time_slicing_is_prepared_without_a_time_sli
     with caplog.at_level("INFO", logger="agent.claims.preparer"):
         assert node.preparer.unprepare([ts_mig, second, ts_gpu]) == {"ts-mig": "", "ts-mig-2": "", "ts-gpu": ""}
     assert [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("unprepared")] == [
-        "unprepared claim default/claim-ts-mig (uid ts-mig)", "unprepared claim default/claim-ts-mig-2 (uid ts-mig-2)",
-        "unprepared claim default/claim-ts-gpu (uid ts-gpu)"]
+        "unprepared claim default/claim-ts-mig (uid ts-mig)",
+        "unprepared claim default/claim-ts-mig-2 (uid ts-mig-2)",
+        "unprepared claim default/claim-ts-gpu (uid ts-gpu)",
+    ]
     assert node.fake_gpu(3).timeslice == 0
     assert list((node.state_dir / "sharing").iterdir()) == []
 
@@ -197,9 +218,13 @@ def test_mps_claim_gets_its_daemon_exclusive_gpus_limits_and_cdi_edits(node: Nod
     assert (node.gpu(0).compute_mode, node.gpu(0).mps_server) == (ComputeMode.DEFAULT, False)
     # The daemon, asked through the claim's pipe directory: its limits are in force.
     pid = node.daemon_pid("mps-1")
-    assert node.ask_daemon("mps-1", "get_server_list", "get_default_active_thread_percentage",
-                           f"get_default_device_pinned_mem_limit {uuids[0]}",
-                           f"get_default_device_pinned_mem_limit {uuids[1]}") == [str(pid), "50.0", "10240M", "4096M"]
+    assert node.ask_daemon(
+        "mps-1",
+        "get_server_list",
+        "get_default_active_thread_percentage",
+        f"get_default_device_pinned_mem_limit {uuids[0]}",
+        f"get_default_device_pinned_mem_limit {uuids[1]}",
+    ) == [str(pid), "50.0", "10240M", "4096M"]
     assert (node.state_dir / "mps" / "mps-1" / "log" / "control.log").exists()
     # The containers of each MPS device get the pipe directory at NVIDIA's path, and /dev/shm (with that device,
     # not claim-wide); the spec stays valid CDI.
@@ -207,7 +232,9 @@ def test_mps_claim_gets_its_daemon_exclusive_gpus_limits_and_cdi_edits(node: Nod
     for edits in (d["containerEdits"] for d in spec["devices"]):
         assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
         assert {(m["hostPath"], m["containerPath"]) for m in edits["mounts"]} == {
-            (str(node.pipe("mps-1")), "/tmp/nvidia-mps"), ("/dev/shm", "/dev/shm")}
+            (str(node.pipe("mps-1")), "/tmp/nvidia-mps"),
+            ("/dev/shm", "/dev/shm"),
+        }
     assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" not in spec["containerEdits"]["env"]
     assert list(cdi_validator(shared_dir).iter_errors(spec)) == []
     # Unprepare: quit, GPUs back to DEFAULT, directories gone.
@@ -233,8 +260,12 @@ def test_a_second_mps_claim_on_a_served_gpu_is_refused(node: Node) -> None:
 def test_mps_on_a_mig_device_leaves_the_parent_compute_mode_alone(node: Node) -> None:
     mig = node.mig_names(1)[0]
     uuid = next(m.uuid for m in node.inventory.mig_devices if m.name == mig)
-    ref = node.add_claim("mps-mig", [mig], {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "2Gi"}},
-                         kind="MigDeviceConfig")
+    ref = node.add_claim(
+        "mps-mig",
+        [mig],
+        {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "2Gi"}},
+        kind="MigDeviceConfig",
+    )
     assert node.preparer.prepare([ref])["mps-mig"].error == ""
     assert node.ask_daemon("mps-mig", f"get_default_device_pinned_mem_limit {uuid}") == ["2048M"]
     parent = node.gpu(1)
@@ -258,8 +289,7 @@ def test_a_restarted_agent_adopts_running_daemons_restarts_dead_ones_and_stops_o
     assert node.ask_daemon("mps-keep", "get_default_active_thread_percentage") == ["50.0"]  # limits re-applied
 
     # A daemon of a claim the checkpoint does not hold (its agent died before recording it): stopped.
-    orphan = node.control().apply("orphan", [SharedDevice("gpu-3", node.gpu(3).uuid, node.gpu(3).uuid,
-                                                            _mps_config())])
+    orphan = node.control().apply("orphan", [SharedDevice("gpu-3", node.gpu(3).uuid, node.gpu(3).uuid, _mps_config())])
     assert orphan is not None
     orphan_pid = node.daemon_pid("orphan")
     node.restart()
@@ -271,7 +301,8 @@ def test_a_restarted_agent_adopts_running_daemons_restarts_dead_ones_and_stops_o
 
 
 def test_a_crash_between_starting_the_daemon_and_recording_the_claim_is_rolled_back_then_redone(
-        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ref = node.add_claim("mps-crash", ["gpu-3"], MPS_HALF)
     saves = {"n": 0}
     real_save = CheckpointStore.save
@@ -383,7 +414,12 @@ def test_a_dead_mps_daemon_is_started_again_by_the_watch_and_by_a_re_prepare(nod
     [revival] = node.preparer.revive_dead_daemons()
     new_pid = node.daemon_pid("mps-watch")
     assert (revival.uid, revival.name, revival.old_pid, revival.new_pid, revival.error) == (
-        "mps-watch", "claim-mps-watch", pid, new_pid, "")
+        "mps-watch",
+        "claim-mps-watch",
+        pid,
+        new_pid,
+        "",
+    )
     assert new_pid != pid
     assert node.ask_daemon("mps-watch", "get_default_active_thread_percentage") == ["50.0"]  # limits again
     assert node.gpu(2).compute_mode is ComputeMode.EXCLUSIVE_PROCESS
@@ -400,8 +436,10 @@ def test_a_dead_mps_daemon_is_started_again_by_the_watch_and_by_a_re_prepare(nod
     assert wait_gone(third)
     (node.driver_root / "usr/bin/nvidia-cuda-mps-control").unlink()
     error = node.preparer.prepare([ref])["mps-watch"].error
-    assert error.startswith("the MPS control daemon of claim mps-watch is gone and cannot be started again: "
-                            "nvidia-cuda-mps-control not found")  # fmt: skip
+    assert error.startswith(
+        "the MPS control daemon of claim mps-watch is gone and cannot be started again: "
+        "nvidia-cuda-mps-control not found"
+    )
     [failed] = node.preparer.revive_dead_daemons()
     assert failed.error == error and failed.new_pid is None
 
@@ -476,10 +514,16 @@ def test_the_node_daemon_restarts_a_dead_mps_daemon_with_an_event_on_the_claim()
                 [event] = events
                 new_pid = int((pipe / PID_FILE).read_text())
                 assert event["type"] == "Warning"
-                assert event["involvedObject"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                                   "name": "mps-watched", "namespace": "default", "uid": ref.uid}
-                assert event["message"] == (f"the MPS control daemon of this claim (pid {pid}) was gone; started it "
-                                            f"again (pid {new_pid})")  # fmt: skip
+                assert event["involvedObject"] == {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "name": "mps-watched",
+                    "namespace": "default",
+                    "uid": ref.uid,
+                }
+                assert event["message"] == (
+                    f"the MPS control daemon of this claim (pid {pid}) was gone; started it again (pid {new_pid})"
+                )
                 assert kubelet.unprepare(DRIVER, [ref]) == {ref.uid: ""}
                 assert wait_gone(new_pid)
         finally:
@@ -498,8 +542,12 @@ def test_the_node_daemon_tells_a_mig_time_slicing_claim_in_a_normal_event(monkey
         create_node(api)
         config = opaque("MigDeviceConfig", sharing={"strategy": "TimeSlicing"})
         ref = allocate_with_config(api, "mig-ts", [mig], config)
-        daemon = Daemon(root, server.write_kubeconfig(root / "kubeconfig"), machine="fake:mixed-mig",
-                        env={persist.ENV: str(root / "gpus.json")})
+        daemon = Daemon(
+            root,
+            server.write_kubeconfig(root / "kubeconfig"),
+            machine="fake:mixed-mig",
+            env={persist.ENV: str(root / "gpus.json")},
+        )
         with FakeKubelet(daemon.kubelet_root, timeout=30) as kubelet, running(daemon):
             kubelet.wait_for_driver(DRIVER)
             assert kubelet.prepare(DRIVER, [ref])[ref.uid].error == ""
@@ -509,7 +557,10 @@ def test_the_node_daemon_tells_a_mig_time_slicing_claim_in_a_normal_event(monkey
                 time.sleep(0.05)
             [event] = events
             assert (event["type"], event["involvedObject"]["kind"], event["involvedObject"]["uid"]) == (
-                "Normal", "ResourceClaim", ref.uid)
+                "Normal",
+                "ResourceClaim",
+                ref.uid,
+            )
             assert "a MIG device's time slice cannot be set" in event["message"]
             assert kubelet.unprepare(DRIVER, [ref]) == {ref.uid: ""}
 
@@ -517,18 +568,33 @@ def test_the_node_daemon_tells_a_mig_time_slicing_claim_in_a_normal_event(monkey
 def allocate_with_config(api: Any, name: str, devices: list[str], config: dict[str, Any]) -> ClaimRef:
     """A claim for `devices` allocated (as the scheduler writes it) with one opaque config of this driver."""
     resource = client.ResourceV1Api(api)
-    created = resource.create_namespaced_resource_claim("default", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
-                                                                       "count": len(devices)}}]}},
-    })  # fmt: skip
+    created = resource.create_namespaced_resource_claim(
+        "default",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": len(devices)}}
+                    ]
+                }
+            },
+        },
+    )
     body = api.sanitize_for_serialization(created)
-    body["status"] = {"allocation": {
-        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices],
-                    "config": [config]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
-    }}  # fmt: skip
+    body["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices],
+                "config": [config],
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
+            },
+        }
+    }
     resource.replace_namespaced_resource_claim_status(name, "default", body)
     return ClaimRef("default", created.metadata.uid, name)
 

@@ -22,13 +22,13 @@ def snapshot_file(tmp_path: pathlib.Path, document: Any) -> pathlib.Path:
 
 def reclaim_scenario() -> dict[str, Any]:
     queues = [queue("a", quota=4), queue("b", quota=4)]
-    jobs = [gang("ja", "a", 8, node="n", min_member=1),
-            gang("jb", "b", 2, created="2025-01-01T01:00:00Z")]
+    jobs = [gang("ja", "a", 8, node="n", min_member=1), gang("jb", "b", 2, created="2025-01-01T01:00:00Z")]
     return doc([node("n", 8)], queues, jobs)
 
 
-def test_simulate_prints_decisions_fair_shares_and_cycle_times(tmp_path: pathlib.Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_prints_decisions_fair_shares_and_cycle_times(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = snapshot_file(tmp_path, reclaim_scenario())
     assert main(["simulate", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -48,8 +48,9 @@ def test_simulate_rounds_bind_what_was_pipelined(tmp_path: pathlib.Path, capsys:
     assert out["pods"]["jb-0"]["action"] == "bind" and out["pods"]["jb-0"]["outcome"] == "running"
 
 
-def test_simulate_rounds_show_the_reclaim_of_the_first_round(tmp_path: pathlib.Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_rounds_show_the_reclaim_of_the_first_round(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Tried: two rounds of a reclaim. The last round only binds; the evictions of the first must still show."""
     path = snapshot_file(tmp_path, reclaim_scenario())
     assert main(["simulate", str(path), "--actions", "allocate,reclaim", "--rounds", "2"]) == 0
@@ -75,21 +76,31 @@ def test_fractional_pods_report_their_gpu_index(tmp_path: pathlib.Path, capsys: 
 
 BAD = {
     "unknown queue": (doc([node("n")], [queue("q")], [gang("j", "ghost", 1)]), "unknown queue"),
-    "job in a parent queue": (doc([node("n")], [queue("p"), queue("c", parent="p")], [gang("j", "p", 1)]),
-                              "parent queue"),
+    "job in a parent queue": (
+        doc([node("n")], [queue("p"), queue("c", parent="p")], [gang("j", "p", 1)]),
+        "parent queue",
+    ),
     "negative quantity": (doc([node("n", cpu=-1)], [queue("q")], []), "negative cpuMilli"),
     "cycle": (doc([node("n")], [queue("a", parent="b"), queue("b", parent="a")], []), "cycle"),
     "not JSON": ("{nodes: [", "not valid JSON"),
     # tried: "gpu" for "gpus" used to make a silent 0-GPU pod
-    "misspelt field": (doc([node("n")], [queue("q")], [job("j", "q", [{**pod("p"), "gpu": 1}])]),
-                       "pod 'p' has an unknown field 'gpu'"),
+    "misspelt field": (
+        doc([node("n")], [queue("q")], [job("j", "q", [{**pod("p"), "gpu": 1}])]),
+        "pod 'p' has an unknown field 'gpu'",
+    ),
     "misspelt top-level field": ({**doc([node("n")], [queue("q")], []), "job": []}, "unknown field 'job'"),
-    "misspelt queue resource field": (doc([node("n")], [{**queue("q"), "gpu": {"qouta": 1}}], []),
-                                      "unknown field 'qouta'"),
-    "gpuIndex true": (doc([node("n")], [queue("q")], [job("j", "q", [pod("p", 0.5, "n", gpuIndex=True)])]),
-                      "gpuIndex that is not a GPU index: True"),
-    "nvlink domain of booleans": (doc([node("n", nvlinkDomains=[[True, False]])], [queue("q")], []),
-                                  "not a list of GPU indices"),
+    "misspelt queue resource field": (
+        doc([node("n")], [{**queue("q"), "gpu": {"qouta": 1}}], []),
+        "unknown field 'qouta'",
+    ),
+    "gpuIndex true": (
+        doc([node("n")], [queue("q")], [job("j", "q", [pod("p", 0.5, "n", gpuIndex=True)])]),
+        "gpuIndex that is not a GPU index: True",
+    ),
+    "nvlink domain of booleans": (
+        doc([node("n", nvlinkDomains=[[True, False]])], [queue("q")], []),
+        "not a list of GPU indices",
+    ),
     "ten million GPUs": (doc([node("n", 10**7)], [queue("q")], []), "more than the 1024"),
     "1e308 GPUs on a pod": (doc([node("n")], [queue("q")], [job("j", "q", [pod("p", 1e308)])]), "at most 1e+18"),
     "1e308 quota": (doc([node("n")], [queue("q", quota=1e308)], []), "at most 1e+18"),
@@ -102,8 +113,13 @@ BAD = {
 def test_bad_snapshot_exits_non_zero_with_one_sentence_and_no_traceback(tmp_path: pathlib.Path, case: str) -> None:
     document, words = BAD[case]
     path = snapshot_file(tmp_path, document)
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "simulate", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "simulate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode != 0
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -111,8 +127,9 @@ def test_bad_snapshot_exits_non_zero_with_one_sentence_and_no_traceback(tmp_path
     assert "Traceback" not in proc.stderr
 
 
-def test_missing_file_and_unknown_action_are_clear_errors(tmp_path: pathlib.Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_file_and_unknown_action_are_clear_errors(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["simulate", str(tmp_path / "absent.json")]) != 0
     assert "cannot read" in capsys.readouterr().err
     path = snapshot_file(tmp_path, reclaim_scenario())
@@ -130,6 +147,8 @@ def test_simulate_takes_shared_claims_as_gpu_memory(tmp_path: pathlib.Path, caps
     running = [p for p in out["pods"].values() if p["outcome"] == "running"]
     assert len(running) == 18
     assert sorted(p["gpuIndex"] for p in running) == [0] * 9 + [1] * 9
+
+
 def test_the_shipped_example_shows_gangs_hierarchy_and_reclaim(capsys: pytest.CaptureFixture[str]) -> None:
     from agent.commands.simulate import EXAMPLE
 

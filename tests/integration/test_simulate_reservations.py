@@ -25,17 +25,24 @@ SCENARIOS = {
     "reclaim, one round": (reclaim_scenario(), []),
     "fractional": (doc([node("n", 2)], [queue("q")], [gang("f", "q", 3, gpus=0.5)]), ["--rounds", "2"]),
     "gangs over NVLink domains": (
-        doc([node(f"n{i}", 8, nvlinkDomains=[[0, 1, 2, 3], [4, 5, 6, 7]]) for i in range(3)],
+        doc(
+            [node(f"n{i}", 8, nvlinkDomains=[[0, 1, 2, 3], [4, 5, 6, 7]]) for i in range(3)],
             [queue("a", quota=12), queue("b", quota=12)],
-            [gang("run", "a", 6, node="n0"), gang("big", "b", 4, gpus=2),
-             job("mix", "a", [pod(f"m{i}", g) for i, g in enumerate([0.5, 0.5, 1, 0])])]),
-        ["--rounds", "3"]),
+            [
+                gang("run", "a", 6, node="n0"),
+                gang("big", "b", 4, gpus=2),
+                job("mix", "a", [pod(f"m{i}", g) for i, g in enumerate([0.5, 0.5, 1, 0])]),
+            ],
+        ),
+        ["--rounds", "3"],
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(SCENARIOS), ids=list(SCENARIOS))
-def test_decisions_are_the_same_with_and_without_reservations(tmp_path: pathlib.Path,
-                                                             capsys: pytest.CaptureFixture[str], case: str) -> None:
+def test_decisions_are_the_same_with_and_without_reservations(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
     document, flags = SCENARIOS[case]
     path = snapshot_file(tmp_path, document)
     with_commit = run(path, capsys, *flags)
@@ -46,8 +53,9 @@ def test_decisions_are_the_same_with_and_without_reservations(tmp_path: pathlib.
     assert set(with_commit) == {"pods", "fairShare", "rounds", "moves", "cycleSeconds"}
 
 
-def test_report_counts_committed_gangs_and_released_reservations(tmp_path: pathlib.Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_counts_committed_gangs_and_released_reservations(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # round 1: ja's 8 pods run (adopted), two are evicted for jb; round 2: jb binds (one gang committed)
     path = snapshot_file(tmp_path, reclaim_scenario())
     out = run(path, capsys, "--rounds", "2", "--report-reservations")

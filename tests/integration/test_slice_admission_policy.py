@@ -35,8 +35,14 @@ def documents(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((BASE / name).read_text()) if d]
 
 
-def send(cp: ControlPlane, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-         token: str | None = None) -> tuple[int, Any]:  # fmt: skip
+def send(
+    cp: ControlPlane,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    token: str | None = None,
+) -> tuple[int, Any]:
     """One request as the admin (impersonating through `headers`), or as the bearer of `token` alone (no
     client certificate: the token is who we are). Returns the status and the decoded answer."""
     assert cp.pki is not None
@@ -58,10 +64,16 @@ def send(cp: ControlPlane, method: str, path: str, body: Any = None, headers: di
 
 def a_slice(name: str, node: str) -> dict[str, Any]:
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1,
-                 "resourceSliceCount": 1}, "devices": [{"name": "gpu-0"}]},
-    }  # fmt: skip
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +112,16 @@ def _wait_gone(cp: ControlPlane, path: str, timeout: float = 30.0) -> None:
 def _collection(doc: dict[str, Any]) -> str:
     group_version = doc["apiVersion"]
     prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-    plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
-              "ClusterRoleBinding": "clusterrolebindings", "Role": "roles", "RoleBinding": "rolebindings",
-              "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-              "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[doc["kind"]]  # fmt: skip
+    plural = {
+        "Namespace": "namespaces",
+        "ServiceAccount": "serviceaccounts",
+        "ClusterRole": "clusterroles",
+        "ClusterRoleBinding": "clusterrolebindings",
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+        "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    }[doc["kind"]]
     namespace = doc["metadata"].get("namespace")
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
 
@@ -132,8 +150,11 @@ def token(cp: ControlPlane, pod: str | None = None) -> str:
     if pod is not None:
         uid = cp.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")["metadata"]["uid"]
         spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}
-    review = cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
-                        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+    review = cp.request(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
     return str(review["status"]["token"])
 
 
@@ -170,15 +191,26 @@ def test_a_token_without_a_node_name_gets_the_policys_own_message(installed: Con
 
 def test_the_agent_writes_its_own_nodes_slices_and_no_others(installed: ControlPlane) -> None:
     cp = installed
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent", "namespace": NAMESPACE},
-           "spec": {"serviceAccountName": ACCOUNT, "nodeName": "node-a",
-                    "containers": [{"name": "agent", "image": "gpu-dra-agent:test"}]}}  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "agent", "namespace": NAMESPACE},
+        "spec": {
+            "serviceAccountName": ACCOUNT,
+            "nodeName": "node-a",
+            "containers": [{"name": "agent", "image": "gpu-dra-agent:test"}],
+        },
+    }
     cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
     try:
         bound = token(cp, "agent")
         for who in ({"token": bound}, {"headers": impersonating("node-a")}):
             assert [(m, s) for m, s, _ in attempt(cp, "node-a", **who)] == [
-                ("POST", 201), ("PUT", 200), ("PATCH", 200), ("DELETE", 200)]  # fmt: skip
+                ("POST", 201),
+                ("PUT", 200),
+                ("PATCH", 200),
+                ("DELETE", 200),
+            ]
             for method, status, message in attempt(cp, "node-b", **who):
                 assert status == 403, (method, message)
                 assert f"the node agent on node node-a {OWN_NODE_ONLY}" in message, message

@@ -46,8 +46,10 @@ class Part:
     def ldflags(self) -> str:
         if self.directory == "kubelet":  # `kubelet --version` and the Node's kubeletVersion: a release, not master
             if self.version() != cp.kubernetes_version():  # the stamp is the control plane's release
-                raise cp.BuildError(f"{self.path / 'go.mod'} pins k8s.io/kubernetes {self.version()}, the control "
-                                    f"plane {cp.kubernetes_version()}: move them together")  # fmt: skip
+                raise cp.BuildError(
+                    f"{self.path / 'go.mod'} pins k8s.io/kubernetes {self.version()}, the control "
+                    f"plane {cp.kubernetes_version()}: move them together"
+                )
             return cp._ldflags()
         if self.directory == "containerd":
             return f"-s -w -X github.com/containerd/containerd/v2/version.Version={self.version()}"
@@ -60,19 +62,37 @@ CONTAINERD_COMMANDS = ("containerd", "ctr", "containerd-shim-runc-v2")
 PARTS = (
     # seccomp: containerd's CRI gives containers a seccomp profile, which a runc built without it refuses
     # ("config provided but seccomp not supported"); needs cgo and libseccomp's headers.
-    Part("runc", "github.com/opencontainers/runc", ("github.com/opencontainers/runc",), ("runc",),
-         tags="seccomp", env={"CGO_ENABLED": "1"}),
-    Part("containerd", "github.com/containerd/containerd/v2",
-         tuple(f"github.com/containerd/containerd/v2/cmd/{c}" for c in CONTAINERD_COMMANDS), CONTAINERD_COMMANDS,
-         tags="no_btrfs no_devmapper no_zfs", env={"CGO_ENABLED": "0"}),
-    Part("cni", "github.com/containernetworking/plugins",
-         tuple(f"github.com/containernetworking/plugins/plugins/{p}"
-               for p in ("main/bridge", "ipam/host-local", "main/loopback", "meta/portmap")),
-         ("bridge", "host-local", "loopback", "portmap"), env={"CGO_ENABLED": "0"}),
-    Part("crictl", "sigs.k8s.io/cri-tools", ("sigs.k8s.io/cri-tools/cmd/crictl",), ("crictl",),
-         env={"CGO_ENABLED": "0"}),
+    Part(
+        "runc",
+        "github.com/opencontainers/runc",
+        ("github.com/opencontainers/runc",),
+        ("runc",),
+        tags="seccomp",
+        env={"CGO_ENABLED": "1"},
+    ),
+    Part(
+        "containerd",
+        "github.com/containerd/containerd/v2",
+        tuple(f"github.com/containerd/containerd/v2/cmd/{c}" for c in CONTAINERD_COMMANDS),
+        CONTAINERD_COMMANDS,
+        tags="no_btrfs no_devmapper no_zfs",
+        env={"CGO_ENABLED": "0"},
+    ),
+    Part(
+        "cni",
+        "github.com/containernetworking/plugins",
+        tuple(
+            f"github.com/containernetworking/plugins/plugins/{p}"
+            for p in ("main/bridge", "ipam/host-local", "main/loopback", "meta/portmap")
+        ),
+        ("bridge", "host-local", "loopback", "portmap"),
+        env={"CGO_ENABLED": "0"},
+    ),
+    Part(
+        "crictl", "sigs.k8s.io/cri-tools", ("sigs.k8s.io/cri-tools/cmd/crictl",), ("crictl",), env={"CGO_ENABLED": "0"}
+    ),
     Part("kubelet", "k8s.io/kubernetes", ("k8s.io/kubernetes/cmd/kubelet",), ("kubelet",)),
-)  # fmt: skip
+)
 BINARIES = tuple(name for part in PARTS for name in part.binaries)
 
 
@@ -124,8 +144,18 @@ def build(log: Path | None = None, budget_s: float | None = None) -> Path:
     def steps(staging: Path, out: IO[str], deadline: float | None) -> None:
         for part in PARTS:
             output = staging / part.binaries[0] if len(part.packages) == 1 else staging
-            cp._go_build(go, part.path, list(part.packages), output, out, deadline, budget_s,
-                         ldflags=part.ldflags(), tags=part.tags, env=part.env)  # fmt: skip
+            cp._go_build(
+                go,
+                part.path,
+                list(part.packages),
+                output,
+                out,
+                deadline,
+                budget_s,
+                ldflags=part.ldflags(),
+                tags=part.tags,
+                env=part.env,
+            )
 
     return cp.build_once(binary_dir(), built, steps, log, budget_s)
 

@@ -39,8 +39,10 @@ def busybox() -> Path:
     for candidate in BUSYBOX_CANDIDATES:
         if candidate.is_file() and _is_static(candidate):
             return candidate
-    raise ImageError("a static busybox is needed (the node tier's images, the CDI container tests' root): "
-                     "apt-get install busybox-static")
+    raise ImageError(
+        "a static busybox is needed (the node tier's images, the CDI container tests' root): "
+        "apt-get install busybox-static"
+    )
 
 
 def _is_static(path: Path) -> bool:
@@ -58,8 +60,9 @@ def _is_static(path: Path) -> bool:
     return True
 
 
-def _add(tar: tarfile.TarFile, name: str, *, data: bytes | None = None, mode: int = 0o755,
-         link: str | None = None) -> None:  # fmt: skip
+def _add(
+    tar: tarfile.TarFile, name: str, *, data: bytes | None = None, mode: int = 0o755, link: str | None = None
+) -> None:
     """A file (data), a symlink (link) or else a directory, owned by root, mtime 0."""
     info = tarfile.TarInfo(name)
     info.mtime, info.mode = 0, mode
@@ -108,19 +111,40 @@ def _json(value: Any) -> bytes:
 def write_archive(path: Path, name: str, entrypoint: list[str], layer: bytes) -> Path:
     """One image as an OCI layout in a tar, named for containerd by the index's annotations."""
     compressed = Blob(MEDIA_LAYER, gzip.compress(layer, mtime=0))
-    config = Blob(MEDIA_CONFIG, _json({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin:/sbin"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
-    }))  # fmt: skip
-    manifest = Blob(MEDIA_MANIFEST, _json({
-        "schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
-        "config": config.descriptor(), "layers": [compressed.descriptor()],
-    }))  # fmt: skip
+    config = Blob(
+        MEDIA_CONFIG,
+        _json(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin:/sbin"], "WorkingDir": "/"},
+                "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
+            }
+        ),
+    )
+    manifest = Blob(
+        MEDIA_MANIFEST,
+        _json(
+            {
+                "schemaVersion": 2,
+                "mediaType": MEDIA_MANIFEST,
+                "config": config.descriptor(),
+                "layers": [compressed.descriptor()],
+            }
+        ),
+    )
     tag = name.rsplit(":", 1)[1]
-    index = {"schemaVersion": 2, "manifests": [manifest.descriptor(annotations={
-        "io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag,
-    })]}  # fmt: skip
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            manifest.descriptor(
+                annotations={
+                    "io.containerd.image.name": name,
+                    "org.opencontainers.image.ref.name": tag,
+                }
+            )
+        ],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         files = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": _json(index)}

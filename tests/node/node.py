@@ -154,8 +154,14 @@ def _kubelet_credentials(cp: ControlPlane, directory: Path, node: str) -> tuple[
     now = time.time()
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
-                                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes")]))
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                ]
+            )
+        )
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -164,20 +170,29 @@ def _kubelet_credentials(cp: ControlPlane, directory: Path, node: str) -> tuple[
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    )
     directory.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = directory / "kubelet-client.crt", directory / "kubelet-client.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     key_path.chmod(0o600)
     return cert_path, key_path
 
 
 class RealNode:
-    def __init__(self, cp: ControlPlane, binaries: Path, root: Path | None = None, *, name: str = "node-r",
-                 machine: str = "mixed-mig", cdi_hook: Path | None = None,
-                 host_agent: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cp: ControlPlane,
+        binaries: Path,
+        root: Path | None = None,
+        *,
+        name: str = "node-r",
+        machine: str = "mixed-mig",
+        cdi_hook: Path | None = None,
+        host_agent: bool = True,
+    ) -> None:
         """`host_agent`: run the agent as a host process once the node is Ready; False leaves the node to the
         agent's DaemonSet (the product as deployed: tests/integration/test_deployed.py)."""
         self.cp = cp
@@ -209,15 +224,25 @@ class RealNode:
 
     def crictl(self, *args: str, check: bool = True) -> str:
         endpoint = f"unix://{self.containerd_sock}"
-        done = subprocess.run([str(self.binaries / "crictl"), "--runtime-endpoint", endpoint, "--timeout", "20s",
-                               *args], check=False, capture_output=True, text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [str(self.binaries / "crictl"), "--runtime-endpoint", endpoint, "--timeout", "20s", *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check and done.returncode != 0:
             raise NodeError(f"crictl {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
     def ctr(self, *args: str) -> str:
-        done = subprocess.run([str(self.binaries / "ctr"), "--address", str(self.containerd_sock), "-n", "k8s.io",
-                               *args], check=False, capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [str(self.binaries / "ctr"), "--address", str(self.containerd_sock), "-n", "k8s.io", *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if done.returncode != 0:
             raise NodeError(f"ctr {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
@@ -242,10 +267,21 @@ class RealNode:
         driver_root = install_driver_root(self.root / "driver-root").parents[1]
         hook = ("--nvidia-cdi-hook-path", str(self.cdi_hook)) if self.cdi_hook else ()
         self.agent = Daemon(
-            self.root, kubeconfig, self.name, env={persist.ENV: str(self.gpu_state)}, machine=f"fake:{self.machine}",
-            extra_args=("--driver-root", str(driver_root), "--host-driver-root", str(driver_root),
-                        "--dev-root", str(self.dev_root), *hook),
-        ).start()  # fmt: skip
+            self.root,
+            kubeconfig,
+            self.name,
+            env={persist.ENV: str(self.gpu_state)},
+            machine=f"fake:{self.machine}",
+            extra_args=(
+                "--driver-root",
+                str(driver_root),
+                "--host-driver-root",
+                str(driver_root),
+                "--dev-root",
+                str(self.dev_root),
+                *hook,
+            ),
+        ).start()
         self.agent.wait_for_log("registered with the kubelet", timeout=60)
         return self.agent
 
@@ -474,21 +510,35 @@ temp = "{base / "tmp"}"
             target = self.root / "cni" / "bin" / plugin
             if not target.exists():
                 target.symlink_to(self.binaries / plugin)
-        (self.root / "cni" / "conf" / "10-test.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "test",
-            "plugins": [
-                {"type": "bridge", "bridge": "cni-test0", "isGateway": True, "ipMasq": False,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.77.0/24"}]],
-                          "dataDir": str(self.root / "cni" / "ipam")}},
-                {"type": "portmap", "capabilities": {"portMappings": True}},
-            ],
-        }))  # fmt: skip
+        (self.root / "cni" / "conf" / "10-test.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "test",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": "cni-test0",
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": "10.244.77.0/24"}]],
+                                "dataDir": str(self.root / "cni" / "ipam"),
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                }
+            )
+        )
         config = base / "config.toml"
         config.write_text(self._containerd_config())
         env = {**os.environ, "PATH": f"{self.binaries}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         component = self._spawn("containerd", [str(self.binaries / "containerd"), "--config", str(config)], env)
-        wait_for("containerd's socket", lambda: self.containerd_sock.exists() or None, 60, component.check_running,
-                 NodeError)
+        wait_for(
+            "containerd's socket", lambda: self.containerd_sock.exists() or None, 60, component.check_running, NodeError
+        )
         archives = images.make_images(self.root / "images")
         for archive in archives.values():
             self.ctr("images", "import", "--snapshotter", "native", "--local", str(archive))
@@ -515,14 +565,21 @@ temp = "{base / "tmp"}"
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": self.healthz_port,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
-                               "x509": {"clientCAFile": str(self.cp.pki.ca_cert)}},
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(self.cp.pki.ca_cert)},
+            },
             "authorization": {"mode": "AlwaysAllow"},
             "containerRuntimeEndpoint": f"unix://{self.containerd_sock}",
             "podLogsDir": str(self.root / "pod-logs"),
             "resolvConf": "",
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
+            "evictionHard": {
+                "memory.available": "1Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
@@ -532,44 +589,62 @@ temp = "{base / "tmp"}"
             "fileCheckFrequency": "5s",
             "featureGates": KUBELET_FEATURE_GATES,
             "registerNode": True,
-        }  # fmt: skip
+        }
 
     def _start_kubelet(self) -> None:
         pki = self.root / "pki"
         cert, key = _kubelet_credentials(self.cp, pki, self.name)
         assert self.cp.pki is not None
         kubeconfig = self.root / "kubelet.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "real", "cluster": {"server": self.cp.url,
-                                                      "certificate-authority": str(self.cp.pki.ca_cert)}}],
-            "users": [{"name": "kubelet", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
-            "contexts": [{"name": "real", "context": {"cluster": "real", "user": "kubelet"}}],
-            "current-context": "real",
-        }))  # fmt: skip
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "real",
+                            "cluster": {"server": self.cp.url, "certificate-authority": str(self.cp.pki.ca_cert)},
+                        }
+                    ],
+                    "users": [{"name": "kubelet", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+                    "contexts": [{"name": "real", "context": {"cluster": "real", "user": "kubelet"}}],
+                    "current-context": "real",
+                }
+            )
+        )
         self._grant_node_role()
         self.healthz_port = free_port()
         config = self.root / "kubelet.yaml"
         config.write_text(yaml.safe_dump(self._kubelet_config()))
         self.kubelet_root.mkdir(parents=True, exist_ok=True)
-        self._spawn("kubelet", [
-            str(self.binaries / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
-            f"--root-dir={self.kubelet_root}", f"--cert-dir={pki}", f"--hostname-override={self.name}",
-            # The node's addresses are set by the test, as a cloud controller manager would (_wait_ready): the
-            # kubelet refuses a loopback --node-ip, and any other address of this machine is off limits.
-            "--cloud-provider=external",
-            "--v=4",
-        ], {**os.environ, "PATH": f"{self.binaries}:{os.environ.get('PATH', '/usr/bin:/bin')}"})  # fmt: skip
+        self._spawn(
+            "kubelet",
+            [
+                str(self.binaries / "kubelet"),
+                f"--config={config}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={self.kubelet_root}",
+                f"--cert-dir={pki}",
+                f"--hostname-override={self.name}",
+                # The node's addresses are set by the test, as a cloud controller manager would (_wait_ready): the
+                # kubelet refuses a loopback --node-ip, and any other address of this machine is off limits.
+                "--cloud-provider=external",
+                "--v=4",
+            ],
+            {**os.environ, "PATH": f"{self.binaries}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+        )
 
     def _grant_node_role(self) -> None:
         """The kubelet's rights: this control plane authorises with RBAC alone (no Node authorizer), so bind
         the `system:node` ClusterRole to the `system:nodes` group, as clusters without that authorizer do."""
         binding = {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
             "metadata": {"name": "gpu-dra-agent-test:nodes"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}],
-        }  # fmt: skip
+        }
         try:
             self.cp.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
         except urllib.error.HTTPError as error:
@@ -593,8 +668,10 @@ temp = "{base / "tmp"}"
             raise NodeError(f"{error}\nkubelet log:\n{kubelet.tail(40)}") from None
         # The cloud controller manager's part: the node's InternalIP is 127.0.0.1, where the API server reaches
         # the kubelet (`kubectl logs`) and hostNetwork pods have their IP (probes, status.hostIP).
-        node["status"]["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"},
-                                       {"type": "Hostname", "address": self.name}]  # fmt: skip
+        node["status"]["addresses"] = [
+            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "Hostname", "address": self.name},
+        ]
         node = self.cp.request("PUT", f"/api/v1/nodes/{self.name}/status", node)
         # Admission gave the new Node the not-ready taint, the kubelet the uninitialized one; the node-lifecycle
         # controller and the cloud controller manager that lift them do not run in this control plane. Do their part.
@@ -611,8 +688,14 @@ temp = "{base / "tmp"}"
         log = self.logs / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                       preexec_fn=cluster._die_with_parent)  # noqa: PLW1509  # fmt: skip
+            process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=cluster._die_with_parent,  # noqa: PLW1509
+            )
         component = Component(name, process, log)
         self.components[name] = component
         return component
@@ -638,11 +721,13 @@ def main() -> None:
             cp.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", doc)
         with RealNode(cp, node_build.build(), machine=machine).start() as node:
             path = cp.kubeconfig_path  # admin credentials stay in the control plane's directory, removed with it
-            print(f"node {node.name} Ready ({machine}) in {node.startup_seconds['all']:.1f}s; KUBECONFIG={path}\n"
-                  f"  logs: {node.logs} and {node.root / 'agent.log'}\n"
-                  f"  crictl: {node.binaries / 'crictl'} --runtime-endpoint unix://{node.containerd_sock} ps\n"
-                  f"  pods: image {images.WORKLOAD_IMAGE}, imagePullPolicy Never, hostNetwork true",
-                  flush=True)  # fmt: skip
+            print(
+                f"node {node.name} Ready ({machine}) in {node.startup_seconds['all']:.1f}s; KUBECONFIG={path}\n"
+                f"  logs: {node.logs} and {node.root / 'agent.log'}\n"
+                f"  crictl: {node.binaries / 'crictl'} --runtime-endpoint unix://{node.containerd_sock} ps\n"
+                f"  pods: image {images.WORKLOAD_IMAGE}, imagePullPolicy Never, hostNetwork true",
+                flush=True,
+            )
             with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
 

@@ -33,8 +33,13 @@ from agent.simulation.trace_policies import (
 )
 
 
-def node(gpu_free: tuple[int, ...], cpu: int = 64000, mem: int = 262144, tags: frozenset[str] = frozenset(),
-         model: str = "T4") -> NodeView:
+def node(
+    gpu_free: tuple[int, ...],
+    cpu: int = 64000,
+    mem: int = 262144,
+    tags: frozenset[str] = frozenset(),
+    model: str = "T4",
+) -> NodeView:
     return NodeView(model, cpu, mem, gpu_free, tags)
 
 
@@ -149,8 +154,9 @@ def test_ours_keeps_fgds_resolution_for_shared_pods_and_coarsens_the_rest() -> N
     lets them tie, and then a node in use wins; being in use never outweighs a better shared outcome."""
     better, worse = -30, -70  # drops of F (weight 1), in milli-GPU
     assert (fgd_score(better, 1), fgd_score(worse, 1)) == (49, 48)
-    assert packed_fgd_score(better, 1, in_use=False, shares_gpu=True) > packed_fgd_score(worse, 1, in_use=True,
-                                                                                          shares_gpu=True)
+    assert packed_fgd_score(better, 1, in_use=False, shares_gpu=True) > packed_fgd_score(
+        worse, 1, in_use=True, shares_gpu=True
+    )
     assert packed_fgd_score(better, 1, in_use=False) < packed_fgd_score(worse, 1, in_use=True)
     assert packed_fgd_score(better, 1, in_use=False) == packed_fgd_score(worse, 1, in_use=False)
 

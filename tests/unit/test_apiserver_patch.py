@@ -9,9 +9,13 @@ from fakes.apiserver.patch import json_patch, merge_patch, strategic_merge_patch
 
 POD = {
     "metadata": {"name": "p", "labels": {"a": "1", "b": "2"}, "finalizers": ["x/one"]},
-    "spec": {"containers": [{"name": "main", "image": "v1", "env": [{"name": "A", "value": "1"}]},
-                            {"name": "side", "image": "s1"}],
-             "tolerations": [{"key": "k1"}]},
+    "spec": {
+        "containers": [
+            {"name": "main", "image": "v1", "env": [{"name": "A", "value": "1"}]},
+            {"name": "side", "image": "s1"},
+        ],
+        "tolerations": [{"key": "k1"}],
+    },
 }
 
 
@@ -24,10 +28,13 @@ def test_merge_patch_replaces_lists_and_deletes_nulls() -> None:
 
 
 def test_strategic_merge_merges_containers_by_name_and_unions_finalizers() -> None:
-    out = strategic_merge_patch(POD, {
-        "metadata": {"finalizers": ["x/two"]},
-        "spec": {"containers": [{"name": "main", "image": "v2"}, {"name": "new", "image": "n"}]},
-    })
+    out = strategic_merge_patch(
+        POD,
+        {
+            "metadata": {"finalizers": ["x/two"]},
+            "spec": {"containers": [{"name": "main", "image": "v2"}, {"name": "new", "image": "n"}]},
+        },
+    )
     images = [(c["name"], c["image"]) for c in out["spec"]["containers"]]
     assert images == [("main", "v2"), ("side", "s1"), ("new", "n")]
     assert out["spec"]["containers"][0]["env"] == [{"name": "A", "value": "1"}]
@@ -35,11 +42,14 @@ def test_strategic_merge_merges_containers_by_name_and_unions_finalizers() -> No
 
 
 def test_strategic_merge_directives() -> None:
-    out = strategic_merge_patch(POD, {
-        "$setElementOrder/containers": [{"name": "main"}],
-        "metadata": {"$deleteFromPrimitiveList/finalizers": ["x/one"]},
-        "spec": {"containers": [{"name": "side", "$patch": "delete"}], "tolerations": [{"key": "only"}]},
-    })
+    out = strategic_merge_patch(
+        POD,
+        {
+            "$setElementOrder/containers": [{"name": "main"}],
+            "metadata": {"$deleteFromPrimitiveList/finalizers": ["x/one"]},
+            "spec": {"containers": [{"name": "side", "$patch": "delete"}], "tolerations": [{"key": "only"}]},
+        },
+    )
     assert [c["name"] for c in out["spec"]["containers"]] == ["main"]
     assert out["metadata"]["finalizers"] == []
     assert out["spec"]["tolerations"] == [{"key": "only"}]  # no merge key: replaced
@@ -55,15 +65,18 @@ def test_strategic_merge_rejects_a_list_element_without_its_merge_key() -> None:
 
 
 def test_json_patch_operations() -> None:
-    out = json_patch(POD, [
-        {"op": "add", "path": "/metadata/labels/new~1key", "value": "v"},
-        {"op": "replace", "path": "/spec/containers/0/image", "value": "v9"},
-        {"op": "remove", "path": "/metadata/labels/a"},
-        {"op": "add", "path": "/metadata/finalizers/-", "value": "x/end"},
-        {"op": "copy", "from": "/spec/containers/1", "path": "/spec/containers/-"},
-        {"op": "move", "from": "/spec/tolerations", "path": "/spec/moved"},
-        {"op": "test", "path": "/spec/containers/0/image", "value": "v9"},
-    ])
+    out = json_patch(
+        POD,
+        [
+            {"op": "add", "path": "/metadata/labels/new~1key", "value": "v"},
+            {"op": "replace", "path": "/spec/containers/0/image", "value": "v9"},
+            {"op": "remove", "path": "/metadata/labels/a"},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": "x/end"},
+            {"op": "copy", "from": "/spec/containers/1", "path": "/spec/containers/-"},
+            {"op": "move", "from": "/spec/tolerations", "path": "/spec/moved"},
+            {"op": "test", "path": "/spec/containers/0/image", "value": "v9"},
+        ],
+    )
     assert out["metadata"]["labels"] == {"b": "2", "new/key": "v"}
     assert out["spec"]["containers"][0]["image"] == "v9"
     assert out["metadata"]["finalizers"] == ["x/one", "x/end"]

@@ -13,8 +13,10 @@ T0, T1, T2 = "2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z", "2025-01-01T02:00:0
 
 
 def test_gang_is_bound_whole_or_not_at_all() -> None:
-    result = cycle(doc([node("n1", 4), node("n2", 4)], [queue("q")],
-                       [gang("big", "q", 9), gang("fits", "q", 8, created=T1)]), "allocate")
+    result = cycle(
+        doc([node("n1", 4), node("n2", 4)], [queue("q")], [gang("big", "q", 9), gang("fits", "q", 8, created=T1)]),
+        "allocate",
+    )
     assert placed(result, "big") == []
     assert all(result.pods[f"big-{i}"].outcome == "pending" for i in range(9))
     assert len(placed(result, "fits")) == 8
@@ -33,8 +35,11 @@ def test_gang_below_min_member_goes_before_another_jobs_elastic_growth() -> None
 
 
 def test_job_order_in_a_queue_is_priority_then_age() -> None:
-    jobs = [gang("old-low", "q", 2, priority=10, created=T0), gang("new-high", "q", 2, priority=60, created=T2),
-            gang("old-high", "q", 2, priority=60, created=T1)]
+    jobs = [
+        gang("old-low", "q", 2, priority=10, created=T0),
+        gang("new-high", "q", 2, priority=60, created=T2),
+        gang("old-high", "q", 2, priority=60, created=T1),
+    ]
     result = cycle(doc([node("n", 4)], [queue("q")], jobs), "allocate")
     assert placed(result, "old-high") and placed(result, "new-high")
     assert placed(result, "old-low") == []
@@ -63,8 +68,7 @@ def test_queue_with_the_smaller_share_goes_first() -> None:
 
 
 def test_allocation_is_work_conserving_beyond_fair_share() -> None:
-    result = cycle(doc([node("n", 8)], [queue("a", quota=1), queue("b", quota=7)], [gang("ja", "a", 8)]),
-                   "allocate")
+    result = cycle(doc([node("n", 8)], [queue("a", quota=1), queue("b", quota=7)], [gang("ja", "a", 8)]), "allocate")
     assert len(placed(result, "ja")) == 8
     assert result.fair_share["a"][0] == 8000
 
@@ -105,9 +109,13 @@ def test_fgd_keeps_room_for_the_multi_gpu_pods_the_workload_runs() -> None:
     # the tighter b1 and leaves room for only one of them; fgd (the default) sees that 4-GPU pods are part of
     # the workload, takes a1's fifth GPU instead, and both 4-GPU pods run.
     nodes = [node("a1", 8), node("b1", 8)]
-    jobs = [gang("run-a", "q", 3, node="a1"), gang("run-b", "q", 4, node="b1"),
-            gang("one", "q", 1, priority=60, created=T0),
-            job("four-x", "q", [pod("four-x-0", 4)], created=T1), job("four-y", "q", [pod("four-y-0", 4)], created=T2)]
+    jobs = [
+        gang("run-a", "q", 3, node="a1"),
+        gang("run-b", "q", 4, node="b1"),
+        gang("one", "q", 1, priority=60, created=T0),
+        job("four-x", "q", [pod("four-x-0", 4)], created=T1),
+        job("four-y", "q", [pod("four-y-0", 4)], created=T2),
+    ]
     fgd = cycle(doc(nodes, [queue("q")], jobs), "allocate")
     binpack = cycle(doc(nodes, [queue("q")], jobs, gpu="binpack"), "allocate")
     assert fgd.pods["one-0"].node == "a1"
@@ -130,8 +138,11 @@ def test_fractional_pods_share_one_gpu() -> None:
 
 
 def test_fractional_pod_joins_the_running_share_on_its_gpu() -> None:
-    jobs = [job("r", "q", [pod("r-0", 0.5, node="n", gpuIndex=1)]), job("f", "q", [pod("f-0", 0.5)], created=T1),
-            job("w", "q", [pod("w-0", 1)], created=T2)]
+    jobs = [
+        job("r", "q", [pod("r-0", 0.5, node="n", gpuIndex=1)]),
+        job("f", "q", [pod("f-0", 0.5)], created=T1),
+        job("w", "q", [pod("w-0", 1)], created=T2),
+    ]
     result = cycle(doc([node("n", 2)], [queue("q")], jobs), "allocate")
     assert result.pods["f-0"].gpu_index == 1
     assert result.pods["w-0"].action == "bind"  # GPU 0 stays whole for it
@@ -177,8 +188,11 @@ def test_gang_that_needs_a_release_waits_whole() -> None:
 
 def test_consolidate_moves_a_small_pod_so_a_whole_node_job_fits() -> None:
     nodes = [node("n1", 4), node("n2", 4)]
-    jobs = [gang("a", "q", 1, node="n1", gpus=2), gang("b", "q", 1, node="n2", gpus=1),
-            gang("big", "q", 1, gpus=4, created=T1)]
+    jobs = [
+        gang("a", "q", 1, node="n1", gpus=2),
+        gang("b", "q", 1, node="n2", gpus=1),
+        gang("big", "q", 1, gpus=4, created=T1),
+    ]
     result = cycle(doc(nodes, [queue("q")], jobs), "allocate,consolidate")
     assert result.pods["big-0"].action == "pipeline"
     moved = [n for n, d in result.pods.items() if d.action == "evict"]
@@ -190,16 +204,22 @@ def test_consolidate_moves_a_small_pod_so_a_whole_node_job_fits() -> None:
 
 def test_consolidate_does_nothing_when_moved_pods_could_not_be_replaced() -> None:
     nodes = [node("n1", 4), node("n2", 4)]
-    jobs = [gang("a", "q", 1, node="n1", gpus=3), gang("b", "q", 1, node="n2", gpus=3),
-            gang("big", "q", 1, gpus=2, created=T1)]
+    jobs = [
+        gang("a", "q", 1, node="n1", gpus=3),
+        gang("b", "q", 1, node="n2", gpus=3),
+        gang("big", "q", 1, gpus=2, created=T1),
+    ]
     result = cycle(doc(nodes, [queue("q")], jobs), "allocate,consolidate")
     assert all(d.action == "keep" for d in result.pods.values())
 
 
 def test_consolidate_never_moves_non_preemptible_pods() -> None:
     nodes = [node("n1", 4), node("n2", 4)]
-    jobs = [gang("a", "q", 1, node="n1", gpus=2, priority=125), gang("b", "q", 1, node="n2", gpus=2, priority=125),
-            gang("big", "q", 1, gpus=4, created=T1)]
+    jobs = [
+        gang("a", "q", 1, node="n1", gpus=2, priority=125),
+        gang("b", "q", 1, node="n2", gpus=2, priority=125),
+        gang("big", "q", 1, gpus=4, created=T1),
+    ]
     result = cycle(doc(nodes, [queue("q", quota=8)], jobs), "allocate,consolidate")
     assert all(d.action == "keep" for d in result.pods.values())
 
@@ -265,15 +285,21 @@ def test_preempt_evicts_strictly_lower_priority_in_the_same_queue() -> None:
 
 
 def test_preempt_spares_equal_priority_and_other_queues() -> None:
-    jobs = [gang("same", "q", 2, node="n", priority=60), gang("other", "r", 2, node="n", priority=10),
-            gang("high", "q", 2, priority=60, created=T1)]
+    jobs = [
+        gang("same", "q", 2, node="n", priority=60),
+        gang("other", "r", 2, node="n", priority=10),
+        gang("high", "q", 2, priority=60, created=T1),
+    ]
     result = cycle(doc([node("n", 4)], [queue("q"), queue("r")], jobs), "preempt")
     assert all(d.action == "keep" for d in result.pods.values())
 
 
 def test_preempt_takes_the_cheapest_victims_first() -> None:
-    jobs = [gang("p20", "q", 2, node="n", priority=20), gang("p10", "q", 2, node="n", priority=10),
-            gang("high", "q", 2, priority=60, created=T1)]
+    jobs = [
+        gang("p20", "q", 2, node="n", priority=20),
+        gang("p10", "q", 2, node="n", priority=10),
+        gang("high", "q", 2, priority=60, created=T1),
+    ]
     result = cycle(doc([node("n", 4)], [queue("q")], jobs), "preempt")
     assert placed(result, "p10", "evict") == ["p10-0", "p10-1"]
     assert placed(result, "p20", "evict") == []
@@ -283,8 +309,9 @@ def test_rounds_turn_pipelined_pods_into_running_ones() -> None:
     from agent.simulation.rounds import simulate
 
     jobs = [gang("low", "q", 4, node="n", priority=10), gang("high", "q", 4, priority=60, created=T1)]
-    sim = simulate(parse_snapshot(doc([node("n", 4)], [queue("q")], jobs)), ["allocate", "preempt"], 2,
-                   iter(range(100)).__next__)
+    sim = simulate(
+        parse_snapshot(doc([node("n", 4)], [queue("q")], jobs)), ["allocate", "preempt"], 2, iter(range(100)).__next__
+    )
     assert [sim.last.pods[f"high-{i}"].action for i in range(4)] == ["bind"] * 4
     assert sim.cycle_seconds == (1, 1)
     again = run_cycle(sim.last.next, ["allocate"])

@@ -48,8 +48,9 @@ def _consolidation_doc(started: str) -> dict[str, Any]:
 
 def test_consolidation_moves_no_job_admitted_while_the_gang_waited() -> None:
     def moved(started: str) -> int:
-        return sum(1 for d in cycle(_consolidation_doc(started), "allocate,consolidate").pods.values()
-                   if d.action == "evict")
+        return sum(
+            1 for d in cycle(_consolidation_doc(started), "allocate,consolidate").pods.values() if d.action == "evict"
+        )
 
     assert moved("2025-01-01T12:00:01Z") == 0
     assert moved("2025-01-01T11:59:00Z") == 1

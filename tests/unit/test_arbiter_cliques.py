@@ -17,8 +17,11 @@ def rack(cliques: dict[str, int], jobs: list[dict], *, loose: int = 0) -> Snapsh
     names = {f"{c}-n{i}": c for c, count in cliques.items() for i in range(count)}
     nodes = [node(n, 4) for n in names] + [node(f"loose-n{i}", 4) for i in range(loose)]
     snap = parse_snapshot(doc(nodes, [queue("q")], jobs))
-    return replace(snap, nodes=tuple(replace(n, clique=names.get(n.name)) for n in snap.nodes),
-                   jobs=tuple(replace(j, one_clique=j.name.startswith("cd")) for j in snap.jobs))
+    return replace(
+        snap,
+        nodes=tuple(replace(n, clique=names.get(n.name)) for n in snap.nodes),
+        jobs=tuple(replace(j, one_clique=j.name.startswith("cd")) for j in snap.jobs),
+    )
 
 
 def placement(result, prefix: str) -> dict[str, str | None]:
@@ -31,8 +34,10 @@ def test_a_domain_gang_that_fits_no_single_clique_waits_and_says_why() -> None:
     result = run_cycle(snap, ["allocate", "consolidate", "reclaim", "preempt"])
     assert all(d.outcome == "pending" for d in placement_decisions(result, "cd-train"))
     reason = wait_reasons(snap, result)["cd-train"]
-    assert reason.startswith("no fit in one NVLink clique: the gang shares a ComputeDomain, so its 4 pod(s) "
-                             "needing 16 GPUs must all run on nodes of one clique; 2 clique(s) offer IMEX channels")
+    assert reason.startswith(
+        "no fit in one NVLink clique: the gang shares a ComputeDomain, so its 4 pod(s) "
+        "needing 16 GPUs must all run on nodes of one clique; 2 clique(s) offer IMEX channels"
+    )
     assert reason.endswith("the gang asks for more than any clique has")
 
     plain = replace(snap, jobs=tuple(replace(j, one_clique=False) for j in snap.jobs))
@@ -57,8 +62,10 @@ def test_the_fullest_clique_that_fits_is_taken_and_other_gangs_are_unbound() -> 
     busy = gang("busy", "q", 2, gpus=4)
     for i, p in enumerate(busy["pods"]):
         p.update(node=f"a-n{i}", status="Running")
-    snap = rack({"a": 4, "b": 4}, [busy, gang("cd-small", "q", 2, gpus=4),
-                                    gang("cd-big", "q", 4, gpus=4, created="2025-01-01T01:00:00Z")])
+    snap = rack(
+        {"a": 4, "b": 4},
+        [busy, gang("cd-small", "q", 2, gpus=4), gang("cd-big", "q", 4, gpus=4, created="2025-01-01T01:00:00Z")],
+    )
     result = run_cycle(snap, ["allocate"])
     assert sorted(n or "" for n in placement(result, "cd-small").values()) == ["a-n2", "a-n3"]
     assert sorted(n or "" for n in placement(result, "cd-big").values()) == [f"b-n{i}" for i in range(4)]

@@ -54,8 +54,10 @@ def test_one_node_refusing_binds_no_member_and_releases_every_reservation() -> N
     c = committer(snap)
     c.node("b").mark_unhealthy(1)
     result = c(run_cycle(snap, ACTIONS))
-    assert all(result.pods[f"g-{i}"] == dataclasses.replace(result.pods[f"g-{i}"], outcome="pending", node=None,
-                                                            action="keep") for i in range(4))
+    assert all(
+        result.pods[f"g-{i}"] == dataclasses.replace(result.pods[f"g-{i}"], outcome="pending", node=None, action="keep")
+        for i in range(4)
+    )
     assert c.stats.refused == 1 and c.stats.committed == 0
     assert set(c.stats.refused_pods) == {"g-0", "g-1", "g-2", "g-3"} and "b" in c.stats.refused_pods["g-0"]
     assert live(c, "a") == [] and live(c, "b") == []

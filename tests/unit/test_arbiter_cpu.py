@@ -71,9 +71,13 @@ def test_a_nodes_client_is_made_once_per_channel(monkeypatch: pytest.MonkeyPatch
 
 
 def test_objects_are_copied_before_they_are_edited_for_a_write() -> None:
-    pod: dict[str, Any] = {"metadata": {"name": "p", "namespace": "ns", "annotations": {"a": "1"}},
-                           "spec": {"schedulingGates": [{"name": "scheduling.gpu-dra-agent.io/arbiter"}],
-                                    "containers": [{"name": "c", "resources": {"limits": {"cpu": 1.5}}}]}}
+    pod: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns", "annotations": {"a": "1"}},
+        "spec": {
+            "schedulingGates": [{"name": "scheduling.gpu-dra-agent.io/arbiter"}],
+            "containers": [{"name": "c", "resources": {"limits": {"cpu": 1.5}}}],
+        },
+    }
     copied = json_copy(pod)
     assert copied == pod and copied is not pod and copied["spec"]["containers"][0] is not pod["spec"]["containers"][0]
     ungated = narrowed(pod, "node-1", 1.7e9)

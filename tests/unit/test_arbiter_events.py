@@ -28,11 +28,16 @@ def test_a_lone_pod_is_told_on_itself_and_a_gang_on_its_pod_group() -> None:
     a, rec = arbiter()
     group = pod_group("train", 2)
     a.pod_groups._objects[("team-a", "train")] = group  # what the informer would hold
-    w = world([pod("alone", "c0"), pod("w0", "c1", group="train"), pod("w1", "c2", group="train")],
-              [claim("c0"), claim("c1"), claim("c2")], [group])
+    w = world(
+        [pod("alone", "c0"), pod("w0", "c1", group="train"), pod("w1", "c2", group="train")],
+        [claim("c0"), claim("c1"), claim("c2")],
+        [group],
+    )
     a._tell_waiting(w, {"team-a/pod/alone": "no fit: x", "team-a/train": "no fit: y"}, now=0.0)
-    assert sorted(e[:4] for e in rec.events) == [("Pod", "alone", "Waiting", "Warning"),
-                                                  ("PodGroup", "train", "Waiting", "Warning")]
+    assert sorted(e[:4] for e in rec.events) == [
+        ("Pod", "alone", "Waiting", "Warning"),
+        ("PodGroup", "train", "Waiting", "Warning"),
+    ]
 
 
 def test_a_reason_is_refreshed_when_it_changes() -> None:
@@ -46,7 +51,9 @@ def test_a_reason_is_refreshed_when_it_changes() -> None:
     a._tell_waiting(w, {job: "no fit: 2 free"}, 3.0 + WAIT_REFRESH_S)  # new numbers, refreshed
     assert [(e[3], e[4]) for e in rec.events] == [
         ("Normal", "waiting for the ResourceClaims of p (gpu) to be created from their templates"),
-        ("Warning", "no fit: 4 free"), ("Warning", "no fit: 2 free")]
+        ("Warning", "no fit: 4 free"),
+        ("Warning", "no fit: 2 free"),
+    ]
 
 
 def test_an_object_left_out_is_told_once_per_reason() -> None:
@@ -57,4 +64,6 @@ def test_an_object_left_out_is_told_once_per_reason() -> None:
         w.invalid = {"Queue orphan": Invalid("Queue", bad, reason)}
         a._tell_invalid(w)
     assert [(e[0], e[2], e[3], e[4]) for e in rec.events] == [
-        ("Queue", "Invalid", "Warning", "invalid Queue: a"), ("Queue", "Invalid", "Warning", "invalid Queue: b")]
+        ("Queue", "Invalid", "Warning", "invalid Queue: a"),
+        ("Queue", "Invalid", "Warning", "invalid Queue: b"),
+    ]

@@ -12,8 +12,9 @@ from tests.unit.test_arbiter_support import cycle, doc, gang, node, queue
 G = MILLI
 
 
-def claim(quota: float, request: float, weight: float = 1, limit: float = -1, priority: int = 100,
-          order: int = 0) -> Claim:
+def claim(
+    quota: float, request: float, weight: float = 1, limit: float = -1, priority: int = 100, order: int = 0
+) -> Claim:
     return Claim(quota=quota, limit=limit, weight=weight, priority=priority, request=request, order=order)
 
 
@@ -63,8 +64,10 @@ def test_usage_shifts_only_the_over_quota_division() -> None:
     # time-aware fair share (KAI calcShareWeights): equal weights, but q0 used 60 % of the cluster lately and q1
     # nothing: weights become max(0, w + k (w - usage)) = 0.4 and 1.0; the quota part (2 each) never moves
     hungry = [claim(2 * G, 20 * G, order=0), claim(2 * G, 20 * G, order=1)]
-    used = [Claim(c.quota, c.limit, c.weight, c.priority, c.request, c.order, usage=u)
-            for c, u in zip(hungry, (0.6, 0.0), strict=True)]
+    used = [
+        Claim(c.quota, c.limit, c.weight, c.priority, c.request, c.order, usage=u)
+        for c, u in zip(hungry, (0.6, 0.0), strict=True)
+    ]
     assert divide(12 * G, hungry, G) == [6 * G, 6 * G]
     shares = divide(12 * G, used, G)
     assert shares[0] >= 2 * G and shares[1] >= 2 * G
@@ -98,8 +101,11 @@ def test_children_divide_their_parent_share_and_parent_limits_cap_the_subtree() 
 
 def test_fair_share_in_a_cycle_counts_running_and_pending_demand() -> None:
     result = cycle(
-        doc([node("n", gpus=8)], [queue("a", quota=2), queue("b", quota=2)],
-            [gang("ja", "a", 6, node=None), gang("jb", "b", 1)]),
+        doc(
+            [node("n", gpus=8)],
+            [queue("a", quota=2), queue("b", quota=2)],
+            [gang("ja", "a", 6, node=None), gang("jb", "b", 1)],
+        ),
         "allocate",
     )
     assert result.fair_share["b"][0] == 1 * G  # demand-capped
@@ -127,10 +133,18 @@ def _deserved(amount: float, c: Claim) -> float:
 @settings(max_examples=300, deadline=None)
 @given(amount=st.floats(0, 50), claims=claims)
 # a denormal weight alone: pool * weight / weight rounded to more than the pool (1 of 0.75 left was given)
-@example(amount=23.0, claims=[Claim(-1.0, -1.0, -1.0, 50, 17.0, 0), Claim(-1.0, -1.0, -1.0, 50, 2.5, 0),
-                              Claim(-1.0, -1.0, -1.0, 50, 2.75, 0), Claim(0.0, -1.0, 5e-324, 50, 1.0, 0)])
+@example(
+    amount=23.0,
+    claims=[
+        Claim(-1.0, -1.0, -1.0, 50, 17.0, 0),
+        Claim(-1.0, -1.0, -1.0, 50, 2.5, 0),
+        Claim(-1.0, -1.0, -1.0, 50, 2.75, 0),
+        Claim(0.0, -1.0, 5e-324, 50, 1.0, 0),
+    ],
+)
 def test_each_queue_gets_its_deserved_part_and_only_the_rest_is_divided_over_quota(
-        amount: float, claims: list[Claim]) -> None:
+    amount: float, claims: list[Claim]
+) -> None:
     shares = divide(amount, claims, 1.0)
     deserved = [_deserved(amount, c) for c in claims]
     over = sum(shares) - sum(deserved)

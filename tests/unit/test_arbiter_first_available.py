@@ -14,21 +14,34 @@ from agent.objects.write import allocation_status, reservation_claim
 from tests.unit.test_arbiter_world import DRIVER, claim, pod, world
 
 
-def first_available(name: str, *counts: tuple[str, int], allocated_on: str | None = None,
-                    devices: tuple[str, ...] = ()) -> dict[str, Any]:
+def first_available(
+    name: str, *counts: tuple[str, int], allocated_on: str | None = None, devices: tuple[str, ...] = ()
+) -> dict[str, Any]:
     c = claim(name, 1, allocated_on, devices, f"holder-{name}" if allocated_on else None)
-    c["spec"]["devices"]["requests"] = [{"name": "gpus", "firstAvailable": [
-        {"name": sub, "deviceClassName": "gpu.nvidia.com", "count": count} for sub, count in counts]}]
+    c["spec"]["devices"]["requests"] = [
+        {
+            "name": "gpus",
+            "firstAvailable": [
+                {"name": sub, "deviceClassName": "gpu.nvidia.com", "count": count} for sub, count in counts
+            ],
+        }
+    ]
     return c
 
 
 def test_subrequests_are_tried_depth_first_the_first_request_changing_last() -> None:
     c = claim("c")
     c["spec"]["devices"]["requests"] = [
-        {"name": "a", "firstAvailable": [{"name": "x", "deviceClassName": "gpu.nvidia.com"},
-                                         {"name": "y", "deviceClassName": "gpu.nvidia.com"}]},
+        {
+            "name": "a",
+            "firstAvailable": [
+                {"name": "x", "deviceClassName": "gpu.nvidia.com"},
+                {"name": "y", "deviceClassName": "gpu.nvidia.com"},
+            ],
+        },
         {"name": "b", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
-        {"name": "c", "firstAvailable": [{"name": sub, "deviceClassName": "gpu.nvidia.com"} for sub in "pqr"]}]
+        {"name": "c", "firstAvailable": [{"name": sub, "deviceClassName": "gpu.nvidia.com"} for sub in "pqr"]},
+    ]
     assert list(choices(c)) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 0), (1, 0, 1), (1, 0, 2)]
 
 
@@ -52,8 +65,10 @@ def test_the_first_entry_that_fits_a_node_now_wins_else_the_first_that_ever_fits
     # one node empty: 8 fits there
     assert world([pod("p", "c")], [wants, busy[0]]).members["team-a/p"].choices == {"c": (0,)}
     # nothing free anywhere: the first entry that fits an empty node, which the gang waits or reclaims for
-    full = [first_available(f"f{i}", ("eight", 8), allocated_on=f"n{i}", devices=tuple(f"gpu-{d}" for d in range(8)))
-            for i in range(2)]
+    full = [
+        first_available(f"f{i}", ("eight", 8), allocated_on=f"n{i}", devices=tuple(f"gpu-{d}" for d in range(8)))
+        for i in range(2)
+    ]
     assert world([pod("p", "c")], [wants, *full]).members["team-a/p"].choices == {"c": (0,)}
 
 
@@ -62,6 +77,7 @@ def test_the_allocation_names_the_subrequest_and_its_class_config() -> None:
     classes = {"gpu.nvidia.com": {"spec": {"config": [{"opaque": {"driver": DRIVER, "parameters": {}}}]}}}
     allocation = allocation_status(c, "n0", DRIVER, {"gpus/one": ["gpu-3"]}, classes, choice=(1,))
     assert allocation["devices"]["results"] == [
-        {"request": "gpus/one", "driver": DRIVER, "pool": "n0", "device": "gpu-3"}]
+        {"request": "gpus/one", "driver": DRIVER, "pool": "n0", "device": "gpu-3"}
+    ]
     # the claim's one request: the class's config applies to all of it, written without requests as upstream
     assert allocation["devices"]["config"] == [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {}}}]

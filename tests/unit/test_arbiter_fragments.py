@@ -22,8 +22,9 @@ def direct(used: list[int], workload: list[int], count: int, milli: int, gpus: l
 
 @settings(max_examples=200, deadline=None)
 @given(USED, WORKLOAD, st.integers(1, 4))
-def test_whole_gpus_score_as_the_node_scores_whatever_gpu_is_which(used: list[int], workload: list[int],
-                                                                   count: int) -> None:
+def test_whole_gpus_score_as_the_node_scores_whatever_gpu_is_which(
+    used: list[int], workload: list[int], count: int
+) -> None:
     scores = ShapeScores(workload_mix(workload))
     got = scores.whole(tuple(sorted(used)), count)
     empty = [g for g, u in enumerate(used) if u == 0]

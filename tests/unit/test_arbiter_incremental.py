@@ -47,52 +47,107 @@ def _queue(name: str, parent: str | None, quota: float) -> dict[str, Any]:
 
 
 def _node(name: str) -> dict[str, Any]:
-    return _new({"metadata": {"name": name, "uid": f"n-{name}", "annotations": {
-        ADDRESS_ANNOTATION: f"{name}:7000", FINGERPRINT_ANNOTATION: "ab" * 32}},
-        "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}})
+    return _new(
+        {
+            "metadata": {
+                "name": name,
+                "uid": f"n-{name}",
+                "annotations": {ADDRESS_ANNOTATION: f"{name}:7000", FINGERPRINT_ANNOTATION: "ab" * 32},
+            },
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}},
+        }
+    )
 
 
 def _slice(name: str, generation: int, gpus: int, migs: int = 0) -> dict[str, Any]:
     """`migs`: MIG devices of 20 GB beside the GPUs, on a 70 GB GPU of their own (each worth 2/7 of a GPU)."""
-    devices: list[dict[str, Any]] = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
-                                     for i in range(gpus)]
+    devices: list[dict[str, Any]] = [
+        {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}} for i in range(gpus)
+    ]
     if migs:
-        devices.append({"name": "gpu-parent", "attributes": {"type": {"string": "gpu"},
-                                                             "uuid": {"string": f"GPU-{name}"}},
-                        "capacity": {"memory": {"value": "70G"}}})
-        devices += [{"name": f"mig-{i}", "attributes": {"type": {"string": "mig"},
-                                                        "parentUUID": {"string": f"GPU-{name}"}},
-                     "capacity": {"memory": {"value": "20G"}}} for i in range(migs)]
-    return _new({"metadata": {"name": f"{name}-gpu", "uid": f"s-{name}"}, "spec": {
-        "driver": DRIVER, "nodeName": name, "pool": {"name": name, "generation": generation, "resourceSliceCount": 1},
-        "devices": devices}})
+        devices.append(
+            {
+                "name": "gpu-parent",
+                "attributes": {"type": {"string": "gpu"}, "uuid": {"string": f"GPU-{name}"}},
+                "capacity": {"memory": {"value": "70G"}},
+            }
+        )
+        devices += [
+            {
+                "name": f"mig-{i}",
+                "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": f"GPU-{name}"}},
+                "capacity": {"memory": {"value": "20G"}},
+            }
+            for i in range(migs)
+        ]
+    return _new(
+        {
+            "metadata": {"name": f"{name}-gpu", "uid": f"s-{name}"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": name,
+                "pool": {"name": name, "generation": generation, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        }
+    )
 
 
 def _claim(name: str, count: int, first_available: bool, mig: bool = False) -> dict[str, Any]:
-    request: dict[str, Any] = {"name": "gpus", "exactly": {
-        "deviceClassName": "mig.nvidia.com" if mig else "gpu.nvidia.com", "count": count}}
+    request: dict[str, Any] = {
+        "name": "gpus",
+        "exactly": {"deviceClassName": "mig.nvidia.com" if mig else "gpu.nvidia.com", "count": count},
+    }
     if first_available:
-        request = {"name": "gpus", "firstAvailable": [
-            {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": count + 2},
-            {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": count}]}
-    return _new({"metadata": {"name": name, "namespace": "ns", "uid": f"c-{name}"},
-                 "spec": {"devices": {"requests": [request]}}})
+        request = {
+            "name": "gpus",
+            "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": count + 2},
+                {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": count},
+            ],
+        }
+    return _new(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"c-{name}"},
+            "spec": {"devices": {"requests": [request]}},
+        }
+    )
 
 
 def _pod(name: str, claim: str, group: str | None, queue: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}],
-                            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-                            "schedulingGates": [{"name": GATE}]}
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        "schedulingGates": [{"name": GATE}],
+    }
     if group:
         spec["schedulingGroup"] = {"podGroupName": group}
-    return _new({"metadata": {"name": name, "namespace": "ns", "uid": f"p-{name}", "labels": {QUEUE_LABEL: queue},
-                              "creationTimestamp": "2027-01-15T08:00:00Z"}, "spec": spec})
+    return _new(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": f"p-{name}",
+                "labels": {QUEUE_LABEL: queue},
+                "creationTimestamp": "2027-01-15T08:00:00Z",
+            },
+            "spec": spec,
+        }
+    )
 
 
 def _group(name: str, min_count: int, priority: int) -> dict[str, Any]:
-    return _new({"metadata": {"name": name, "namespace": "ns", "uid": f"g-{name}",
-                              "creationTimestamp": "2027-01-15T07:00:00Z"},
-                 "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}, "priority": priority}})
+    return _new(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": f"g-{name}",
+                "creationTimestamp": "2027-01-15T07:00:00Z",
+            },
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}, "priority": priority},
+        }
+    )
 
 
 class Cluster:
@@ -117,8 +172,11 @@ class Cluster:
             if name in self.pods:
                 return
             shared = i % 4 == 3 and pods  # the claim of another pod (of another gang, or of none)
-            claim = (self.pods[pods[j % len(pods)]]["spec"]["resourceClaims"][0]["resourceClaimName"] if shared
-                     else f"{name}-gpu")
+            claim = (
+                self.pods[pods[j % len(pods)]]["spec"]["resourceClaims"][0]["resourceClaimName"]
+                if shared
+                else f"{name}-gpu"
+            )
             if not shared:
                 self.claims[claim] = _claim(claim, 1 + j % 2, first_available=j % 5 == 4, mig=j % 6 == 5)
             group = f"g{j % 3}" if j % 4 else None
@@ -140,12 +198,17 @@ class Cluster:
             if claim is None or claim.get("status") or not free:
                 return
             claim = _new(claim)
-            claim["status"] = {"allocation": {
-                "devices": {"results": [{"request": "gpus", "driver": DRIVER, "pool": node,
-                                         "device": free.pop()}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-                "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]}
+            claim["status"] = {
+                "allocation": {
+                    "devices": {"results": [{"request": "gpus", "driver": DRIVER, "pool": node, "device": free.pop()}]},
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                        ]
+                    },
+                },
+                "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}],
+            }
             self.claims[claim_name] = claim
         elif kind in ("ungate", "free"):
             name = pods[j % len(pods)]
@@ -203,10 +266,19 @@ class Cluster:
             free[r["pool"]].append(r["device"])
 
     def build(self, cache: WorldCache | None, weighed: dict[str, float], in_flight: dict[str, str]) -> World:
-        return build_world(pods=list(self.pods.values()), claims=list(self.claims.values()),
-                           pod_groups=list(self.groups.values()), queues=list(self.queues.values()),
-                           nodes=list(self.nodes.values()), slices=list(self.slices.values()), driver=DRIVER,
-                           now=self.now, in_flight=in_flight, weighed=weighed, cache=cache)
+        return build_world(
+            pods=list(self.pods.values()),
+            claims=list(self.claims.values()),
+            pod_groups=list(self.groups.values()),
+            queues=list(self.queues.values()),
+            nodes=list(self.nodes.values()),
+            slices=list(self.slices.values()),
+            driver=DRIVER,
+            now=self.now,
+            in_flight=in_flight,
+            weighed=weighed,
+            cache=cache,
+        )
 
 
 def _same(fresh: World, cached: World) -> None:
@@ -215,8 +287,9 @@ def _same(fresh: World, cached: World) -> None:
     assert sorted(cached.invalid) == sorted(fresh.invalid) and cached.release == fresh.release
     assert cached.doubles == fresh.doubles and cached.unserved == fresh.unserved
     assert cached.stranded == fresh.stranded and cached.addresses == fresh.addresses
-    assert {k: (m.node, m.choices, m.claims) for k, m in cached.members.items()} == \
-        {k: (m.node, m.choices, m.claims) for k, m in fresh.members.items()}
+    assert {k: (m.node, m.choices, m.claims) for k, m in cached.members.items()} == {
+        k: (m.node, m.choices, m.claims) for k, m in fresh.members.items()
+    }
     try:  # the generated in_flight placements may overfill a node: then both refuse alike
         decided = run_cycle(fresh.snapshot).pods
     except SnapshotError as e:
@@ -226,9 +299,30 @@ def _same(fresh: World, cached: World) -> None:
     assert run_cycle(cached.snapshot).pods == decided
 
 
-EVENTS = st.tuples(st.sampled_from(["add", "add", "add", "alloc", "alloc", "ungate", "ungate", "free", "touch",
-                                    "end", "group", "group", "queue", "slice", "node", "clock"]),
-                   st.integers(0, 11), st.integers(0, 41))
+EVENTS = st.tuples(
+    st.sampled_from(
+        [
+            "add",
+            "add",
+            "add",
+            "alloc",
+            "alloc",
+            "ungate",
+            "ungate",
+            "free",
+            "touch",
+            "end",
+            "group",
+            "group",
+            "queue",
+            "slice",
+            "node",
+            "clock",
+        ]
+    ),
+    st.integers(0, 11),
+    st.integers(0, 41),
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -113,11 +113,16 @@ def test_reclaim_judges_a_victim_queue_before_each_pick_and_re_ranks_after_it() 
     # before the pick it is above, so one of its pods goes (KAI reclaimable.go judges the victim queue's
     # allocation before the victim leaves) and leaves it at 1. Re-ranked, b is now at or under its quota and
     # no victim any more; the second GPU comes from c (5 on 2), its newest job.
-    queues = [queue("a", quota=4, weight=0), queue("b", quota=1.5, weight=0, priority=50),
-              queue("c", quota=2, weight=0)]
-    jobs = [*(gang(f"b{i}", "b", 1, node="n", created=f"2025-01-01T00:0{i}:00Z") for i in range(2)),
-            *(gang(f"c{i}", "c", 1, node="n", created=f"2025-01-01T00:0{i}:00Z") for i in range(5)),
-            gang("want", "a", 2, created="2025-01-02T00:00:00Z")]
+    queues = [
+        queue("a", quota=4, weight=0),
+        queue("b", quota=1.5, weight=0, priority=50),
+        queue("c", quota=2, weight=0),
+    ]
+    jobs = [
+        *(gang(f"b{i}", "b", 1, node="n", created=f"2025-01-01T00:0{i}:00Z") for i in range(2)),
+        *(gang(f"c{i}", "c", 1, node="n", created=f"2025-01-01T00:0{i}:00Z") for i in range(5)),
+        gang("want", "a", 2, created="2025-01-02T00:00:00Z"),
+    ]
     result = cycle(doc([node("n", 7)], queues, jobs), "reclaim")
     assert result.fair_share["b"][0] == 1500 and result.fair_share["c"][0] == 2000
     assert [n for n, d in result.pods.items() if d.action == "pipeline"] == ["want-0", "want-1"]
@@ -128,12 +133,16 @@ def test_reclaim_judges_a_victim_queue_before_each_pick_and_re_ranks_after_it() 
 def test_every_evicted_pod_names_its_cause_even_after_a_partial_restore() -> None:
     # the 2-pod victim gang is evicted whole; the pending pod takes one of its GPUs, so putting the gang back
     # fails half way and both its pods stay evicted, both by preempt
-    jobs = [job("low", "q", [pod("low-0", 1, "n"), pod("low-1", 1, "n")], priority=10),
-            gang("high", "q", 1, priority=60)]
+    jobs = [
+        job("low", "q", [pod("low-0", 1, "n"), pod("low-1", 1, "n")], priority=10),
+        gang("high", "q", 1, priority=60),
+    ]
     result = cycle(doc([node("n", 2)], [queue("q")], jobs), "preempt")
     assert result.pods["high-0"].action == "pipeline"
     assert {n: (d.outcome, d.cause) for n, d in result.pods.items() if n.startswith("low")} == {
-        "low-0": ("evicted", "preempt"), "low-1": ("evicted", "preempt")}
+        "low-0": ("evicted", "preempt"),
+        "low-1": ("evicted", "preempt"),
+    }
     assert sorted(e.pod for e in result.evictions) == ["low-0", "low-1"]
 
 
@@ -142,7 +151,10 @@ def test_next_round_keeps_untouched_pods_and_moves_the_rest() -> None:
     result = cycle(doc([node("n", 4)], [queue("q")], jobs), "allocate")
     pods = {p.name: p for j in result.next.jobs for p in j.pods}
     assert {n: (pods[n].status, pods[n].node) for n in ("run-0", "new-0", "late-0")} == {
-        "run-0": ("Running", "n"), "new-0": ("Running", "n"), "late-0": ("Pending", None)}
+        "run-0": ("Running", "n"),
+        "new-0": ("Running", "n"),
+        "late-0": ("Pending", None),
+    }
 
 
 @pytest.mark.parametrize("enabled", [True, False])

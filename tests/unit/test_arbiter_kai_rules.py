@@ -29,8 +29,12 @@ def test_victims_are_compared_where_the_branches_meet_not_leaf_to_leaf() -> None
     # dept x (quota 2) runs 6 through team x1, whose own quota (6) it is within; dept y's team wants 4. At the
     # level where the branches meet (the departments), x is above max(quota, fair share): x1's pods are
     # victims although x1 is at its quota (reclaimable.go getLeveledQueues + FitsMaintainFairShare)
-    queues = [queue("x", quota=2, weight=0), queue("x1", parent="x", quota=6),
-              queue("y", quota=4, weight=0), queue("y1", parent="y", quota=4)]
+    queues = [
+        queue("x", quota=2, weight=0),
+        queue("x1", parent="x", quota=6),
+        queue("y", quota=4, weight=0),
+        queue("y1", parent="y", quota=4),
+    ]
     jobs = [*(gang(f"x{i}", "x1", 1, node="n") for i in range(6)), gang("want", "y1", 4, created=LATER)]
     result = cycle(doc([node("n", 6)], queues, jobs), "reclaim")
     assert len(placed(result, "want", "pipeline")) == 4
@@ -50,9 +54,15 @@ def test_a_queue_at_its_quota_is_never_a_victim_even_for_a_starved_reclaimer() -
 def test_guarantee_deserved_quota_lets_a_reclaimer_within_quota_take_from_a_queue_above_quota() -> None:
     # strategies.go GuaranteeDeservedQuotaStrategy: the reclaimer stays within its quota with the job and the
     # victim side is above its quota, even where the victim is not above its fair share
-    session = Session(parse_snapshot(doc(
-        [node("n", 8)], [queue("a", quota=2), queue("b", quota=4, weight=0)],
-        [*(gang(f"a{i}", "a", 1, node="n") for i in range(4)), gang("want", "b", 2, created=LATER)])))
+    session = Session(
+        parse_snapshot(
+            doc(
+                [node("n", 8)],
+                [queue("a", quota=2), queue("b", quota=4, weight=0)],
+                [*(gang(f"a{i}", "a", 1, node="n") for i in range(4)), gang("want", "b", 2, created=LATER)],
+            )
+        )
+    )
     a, b = (next(q for q in session.queues if q.spec.name == name) for name in ("a", "b"))
     a.fair = (4.0 * G, a.fair[1], a.fair[2])  # a at its fair share (4) but above its quota (2)
     a.allocatable = (4.0 * G, a.allocatable[1], a.allocatable[2])
@@ -65,8 +75,13 @@ def test_guarantee_deserved_quota_lets_a_reclaimer_within_quota_take_from_a_queu
 
 def _departments() -> Session:
     # two departments x and y; y's teams y1 and y2, x's team x1
-    queues = [queue("x", quota=2), queue("x1", parent="x"),
-              queue("y", quota=2), queue("y1", parent="y", quota=2, weight=0), queue("y2", parent="y", quota=0)]
+    queues = [
+        queue("x", quota=2),
+        queue("x1", parent="x"),
+        queue("y", quota=2),
+        queue("y1", parent="y", quota=2, weight=0),
+        queue("y2", parent="y", quota=0),
+    ]
     jobs = [*(gang(f"x{i}", "x1", 1, node="n") for i in range(6)), gang("want", "y1", 2, created=LATER)]
     return Session(parse_snapshot(doc([node("n", 8)], queues, jobs)))
 
@@ -129,8 +144,10 @@ def test_a_non_preemptible_preemptor_over_quota_is_refused_up_front() -> None:
 
 def test_a_victim_that_still_fits_stays() -> None:
     # two elastic victims; the reclaimer needs one GPU: the second evicted pod is put back
-    jobs = [job("low", "q", [pod(f"low-{i}", 1, "n") for i in range(4)], priority=10, min_member=1),
-            gang("high", "q", 1, priority=60, created=LATER)]
+    jobs = [
+        job("low", "q", [pod(f"low-{i}", 1, "n") for i in range(4)], priority=10, min_member=1),
+        gang("high", "q", 1, priority=60, created=LATER),
+    ]
     result = cycle(doc([node("n", 4)], [queue("q")], jobs), "preempt")
     assert len(_evicted(result)) == 1
 
@@ -138,8 +155,10 @@ def test_a_victim_that_still_fits_stays() -> None:
 def test_a_victim_never_comes_back_in_breach_of_its_queues_limit() -> None:
     # q's limit is 4 and an elastic low job holds all 4 on an 8-GPU node; high wants 2. With free GPUs beside
     # them every victim would fit back, but only as many return as the limit allows: exactly 2 stay evicted
-    jobs = [job("low", "q", [pod(f"low-{i}", 1, "n") for i in range(4)], priority=10, min_member=1),
-            gang("high", "q", 2, priority=60, created=LATER)]
+    jobs = [
+        job("low", "q", [pod(f"low-{i}", 1, "n") for i in range(4)], priority=10, min_member=1),
+        gang("high", "q", 2, priority=60, created=LATER),
+    ]
     result = cycle(doc([node("n", 8)], [queue("q", limit=4)], jobs), "preempt")
     assert len(_evicted(result)) == 2
     assert result.allocated["q"][0] == 4 * G
@@ -151,9 +170,11 @@ def test_a_victim_never_comes_back_in_breach_of_its_queues_limit() -> None:
 def test_consolidation_takes_the_newest_lowest_priority_job_first_and_may_move_it_on_its_own_node() -> None:
     # n has two GPUs, each half used by a different job; a whole-GPU job waits. Moving the newer half-GPU pod
     # onto the other GPU of the same node frees one device
-    jobs = [job("old", "q", [pod("old-0", 0.5, "n", gpuIndex=0)], created=T0),
-            job("new", "q", [pod("new-0", 0.5, "n", gpuIndex=1)], created="2025-01-01T01:00:00Z"),
-            gang("whole", "q", 1, created=LATER)]
+    jobs = [
+        job("old", "q", [pod("old-0", 0.5, "n", gpuIndex=0)], created=T0),
+        job("new", "q", [pod("new-0", 0.5, "n", gpuIndex=1)], created="2025-01-01T01:00:00Z"),
+        gang("whole", "q", 1, created=LATER),
+    ]
     result = cycle(doc([node("n", 2)], [queue("q")], jobs), "consolidate")
     moved = result.pods["new-0"]
     assert moved.action == "evict" and moved.moved_to == "n"
@@ -168,8 +189,12 @@ def test_equal_shares_with_the_job_fall_back_to_the_share_without_it() -> None:
     # prioritizeSmallerResourceShareWithoutTask: a (1 running + 3 asked) and b (3 + 1) reach the same dominant
     # share with their jobs (4 of an allocatable 4); a holds less without its job, so a goes first
     queues = [queue("b", quota=0), queue("a", quota=0)]
-    jobs = [gang("ra", "a", 1, node="n"), *(gang(f"rb{i}", "b", 1, node="n") for i in range(3)),
-            gang("wa", "a", 3, created=LATER), gang("wb", "b", 1, created=LATER)]
+    jobs = [
+        gang("ra", "a", 1, node="n"),
+        *(gang(f"rb{i}", "b", 1, node="n") for i in range(3)),
+        gang("wa", "a", 3, created=LATER),
+        gang("wb", "b", 1, created=LATER),
+    ]
     session = Session(parse_snapshot(doc([node("n", 8)], queues, jobs)))
     b, a = session.queues
     assert a.allocatable[0] == b.allocatable[0] == 4 * G
@@ -262,8 +287,12 @@ def test_past_usage_moves_over_quota_share_to_the_queue_that_used_less() -> None
     assert plain.fair_share["a"][0] == plain.fair_share["b"][0] == 4 * G
     aware = doc([node("n", 8)], queues, jobs)
     aware["now"] = NOW
-    aware["fairness"] = {"windowSize": "12h", "halfLife": "3h", "kValue": 1,
-                         "history": [{"queue": "a", "start": T0, "end": NOW, "gpus": 8}]}
+    aware["fairness"] = {
+        "windowSize": "12h",
+        "halfLife": "3h",
+        "kValue": 1,
+        "history": [{"queue": "a", "start": T0, "end": NOW, "gpus": 8}],
+    }
     result = cycle(aware, "allocate")
     assert result.fair_share["b"][0] > result.fair_share["a"][0]
     assert result.fair_share["a"][0] + result.fair_share["b"][0] == 8 * G
@@ -288,8 +317,9 @@ def test_metrics_report_usage_and_the_protections_in_force() -> None:
     registry = CollectorRegistry()
     ArbiterMetrics(registry).record(cycle_values(result, now=0.0, cycle_seconds=0.01))
     assert registry.get_sample_value("gpu_arbiter_queue_usage", {"queue": "a", "resource": "gpu"}) == 0.25
-    assert registry.get_sample_value(
-        "gpu_arbiter_protected_jobs", {"queue": "a", "protection": "reclaimMinRuntime"}) == 1
+    assert (
+        registry.get_sample_value("gpu_arbiter_protected_jobs", {"queue": "a", "protection": "reclaimMinRuntime"}) == 1
+    )
 
 
 # -- KAI's own scenario (actions/integration_tests/reclaim/reclaim_test.go getReclaimTestsMetadata, the tenth
@@ -309,12 +339,19 @@ def test_reclaim_from_the_less_prioritized_queue_and_the_outcome_holds() -> None
         created = f"2025-01-01T00:{10 - age_min:02d}:00Z"  # KAI's ages: running_job0 5 min ... pending_job0 1
         return job(name, q, [pod(f"{name}-0", 1, node, cpu=0, mem=0)], priority=50, created=created)
 
-    queues = [queue("default"), queue("queue0", parent="default", quota=1, weight=1),
-              queue("queue1", parent="default", quota=1, weight=1),
-              queue("queue2", parent="default", quota=1, weight=0, priority=101)]
-    jobs = [one("running_job0", "queue0", 5, "node0"), one("running_job1", "queue0", 4, "node0"),
-            one("running_job2", "queue2", 3, "node0"), one("running_job3", "queue2", 2, "node0"),
-            one("pending_job0", "queue1", 1)]
+    queues = [
+        queue("default"),
+        queue("queue0", parent="default", quota=1, weight=1),
+        queue("queue1", parent="default", quota=1, weight=1),
+        queue("queue2", parent="default", quota=1, weight=0, priority=101),
+    ]
+    jobs = [
+        one("running_job0", "queue0", 5, "node0"),
+        one("running_job1", "queue0", 4, "node0"),
+        one("running_job2", "queue2", 3, "node0"),
+        one("running_job3", "queue2", 2, "node0"),
+        one("pending_job0", "queue1", 1),
+    ]
     snapshot = parse_snapshot(doc([node("node0", 4, cpu=0, mem=0)], queues, jobs))
     evicted: list[str] = []
     for _ in range(2 + 5):
@@ -323,5 +360,10 @@ def test_reclaim_from_the_less_prioritized_queue_and_the_outcome_holds() -> None
         snapshot = result.next
     assert evicted == ["running_job1-0"]  # queue0 gives its newer job; queue2 keeps both of its own
     state = {p.name: p.status for j in snapshot.jobs for p in j.pods}
-    assert state == {"running_job0-0": "Running", "running_job1-0": "Pending", "running_job2-0": "Running",
-                     "running_job3-0": "Running", "pending_job0-0": "Running"}
+    assert state == {
+        "running_job0-0": "Running",
+        "running_job1-0": "Pending",
+        "running_job2-0": "Running",
+        "running_job3-0": "Running",
+        "pending_job0-0": "Running",
+    }

@@ -13,8 +13,13 @@ CREATED = 1735689600.0  # 2025-01-01T00:00:00Z
 def scenario() -> dict[str, object]:
     # fair shares of 11 GPUs: a 4 + 2 over quota, b 2 (its demand), c 3 (quota, no weight)
     queues = [queue("a", quota=4), queue("b", quota=4), queue("c", quota=3, weight=0)]
-    jobs = [gang("ja", "a", 8, node="n1", min_member=1), gang("jb", "b", 2), gang("low", "c", 2, node="n2",
-            priority=10), gang("high", "c", 2, priority=60), gang("ok", "c", 1, created="2025-01-01T00:10:00Z")]
+    jobs = [
+        gang("ja", "a", 8, node="n1", min_member=1),
+        gang("jb", "b", 2),
+        gang("low", "c", 2, node="n2", priority=10),
+        gang("high", "c", 2, priority=60),
+        gang("ok", "c", 1, created="2025-01-01T00:10:00Z"),
+    ]
     return doc([node("n1", 8), node("n2", 3)], queues, jobs)
 
 

@@ -13,16 +13,22 @@ from agent.arbiter.core.session import Pod, Queue, Session, request_of
 from agent.arbiter.core.snapshot import parse_snapshot
 from tests.unit.test_arbiter_support import job, node, pod, queue
 
-QUEUES = [queue("d1", quota=4, weight=1), queue("d2", quota=2, weight=2, limit=10),
-          queue("t1", parent="d1", quota=2), queue("t2", parent="d1", quota=0, priority=150),
-          queue("t3", parent="d2", quota=-1, weight=0)]
+QUEUES = [
+    queue("d1", quota=4, weight=1),
+    queue("d2", quota=2, weight=2, limit=10),
+    queue("t1", parent="d1", quota=2),
+    queue("t2", parent="d1", quota=0, priority=150),
+    queue("t3", parent="d2", quota=-1, weight=0),
+]
 LEAVES = ["t1", "t2", "t3"]
 
 
 @st.composite
 def snapshots(draw: st.DrawFn) -> dict[str, Any]:
-    nodes = [node(f"n{i}", draw(st.sampled_from([1, 2, 4, 8])), cpu=draw(st.sampled_from([4000, 16000])))
-             for i in range(draw(st.integers(1, 4)))]
+    nodes = [
+        node(f"n{i}", draw(st.sampled_from([1, 2, 4, 8])), cpu=draw(st.sampled_from([4000, 16000])))
+        for i in range(draw(st.integers(1, 4)))
+    ]
     free = {n["name"]: [0.0] * n["gpus"] for n in nodes}  # GPU use per device, to draw a valid running state
     cpu = {n["name"]: n["cpuMilli"] for n in nodes}
     jobs = []
@@ -35,8 +41,7 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
             where, index, status = None, None, "Pending"
             if running:
                 for name, devices in free.items():
-                    fits = [g for g, used in enumerate(devices)
-                            if used + min(gpus, 1) <= 1 and (gpus < 1 or used == 0)]
+                    fits = [g for g, used in enumerate(devices) if used + min(gpus, 1) <= 1 and (gpus < 1 or used == 0)]
                     if cpu[name] >= 1000 and len(fits) >= max(1, int(gpus)):
                         take = fits[: max(1, int(gpus))]
                         for g in take:
@@ -51,10 +56,22 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
         min_member = draw(st.integers(1, size))
         if 0 < placed < min_member:
             min_member = placed
-        jobs.append(job(f"j{j}", draw(st.sampled_from(LEAVES)), pods, priority=draw(st.sampled_from([10, 50, 125])),
-                        min_member=min_member, created=f"2025-01-01T00:0{j}:00Z"))
-    return {"nodes": nodes, "queues": QUEUES, "jobs": jobs,
-            "config": {"placement": {"gpu": draw(st.sampled_from(["fgd", "binpack", "spread"]))}}}
+        jobs.append(
+            job(
+                f"j{j}",
+                draw(st.sampled_from(LEAVES)),
+                pods,
+                priority=draw(st.sampled_from([10, 50, 125])),
+                min_member=min_member,
+                created=f"2025-01-01T00:0{j}:00Z",
+            )
+        )
+    return {
+        "nodes": nodes,
+        "queues": QUEUES,
+        "jobs": jobs,
+        "config": {"placement": {"gpu": draw(st.sampled_from(["fgd", "binpack", "spread"]))}},
+    }
 
 
 actions = st.lists(st.sampled_from(list(DEFAULT_ACTIONS)), min_size=1, max_size=4)
@@ -120,9 +137,9 @@ def test_a_queue_within_its_quota_is_never_reclaimed(document: dict[str, Any]) -
     for victim in (p for p in session.pods if p.cause == "reclaim"):
         sides = {_meeting(r, victim.job.queue) for r in reclaimers}
         assert sides, victim.spec.name
-        assert any(
-            any(before[q][r] + _gained(session, q)[r] > q.quota[r] + 1e-6 for r in range(3)) for q in sides
-        ), victim.spec.name
+        assert any(any(before[q][r] + _gained(session, q)[r] > q.quota[r] + 1e-6 for r in range(3)) for q in sides), (
+            victim.spec.name
+        )
 
 
 def _gained(session: Session, q: Queue) -> list[float]:
@@ -148,11 +165,15 @@ def test_limits_hold_after_every_action(document: dict[str, Any], names: list[st
 
 # preempt takes all of j0 for j1; n0's CPUs then have room for one of j0's pods, not for the two its minMember
 # needs: j0 rightly stays evicted, though each of its seats alone is free (which the property once flagged)
-_CPU_BOUND = {"nodes": [node("n0", 4, cpu=4000)], "queues": QUEUES, "jobs": [
-    job("j0", "t1", [pod(f"j0-{i}", 1, "n0") for i in range(3)], priority=10, min_member=2),
-    job("j1", "t1", [pod(f"j1-{i}", 0.25) for i in range(2)], priority=50, created="2025-01-01T00:01:00Z"),
-    job("j2", "t1", [pod("j2-0", 0.25)], priority=10, created="2025-01-01T00:02:00Z"),
-]}
+_CPU_BOUND = {
+    "nodes": [node("n0", 4, cpu=4000)],
+    "queues": QUEUES,
+    "jobs": [
+        job("j0", "t1", [pod(f"j0-{i}", 1, "n0") for i in range(3)], priority=10, min_member=2),
+        job("j1", "t1", [pod(f"j1-{i}", 0.25) for i in range(2)], priority=50, created="2025-01-01T00:01:00Z"),
+        job("j2", "t1", [pod("j2-0", 0.25)], priority=10, created="2025-01-01T00:02:00Z"),
+    ],
+}
 
 
 @settings(max_examples=150, deadline=None)
@@ -190,13 +211,29 @@ def test_an_elastic_victim_comes_back_after_its_gang() -> None:
     its seats stay free, so all three of its pods must come back; ranking each unit on its own request put the
     elastic pod (the smaller one) before the rest of its gang, where it could not come back alone, and left it
     evicted."""
-    document = {"nodes": [node("n0", 1, cpu=4000), node("n1", 8, cpu=4000)], "queues": QUEUES, "jobs": [
-        job("big", "t1", [pod(f"big-{i}", 2, "n1") for i in range(4)], priority=10, min_member=1,
-            created="2025-01-01T00:00:00Z"),
-        job("want", "t2", [pod("want-0", 2)], priority=10, created="2025-01-01T00:01:00Z"),
-        job("small", "t1", [pod(f"small-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)], priority=10,
-            min_member=2, created="2025-01-01T00:02:00Z"),
-    ]}
+    document = {
+        "nodes": [node("n0", 1, cpu=4000), node("n1", 8, cpu=4000)],
+        "queues": QUEUES,
+        "jobs": [
+            job(
+                "big",
+                "t1",
+                [pod(f"big-{i}", 2, "n1") for i in range(4)],
+                priority=10,
+                min_member=1,
+                created="2025-01-01T00:00:00Z",
+            ),
+            job("want", "t2", [pod("want-0", 2)], priority=10, created="2025-01-01T00:01:00Z"),
+            job(
+                "small",
+                "t1",
+                [pod(f"small-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)],
+                priority=10,
+                min_member=2,
+                created="2025-01-01T00:02:00Z",
+            ),
+        ],
+    }
     session = run(document, ["reclaim"])
     states = {p.spec.name: p.state for p in session.pods}
     assert states["want-0"] == "pipelined"
@@ -210,15 +247,23 @@ def test_a_chunk_first_tries_what_earlier_victims_left_free() -> None:
     Evicting first took `quarter` from the full n0, and binpack then put want-1 into its seat, so it could not
     come back although n1 had room all along."""
     t = "2025-01-01T00:0{}:00Z".format
-    document = {"nodes": [node("n0", 1, cpu=4000), node("n1", 1, cpu=4000), node("n2", 4, cpu=4000)],
-                "queues": QUEUES, "jobs": [
-        job("big", "t1", [pod("big-0", 4, "n2")], priority=10, created=t(0)),
-        job("shared", "t1", [pod(f"shared-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)], priority=10,
-            created=t(1)),
-        job("quarter", "t1", [pod("quarter-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(2)),
-        job("whole", "t1", [pod("whole-0", 1, "n1")], priority=10, created=t(3)),
-        job("want", "t3", [pod(f"want-{i}", 0.25) for i in range(2)], priority=10, min_member=1, created=t(4)),
-    ]}
+    document = {
+        "nodes": [node("n0", 1, cpu=4000), node("n1", 1, cpu=4000), node("n2", 4, cpu=4000)],
+        "queues": QUEUES,
+        "jobs": [
+            job("big", "t1", [pod("big-0", 4, "n2")], priority=10, created=t(0)),
+            job(
+                "shared",
+                "t1",
+                [pod(f"shared-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)],
+                priority=10,
+                created=t(1),
+            ),
+            job("quarter", "t1", [pod("quarter-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(2)),
+            job("whole", "t1", [pod("whole-0", 1, "n1")], priority=10, created=t(3)),
+            job("want", "t3", [pod(f"want-{i}", 0.25) for i in range(2)], priority=10, min_member=1, created=t(4)),
+        ],
+    }
     session = run(document, ["reclaim"])
     states = {p.spec.name: p.state for p in session.pods}
     assert states["want-0"] == states["want-1"] == "pipelined"
@@ -233,18 +278,26 @@ def test_a_later_scenario_restores_an_earlier_victim() -> None:
     t3's j3 (0.25), which leaves 0.5 free: j1 cannot come back (0.75), j0 can. Within one action: reclaim takes
     t2's j0 for t1's j2 (0.5), then t2's gang j1 (2 x 0.25) for t1's j3 (0.25): again j0 fits back, j1 not."""
     t = "2025-01-01T00:0{}:00Z".format
-    across = {"nodes": [node("n0", 1, cpu=4000)], "queues": QUEUES, "jobs": [
-        job("j0", "t2", [pod("j0-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(0)),
-        job("j1", "t3", [pod(f"j1-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)], priority=10, created=t(1)),
-        job("j2", "t1", [pod("j2-0", 0.25)], priority=10, created=t(2)),
-        job("j3", "t3", [pod("j3-0", 0.25)], priority=50, created=t(3)),
-    ]}
-    within = {"nodes": [node("n0", 1, cpu=4000)], "queues": QUEUES, "jobs": [
-        job("j0", "t2", [pod("j0-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(0)),
-        job("j1", "t2", [pod(f"j1-{i}", 0.25, "n0", gpuIndex=0) for i in range(2)], priority=50, created=t(1)),
-        job("j2", "t1", [pod("j2-0", 0.5)], priority=10, created=t(2)),
-        job("j3", "t1", [pod("j3-0", 0.25)], priority=10, created=t(3)),
-    ]}
+    across = {
+        "nodes": [node("n0", 1, cpu=4000)],
+        "queues": QUEUES,
+        "jobs": [
+            job("j0", "t2", [pod("j0-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(0)),
+            job("j1", "t3", [pod(f"j1-{i}", 0.25, "n0", gpuIndex=0) for i in range(3)], priority=10, created=t(1)),
+            job("j2", "t1", [pod("j2-0", 0.25)], priority=10, created=t(2)),
+            job("j3", "t3", [pod("j3-0", 0.25)], priority=50, created=t(3)),
+        ],
+    }
+    within = {
+        "nodes": [node("n0", 1, cpu=4000)],
+        "queues": QUEUES,
+        "jobs": [
+            job("j0", "t2", [pod("j0-0", 0.25, "n0", gpuIndex=0)], priority=10, created=t(0)),
+            job("j1", "t2", [pod(f"j1-{i}", 0.25, "n0", gpuIndex=0) for i in range(2)], priority=50, created=t(1)),
+            job("j2", "t1", [pod("j2-0", 0.5)], priority=10, created=t(2)),
+            job("j3", "t1", [pod("j3-0", 0.25)], priority=10, created=t(3)),
+        ],
+    }
     for document, names in ((across, ["reclaim", "preempt"]), (within, ["reclaim"])):
         session = run(document, names)
         states = {p.spec.name: p.state for p in session.pods}

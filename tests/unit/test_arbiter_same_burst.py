@@ -27,8 +27,17 @@ def _world(now: str, weighed: dict[str, float] | None = None) -> Any:
     queues = [queue("root"), queue("team-a", "root", 0), queue("team-b", "root", 8)]
     at = parse_time(now)
     assert at is not None
-    return build_world(pods=[*victims, reclaimer], claims=[*held, claim("cr", 4)], pod_groups=[], queues=queues,
-                       nodes=[n], slices=[s], driver=DRIVER, now=at, weighed=weighed)
+    return build_world(
+        pods=[*victims, reclaimer],
+        claims=[*held, claim("cr", 4)],
+        pod_groups=[],
+        queues=queues,
+        nodes=[n],
+        slices=[s],
+        driver=DRIVER,
+        now=at,
+        weighed=weighed,
+    )
 
 
 def _evicted(w: Any) -> list[str]:

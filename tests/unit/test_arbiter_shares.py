@@ -32,31 +32,63 @@ H100 = 81559 << 20  # what NVML reports for an H100 80GB HBM3: 79.6 GiB
 
 
 def shared_claim(name: str, device: str, consumed: dict[str, str], node_name: str = "n0") -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.nvidia.com", "capacity": {"requests": {"memory": consumed["memory"]}}}}]}},
-            "status": {"allocation": {
-                "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node_name, "device": device,
-                                         "shareID": str(uuid.uuid4()), "consumedCapacity": consumed}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}},
-                "reservedFor": [{"resource": "pods", "name": name, "uid": f"uid-{name}"}]}}
+    return {
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.nvidia.com",
+                            "capacity": {"requests": {"memory": consumed["memory"]}},
+                        },
+                    }
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": node_name,
+                            "device": device,
+                            "shareID": str(uuid.uuid4()),
+                            "consumedCapacity": consumed,
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": name, "uid": f"uid-{name}"}],
+        },
+    }
 
 
 MEMORY = ShareMode("memory")
 
 
-def shared_world(claims: list[dict[str, Any]], mode: ShareMode = MEMORY,
-                 pending: list[dict[str, Any]] = ()) -> Any:  # type: ignore[assignment]
+def shared_world(claims: list[dict[str, Any]], mode: ShareMode = MEMORY, pending: list[dict[str, Any]] = ()) -> Any:  # type: ignore[assignment]
     with open_nvml("fake:dgx-h100") as nvml:
         inventory = nvml.discover()
     n, _ = api_node("n0")
     slices = build_resource_slices(inventory, "n0", share_mode=mode)
-    pods = [api_pod(c["metadata"]["name"], c["metadata"]["name"], gated=False, node_name="n0") for c in claims
-            if c.get("status")] + list(pending)
+    pods = [
+        api_pod(c["metadata"]["name"], c["metadata"]["name"], gated=False, node_name="n0")
+        for c in claims
+        if c.get("status")
+    ] + list(pending)
     queues = [api_queue("root"), api_queue("team-a", "root", 1)]
-    return build_world(pods=pods, claims=claims, pod_groups=[], queues=queues, nodes=[n], slices=slices,
-                       driver=DRIVER, now=NOW)
+    return build_world(
+        pods=pods, claims=claims, pod_groups=[], queues=queues, nodes=[n], slices=slices, driver=DRIVER, now=NOW
+    )
 
 
 def test_nine_8gi_shares_of_an_h100_count_as_72_of_79_6_of_a_gpu() -> None:
@@ -99,11 +131,19 @@ def test_the_commit_writes_a_share_as_kube_scheduler_does() -> None:
         slices = build_resource_slices(nvml.discover(), "n0", share_mode=MEMORY)
     classes = [d for d in yaml.safe_load_all((DAEMONSET / "base" / "deviceclasses.yaml").read_text()) if d]
     ids = iter(["0b6f5c1e-2d4a-4c8e-9f10-3a5b7c9d1e2f"])
-    ours = allocation_status(claim, "n0", DRIVER, {"gpu": ["gpu-3"]}, {str(c["metadata"]["name"]): c for c in classes},
-                             shareable=share_devices(slices, DRIVER), share_id=lambda: next(ids))
+    ours = allocation_status(
+        claim,
+        "n0",
+        DRIVER,
+        {"gpu": ["gpu-3"]},
+        {str(c["metadata"]["name"]): c for c in classes},
+        shareable=share_devices(slices, DRIVER),
+        share_id=lambda: next(ids),
+    )
     # kube-scheduler's choice, given only gpu-3
-    only = [{"spec": {**s["spec"], "devices": [d for d in s["spec"]["devices"] if d["name"] == "gpu-3"]}}
-            for s in slices]
+    only = [
+        {"spec": {**s["spec"], "devices": [d for d in s["spec"]["devices"] if d["name"] == "gpu-3"]}} for s in slices
+    ]
     theirs = allocate(claim, only, classes)
     [mine], [real] = ours["devices"]["results"], theirs["devices"]["results"]
     assert mine["shareID"] == "0b6f5c1e-2d4a-4c8e-9f10-3a5b7c9d1e2f"
@@ -138,9 +178,14 @@ def share(name: str, node_name: str | None = None, memory: float = 8 * GI) -> di
 def test_shared_claims_of_two_queues_meet_their_quotas() -> None:
     # one H100 shared half and half: team a runs nine 8Gi inference pods (0.909 of the GPU), team b arrives with
     # five. Reclaim takes a's shares down to its half, b gets what fits in its half, and no GPU is overfilled.
-    document = doc([node("n", 1, gpuMemory=H100)], [queue("a", quota=0.5), queue("b", quota=0.5)],
-                   [job("ja", "a", [share(f"a{i}", "n") for i in range(9)], min_member=1),
-                    job("jb", "b", [share(f"b{i}") for i in range(5)], min_member=1, created="2025-01-01T01:00:00Z")])
+    document = doc(
+        [node("n", 1, gpuMemory=H100)],
+        [queue("a", quota=0.5), queue("b", quota=0.5)],
+        [
+            job("ja", "a", [share(f"a{i}", "n") for i in range(9)], min_member=1),
+            job("jb", "b", [share(f"b{i}") for i in range(5)], min_member=1, created="2025-01-01T01:00:00Z"),
+        ],
+    )
     result = cycle(document)
     assert result.fair_share["a"][0] == result.fair_share["b"][0] == 500
     kept = [n for n, d in result.pods.items() if n.startswith("a") and d.outcome == "running"]
@@ -152,16 +197,20 @@ def test_shared_claims_of_two_queues_meet_their_quotas() -> None:
 
 
 def test_nine_shares_fit_a_gpu_in_the_simulator_and_a_tenth_does_not() -> None:
-    document = doc([node("n", 1, gpuMemory=H100)], [queue("q")],
-                   [job("j", "q", [share(f"s{i}") for i in range(10)], min_member=1)])
+    document = doc(
+        [node("n", 1, gpuMemory=H100)], [queue("q")], [job("j", "q", [share(f"s{i}") for i in range(10)], min_member=1)]
+    )
     result = cycle(document, "allocate")
     assert sorted(d.outcome for d in result.pods.values()).count("running") == 9
 
 
-@pytest.mark.parametrize(("pod_extra", "message"), [
-    ({"gpus": 0.5}, "both gpus and gpuMemory"),
-    ({"gpuMemory": 90 * GI}, "at most a GPU's"),
-])
+@pytest.mark.parametrize(
+    ("pod_extra", "message"),
+    [
+        ({"gpus": 0.5}, "both gpus and gpuMemory"),
+        ({"gpuMemory": 90 * GI}, "at most a GPU's"),
+    ],
+)
 def test_bad_shares_are_refused_with_a_reason(pod_extra: dict[str, Any], message: str) -> None:
     p = share("s")
     p.update(pod_extra)
@@ -178,10 +227,12 @@ def test_running_shares_sit_on_the_gpu_they_use_so_the_cycle_sees_the_node_as_it
     # gpu-0 and gpu-1 each hold a 48Gi and a 31Gi share, so six GPUs of the eight are free. Seated anywhere, the
     # shares would be packed onto three GPUs (the second 48Gi one fits beside neither 31Gi pair) and a gang
     # of six whole GPUs would find five.
-    claims = [shared_claim("a-small", "gpu-0", {"memory": "31Gi"}),
-              shared_claim("b-small", "gpu-1", {"memory": "31Gi"}),
-              shared_claim("c-big", "gpu-0", {"memory": "48Gi"}),
-              shared_claim("d-big", "gpu-1", {"memory": "48Gi"})]
+    claims = [
+        shared_claim("a-small", "gpu-0", {"memory": "31Gi"}),
+        shared_claim("b-small", "gpu-1", {"memory": "31Gi"}),
+        shared_claim("c-big", "gpu-0", {"memory": "48Gi"}),
+        shared_claim("d-big", "gpu-1", {"memory": "48Gi"}),
+    ]
     six = api_claim("six", 6)
     world_ = shared_world([*claims, six], pending=[api_pod("train", "six")])
     seats = {p.name.split("/")[-1]: p.gpu_index for j in world_.snapshot.jobs for p in j.pods if p.fractional}

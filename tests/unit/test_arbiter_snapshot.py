@@ -16,8 +16,7 @@ from tests.unit.test_arbiter_support import doc, gang, job, node, pod, queue
 def good() -> dict[str, Any]:
     return doc(
         [node("n1", 8, labels={"zone": "a"}, nvlinkDomains=[[0, 1, 2, 3], [4, 5, 6, 7]], gpuModel="H100")],
-        [queue("dept"), queue("team", parent="dept", quota=2.5, cpu={"quota": 100, "limit": -1,
-                                                                     "overQuotaWeight": 1})],
+        [queue("dept"), queue("team", parent="dept", quota=2.5, cpu={"quota": 100, "limit": -1, "overQuotaWeight": 1})],
         [job("j", "team", [pod("p0", 0.5, "n1", gpuIndex=3), pod("p1", 2, taskPriority=5)], min_member=1)],
         gpu="spread",
     )
@@ -53,6 +52,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         for key in head:
             target = target[int(key)] if key.isdigit() else target[key]
         target[int(last) if last.isdigit() else last] = value
+
     return change
 
 
@@ -102,12 +102,21 @@ def test_running_pods_that_overfill_a_node_are_rejected() -> None:
 
 
 def test_missing_optional_fields_take_documented_defaults() -> None:
-    document = {"nodes": [{"name": "n", "gpus": 1, "cpuMilli": 1, "memBytes": 1}],
-                "queues": [{"name": "q", "parent": None, "priority": 100,
-                            "gpu": {"quota": 1, "limit": -1, "overQuotaWeight": 1}}],
-                "jobs": [{"name": "j", "queue": "q", "priority": 125, "createdAt": "2025-01-01T00:00:00+02:00",
-                          "pods": [{"name": "p", "gpus": 1, "cpuMilli": 0, "memBytes": 0, "node": None,
-                                    "status": "Pending"}]}]}
+    document = {
+        "nodes": [{"name": "n", "gpus": 1, "cpuMilli": 1, "memBytes": 1}],
+        "queues": [
+            {"name": "q", "parent": None, "priority": 100, "gpu": {"quota": 1, "limit": -1, "overQuotaWeight": 1}}
+        ],
+        "jobs": [
+            {
+                "name": "j",
+                "queue": "q",
+                "priority": 125,
+                "createdAt": "2025-01-01T00:00:00+02:00",
+                "pods": [{"name": "p", "gpus": 1, "cpuMilli": 0, "memBytes": 0, "node": None, "status": "Pending"}],
+            }
+        ],
+    }
     snapshot = parse_snapshot(document)
     assert snapshot.jobs[0].preemptible is False  # priority >= 100
     assert snapshot.jobs[0].min_member == 1

@@ -15,23 +15,62 @@ def node(name: str, gpus: int = 8, cpu: float = 64_000, mem: float = 512 * GIB, 
     return {"name": name, "gpus": gpus, "cpuMilli": cpu, "memBytes": mem, **extra}
 
 
-def queue(name: str, parent: str | None = None, quota: float = -1, limit: float = -1, weight: float = 1,
-          priority: int = 100, **extra: Any) -> Doc:
-    return {"name": name, "parent": parent, "priority": priority,
-            "gpu": {"quota": quota, "limit": limit, "overQuotaWeight": weight}, **extra}
+def queue(
+    name: str,
+    parent: str | None = None,
+    quota: float = -1,
+    limit: float = -1,
+    weight: float = 1,
+    priority: int = 100,
+    **extra: Any,
+) -> Doc:
+    return {
+        "name": name,
+        "parent": parent,
+        "priority": priority,
+        "gpu": {"quota": quota, "limit": limit, "overQuotaWeight": weight},
+        **extra,
+    }
 
 
-def pod(name: str, gpus: float = 1, node: str | None = None, status: str | None = None, cpu: float = 1000,
-        mem: float = GIB, **extra: Any) -> Doc:
-    return {"name": name, "gpus": gpus, "cpuMilli": cpu, "memBytes": mem, "node": node,
-            "status": status or ("Running" if node else "Pending"), **extra}
+def pod(
+    name: str,
+    gpus: float = 1,
+    node: str | None = None,
+    status: str | None = None,
+    cpu: float = 1000,
+    mem: float = GIB,
+    **extra: Any,
+) -> Doc:
+    return {
+        "name": name,
+        "gpus": gpus,
+        "cpuMilli": cpu,
+        "memBytes": mem,
+        "node": node,
+        "status": status or ("Running" if node else "Pending"),
+        **extra,
+    }
 
 
-def job(name: str, queue: str, pods: list[Doc], priority: int = 50, min_member: int | None = None,
-        created: str = "2025-01-01T00:00:00Z", preemptible: bool | None = None) -> Doc:
-    return {"name": name, "queue": queue, "priority": priority,
-            "preemptible": priority < 100 if preemptible is None else preemptible,
-            "minMember": len(pods) if min_member is None else min_member, "createdAt": created, "pods": pods}
+def job(
+    name: str,
+    queue: str,
+    pods: list[Doc],
+    priority: int = 50,
+    min_member: int | None = None,
+    created: str = "2025-01-01T00:00:00Z",
+    preemptible: bool | None = None,
+) -> Doc:
+    return {
+        "name": name,
+        "queue": queue,
+        "priority": priority,
+        "preemptible": priority < 100 if preemptible is None else preemptible,
+        "minMember": len(pods) if min_member is None else min_member,
+        "createdAt": created,
+        "pods": pods,
+    }
 
 
 def gang(name: str, queue: str, size: int, gpus: float = 1, node: str | None = None, **kw: Any) -> Doc:

@@ -16,11 +16,14 @@ from agent.arbiter.waiting import wait_reasons
 from tests.unit.test_arbiter_world import claim, pod, pod_group, queue, world
 
 
-def healthy(extra_queues: list[Any] = (), groups: list[Any] = (), pods: list[Any] = (),
-            claims: list[Any] = ()) -> Any:
+def healthy(extra_queues: list[Any] = (), groups: list[Any] = (), pods: list[Any] = (), claims: list[Any] = ()) -> Any:
     """A top-level queue `ok` with a gated 1-GPU pod, beside whatever else is given; 16 GPUs free."""
-    return world([pod("want", "c-want", queue_name="ok"), *pods], [claim("c-want"), *claims], list(groups),
-                 queues=[queue("ok", gpu_quota=1), *extra_queues])
+    return world(
+        [pod("want", "c-want", queue_name="ok"), *pods],
+        [claim("c-want"), *claims],
+        list(groups),
+        queues=[queue("ok", gpu_quota=1), *extra_queues],
+    )
 
 
 def admitted(w: Any) -> bool:
@@ -43,13 +46,16 @@ def test_a_cycle_in_the_queue_tree_is_left_out() -> None:
     assert w.invalid["Queue under"].reason == "invalid Queue: its parentQueue a is invalid"
 
 
-@pytest.mark.parametrize(("resources", "reason"), [
-    ({"gpu": {"quota": -5}}, "spec.resources.gpu.quota must be -1 (unlimited) or 0 or more, not -5"),
-    ({"gpu": {"limit": -0.5}}, "spec.resources.gpu.limit must be -1 (unlimited) or 0 or more, not -0.5"),
-    ({"cpu": {"overQuotaWeight": -1}}, "spec.resources.cpu.overQuotaWeight must be 0 or more, not -1"),
-    ({"memory": {"quota": "lots"}}, "spec.resources.memory.quota must be a number, not 'lots'"),
-    ({"gpu": "eight"}, "spec.resources.gpu must be an object"),
-])
+@pytest.mark.parametrize(
+    ("resources", "reason"),
+    [
+        ({"gpu": {"quota": -5}}, "spec.resources.gpu.quota must be -1 (unlimited) or 0 or more, not -5"),
+        ({"gpu": {"limit": -0.5}}, "spec.resources.gpu.limit must be -1 (unlimited) or 0 or more, not -0.5"),
+        ({"cpu": {"overQuotaWeight": -1}}, "spec.resources.cpu.overQuotaWeight must be 0 or more, not -1"),
+        ({"memory": {"quota": "lots"}}, "spec.resources.memory.quota must be a number, not 'lots'"),
+        ({"gpu": "eight"}, "spec.resources.gpu must be an object"),
+    ],
+)
 def test_invalid_values_are_refused_with_the_field_named(resources: dict[str, Any], reason: str) -> None:
     bad = {"metadata": {"name": "bad"}, "spec": {"resources": resources}}
     with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")):
@@ -61,14 +67,19 @@ def test_invalid_values_are_refused_with_the_field_named(resources: dict[str, An
 
 
 def test_minus_one_is_unlimited_and_zero_is_valid() -> None:
-    spec = queue_spec({"metadata": {"name": "q"}, "spec": {"resources": {
-        "gpu": {"quota": -1, "limit": 0, "overQuotaWeight": 0}}}})
+    spec = queue_spec(
+        {"metadata": {"name": "q"}, "spec": {"resources": {"gpu": {"quota": -1, "limit": 0, "overQuotaWeight": 0}}}}
+    )
     assert (spec.terms[0].quota, spec.terms[0].limit, spec.terms[0].over_quota_weight) == (-1, 0, 0)
 
 
 def test_a_bad_duration_or_priority_is_refused() -> None:
-    _, invalid = valid_queues([{"metadata": {"name": "q"}, "spec": {"preemptMinRuntime": "soon"}},
-                               {"metadata": {"name": "r"}, "spec": {"priority": "high"}}])
+    _, invalid = valid_queues(
+        [
+            {"metadata": {"name": "q"}, "spec": {"preemptMinRuntime": "soon"}},
+            {"metadata": {"name": "r"}, "spec": {"priority": "high"}},
+        ]
+    )
     assert "preemptMinRuntime must be a Go duration" in invalid["q"].reason
     assert "priority must be an integer" in invalid["r"].reason
 
@@ -104,37 +115,78 @@ def test_a_running_gang_left_out_still_holds_its_devices() -> None:
 # -- property: arbitrary Queues and PodGroups never stop the cycle ------------------------------------------
 
 _NAMES = ["q0", "q1", "q2", "q3", "q4"]
-_anything = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
-                      st.text(max_size=5), st.lists(st.integers(), max_size=2),
-                      st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+_anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**20), 10**20),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 _amount = st.one_of(st.sampled_from([-1, 0, 1, 8, -5, 0.5, -0.5]), _anything)
-_terms = st.one_of(st.fixed_dictionaries({}, optional={"quota": _amount, "limit": _amount,
-                                                       "overQuotaWeight": _amount}), _anything)
-_spec = st.fixed_dictionaries({}, optional={
-    "parentQueue": st.one_of(st.sampled_from([*_NAMES, "missing", ""]), _anything),
-    "priority": st.one_of(st.integers(0, 200), _anything),
-    "preemptMinRuntime": st.one_of(st.sampled_from(["5m", "1h30m", "bogus"]), _anything),
-    "reclaimMinRuntime": st.one_of(st.sampled_from(["30s", "x"]), _anything),
-    "resources": st.one_of(st.fixed_dictionaries({}, optional={"gpu": _terms, "cpu": _terms, "memory": _terms}),
-                           _anything),
-})
-_queues = st.lists(st.tuples(st.sampled_from(_NAMES), st.one_of(_spec, _anything)), max_size=6,
-                   unique_by=lambda t: t[0])
-_group_spec = st.one_of(_anything, st.fixed_dictionaries({}, optional={
-    "priority": st.one_of(st.integers(-5, 200), _anything),
-    "schedulingPolicy": st.one_of(_anything, st.fixed_dictionaries({}, optional={"gang": st.one_of(
-        _anything, st.fixed_dictionaries({}, optional={"minCount": st.one_of(st.integers(-2, 4), _anything)}))})),
-}))
-_groups = st.lists(st.tuples(st.sampled_from(["g0", "g1", "g2"]), _group_spec, st.sampled_from(_NAMES)),
-                   max_size=3, unique_by=lambda t: t[0])
+_terms = st.one_of(
+    st.fixed_dictionaries({}, optional={"quota": _amount, "limit": _amount, "overQuotaWeight": _amount}), _anything
+)
+_spec = st.fixed_dictionaries(
+    {},
+    optional={
+        "parentQueue": st.one_of(st.sampled_from([*_NAMES, "missing", ""]), _anything),
+        "priority": st.one_of(st.integers(0, 200), _anything),
+        "preemptMinRuntime": st.one_of(st.sampled_from(["5m", "1h30m", "bogus"]), _anything),
+        "reclaimMinRuntime": st.one_of(st.sampled_from(["30s", "x"]), _anything),
+        "resources": st.one_of(
+            st.fixed_dictionaries({}, optional={"gpu": _terms, "cpu": _terms, "memory": _terms}), _anything
+        ),
+    },
+)
+_queues = st.lists(
+    st.tuples(st.sampled_from(_NAMES), st.one_of(_spec, _anything)), max_size=6, unique_by=lambda t: t[0]
+)
+_group_spec = st.one_of(
+    _anything,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "priority": st.one_of(st.integers(-5, 200), _anything),
+            "schedulingPolicy": st.one_of(
+                _anything,
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "gang": st.one_of(
+                            _anything,
+                            st.fixed_dictionaries({}, optional={"minCount": st.one_of(st.integers(-2, 4), _anything)}),
+                        )
+                    },
+                ),
+            ),
+        },
+    ),
+)
+_groups = st.lists(
+    st.tuples(st.sampled_from(["g0", "g1", "g2"]), _group_spec, st.sampled_from(_NAMES)),
+    max_size=3,
+    unique_by=lambda t: t[0],
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_queues, _groups)
 def test_arbitrary_queues_and_pod_groups_never_stop_the_cycle(queues: Any, groups: Any) -> None:
     queue_objs = [{"metadata": {"name": n}, "spec": spec} for n, spec in queues]
-    group_objs = [{"metadata": {"name": g, "namespace": "team-a", "labels": {"scheduling.gpu-dra-agent.io/queue": q},
-                                "creationTimestamp": "2027-01-15T07:00:00Z"}, "spec": spec} for g, spec, q in groups]
+    group_objs = [
+        {
+            "metadata": {
+                "name": g,
+                "namespace": "team-a",
+                "labels": {"scheduling.gpu-dra-agent.io/queue": q},
+                "creationTimestamp": "2027-01-15T07:00:00Z",
+            },
+            "spec": spec,
+        }
+        for g, spec, q in groups
+    ]
     members = [pod(f"{g}-m", f"c-{g}", group=g, queue_name=None) for g, _, _ in groups]
     w = healthy(queue_objs, group_objs, members, [claim(f"c-{g}") for g, _, _ in groups])
     result = run_cycle(w.snapshot)  # never raises

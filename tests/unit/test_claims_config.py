@@ -271,8 +271,11 @@ def test_a_claim_wide_config_applies_only_to_devices_of_its_kind() -> None:
 def test_a_claim_wide_config_that_fits_no_device_is_an_error() -> None:
     """NVIDIA's driver skips it, so the sharing it asks for silently never happens; here the claim fails."""
     mig = [DeviceRef("mig", "gpu-4-mig-1g10gb-19-0", "mig", "MIG-1")]
-    with pytest.raises(ConfigError, match=r"the FromClaim GpuConfig for every request configures no device: the "
-                                          r"claim's devices \(gpu-4-mig-1g10gb-19-0\) take MigDeviceConfig"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the FromClaim GpuConfig for every request configures no device: the "
+        r"claim's devices \(gpu-4-mig-1g10gb-19-0\) take MigDeviceConfig",
+    ):
         resolve_device_configs(parse_allocation_configs([opaque(sharing=ts("Short"))], DRIVER), mig)
     gpus = [DeviceRef("gpu", "gpu-0", "gpu", "GPU-0")]
     with pytest.raises(ConfigError, match="MigDeviceConfig for every request configures no device"):

@@ -17,13 +17,19 @@ from tests.unit.test_claims_state import Node, ok
 from tests.unit.test_claims_support import DRIVER, NODE, claim, opaque
 
 
-def share(uid: str, memory: str = "8Gi", device: str = "gpu-0", share_id: str | None = None,
-          requests: int = 1, **kwargs: Any) -> dict[str, Any]:
+def share(
+    uid: str, memory: str = "8Gi", device: str = "gpu-0", share_id: str | None = None, requests: int = 1, **kwargs: Any
+) -> dict[str, Any]:
     body = claim(uid, [], **kwargs)
     body["status"]["allocation"]["devices"]["results"] = [
-        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device,
-         "shareID": share_id or str(uuid.uuid5(uuid.NAMESPACE_OID, f"{uid}-{i}")),
-         "consumedCapacity": {"memory": memory, "shares": "1"}}
+        {
+            "request": "gpu",
+            "driver": DRIVER,
+            "pool": NODE,
+            "device": device,
+            "shareID": share_id or str(uuid.uuid5(uuid.NAMESPACE_OID, f"{uid}-{i}")),
+            "consumedCapacity": {"memory": memory, "shares": "1"},
+        }
         for i in range(requests)
     ]
     return body
@@ -137,17 +143,22 @@ def with_consumed(uid: str, consumed: dict[str, str]) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize(("consumed", "why"), [
-    ({"memory": "-10Gi", "shares": "1"}, "its memory=-10Gi is not a value the request policy"),
-    ({"shares": "1"}, "it names no memory, which every share of the device consumes"),
-    ({"memory": "0", "shares": "1"}, "its memory=0 is not a value the request policy"),
-    ({"memory": "8Gi"}, "it names no shares"),
-    ({"memory": "8Gi", "shares": "1", "bandwidth": "1"}, "it consumes bandwidth, which the device does not have"),
-    ({"memory": "lots", "shares": "1"}, "its memory 'lots' is not a quantity"),
-    ({"memory": "1Gi", "shares": "1.5"}, "its shares=1500m is not a value the request policy"),
-], ids=["negative", "memory-missing", "memory-zero", "shares-missing", "unknown", "no-quantity", "off-step"])
+@pytest.mark.parametrize(
+    ("consumed", "why"),
+    [
+        ({"memory": "-10Gi", "shares": "1"}, "its memory=-10Gi is not a value the request policy"),
+        ({"shares": "1"}, "it names no memory, which every share of the device consumes"),
+        ({"memory": "0", "shares": "1"}, "its memory=0 is not a value the request policy"),
+        ({"memory": "8Gi"}, "it names no shares"),
+        ({"memory": "8Gi", "shares": "1", "bandwidth": "1"}, "it consumes bandwidth, which the device does not have"),
+        ({"memory": "lots", "shares": "1"}, "its memory 'lots' is not a quantity"),
+        ({"memory": "1Gi", "shares": "1.5"}, "its shares=1500m is not a value the request policy"),
+    ],
+    ids=["negative", "memory-missing", "memory-zero", "shares-missing", "unknown", "no-quantity", "off-step"],
+)
 def test_a_share_the_policy_could_not_have_produced_is_that_claims_error(
-        node: SharedNode, consumed: dict[str, str], why: str) -> None:
+    node: SharedNode, consumed: dict[str, str], why: str
+) -> None:
     # Tried: a forged or corrupted allocation beside a good share in the same batch. Before, a negative share
     # was prepared (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=-10240M) and left room for more than the GPU has, and a
     # missing memory set no limit at all.

@@ -491,8 +491,11 @@ def test_a_corrupt_record_fences_its_claim_alone_and_keeps_its_devices_held(node
     ok(results["uid-2"])  # other claims go on
     assert results["uid-4"].error.startswith("device gpu-0 stays held: the checkpoint record of claim uid-1 cannot")
     errors = preparer.unprepare([one, ClaimRef("default", "uid-3", "claim-uid-3")])
-    assert errors["uid-3"] == "" and "checksum mismatch" in errors["uid-1"] and "not unprepared until then" in (
-        errors["uid-1"])
+    assert (
+        errors["uid-3"] == ""
+        and "checksum mismatch" in errors["uid-1"]
+        and "not unprepared until then" in (errors["uid-1"])
+    )
     assert cdi.spec_file_name("uid-1") in node.spec_files()  # its containers may still need it
     preparer.recover()  # a restart keeps it too
     assert cdi.spec_file_name("uid-1") in node.spec_files()
@@ -513,8 +516,11 @@ def test_an_unreadable_record_holds_the_devices_its_spec_names(node: Node) -> No
     ok(preparer.prepare([node.add(claim("uid-1", ["gpu-0", MIG0]))])["uid-1"])
     (node.state_dir / "claims" / "uid-1.json").write_bytes(b"\x00garbage")
     assert sorted(d for d, _ in node.preparer().holders()) == ["gpu-0", MIG0]
-    assert node.preparer().prepare([node.add(claim("uid-2", [MIG0]))])["uid-2"].error.startswith(
-        f"device {MIG0} stays held")
+    assert (
+        node.preparer()
+        .prepare([node.add(claim("uid-2", [MIG0]))])["uid-2"]
+        .error.startswith(f"device {MIG0} stays held")
+    )
     assert cdi.device_names({"devices": [{"name": "u-gpu-3-0b7c1a9e-1f2d-4c3b-9a8e-7d6c5b4a3f21"}]}, "u") == ("gpu-3",)
 
 
@@ -597,9 +603,7 @@ def test_an_unhealthy_gpu_is_refused_whatever_the_spelling(node: Node) -> None:
     "bad_uid",
     ["x/../y", "../../etc/passwd", "a\0b", "u" * 256, ".", "..", "-lead", "sp ace", "uid\n"],
 )
-def test_a_bad_uid_is_that_claims_error_and_touches_no_path(
-    node: Node, tmp_path: pathlib.Path, bad_uid: str
-) -> None:
+def test_a_bad_uid_is_that_claims_error_and_touches_no_path(node: Node, tmp_path: pathlib.Path, bad_uid: str) -> None:
     # Tried: UIDs that are paths, NUL bytes, over-long: each would name a file outside the CDI root or fail
     # the file system call, and so the whole batch. The kubelet edge screens them (ClaimService), once.
     outside = tmp_path / "y.yaml"
@@ -620,8 +624,13 @@ def test_a_bad_uid_is_that_claims_error_and_touches_no_path(
 
 @pytest.mark.parametrize(
     ("namespace", "name", "why"),
-    [("", "c", "lacks namespace"), ("Default", "c", "namespace"), ("a/b", "c", "namespace"),
-     ("default", "../c", "not a ResourceClaim name"), ("default", "c" * 254, "not a ResourceClaim name")],
+    [
+        ("", "c", "lacks namespace"),
+        ("Default", "c", "namespace"),
+        ("a/b", "c", "namespace"),
+        ("default", "../c", "not a ResourceClaim name"),
+        ("default", "c" * 254, "not a ResourceClaim name"),
+    ],
 )
 def test_names_the_api_would_refuse_are_refused_before_any_request(
     node: Node, namespace: str, name: str, why: str
@@ -640,8 +649,10 @@ def test_each_refused_claim_is_logged_once_at_warning_with_its_reason(
         results = ClaimService(node.preparer()).prepare(refs)
     refusals = [r for r in caplog.records if "refused" in r.getMessage()]
     assert sorted(r.getMessage() for r in refusals) == sorted(
-        [f"prepare of claim default/claim-uid-1 refused: {results['uid-1'].error}",
-         f"prepare of claim default/c refused: {results['x/../y'].error.removeprefix('prepare: ')}"]
+        [
+            f"prepare of claim default/claim-uid-1 refused: {results['uid-1'].error}",
+            f"prepare of claim default/c refused: {results['x/../y'].error.removeprefix('prepare: ')}",
+        ]
     )
     assert {r.levelname for r in refusals} == {"WARNING"}
     assert "gpu-9 does not exist" in results["uid-1"].error and results["uid-2"].error == ""
@@ -695,12 +706,21 @@ def test_a_config_naming_a_request_the_claim_lacks_is_that_claims_error(node: No
 
 def test_configs_may_name_a_prioritized_list_request_or_its_subrequest(node: Node) -> None:
     for uid, named in (("uid-1", "gpu"), ("uid-2", "gpu/large")):
-        body = claim(uid, [f"gpu-{uid[-1]}"], request="gpu/large",
-                     configs=[opaque(requests=[named], sharing={"strategy": "TimeSlicing"})])  # fmt: skip
-        body["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
-            {"name": "large", "deviceClassName": "gpu.nvidia.com"},
-            {"name": "small", "deviceClassName": "mig.nvidia.com"},
-        ]}]  # fmt: skip
+        body = claim(
+            uid,
+            [f"gpu-{uid[-1]}"],
+            request="gpu/large",
+            configs=[opaque(requests=[named], sharing={"strategy": "TimeSlicing"})],
+        )
+        body["spec"]["devices"]["requests"] = [
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    {"name": "large", "deviceClassName": "gpu.nvidia.com"},
+                    {"name": "small", "deviceClassName": "mig.nvidia.com"},
+                ],
+            }
+        ]
         ok(node.preparer().prepare([node.add(body)])[uid])
 
 
@@ -722,8 +742,10 @@ def test_a_prepare_naming_another_claim_for_a_stored_uid_is_refused(node: Node) 
     for ref in (ClaimRef("default", "uid-1", "someone-else"), ClaimRef("other", "uid-1", "claim-uid-1")):
         result = preparer.prepare([ref])["uid-1"]
         assert result.devices == ()
-        assert result.error == (f"claim UID uid-1 is prepared here as ResourceClaim default/claim-uid-1, not "
-                                f"{ref.namespace}/{ref.name}: refused")  # fmt: skip
+        assert result.error == (
+            f"claim UID uid-1 is prepared here as ResourceClaim default/claim-uid-1, not "
+            f"{ref.namespace}/{ref.name}: refused"
+        )
     assert node.checkpoint() == {"uid-1": ClaimState.COMPLETED}
     ok(preparer.prepare([ClaimRef("default", "uid-1", "claim-uid-1")])["uid-1"])
 

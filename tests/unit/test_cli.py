@@ -19,13 +19,17 @@ def test_version_names_the_installed_release(capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out.strip() == f"gpu-dra-agent {version('gpu-dra-agent')}"
 
 
-@pytest.mark.parametrize(("argv", "words"), [
-    (["simulate", "{snapshot}", "--rounds", "0"], "--rounds must be at least 1"),
-    (["simulate", "{missing}"], "cannot read"),
-    (["arbiter", "--period", "0"], ""),  # whichever setting it names first
-])
-def test_a_setting_that_cannot_work_is_one_line_and_exit_2(argv: list[str], words: str, tmp_path: pathlib.Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["simulate", "{snapshot}", "--rounds", "0"], "--rounds must be at least 1"),
+        (["simulate", "{missing}"], "cannot read"),
+        (["arbiter", "--period", "0"], ""),  # whichever setting it names first
+    ],
+)
+def test_a_setting_that_cannot_work_is_one_line_and_exit_2(
+    argv: list[str], words: str, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     snapshot = tmp_path / "s.json"
     snapshot.write_text(json.dumps({"nodes": [], "queues": [], "jobs": []}))
     filled = [a.format(snapshot=snapshot, missing=tmp_path / "absent.json") for a in argv]

@@ -44,8 +44,13 @@ class Node:
 
 
 def commit(node: Node) -> Any:
-    committer = Committer(None, "gpu.nvidia.com", lambda: {NODE: node},  # type: ignore[arg-type]  # no write made
-                          ttl_seconds=30, clock=lambda: 0.0)
+    committer = Committer(
+        None,
+        "gpu.nvidia.com",
+        lambda: {NODE: node},  # type: ignore[arg-type]  # no write made
+        ttl_seconds=30,
+        clock=lambda: 0.0,
+    )
     try:
         member = Member("team-a/p", pod("p", "c"), [claim("c", 2)])
         return committer.commit("team-a/pod/p", [(member, NODE)], {})
@@ -60,9 +65,14 @@ def test_a_member_that_does_not_fit_frees_the_gangs_stale_reservations_and_tries
     assert not outcome.committed and "does not fit on n0: 2 GPUs wanted, 0 free" in outcome.reason
 
 
-@pytest.mark.parametrize("error", [NodeUnavailable("UNAVAILABLE: the member does not fit in the send window"),
-                                   NodeBusy("node busy: the Reserve does not fit in the queue")],
-                         ids=["unreachable", "busy"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        NodeUnavailable("UNAVAILABLE: the member does not fit in the send window"),
+        NodeBusy("node busy: the Reserve does not fit in the queue"),
+    ],
+    ids=["unreachable", "busy"],
+)
 def test_a_node_that_did_not_answer_is_not_taken_for_a_full_one(error: Exception) -> None:
     # tried: the refusal's words say "does not fit", the node did not say the member does not fit
     node = Node(error)

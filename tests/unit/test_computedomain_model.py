@@ -13,14 +13,20 @@ UID = "2f0b4f3e-8d6a-4c3e-9a43-5b1b9f0e7c11"
 
 
 def domain(**spec: object) -> dict:
-    return {"metadata": {"namespace": "ns", "name": "cd", "uid": UID},
-            "spec": {"channel": {"resourceClaimTemplate": {"name": "tpl"}}, **spec}}
+    return {
+        "metadata": {"namespace": "ns", "name": "cd", "uid": UID},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "tpl"}}, **spec},
+    }
 
 
 def test_a_domain_reads_with_nvidias_defaults_and_refuses_what_it_cannot_serve() -> None:
     parsed = model.parse(domain())
-    assert (parsed.num_nodes, parsed.allocation_mode, parsed.template_name, parsed.status) == (0, "Single", "tpl",
-                                                                                              NOT_READY)
+    assert (parsed.num_nodes, parsed.allocation_mode, parsed.template_name, parsed.status) == (
+        0,
+        "Single",
+        "tpl",
+        NOT_READY,
+    )
     with pytest.raises(InvalidComputeDomain, match="spec.channel is required"):
         model.parse({"metadata": {"name": "x"}, "spec": {"numNodes": 2}})
     with pytest.raises(InvalidComputeDomain, match="allocationMode must be Single or All"):
@@ -60,21 +66,32 @@ def config(kind: str = "ComputeDomainChannelConfig", **fields: object) -> dict:
 def test_channel_configs_decode_strictly() -> None:
     assert channels.decode_config(config(allocationMode="All")) == ChannelConfig(UID, "All")
     assert channels.decode_config(config("ComputeDomainDaemonConfig")) == DaemonConfig(UID)
-    for bad, why in [(config(extra=1), "unknown field"), (config(domainID=""), "domainID cannot be empty"),
-                     (config("GpuConfig"), "kind must be"), (config(allocationMode="Many"), "allocationMode"),
-                     (config("ComputeDomainDaemonConfig", allocationMode="All"), "unknown field"),
-                     ({**config(), "apiVersion": "v1"}, "apiVersion")]:
+    for bad, why in [
+        (config(extra=1), "unknown field"),
+        (config(domainID=""), "domainID cannot be empty"),
+        (config("GpuConfig"), "kind must be"),
+        (config(allocationMode="Many"), "allocationMode"),
+        (config("ComputeDomainDaemonConfig", allocationMode="All"), "unknown field"),
+        ({**config(), "apiVersion": "v1"}, "apiVersion"),
+    ]:
         with pytest.raises(ConfigError, match=why):
             channels.decode_config(bad)
 
 
 def test_the_config_naming_the_request_wins_and_a_wrong_kind_is_the_claims_error() -> None:
-    allocation = {"devices": {"config": [
-        {"source": "FromClaim", "requests": ["channel"], "opaque": {"driver": model.DRIVER,
-                                                                   "parameters": config(allocationMode="All")}},
-        {"source": "FromClass", "requests": [], "opaque": {"driver": model.DRIVER, "parameters": config()}},
-        {"source": "FromClaim", "requests": [], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}},
-    ]}}
+    allocation = {
+        "devices": {
+            "config": [
+                {
+                    "source": "FromClaim",
+                    "requests": ["channel"],
+                    "opaque": {"driver": model.DRIVER, "parameters": config(allocationMode="All")},
+                },
+                {"source": "FromClass", "requests": [], "opaque": {"driver": model.DRIVER, "parameters": config()}},
+                {"source": "FromClaim", "requests": [], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}},
+            ]
+        }
+    }
     configs = channels.configs_by_request(allocation)
     assert channels.config_for("channel", "channel-0", configs) == ChannelConfig(UID, "All")
     assert channels.config_for("other", "channel-0", configs) == ChannelConfig(UID, "Single")
@@ -100,14 +117,17 @@ def test_the_channel_major_comes_from_the_character_devices_of_proc_devices() ->
 
 
 def test_a_claim_spec_injects_one_channel_or_every_channel() -> None:
-    one = channels.claim_spec("uid-1", {"channel-0": channels.channels_for(ChannelConfig(UID), 2048)}, 511, "/",
-                              {"COMPUTE_DOMAIN_UUID": UID})
+    one = channels.claim_spec(
+        "uid-1", {"channel-0": channels.channels_for(ChannelConfig(UID), 2048)}, 511, "/", {"COMPUTE_DOMAIN_UUID": UID}
+    )
     assert one["kind"] == "k8s.compute-domain.nvidia.com/claim" and one["devices"][0]["name"] == "uid-1-channel-0"
     assert one["devices"][0]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": 511, "minor": 0, "fileMode": 0o666}]
+        {"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": 511, "minor": 0, "fileMode": 0o666}
+    ]
     assert "NVIDIA_VISIBLE_DEVICES=void" in one["devices"][0]["containerEdits"]["env"]
-    every = channels.claim_spec("uid-1", {"channel-0": channels.channels_for(ChannelConfig(UID, "All"), 2048)}, 511,
-                                "/run/dev", {})
+    every = channels.claim_spec(
+        "uid-1", {"channel-0": channels.channels_for(ChannelConfig(UID, "All"), 2048)}, 511, "/run/dev", {}
+    )
     nodes = every["devices"][0]["containerEdits"]["deviceNodes"]
     assert len(nodes) == 2048 and nodes[-1]["minor"] == 2047
     assert nodes[5]["hostPath"] == "/run/dev/dev/nvidia-caps-imex-channels/channel5"
@@ -131,8 +151,9 @@ def test_a_node_whose_fabric_is_degraded_offers_no_channels() -> None:
 
 def test_the_published_devices_are_nvidias_with_their_clique() -> None:
     body = channels.resource_slice("n1", "node-uid", 3, "u.1")
-    assert [(d["name"], d["attributes"]["type"]["string"], d["attributes"]["id"]["int"])
-            for d in body["spec"]["devices"]] == [("channel-0", "channel", 0), ("daemon-0", "daemon", 0)]
+    assert [
+        (d["name"], d["attributes"]["type"]["string"], d["attributes"]["id"]["int"]) for d in body["spec"]["devices"]
+    ] == [("channel-0", "channel", 0), ("daemon-0", "daemon", 0)]
     assert {d["attributes"]["cliqueID"]["string"] for d in body["spec"]["devices"]} == {"u.1"}
     assert body["spec"]["pool"] == {"name": "n1", "generation": 3, "resourceSliceCount": 1}
 
@@ -147,10 +168,13 @@ def test_the_imex_files() -> None:
 
 
 def test_the_channel_template_is_nvidias() -> None:
-    tpl = templates.channel_template(model.parse(domain(channel={"resourceClaimTemplate": {"name": "tpl"},
-                                                                 "allocationMode": "All"})))
-    assert tpl["metadata"]["labels"] == {"resource.nvidia.com/computeDomain": UID,
-                                         "resource.nvidia.com/computeDomainTarget": "workload"}
+    tpl = templates.channel_template(
+        model.parse(domain(channel={"resourceClaimTemplate": {"name": "tpl"}, "allocationMode": "All"}))
+    )
+    assert tpl["metadata"]["labels"] == {
+        "resource.nvidia.com/computeDomain": UID,
+        "resource.nvidia.com/computeDomainTarget": "workload",
+    }
     request = tpl["spec"]["spec"]["devices"]["requests"][0]
     assert request == {"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}
     assert templates.belongs_to(tpl, UID) and not templates.belongs_to(tpl, "other")

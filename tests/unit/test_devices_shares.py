@@ -19,14 +19,16 @@ def memory_policy() -> Capacity:
 
 
 def test_a_request_below_the_minimum_is_raised_to_it() -> None:
-    capacity = Capacity(Fraction(100), Policy(default=Fraction(10), min=Fraction(10), max=Fraction(100),
-                                              step=Fraction(5)))
+    capacity = Capacity(
+        Fraction(100), Policy(default=Fraction(10), min=Fraction(10), max=Fraction(100), step=Fraction(5))
+    )
     assert shares.consumed(Fraction(3), capacity) == 10
 
 
 def test_a_request_is_rounded_up_to_the_next_step_from_the_minimum() -> None:
-    capacity = Capacity(Fraction(100), Policy(default=Fraction(10), min=Fraction(10), max=Fraction(100),
-                                              step=Fraction(5)))
+    capacity = Capacity(
+        Fraction(100), Policy(default=Fraction(10), min=Fraction(10), max=Fraction(100), step=Fraction(5))
+    )
     assert shares.consumed(Fraction(11), capacity) == 15
     assert shares.consumed(Fraction(15), capacity) == 15
     assert shares.consumed(Fraction(7, 2) * 4, capacity) == 15  # 14 -> 15
@@ -44,8 +46,7 @@ def test_no_request_takes_the_default_and_no_policy_the_whole_capacity() -> None
 
 
 def test_valid_values_round_up_to_the_next_listed_value() -> None:
-    capacity = Capacity(Fraction(8), Policy(default=Fraction(1), valid_values=(Fraction(1), Fraction(2),
-                                                                              Fraction(4))))
+    capacity = Capacity(Fraction(8), Policy(default=Fraction(1), valid_values=(Fraction(1), Fraction(2), Fraction(4))))
     assert shares.consumed(Fraction(3), capacity) == 4
     assert shares.violates(Fraction(4), capacity.policy) is False
     assert shares.consumed(Fraction(5), capacity) == 5
@@ -102,8 +103,10 @@ def test_off(text: str | None) -> None:
     assert shares.parse_mode(text) is None
 
 
-@pytest.mark.parametrize(("text", "mode"), [("memory", ShareMode("memory")), ("unlimited", ShareMode("unlimited")),
-                                            ("4", ShareMode("count", 4))])
+@pytest.mark.parametrize(
+    ("text", "mode"),
+    [("memory", ShareMode("memory")), ("unlimited", ShareMode("unlimited")), ("4", ShareMode("count", 4))],
+)
 def test_modes(text: str, mode: ShareMode) -> None:
     assert shares.parse_mode(text) == mode
 
@@ -115,6 +118,8 @@ def test_bad_modes_say_what_is_wanted(text: str) -> None:
 
 
 def test_fractional_values_are_written_as_quantities() -> None:
-    assert shares.to_quantities({"cores": Fraction(1, 2), "memory": Fraction(8 * GI)}) == {"cores": "500m",
-                                                                                          "memory": "8Gi"}
+    assert shares.to_quantities({"cores": Fraction(1, 2), "memory": Fraction(8 * GI)}) == {
+        "cores": "500m",
+        "memory": "8Gi",
+    }
     assert shares.consumed(Fraction(3, 2), Capacity(Fraction(4))) == Fraction(3, 2)  # no policy: as asked

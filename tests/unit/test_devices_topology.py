@@ -8,8 +8,16 @@ from tests.factories import h100
 
 
 def gpu(minor: int, peers: tuple[str, ...] = (), fabric: FabricInfo | None = None) -> Gpu:
-    return h100(minor, uuid=f"GPU-{minor:04d}", product_name="NVIDIA H100 NVL", memory_bytes=94 * 2**30,
-                pci_bus_id=bus(minor), pci_device_id=0x232110DE, nvlink_peers=peers, fabric=fabric)
+    return h100(
+        minor,
+        uuid=f"GPU-{minor:04d}",
+        product_name="NVIDIA H100 NVL",
+        memory_bytes=94 * 2**30,
+        pci_bus_id=bus(minor),
+        pci_device_id=0x232110DE,
+        nvlink_peers=peers,
+        fabric=fabric,
+    )
 
 
 def bus(minor: int) -> str:

@@ -16,8 +16,17 @@ from agent.driver.discovery import DriverVersionMismatch, discover, find_hook
 from fakes.nvml.binaries import install_driver_root
 from fakes.nvml.driver_files import LIBRARIES, VERSION, elf_shared_object, ld_so_cache
 
-COMPUTE = {"libcuda", "libcudadebugger", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm",
-           "libnvidia-opencl", "libnvidia-gpucomp", "libnvidia-cfg", "libnvidia-allocator"}  # fmt: skip
+COMPUTE = {
+    "libcuda",
+    "libcudadebugger",
+    "libnvidia-ml",
+    "libnvidia-ptxjitcompiler",
+    "libnvidia-nvvm",
+    "libnvidia-opencl",
+    "libnvidia-gpucomp",
+    "libnvidia-cfg",
+    "libnvidia-allocator",
+}
 
 
 def fake_root(tmp_path: pathlib.Path, layout: str = "host", version: str = VERSION) -> pathlib.Path:
@@ -39,11 +48,15 @@ def test_host_layout_finds_every_file_of_the_version(tmp_path: pathlib.Path) -> 
     gpucomp = next(lib for lib in files.libraries if lib.name.startswith("libnvidia-gpucomp"))
     assert gpucomp.soname == gpucomp.name and not gpucomp.soname_link  # its SONAME is the versioned name
     assert [b.path for b in files.binaries] == [
-        "usr/bin/nvidia-smi", "usr/bin/nvidia-debugdump", "usr/bin/nvidia-persistenced",
-        "usr/bin/nvidia-cuda-mps-control", "usr/bin/nvidia-cuda-mps-server",
-    ]  # fmt: skip
+        "usr/bin/nvidia-smi",
+        "usr/bin/nvidia-debugdump",
+        "usr/bin/nvidia-persistenced",
+        "usr/bin/nvidia-cuda-mps-control",
+        "usr/bin/nvidia-cuda-mps-server",
+    ]
     assert [f.path for f in files.firmware] == [
-        f"lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin", f"lib/firmware/nvidia/{VERSION}/gsp_tu10x.bin"
+        f"lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",
+        f"lib/firmware/nvidia/{VERSION}/gsp_tu10x.bin",
     ]
     assert files.missing == ()
 
@@ -57,9 +70,9 @@ def test_driver_folder_layout_is_found_through_the_roots_ld_so_cache(tmp_path: p
     assert "usr/local/nvidia/bin/nvidia-debugdump" in [b.path for b in files.binaries]
     # the same folder under another name no standard folder matches: only the cache leads there
     (root / "usr/local/nvidia").rename(root / "opt-driver")
-    (root / "etc/ld.so.cache").write_bytes(ld_so_cache(
-        [(f"{stem}.so.1", f"/opt-driver/lib64/{stem}.so.1") for stem in ("libcuda", "libnvidia-ml")]
-    ))  # fmt: skip
+    (root / "etc/ld.so.cache").write_bytes(
+        ld_so_cache([(f"{stem}.so.1", f"/opt-driver/lib64/{stem}.so.1") for stem in ("libcuda", "libnvidia-ml")])
+    )
     found = discover(root, VERSION, kernel_release="6.1.0", firmware_class_path="")
     assert {lib.directory for lib in found.libraries} == {"opt-driver/lib64"}
     assert {lib.name.split(".so")[0] for lib in found.libraries} >= COMPUTE  # the folder's other files too
@@ -191,8 +204,12 @@ def test_caches_glibc_writes_in_either_format_are_read(tmp_path: pathlib.Path, f
     (libs / f"libcuda.so.{VERSION}").write_bytes(elf_shared_object("libcuda.so.1"))
     (tmp_path / "ld.so.conf").write_text(f"{libs}\n")
     cache = tmp_path / "ld.so.cache"
-    done = subprocess.run([ldconfig, "-c", form, "-C", str(cache), "-f", str(tmp_path / "ld.so.conf")],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [ldconfig, "-c", form, "-C", str(cache), "-f", str(tmp_path / "ld.so.conf")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"ldconfig -c {form} refused here: {done.stderr.strip()}")
     data = cache.read_bytes()
@@ -220,8 +237,14 @@ def test_broken_caches_are_refused() -> None:
 
 
 def test_sonames_of_real_libraries_match_readelf() -> None:
-    libc = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6",
-                             "/lib64/libc.so.6") if os.path.isfile(p)), None)  # fmt: skip
+    libc = next(
+        (
+            p
+            for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6", "/lib64/libc.so.6")
+            if os.path.isfile(p)
+        ),
+        None,
+    )
     if libc is None:
         pytest.skip("no libc.so.6 at a known path")
     data = pathlib.Path(libc).read_bytes()
@@ -298,5 +321,6 @@ def test_world_writable_files_are_named_and_names_the_hook_cannot_carry_are_left
     log_setup(setup)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("writable by every user on the host" in w and cuda.path in w for w in warnings)
-    assert any("left out of the CDI specs" in w and "'" + f"{cuda.directory}/libnvidia-odd\\nz.so" in w
-               for w in warnings)  # fmt: skip
+    assert any(
+        "left out of the CDI specs" in w and "'" + f"{cuda.directory}/libnvidia-odd\\nz.so" in w for w in warnings
+    )

@@ -53,10 +53,14 @@ def test_mounts_go_from_the_host_driver_root_to_the_same_path_in_the_container()
 def test_hooks_make_the_links_and_the_loader_cache() -> None:
     hooks = driver_edits(files(), "/", HOOK)["hooks"]
     assert [h["args"][1] for h in hooks] == [
-        "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"
-    ]  # fmt: skip
-    assert all(h["hookName"] == "createContainer" and h["path"] == HOOK and h["args"][0] == "nvidia-cdi-hook"
-               for h in hooks)  # fmt: skip
+        "create-symlinks",
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
+    ]
+    assert all(
+        h["hookName"] == "createContainer" and h["path"] == HOOK and h["args"][0] == "nvidia-cdi-hook" for h in hooks
+    )
     links = hooks[0]["args"][2:]
     assert links[::2] == ["--link"] * (len(links) // 2)
     assert links[1::2] == [
@@ -94,7 +98,15 @@ def test_a_claim_spec_written_with_the_driver_edits_is_complete_and_valid(
     assert {"/usr/bin/nvidia-smi", f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"} <= paths
     assert [n["path"] for n in top["deviceNodes"]] == list(cdi.CONTROL_NODES)
     assert len(top["hooks"]) == 4
-    with_mps = cdi.with_driver_edits({**own, "containerEdits": {**own["containerEdits"], "mounts": [
-        {"hostPath": "/run/mps", "containerPath": "/tmp/nvidia-mps"}]}}, edits)  # fmt: skip
+    with_mps = cdi.with_driver_edits(
+        {
+            **own,
+            "containerEdits": {
+                **own["containerEdits"],
+                "mounts": [{"hostPath": "/run/mps", "containerPath": "/tmp/nvidia-mps"}],
+            },
+        },
+        edits,
+    )
     assert with_mps["containerEdits"]["mounts"][-1]["containerPath"] == "/tmp/nvidia-mps"  # the claim's own kept
     assert len(with_mps["containerEdits"]["mounts"]) == len(edits["mounts"]) + 1

@@ -31,8 +31,16 @@ def test_unknown_machine_is_refused_with_the_known_names() -> None:
 
 
 def test_contract_machine_names_exist() -> None:
-    for name in ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "h100-nvl-x4", "gh200",
-                 "a100-pcie-x2", "mixed-mig"]:
+    for name in [
+        "dgx-a100-40gb",
+        "dgx-a100-80gb",
+        "dgx-h100",
+        "hgx-h200",
+        "h100-nvl-x4",
+        "gh200",
+        "a100-pcie-x2",
+        "mixed-mig",
+    ]:
         assert name in fake_nvml.machine_names()
         assert name in fake_nvml.MACHINES
 

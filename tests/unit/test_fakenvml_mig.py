@@ -49,8 +49,13 @@ def test_h100_profiles_and_their_25_placements(nvml: fake_nvml.FakeNvml) -> None
             continue
         found[info.name] = (enum, info.id, len(placements(h, info.id)))
     assert found == {
-        "MIG 1g.10gb": (0, 19, 7), "MIG 1g.10gb+me": (7, 20, 7), "MIG 1g.20gb": (9, 15, 4),
-        "MIG 2g.20gb": (1, 14, 3), "MIG 3g.40gb": (2, 9, 2), "MIG 4g.40gb": (3, 5, 1), "MIG 7g.80gb": (4, 0, 1),
+        "MIG 1g.10gb": (0, 19, 7),
+        "MIG 1g.10gb+me": (7, 20, 7),
+        "MIG 1g.20gb": (9, 15, 4),
+        "MIG 2g.20gb": (1, 14, 3),
+        "MIG 3g.40gb": (2, 9, 2),
+        "MIG 4g.40gb": (3, 5, 1),
+        "MIG 7g.80gb": (4, 0, 1),
     }
     assert placements(h, THREE_G) == [(0, 4), (4, 4)]
     seven = N.nvmlDeviceGetGpuInstanceProfileInfo(h, N.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
@@ -77,8 +82,15 @@ def test_placement_tables_of_other_products_come_from_the_shared_table(shared_di
         N.nvmlInit()
         h = N.nvmlDeviceGetHandleByIndex(0)
         names = [N.nvmlDeviceGetGpuInstanceProfileInfo(h, e).name for e in (0, 7, 9, 1, 2, 3, 4)]
-        assert names == ["MIG 1g.18gb", "MIG 1g.18gb+me", "MIG 1g.35gb", "MIG 2g.35gb", "MIG 3g.71gb",
-                         "MIG 4g.71gb", "MIG 7g.141gb"]
+        assert names == [
+            "MIG 1g.18gb",
+            "MIG 1g.18gb+me",
+            "MIG 1g.35gb",
+            "MIG 2g.35gb",
+            "MIG 3g.71gb",
+            "MIG 4g.71gb",
+            "MIG 7g.141gb",
+        ]
         # memory was not measured for H200: derived values must still round to the profile names
         total = N.nvmlDeviceGetMemoryInfo(h).total
         for e, slices in ((0, 1), (9, 2), (2, 4), (4, 8)):
@@ -233,11 +245,17 @@ def test_mixed_mig_starts_with_all_balanced_and_sparse_mig_handles(nvml: fake_nv
         uuid = N.nvmlDeviceGetUUID(mig)
         assert uuid.startswith("MIG-") and N.nvmlDeviceGetUUID(N.nvmlDeviceGetHandleByUUID(uuid)) == uuid
         attrs = N.nvmlDeviceGetAttributes(mig)
-        found[i] = (N.nvmlDeviceGetName(mig), N.nvmlDeviceGetGpuInstanceId(mig), N.nvmlDeviceGetComputeInstanceId(mig),
-                    attrs.gpuInstanceSliceCount, attrs.memorySizeMB)
+        found[i] = (
+            N.nvmlDeviceGetName(mig),
+            N.nvmlDeviceGetGpuInstanceId(mig),
+            N.nvmlDeviceGetComputeInstanceId(mig),
+            attrs.gpuInstanceSliceCount,
+            attrs.memorySizeMB,
+        )
     assert missing, "indexes must be sparse"
     assert sorted(n for n, *_ in found.values()) == sorted(
-        f"NVIDIA H100 80GB HBM3 MIG {p}" for p in ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"))
+        f"NVIDIA H100 80GB HBM3 MIG {p}" for p in ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+    )
     ids = {(gi, ci, slices) for _, gi, ci, slices, _ in found.values()}
     assert ids == {(2, 0, 3), (3, 0, 2), (9, 0, 1), (10, 0, 1)}
     assert N.nvmlDeviceIsMigDeviceHandle(parent).value == 0
@@ -247,7 +265,11 @@ def test_mixed_mig_starts_with_all_balanced_and_sparse_mig_handles(nvml: fake_nv
         N.nvmlDeviceGetMigDeviceHandleByIndex(parent, 7)
     # the fake's own state agrees
     assert sorted(gi.profile.name for gi in nvml.gpus[1].gpu_instances.values()) == [
-        "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+        "1g.10gb",
+        "1g.10gb",
+        "2g.20gb",
+        "3g.40gb",
+    ]
 
 
 def test_a_reset_voids_compute_instance_handles_taken_before_it(nvml: fake_nvml.FakeNvml) -> None:

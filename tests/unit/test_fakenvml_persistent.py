@@ -36,8 +36,15 @@ def nvml(state: pathlib.Path) -> Iterator[fake_nvml.FakeNvml]:
 
 def python(code: str, state: pathlib.Path, **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, persist.ENV: str(state)}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )  # type: ignore[call-overload]
 
 
 def run_python(code: str, state: pathlib.Path) -> str:
@@ -48,8 +55,9 @@ def run_python(code: str, state: pathlib.Path) -> str:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fakes.nvml", *args], cwd=REPO, text=True, capture_output=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "fakes.nvml", *args], cwd=REPO, text=True, capture_output=True, timeout=60, check=False
+    )
 
 
 MAKE_MIG = """
@@ -88,8 +96,9 @@ def test_a_new_state_file_starts_from_the_machine_profile(state: pathlib.Path) -
     assert stored == expected and len(expected) == 4
 
 
-def test_mig_devices_made_by_another_process_are_seen_with_their_uuids(nvml: fake_nvml.FakeNvml,
-                                                                       state: pathlib.Path) -> None:
+def test_mig_devices_made_by_another_process_are_seen_with_their_uuids(
+    nvml: fake_nvml.FakeNvml, state: pathlib.Path
+) -> None:
     assert N.nvmlDeviceGetMigMode(N.nvmlDeviceGetHandleByIndex(0)) == [0, 0]
     made = set(run_python(MAKE_MIG.format(count=3, after=""), state).split())
     assert len(made) == 3
@@ -113,23 +122,28 @@ def test_a_process_killed_with_9_leaves_the_gpus_as_it_left_them(state: pathlib.
     assert len(found) in range(3, 8)
 
 
-def test_handles_stay_valid_while_another_process_changes_other_gpus(nvml: fake_nvml.FakeNvml,
-                                                                     state: pathlib.Path) -> None:
+def test_handles_stay_valid_while_another_process_changes_other_gpus(
+    nvml: fake_nvml.FakeNvml, state: pathlib.Path
+) -> None:
     h0 = N.nvmlDeviceGetHandleByIndex(0)
     N.nvmlDeviceSetMigMode(h0, 1)
     profile = N.nvmlDeviceGetGpuInstanceProfileInfo(h0, N.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
     gi = N.nvmlDeviceCreateGpuInstance(h0, profile.id)
-    run_python("""
+    run_python(
+        """
         import pynvml as N, fakes.nvml
         fakes.nvml.install("dgx-h100"); N.nvmlInit()
         N.nvmlDeviceSetComputeMode(N.nvmlDeviceGetHandleByIndex(5), N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
-    """, state)
+    """,
+        state,
+    )
     assert N.nvmlGpuInstanceGetInfo(gi).placement.size == 4  # the GI handle from before still works
     assert N.nvmlDeviceGetComputeMode(N.nvmlDeviceGetHandleByIndex(5)) == N.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 
 
-def test_a_reset_drops_instances_but_keeps_mig_mode_for_every_process(nvml: fake_nvml.FakeNvml,
-                                                                      state: pathlib.Path) -> None:
+def test_a_reset_drops_instances_but_keeps_mig_mode_for_every_process(
+    nvml: fake_nvml.FakeNvml, state: pathlib.Path
+) -> None:
     run_python(MAKE_MIG.format(count=2, after=""), state)
     assert len(mig_uuids(0)) == 2
     result = cli("reset", "--state", str(state), "--gpu", "0")
@@ -142,7 +156,8 @@ def test_a_reset_drops_instances_but_keeps_mig_mode_for_every_process(nvml: fake
 
 
 def test_xid_from_the_cli_reaches_the_event_wait_of_the_process_using_the_state(
-        nvml: fake_nvml.FakeNvml, state: pathlib.Path) -> None:
+    nvml: fake_nvml.FakeNvml, state: pathlib.Path
+) -> None:
     h = N.nvmlDeviceGetHandleByIndex(2)
     events = N.nvmlEventSetCreate()
     N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, events)
@@ -168,8 +183,9 @@ def test_an_xid_waits_in_the_state_until_an_agent_listens(state: pathlib.Path) -
         N.nvmlShutdown()
 
 
-def test_lose_makes_the_gpu_fall_off_the_bus_for_the_running_process(nvml: fake_nvml.FakeNvml,
-                                                                     state: pathlib.Path) -> None:
+def test_lose_makes_the_gpu_fall_off_the_bus_for_the_running_process(
+    nvml: fake_nvml.FakeNvml, state: pathlib.Path
+) -> None:
     h = N.nvmlDeviceGetHandleByIndex(6)
     result = cli("lose", "--state", str(state), "--gpu", "6")
     assert result.returncode == 0, result.stderr
@@ -201,8 +217,9 @@ def test_show_prints_modes_and_instance_tables(state: pathlib.Path) -> None:
     ("args", "message"),
     [
         pytest.param(["show"], "pass --machine", id="state-missing-without-machine"),
-        pytest.param(["xid", "--gpu", "9", "--xid", "48", "--machine", "dgx-h100"], "GPUs 0..7, not 9",
-                     id="gpu-out-of-range"),
+        pytest.param(
+            ["xid", "--gpu", "9", "--xid", "48", "--machine", "dgx-h100"], "GPUs 0..7, not 9", id="gpu-out-of-range"
+        ),
         pytest.param(["show", "--machine", "dgx-h999"], "unknown fake NVML machine", id="unknown-machine"),
     ],
 )

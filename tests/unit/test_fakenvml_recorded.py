@@ -14,8 +14,16 @@ from agent.commands.inventory import inventory_document
 from agent.nvml.source import open_nvml
 
 RECORDINGS = sorted((pathlib.Path(__file__).parents[1] / "fixtures" / "nvml").glob("*.json"))
-COMPARED = ("productName", "architecture", "cudaComputeCapability", "memoryBytes", "pciDeviceID", "migCapable",
-            "migProfiles", "migPlacements")  # fmt: skip
+COMPARED = (
+    "productName",
+    "architecture",
+    "cudaComputeCapability",
+    "memoryBytes",
+    "pciDeviceID",
+    "migCapable",
+    "migProfiles",
+    "migPlacements",
+)
 
 
 @pytest.mark.parametrize("recording", RECORDINGS, ids=lambda p: p.stem)

@@ -34,8 +34,14 @@ def test_dgx_h100_json_lists_eight_gpus_in_one_domain_with_25_placements(capsys:
         assert g["migEnabled"] is False
         counts = Counter(p["profile"] for p in g["migPlacements"])
         assert counts == {
-            "1g.10gb": 7, "1g.10gb+me": 7, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1,
-        }  # fmt: skip
+            "1g.10gb": 7,
+            "1g.10gb+me": 7,
+            "1g.20gb": 4,
+            "2g.20gb": 3,
+            "3g.40gb": 2,
+            "4g.40gb": 1,
+            "7g.80gb": 1,
+        }
         for p in g["migPlacements"]:
             assert set(p) >= {"profile", "giProfileId", "start", "size"}
             name = parse_device_name(p["name"])
@@ -107,8 +113,11 @@ def test_real_nvml_without_library_exits_with_one_sentence() -> None:
     # Tried: the real library on a machine without the NVIDIA driver; run as a user would, in a new process.
     proc = subprocess.run(
         [sys.executable, "-m", "agent.cli", "inventory", "--nvml", "real", "--output", "json"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode != 0
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1
@@ -138,9 +147,7 @@ def test_inventory_shows_what_the_driver_root_provides(capsys: pytest.CaptureFix
     assert max(len(line) for line in table.splitlines()) < 200
 
 
-def test_inventory_refuses_a_driver_root_of_another_version(
-    capsys: pytest.CaptureFixture[str], tmp_path: Any
-) -> None:
+def test_inventory_refuses_a_driver_root_of_another_version(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     from fakes.nvml.binaries import install_driver_root
 
     install_driver_root(tmp_path, version="535.104.05")

@@ -112,31 +112,41 @@ def test_the_rate_limit_is_applied_to_every_request(busy_server: str) -> None:
         _Busy.busy = 2
 
 
-@pytest.mark.parametrize(("url", "env", "proxy"), [
-    ("https://api.example:6443", {"HTTPS_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
-    ("https://api.example:6443", {"https_proxy": "proxy:3128"}, "http://proxy:3128"),
-    ("http://api.example:8080", {"HTTPS_PROXY": "http://proxy:3128"}, None),
-    ("http://api.example:8080", {"HTTP_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
-    ("https://api.example:6443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": ".example"}, None),
-    ("https://api.example:6443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "api.example"}, None),
-    ("https://10.96.0.1:443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.96.0.0/12"}, None),
-    ("https://[fd00::1]:443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "fd00::/8"}, None),
-    ("https://10.97.0.1:443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.96.0.0/16"}, "http://p:1"),
-    ("https://api.example:6443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "*"}, None),
-])
-def test_proxies_come_from_the_environment_as_client_go_reads_them(url: str, env: dict[str, str],
-                                                                    proxy: str | None) -> None:
+@pytest.mark.parametrize(
+    ("url", "env", "proxy"),
+    [
+        ("https://api.example:6443", {"HTTPS_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
+        ("https://api.example:6443", {"https_proxy": "proxy:3128"}, "http://proxy:3128"),
+        ("http://api.example:8080", {"HTTPS_PROXY": "http://proxy:3128"}, None),
+        ("http://api.example:8080", {"HTTP_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
+        ("https://api.example:6443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": ".example"}, None),
+        ("https://api.example:6443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "api.example"}, None),
+        ("https://10.96.0.1:443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.96.0.0/12"}, None),
+        ("https://[fd00::1]:443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "fd00::/8"}, None),
+        ("https://10.97.0.1:443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.96.0.0/16"}, "http://p:1"),
+        ("https://api.example:6443", {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "*"}, None),
+    ],
+)
+def test_proxies_come_from_the_environment_as_client_go_reads_them(
+    url: str, env: dict[str, str], proxy: str | None
+) -> None:
     assert proxy_from_environment(url, env) == proxy
 
 
 def _kubeconfig(tmp_path: Path, cluster: dict[str, object], user: dict[str, object]) -> Path:
     path = tmp_path / "config"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1", **cluster}}],
-        "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1", **cluster}}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
     return path
 
 
@@ -148,16 +158,23 @@ def test_a_kubeconfig_takes_its_proxy_from_the_environment(tmp_path: Path, monke
     assert client.server.proxy_url == "http://127.0.0.1:8888"  # the kubeconfig's own wins
 
 
-@pytest.mark.parametrize(("cluster", "user", "words"), [
-    ({}, {"token": "t", "as": "someone"}, "'as' (impersonation)"),
-    ({}, {"token": "t", "as-groups": ["g"]}, "'as-groups' (impersonation)"),
-    ({}, {"token": "t", "as-uid": "1"}, "'as-uid' (impersonation)"),
-    ({"disable-compression": True}, {"token": "t"}, "disable-compression"),
-    ({}, {"exec": {"command": "true", "apiVersion": "client.authentication.k8s.io/v1", "provideClusterInfo": True}},
-     "provideClusterInfo"),
-])
-def test_settings_the_client_would_ignore_are_refused(tmp_path: Path, cluster: dict[str, object],
-                                                      user: dict[str, object], words: str) -> None:
+@pytest.mark.parametrize(
+    ("cluster", "user", "words"),
+    [
+        ({}, {"token": "t", "as": "someone"}, "'as' (impersonation)"),
+        ({}, {"token": "t", "as-groups": ["g"]}, "'as-groups' (impersonation)"),
+        ({}, {"token": "t", "as-uid": "1"}, "'as-uid' (impersonation)"),
+        ({"disable-compression": True}, {"token": "t"}, "disable-compression"),
+        (
+            {},
+            {"exec": {"command": "true", "apiVersion": "client.authentication.k8s.io/v1", "provideClusterInfo": True}},
+            "provideClusterInfo",
+        ),
+    ],
+)
+def test_settings_the_client_would_ignore_are_refused(
+    tmp_path: Path, cluster: dict[str, object], user: dict[str, object], words: str
+) -> None:
     with pytest.raises(KubeconfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
         from_files([_kubeconfig(tmp_path, cluster, user)])
 
@@ -204,8 +221,10 @@ def _naive(chunks: list[bytes]) -> list[bytes]:
     return [line for line in data.split(b"\n") if line.strip()]
 
 
-@given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
-       st.lists(st.integers(min_value=0, max_value=400), max_size=12))
+@given(
+    st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+)
 def test_watch_lines_are_the_same_however_the_stream_is_cut(lines: list[bytes], cuts: list[int]) -> None:
     data = b"\n".join(lines) + b"\n"
     points = sorted({min(c, len(data)) for c in cuts})

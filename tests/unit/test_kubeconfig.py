@@ -86,11 +86,13 @@ def _b64(path: Path) -> str:
 
 def kubeconfig(tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any] | None = None) -> str:
     config: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "here",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "here",
         "clusters": [{"name": "c", "cluster": cluster}],
         "contexts": [{"name": "here", "context": {"cluster": "c", **({"user": "u"} if user is not None else {})}}],
         "users": [{"name": "u", "user": user}] if user is not None else [],
-    }  # fmt: skip
+    }
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -98,10 +100,13 @@ def kubeconfig(tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any] | N
 
 def test_inline_ca_and_client_certificate(server: TlsServer, tmp_path: Path) -> None:
     """The shape kubeadm and our control-plane tier write: everything base64 inside the file."""
-    rest = connect(kubeconfig(
-        tmp_path, {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
-        {"client-certificate-data": _b64(server.pki.admin_cert), "client-key-data": _b64(server.pki.admin_key)},
-    ))  # fmt: skip
+    rest = connect(
+        kubeconfig(
+            tmp_path,
+            {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
+            {"client-certificate-data": _b64(server.pki.admin_cert), "client-key-data": _b64(server.pki.admin_key)},
+        )
+    )
     assert rest.server_version() == "v1.37.2"
     assert server.seen.client_names == ["admin"]
     assert server.seen.authorizations == [""]
@@ -110,8 +115,9 @@ def test_inline_ca_and_client_certificate(server: TlsServer, tmp_path: Path) -> 
 
 def test_files_relative_to_the_kubeconfig_and_a_token_file_read_again(server: TlsServer, tmp_path: Path) -> None:
     (tmp_path / "token").write_text("first\n")
-    rest = connect(kubeconfig(tmp_path, {"server": server.url, "certificate-authority": "pki/ca.crt"},
-                              {"tokenFile": "token"}))
+    rest = connect(
+        kubeconfig(tmp_path, {"server": server.url, "certificate-authority": "pki/ca.crt"}, {"tokenFile": "token"})
+    )
     assert rest.server_version() == "v1.37.2"
     (tmp_path / "token").write_text("second\n")  # rotated in place, as the kubelet does a projected token
     server.seen.refused.add("first")  # the server no longer takes the old one: the 401 makes us read again
@@ -140,10 +146,17 @@ def counting_plugin(tmp_path: Path, status: str) -> tuple[Path, Path]:
 
 def exec_kubeconfig(tmp_path: Path, server: TlsServer, plugin: Path, api_version: str) -> str:
     return kubeconfig(
-        tmp_path, {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
-        {"exec": {"apiVersion": api_version, "command": sys.executable, "args": [str(plugin)],
-                  "env": [{"name": "PLUGIN_SETTING", "value": "yes"}]}},
-    )  # fmt: skip
+        tmp_path,
+        {"server": server.url, "certificate-authority-data": _b64(server.pki.ca_cert)},
+        {
+            "exec": {
+                "apiVersion": api_version,
+                "command": sys.executable,
+                "args": [str(plugin)],
+                "env": [{"name": "PLUGIN_SETTING", "value": "yes"}],
+            }
+        },
+    )
 
 
 def test_an_exec_plugin_token_is_fetched_again_when_refused(server: TlsServer, tmp_path: Path) -> None:
@@ -161,8 +174,9 @@ def test_an_exec_plugin_token_is_fetched_again_when_refused(server: TlsServer, t
     assert counter.read_text() == "2"
 
 
-def test_a_server_that_refuses_every_token_does_not_run_the_plugin_per_request(server: TlsServer,
-                                                                                 tmp_path: Path) -> None:
+def test_a_server_that_refuses_every_token_does_not_run_the_plugin_per_request(
+    server: TlsServer, tmp_path: Path
+) -> None:
     """Tried: credentials revoked for good. A 401 gets one fresh token; while that one is refused too the
     plugin is not run again (for REFUSED_AGAIN_S), however many requests fail."""
     plugin, counter = counting_plugin(tmp_path, "{'token': f'token-{n}'}")
@@ -183,16 +197,24 @@ def test_several_kubeconfig_files_merge_as_kubectl_merges_them(server: TlsServer
     first.mkdir()
     second.mkdir()
     (second / "ca.crt").write_bytes(server.pki.ca_cert.read_bytes())
-    (first / "config").write_text(yaml.safe_dump({
-        "current-context": "work",
-        "contexts": [{"name": "work", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "from-first"}}],
-    }))  # fmt: skip
-    (second / "config").write_text(yaml.safe_dump({
-        "current-context": "elsewhere",
-        "clusters": [{"name": "c", "cluster": {"server": server.url, "certificate-authority": "ca.crt"}}],
-        "users": [{"name": "u", "user": {"token": "from-second"}}],
-    }))  # fmt: skip
+    (first / "config").write_text(
+        yaml.safe_dump(
+            {
+                "current-context": "work",
+                "contexts": [{"name": "work", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "from-first"}}],
+            }
+        )
+    )
+    (second / "config").write_text(
+        yaml.safe_dump(
+            {
+                "current-context": "elsewhere",
+                "clusters": [{"name": "c", "cluster": {"server": server.url, "certificate-authority": "ca.crt"}}],
+                "users": [{"name": "u", "user": {"token": "from-second"}}],
+            }
+        )
+    )
     listed = os.pathsep.join([str(first / "config"), str(tmp_path / "missing"), str(second / "config")])
     assert connect(listed).server_version() == "v1.37.2"
     assert server.seen.authorizations == ["Bearer from-first"]
@@ -200,8 +222,9 @@ def test_several_kubeconfig_files_merge_as_kubectl_merges_them(server: TlsServer
 
 def test_a_server_certificate_signed_by_another_ca_is_refused(server: TlsServer, tmp_path: Path) -> None:
     other = make_pki(tmp_path / "other")
-    rest = connect(kubeconfig(tmp_path, {"server": server.url, "certificate-authority-data": _b64(other.ca_cert)},
-                              {"token": "t"}))
+    rest = connect(
+        kubeconfig(tmp_path, {"server": server.url, "certificate-authority-data": _b64(other.ca_cert)}, {"token": "t"})
+    )
     with pytest.raises(errors.ApiError) as refused:
         rest.server_version()
     assert refused.value.status == 0 and "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
@@ -223,15 +246,23 @@ def test_in_cluster_reads_the_service_account(server: TlsServer, tmp_path: Path)
         in_cluster(account, {})
 
 
-@pytest.mark.parametrize(("cluster", "user", "says"), [
-    ({"server": "https://127.0.0.1:1"}, {"auth-provider": {"name": "oidc"}}, "auth-provider, which is not supported"),
-    ({"server": "127.0.0.1:6443"}, {}, "is not an http(s) URL"),
-    ({"server": "https://127.0.0.1:1"}, {"client-certificate-data": "Zm9v"}, "without a key"),
-    ({"server": "https://127.0.0.1:1", "certificate-authority-data": "not base64!"}, {}, "is not base64"),
-    ({"server": "https://127.0.0.1:1"}, {"exec": {"command": "/nonexistent/plugin"}}, "could not run"),
-])  # fmt: skip
-def test_an_unusable_kubeconfig_says_why(tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any],
-                                         says: str) -> None:
+@pytest.mark.parametrize(
+    ("cluster", "user", "says"),
+    [
+        (
+            {"server": "https://127.0.0.1:1"},
+            {"auth-provider": {"name": "oidc"}},
+            "auth-provider, which is not supported",
+        ),
+        ({"server": "127.0.0.1:6443"}, {}, "is not an http(s) URL"),
+        ({"server": "https://127.0.0.1:1"}, {"client-certificate-data": "Zm9v"}, "without a key"),
+        ({"server": "https://127.0.0.1:1", "certificate-authority-data": "not base64!"}, {}, "is not base64"),
+        ({"server": "https://127.0.0.1:1"}, {"exec": {"command": "/nonexistent/plugin"}}, "could not run"),
+    ],
+)
+def test_an_unusable_kubeconfig_says_why(
+    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], says: str
+) -> None:
     path = kubeconfig(tmp_path, cluster, user)
     with pytest.raises(KubeconfigError) as unusable:
         connect(path)

@@ -175,7 +175,11 @@ def test_registration_info_and_status():
     info = servicer.GetInfo(reg_pb.InfoRequest(), None)
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", "gpu.nvidia.com", endpoint)
     assert list(info.supported_versions) == [
-        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
 
     assert servicer.status is None
     assert servicer.wait(timeout=0.01) is None  # the kubelet has not answered yet

@@ -52,8 +52,14 @@ class Once(threading.Event):
 
 
 def elector(store: LeaseStore, clock: list[float]) -> LeaderElector:
-    return LeaderElector(store, "ns", "arbiter", "me", clock=lambda: 1000.0 + clock[0],  # type: ignore[arg-type]
-                         monotonic=lambda: clock[0])
+    return LeaderElector(
+        store,
+        "ns",
+        "arbiter",
+        "me",
+        clock=lambda: 1000.0 + clock[0],  # type: ignore[arg-type]
+        monotonic=lambda: clock[0],
+    )
 
 
 def renew(e: LeaderElector) -> None:
@@ -117,8 +123,9 @@ def test_the_nodes_reservation_calls_pass_the_same_gate() -> None:
 
 
 @pytest.mark.parametrize(("lease", "renew_deadline", "retry"), [(15, 15, 2), (15, 10, 10), (10, 15, 2), (15, 10, 0)])
-def test_timings_that_would_let_two_leaders_write_are_refused(lease: float, renew_deadline: float,
-                                                              retry: float) -> None:
+def test_timings_that_would_let_two_leaders_write_are_refused(
+    lease: float, renew_deadline: float, retry: float
+) -> None:
     with pytest.raises(ValueError, match="retry period .* < renew deadline .* < lease duration"):
         check_timings(lease, renew_deadline, retry)
 

@@ -24,9 +24,11 @@ from tests.unit.test_slices_factory import dgx_h100, h100, mig_device, nvswitch_
 DAEMONSET = pathlib.Path(__file__).resolve().parents[2] / "daemonset"
 DRIVER = "gpu.nvidia.com"
 AGENT_SA = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent-node"
-SINCE = {("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): "1.36",
-         ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): "1.36",
-         ("resource.k8s.io/v1", "DeviceTaintRule"): "1.37"}
+SINCE = {
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): "1.36",
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): "1.36",
+    ("resource.k8s.io/v1", "DeviceTaintRule"): "1.37",
+}
 
 
 def documents(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -56,8 +58,11 @@ def test_every_manifest_validates_against_the_strict_schema(where: str, obj: dic
 
 def validate_from_its_release(obj: dict[str, Any], version: str) -> None:
     if obj["apiVersion"].startswith("scheduling.gpu-dra-agent.io/"):  # ours (the default Queue): its CRD's schema
-        (crd,) = [d for _, d in all_documents() if d["kind"] == "CustomResourceDefinition"
-                  and d["spec"]["names"]["kind"] == obj["kind"]]
+        (crd,) = [
+            d
+            for _, d in all_documents()
+            if d["kind"] == "CustomResourceDefinition" and d["spec"]["names"]["kind"] == obj["kind"]
+        ]
         (served,) = [v for v in crd["spec"]["versions"] if obj["apiVersion"].endswith("/" + v["name"])]
         jsonschema.validate(obj, served["schema"]["openAPIV3Schema"])
         return
@@ -74,8 +79,9 @@ def kustomize(directory: pathlib.Path) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed here")
-    done = subprocess.run([kubectl, "kustomize", str(directory)], check=False, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)], check=False, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
@@ -99,7 +105,8 @@ def test_every_kustomization_renders_valid_objects_for_every_version(directory: 
 
 def test_daemonset_directory_installs_the_base_and_overlays_change_one_thing() -> None:
     assert {"base", "overlays/partitionable-devices", "overlays/custom-mig-config", "overlays/arbiter"} <= {
-        str(p.relative_to(DAEMONSET)) for p in KUSTOMIZATIONS}
+        str(p.relative_to(DAEMONSET)) for p in KUSTOMIZATIONS
+    }
     base = kustomize(DAEMONSET)
     assert sorted(map(key, base)) == sorted(map(key, base_documents()))
     assert not any(d["kind"] in ("ResourceClaimTemplate", "Pod") for d in base)  # examples are not installed
@@ -127,12 +134,17 @@ def test_daemonset_directory_installs_the_base_and_overlays_change_one_thing() -
 
 def test_all_required_objects_are_present() -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for _, d in all_documents()}
-    for required in [("Namespace", "gpu-dra-agent"), ("ServiceAccount", "gpu-dra-agent-node"),
-                     ("ClusterRole", "gpu-dra-agent-node"), ("ClusterRoleBinding", "gpu-dra-agent-node"),
-                     ("ValidatingAdmissionPolicy", "gpu-dra-agent-own-node-slices"),
-                     ("ValidatingAdmissionPolicyBinding", "gpu-dra-agent-own-node-slices"),
-                     ("DaemonSet", "gpu-dra-agent-node"), ("DeviceClass", "gpu.nvidia.com"),
-                     ("DeviceClass", "mig.nvidia.com")]:
+    for required in [
+        ("Namespace", "gpu-dra-agent"),
+        ("ServiceAccount", "gpu-dra-agent-node"),
+        ("ClusterRole", "gpu-dra-agent-node"),
+        ("ClusterRoleBinding", "gpu-dra-agent-node"),
+        ("ValidatingAdmissionPolicy", "gpu-dra-agent-own-node-slices"),
+        ("ValidatingAdmissionPolicyBinding", "gpu-dra-agent-own-node-slices"),
+        ("DaemonSet", "gpu-dra-agent-node"),
+        ("DeviceClass", "gpu.nvidia.com"),
+        ("DeviceClass", "mig.nvidia.com"),
+    ]:
         assert required in kinds
     templates = {d["metadata"]["name"] for _, d in all_documents() if d["kind"] == "ResourceClaimTemplate"}
     assert len(templates) == 6
@@ -190,8 +202,14 @@ def test_dockerfile_runs_the_node_agent_with_the_arbiter_core_compiled() -> None
 # --- the admission policy, evaluated with a real CEL library -------------------------------------------
 
 
-def admit(operation: str, *, username: str = AGENT_SA, token_node: str | None = "node-a",
-          new_node: str | None = None, old_node: str | None = None) -> bool:
+def admit(
+    operation: str,
+    *,
+    username: str = AGENT_SA,
+    token_node: str | None = "node-a",
+    new_node: str | None = None,
+    old_node: str | None = None,
+) -> bool:
     """Run the policy as kube-apiserver would for one request; True when the request is allowed."""
     policy = one("ValidatingAdmissionPolicy", "gpu-dra-agent-own-node-slices")["spec"]
     extra = {"authentication.kubernetes.io/node-name": [token_node]} if token_node else {}
@@ -259,8 +277,13 @@ def test_h100_by_product_name_and_40gi_memory_pick_whole_gpus(dgx_slices: list[d
     assert names(candidates("gpu-40gi", dgx_slices)) == whole
     small = build_resource_slices(nvswitch_inventory([h100(0, memory_bytes=24 * 2**30)]), "node-b")
     assert candidates("gpu-40gi", small) == []  # 24Gi is below 40Gi
-    assert candidates("one-h100-80gb", build_resource_slices(
-        nvswitch_inventory([h100(0, product_name="NVIDIA H100 NVL")]), "node-c")) == []
+    assert (
+        candidates(
+            "one-h100-80gb",
+            build_resource_slices(nvswitch_inventory([h100(0, product_name="NVIDIA H100 NVL")]), "node-c"),
+        )
+        == []
+    )
 
 
 def test_mig_example_picks_only_1g10gb_devices(dgx_slices: list[dict[str, Any]]) -> None:
@@ -278,7 +301,9 @@ def test_sharing_examples_carry_the_gpu_config(dgx_slices: list[dict[str, Any]])
         assert len(candidates(template, dgx_slices)) == 7
     mps = one("ResourceClaimTemplate", "mps-shared-gpu")["spec"]["spec"]["devices"]["config"][0]
     assert mps["opaque"]["parameters"]["sharing"]["mpsConfig"] == {
-        "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
+        "defaultActiveThreadPercentage": 50,
+        "defaultPinnedDeviceMemoryLimit": "10Gi",
+    }
     ts = one("ResourceClaimTemplate", "time-sliced-gpu")["spec"]["spec"]["devices"]["config"][0]
     assert ts["opaque"]["parameters"]["sharing"]["timeSlicingConfig"] == {"interval": "Long"}
 
@@ -302,9 +327,11 @@ def test_eight_gpus_on_one_nvlink_domain() -> None:
     full = build_resource_slices(dgx_h100(), "node-a")
     assert nvlink_sets("eight-nvlinked-gpus", full) == [tuple(f"gpu-{i}" for i in range(8))]
     # Two NVLink islands of four GPUs each: no valid set of eight.
-    islands = nvswitch_inventory([h100(i) for i in range(4)]).gpus + nvswitch_inventory(
-        [h100(i) for i in range(4, 8)]).gpus
-    split = build_resource_slices(Inventory(driver_version="550.54.15", cuda_driver_version="12.4", gpus=islands),
-                                  "node-a")
+    islands = (
+        nvswitch_inventory([h100(i) for i in range(4)]).gpus + nvswitch_inventory([h100(i) for i in range(4, 8)]).gpus
+    )
+    split = build_resource_slices(
+        Inventory(driver_version="550.54.15", cuda_driver_version="12.4", gpus=islands), "node-a"
+    )
     assert len(candidates("eight-nvlinked-gpus", split)) == 8
     assert nvlink_sets("eight-nvlinked-gpus", split) == []

@@ -28,9 +28,7 @@ from agent.nvml.source import open_nvml
 from fakes.nvml import MACHINES
 
 CONFIGS = load_mig_configs()
-MIG_MACHINES = sorted(
-    name for name, m in MACHINES.items() if any(g.product.mig_capable for g in m.gpus)
-)
+MIG_MACHINES = sorted(name for name, m in MACHINES.items() if any(g.product.mig_capable for g in m.gpus))
 
 
 @functools.cache
@@ -268,11 +266,22 @@ def as_discovered(
 
 def mig_device(gpu: Gpu, gi_id: int, profile: MigProfile, p: PlacedProfile) -> MigDevice:
     return MigDevice(
-        uuid=f"MIG-{gi_id}", parent_uuid=gpu.uuid, parent_minor=gpu.minor, parent_index=gpu.index,
-        profile=profile.name, gi_profile_id=profile.gi_profile_id, placement=p.placement, gpu_instance_id=gi_id,
-        compute_instance_id=0, memory_bytes=profile.memory_bytes, multiprocessors=profile.multiprocessors,
-        copy_engines=profile.copy_engines, decoders=profile.decoders, encoders=profile.encoders,
-        jpeg_engines=profile.jpeg_engines, ofa_engines=profile.ofa_engines,
+        uuid=f"MIG-{gi_id}",
+        parent_uuid=gpu.uuid,
+        parent_minor=gpu.minor,
+        parent_index=gpu.index,
+        profile=profile.name,
+        gi_profile_id=profile.gi_profile_id,
+        placement=p.placement,
+        gpu_instance_id=gi_id,
+        compute_instance_id=0,
+        memory_bytes=profile.memory_bytes,
+        multiprocessors=profile.multiprocessors,
+        copy_engines=profile.copy_engines,
+        decoders=profile.decoders,
+        encoders=profile.encoders,
+        jpeg_engines=profile.jpeg_engines,
+        ofa_engines=profile.ofa_engines,
     )
 
 

@@ -75,55 +75,68 @@ ENTRY = "    - devices: all\n      mig-enabled: true\n      mig-devices: {}\n"
         pytest.param("version: v1\nmig-configs:\n  a: []\n", "config 'a' must be a non-empty list", id="empty-list"),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-device: {}\n",
-            "config 'a' entry 0 has unknown keys ['mig-device']", id="typo-key",
+            "config 'a' entry 0 has unknown keys ['mig-device']",
+            id="typo-key",
         ),
         pytest.param(
-            "version: v1\nmig-configs:\n  a:\n    - mig-enabled: false\n", "entry 0 is missing `devices`",
+            "version: v1\nmig-configs:\n  a:\n    - mig-enabled: false\n",
+            "entry 0 is missing `devices`",
             id="no-devices",
         ),
         pytest.param(
-            "version: v1\nmig-configs:\n  a:\n    - devices: all\n", "is missing `mig-enabled`", id="no-enabled",
+            "version: v1\nmig-configs:\n  a:\n    - devices: all\n",
+            "is missing `mig-enabled`",
+            id="no-enabled",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: yes please\n",
-            "mig-enabled must be true or false", id="enabled-not-bool",
+            "mig-enabled must be true or false",
+            id="enabled-not-bool",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n",
-            "mig-devices is required", id="enabled-without-devices",
+            "mig-devices is required",
+            id="enabled-without-devices",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n"
-            "      mig-devices: {\"1g.10gb\": 7}\n",
-            "mig-enabled is false but mig-devices lists instances", id="disabled-with-devices",
+            '      mig-devices: {"1g.10gb": 7}\n',
+            "mig-enabled is false but mig-devices lists instances",
+            id="disabled-with-devices",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: some\n      mig-enabled: false\n",
-            "devices must be `all` or a non-empty list", id="devices-word",
+            "devices must be `all` or a non-empty list",
+            id="devices-word",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: [-1]\n      mig-enabled: false\n",
-            "devices must be `all`", id="negative-index",
+            "devices must be `all`",
+            id="negative-index",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - device-filter: 0x2330\n      devices: all\n"
             "      mig-enabled: false\n",
-            "device-filter", id="filter-not-string",
+            "device-filter",
+            id="filter-not-string",
         ),
         pytest.param(
-            "version: v1\nmig-configs:\n  a:\n    - device-filter: [\"H100\"]\n      devices: all\n"
+            'version: v1\nmig-configs:\n  a:\n    - device-filter: ["H100"]\n      devices: all\n'
             "      mig-enabled: false\n",
-            "device-filter 'H100' is not a PCI id", id="filter-name",
+            "device-filter 'H100' is not a PCI id",
+            id="filter-name",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n"
-            "      mig-devices: {\"1g.10gb\": -1}\n",
-            "needs a count >= 0", id="negative-count",
+            '      mig-devices: {"1g.10gb": -1}\n',
+            "needs a count >= 0",
+            id="negative-count",
         ),
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n"
-            "      mig-devices: {\"1g.10gb\": 0}\n",
-            "counts are all 0", id="all-zero",
+            '      mig-devices: {"1g.10gb": 0}\n',
+            "counts are all 0",
+            id="all-zero",
         ),
     ],
 )
@@ -154,8 +167,9 @@ def test_the_daemonset_mounts_the_same_configs_as_a_configmap() -> None:
     daemonset_dir = pathlib.Path(__file__).resolve().parents[2] / "daemonset" / "base"
     [configmap] = [d for d in yaml.safe_load_all((daemonset_dir / "mig-parted-config.yaml").read_text()) if d]
     assert parse_mig_configs(configmap["data"]["config.yaml"]) == load_mig_configs()
-    [daemonset] = [d for d in yaml.safe_load_all((daemonset_dir / "daemonset.yaml").read_text())
-                   if d and d["kind"] == "DaemonSet"]  # fmt: skip
+    [daemonset] = [
+        d for d in yaml.safe_load_all((daemonset_dir / "daemonset.yaml").read_text()) if d and d["kind"] == "DaemonSet"
+    ]
     pod = daemonset["spec"]["template"]["spec"]
     [container] = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}

@@ -9,12 +9,24 @@ from agent.objects.write import device_config
 from tests.integration.test_allocation_config import CLAIM_CONFIG, CONFIGURED, opaque
 
 CLASSES = {CONFIGURED: {"spec": {"config": [opaque("from-class")]}}, "gpu.nvidia.com": {"spec": {}}}
-CLAIM = {"spec": {"devices": {"requests": [
-    {"name": "a", "firstAvailable": [{"name": "nine", "deviceClassName": CONFIGURED, "count": 9},
-                                     {"name": "one", "deviceClassName": CONFIGURED, "count": 1}]},
-    {"name": "b", "exactly": {"deviceClassName": CONFIGURED}},
-    {"name": "c", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
-], "config": CLAIM_CONFIG}}}
+CLAIM = {
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "a",
+                    "firstAvailable": [
+                        {"name": "nine", "deviceClassName": CONFIGURED, "count": 9},
+                        {"name": "one", "deviceClassName": CONFIGURED, "count": 1},
+                    ],
+                },
+                {"name": "b", "exactly": {"deviceClassName": CONFIGURED}},
+                {"name": "c", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+            ],
+            "config": CLAIM_CONFIG,
+        }
+    }
+}
 
 
 def test_configs_for_the_subrequest_chosen_as_kube_scheduler_writes_them() -> None:
@@ -30,5 +42,10 @@ def test_configs_for_the_subrequest_chosen_as_kube_scheduler_writes_them() -> No
 def test_the_other_subrequest_takes_its_own_configs() -> None:
     written = device_config(CLAIM, CLASSES, (0, 0, 0))
     assert [c["opaque"]["parameters"]["kind"] for c in written] == [
-        "from-class", "for-a-nine", "for-b-and-c", "for-all", "names-all"]
+        "from-class",
+        "for-a-nine",
+        "for-b-and-c",
+        "for-all",
+        "names-all",
+    ]
     assert written[0]["requests"] == ["a/nine", "b"]

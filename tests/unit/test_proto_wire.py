@@ -70,8 +70,13 @@ def test_our_protos_are_wire_identical_to_upstream(upstream, ours, theirs):
 def test_full_method_names_are_the_kubelets():
     methods = {
         f"/{m.containing_service.full_name}/{m.name}"
-        for module in (dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2, dra_health_v1alpha1_pb2,
-                       dra_health_v1_pb2)
+        for module in (
+            dra_v1_pb2,
+            dra_v1beta1_pb2,
+            pluginregistration_v1_pb2,
+            dra_health_v1alpha1_pb2,
+            dra_health_v1_pb2,
+        )
         for s in module.DESCRIPTOR.services_by_name.values()
         for m in s.methods
     }

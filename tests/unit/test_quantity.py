@@ -65,8 +65,13 @@ def test_text_is_kept_as_written() -> None:
 @pytest.mark.parametrize(
     ("value", "text"),
     [
-        (80 * GiB, "80Gi"), (1536, "1536"), (9984 << 20, "9984Mi"), (3 << 50, "3Pi"), (2 << 60, "2Ei"),
-        (0, "0"), (7, "7"),
+        (80 * GiB, "80Gi"),
+        (1536, "1536"),
+        (9984 << 20, "9984Mi"),
+        (3 << 50, "3Pi"),
+        (2 << 60, "2Ei"),
+        (0, "0"),
+        (7, "7"),
     ],
 )
 def test_format_bytes_is_canonical_and_round_trips(value: int, text: str) -> None:

@@ -14,8 +14,10 @@ from tests.node import node
 
 def _held_elsewhere(path: Path) -> bool:
     """Whether another process finds the lock file taken (a non-blocking try)."""
-    probe = (f"import fcntl,sys; f=open({str(path)!r},'w')\n"
-             "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError: sys.exit(1)")  # fmt: skip
+    probe = (
+        f"import fcntl,sys; f=open({str(path)!r},'w')\n"
+        "try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError: sys.exit(1)"
+    )
     return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 1
 
 

@@ -36,8 +36,9 @@ class Clock:
 def book(gpus: int = 4, clock: Clock | None = None, usage: NodeUsage | None = None) -> ReservationBook:
     inv = inventory(*(gpu(i, "A") for i in range(gpus)))
     ids = (f"r{i}" for i in itertools.count())
-    return ReservationBook(lambda: inv, lambda: usage or NodeUsage(), Allocator(CelSelectors()),
-                           clock or Clock(), lambda: next(ids))
+    return ReservationBook(
+        lambda: inv, lambda: usage or NodeUsage(), Allocator(CelSelectors()), clock or Clock(), lambda: next(ids)
+    )
 
 
 def gpus(n: int) -> Claim:
@@ -144,8 +145,11 @@ def test_gang_commits_only_when_every_member_is_reserved() -> None:
 def test_gang_with_one_node_refusing_holds_nothing_anywhere() -> None:
     clock = Clock()
     books, coord = cluster(clock, {"n1": 4, "n2": 2, "n3": 4})
-    members = [MemberPlacement("w0", "n1", gpus(4)), MemberPlacement("w1", "n2", gpus(4)),
-               MemberPlacement("w2", "n3", gpus(4))]
+    members = [
+        MemberPlacement("w0", "n1", gpus(4)),
+        MemberPlacement("w1", "n2", gpus(4)),
+        MemberPlacement("w2", "n3", gpus(4)),
+    ]
     out = coord.place("train", members, ttl_seconds=30)
     assert not out.committed and "w1" in out.reason and "n2" in out.reason
     assert out.reservations == {}
@@ -165,8 +169,14 @@ def test_gang_whose_reservation_expired_before_commit_is_released() -> None:
 
     books = {n: book(2, clock) for n in ("n1", "n2")}
     clients = {n: SlowClient(NodeAllocatorService(b, TOKEN), TOKEN) for n, b in books.items()}
-    out = GangCoordinator(clients).place("g", [MemberPlacement("a", "n1", gpus(1)),  # type: ignore[arg-type]
-                                                MemberPlacement("b", "n2", gpus(1))], ttl_seconds=10)
+    out = GangCoordinator(clients).place(
+        "g",
+        [
+            MemberPlacement("a", "n1", gpus(1)),  # type: ignore[arg-type]
+            MemberPlacement("b", "n2", gpus(1)),
+        ],
+        ttl_seconds=10,
+    )
     assert not out.committed and "UnknownReservation" in out.reason
     assert all(b.live() == [] for b in books.values())
 
@@ -183,8 +193,16 @@ def test_shares_are_reserved_beside_each_other_on_a_gpu_with_room_and_end_once_t
     usage = NodeUsage(shared_milli={"gpu-0": 6 * 101})
     inv = inventory(*(gpu(i, "A") for i in range(2)))
     ids = (f"r{i}" for i in itertools.count())
-    b = ReservationBook(lambda: inv, lambda: usage, Allocator(CelSelectors()), Clock(), lambda: next(ids),
-                        hold_confirmed_s=60.0, holders=lambda: sharers, sharers=lambda: sharers)
+    b = ReservationBook(
+        lambda: inv,
+        lambda: usage,
+        Allocator(CelSelectors()),
+        Clock(),
+        lambda: next(ids),
+        hold_confirmed_s=60.0,
+        holders=lambda: sharers,
+        sharers=lambda: sharers,
+    )
     held = [b.reserve("g", f"team-a/p{i}/s{6 + i}", share(101), ttl_seconds=30) for i in range(3)]
     assert [(r.fit.devices, r.fit.shared_milli) for r in held] == [({"gpu": ("gpu-0",)}, {"gpu-0": 101})] * 3
     tenth = b.reserve("g", "team-a/p3/s9", share(101), ttl_seconds=30)
@@ -203,8 +221,9 @@ def test_shares_are_reserved_beside_each_other_on_a_gpu_with_room_and_end_once_t
 def test_a_share_reservation_is_lost_to_a_claim_that_holds_its_gpu_whole() -> None:
     holders = {"gpu-0": {"team-b/whole"}}
     inv = inventory(gpu(0, "A"))
-    b = ReservationBook(lambda: inv, NodeUsage, Allocator(CelSelectors()), Clock(), lambda: "r0",
-                        holders=lambda: holders, sharers=dict)
+    b = ReservationBook(
+        lambda: inv, NodeUsage, Allocator(CelSelectors()), Clock(), lambda: "r0", holders=lambda: holders, sharers=dict
+    )
     r = b.reserve("g", "team-a/p/s", share(101), ttl_seconds=30)
     with pytest.raises(UnknownReservation, match="held by ResourceClaim team-b/whole"):
         b.confirm(r.id)

@@ -59,8 +59,14 @@ def test_gang_over_grpc_commits(endpoint: tuple[str, Clock]) -> None:
     address, _ = endpoint
     with grpc.insecure_channel(address) as channel:
         coord = GangCoordinator({"n1": GrpcNodeClient(channel, TOKEN)})
-        out = coord.place("g", [MemberPlacement("ns/pod/a", "n1", Claim((DeviceRequest("r", count=2),))),
-                                MemberPlacement("ns/pod/b", "n1", Claim((DeviceRequest("r", count=2),)))], 30)
+        out = coord.place(
+            "g",
+            [
+                MemberPlacement("ns/pod/a", "n1", Claim((DeviceRequest("r", count=2),))),
+                MemberPlacement("ns/pod/b", "n1", Claim((DeviceRequest("r", count=2),))),
+            ],
+            30,
+        )
         assert out.committed
         failed = coord.place("h", [MemberPlacement("ns/pod/a", "n1", Claim((DeviceRequest("r"),)))], 30)
         assert not failed.committed
@@ -68,12 +74,17 @@ def test_gang_over_grpc_commits(endpoint: tuple[str, Clock]) -> None:
 
 @pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),)])
 def test_calls_without_the_right_bearer_token_are_unauthenticated(
-        endpoint: tuple[str, Clock], metadata: tuple[tuple[str, str], ...]) -> None:
+    endpoint: tuple[str, Clock], metadata: tuple[tuple[str, str], ...]
+) -> None:
     address, _ = endpoint  # tried: no metadata, a wrong token, the token without the Bearer scheme
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.NodeAllocatorStub(channel)
-        req = pb.ReserveRequest(gang_id="g", member="ns/pod/m", ttl_seconds=10,
-                                requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)])
+        req = pb.ReserveRequest(
+            gang_id="g",
+            member="ns/pod/m",
+            ttl_seconds=10,
+            requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)],
+        )
         with pytest.raises(grpc.RpcError) as err:
             stub.Reserve(req, metadata=metadata, timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -86,8 +97,12 @@ def test_bad_request_is_invalid_argument(endpoint: tuple[str, Clock]) -> None:
     address, _ = endpoint
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.NodeAllocatorStub(channel)
-        req = pb.ReserveRequest(gang_id="g", member="ns/pod/m", ttl_seconds=10,
-                                requests=[pb.DeviceRequest(name="r", device_class="tpu.example.com", count=1)])
+        req = pb.ReserveRequest(
+            gang_id="g",
+            member="ns/pod/m",
+            ttl_seconds=10,
+            requests=[pb.DeviceRequest(name="r", device_class="tpu.example.com", count=1)],
+        )
         with pytest.raises(grpc.RpcError) as err:  # tried: an unknown device class
             stub.Reserve(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -112,15 +127,23 @@ def test_a_ttl_that_never_expires_or_is_absurd_is_invalid_argument(endpoint: tup
     address, _ = endpoint
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.NodeAllocatorStub(channel)
-        req = pb.ReserveRequest(gang_id="g", member="ns/pod/m", ttl_seconds=ttl,
-                                requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)])
+        req = pb.ReserveRequest(
+            gang_id="g",
+            member="ns/pod/m",
+            ttl_seconds=ttl,
+            requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=1)],
+        )
         with pytest.raises(grpc.RpcError) as err:
             stub.Reserve(req, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "ttl_seconds must be more than 0 and at most 600" in (err.value.details() or "")
         # nothing is held: the whole node is still free
-        ok = pb.ReserveRequest(gang_id="g2", member="ns/pod/m", ttl_seconds=10,
-                               requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=4)])
+        ok = pb.ReserveRequest(
+            gang_id="g2",
+            member="ns/pod/m",
+            ttl_seconds=10,
+            requests=[pb.DeviceRequest(name="r", device_class="gpu.nvidia.com", count=4)],
+        )
         assert stub.Reserve(ok, metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5).reservation_id
 
 
@@ -140,7 +163,8 @@ INVALID = {
 
 @pytest.mark.parametrize("request_", list(INVALID.values()), ids=list(INVALID))
 def test_a_caller_without_the_token_learns_nothing_about_its_request(
-        endpoint: tuple[str, Clock], request_: pb.ReserveRequest) -> None:
+    endpoint: tuple[str, Clock], request_: pb.ReserveRequest
+) -> None:
     """Tried: an invalid request without a token got INVALID_ARGUMENT with the validation message."""
     address, _ = endpoint
     with grpc.insecure_channel(address) as channel:
@@ -186,8 +210,7 @@ def test_a_runtime_cel_error_is_invalid_argument(endpoint: tuple[str, Clock], ca
     assert "Traceback" not in caplog.text and not any(r.exc_info for r in caplog.records)
 
 
-def test_a_lost_reservation_is_failed_precondition_and_reservation_lost_for_the_arbiter(
-        tmp_path: pathlib.Path) -> None:
+def test_a_lost_reservation_is_failed_precondition_and_reservation_lost_for_the_arbiter(tmp_path: pathlib.Path) -> None:
     holders: dict[str, set[str]] = {}
     b = book(2)
     b._holders = lambda: holders  # type: ignore[method-assign]

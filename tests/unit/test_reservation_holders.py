@@ -30,13 +30,13 @@ MEMBER = "team-a/trainer-0/trainer-0-gpus"  # the arbiter's member name: namespa
 CLAIM = "team-a/trainer-0-gpus"
 
 
-def book(gpus: int = 4, clock: Clock | None = None,
-         holders: dict[str, set[str]] | None = None) -> ReservationBook:
+def book(gpus: int = 4, clock: Clock | None = None, holders: dict[str, set[str]] | None = None) -> ReservationBook:
     inv = inventory(*(gpu(i, "A") for i in range(gpus)))
     ids = (f"r{i}" for i in itertools.count())
     held: Mapping[str, Collection[str]] = holders if holders is not None else {}
-    return ReservationBook(lambda: inv, NodeUsage, Allocator(CelSelectors()), clock or Clock(), lambda: next(ids),
-                           holders=lambda: held)
+    return ReservationBook(
+        lambda: inv, NodeUsage, Allocator(CelSelectors()), clock or Clock(), lambda: next(ids), holders=lambda: held
+    )
 
 
 def gpus(n: int) -> Claim:
@@ -77,8 +77,9 @@ def test_confirm_succeeds_when_only_its_own_claim_holds_the_devices() -> None:
 def test_prepare_of_another_claim_is_refused_while_a_reservation_holds_the_device(tmp_path: pathlib.Path) -> None:
     clock = Clock()
     b = book(8, clock)
-    r = b.reserve("g", MEMBER, Claim((DeviceRequest("gpus", selectors=(
-        'device.attributes["gpu.nvidia.com"].index == 0',)),)), 30)
+    r = b.reserve(
+        "g", MEMBER, Claim((DeviceRequest("gpus", selectors=('device.attributes["gpu.nvidia.com"].index == 0',)),)), 30
+    )
     assert r.fit.all_devices == {"gpu-0"}
     source = StaticClaimSource()
     preparer = ClaimPreparer(
@@ -96,8 +97,7 @@ def test_prepare_of_another_claim_is_refused_while_a_reservation_holds_the_devic
     )
     source.put(claim("uid-x", ["gpu-0"], name="intruder", namespace="team-b"))
     result = preparer.prepare([ClaimRef("team-b", "uid-x", "intruder")])["uid-x"]
-    assert result.error == ("device gpu-0 is reserved for another claim: reservation r0 (gang g, member "
-                            f"{MEMBER})")
+    assert result.error == (f"device gpu-0 is reserved for another claim: reservation r0 (gang g, member {MEMBER})")
     # its own claim may be prepared (the arbiter committed it before the reservation ended)
     source.put(claim("uid-own", ["gpu-0"], name="trainer-0-gpus", namespace="team-a"))
     assert not preparer.prepare([ClaimRef("team-a", "uid-own", "trainer-0-gpus")])["uid-own"].error
@@ -118,7 +118,9 @@ def test_duplicate_request_names_are_refused_and_hold_nothing() -> None:
 
 requests = st.builds(
     lambda name, count, milli: DeviceRequest(name, count=1 if milli else count, gpu_milli=milli),
-    st.sampled_from(["a", "b", "c"]), st.integers(1, 3), st.none() | st.sampled_from([250, 500, 750]),
+    st.sampled_from(["a", "b", "c"]),
+    st.integers(1, 3),
+    st.none() | st.sampled_from([250, 500, 750]),
 )
 
 

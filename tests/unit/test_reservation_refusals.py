@@ -47,8 +47,9 @@ class LatchedSelectors(WorkerSelectors):
         self.latch = threading.Event()
         self.inside = threading.Semaphore(0)
 
-    def _evaluate(self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]],
-                  deadline: float) -> EvaluatedSelectors:
+    def _evaluate(
+        self, expressions: Sequence[str], devices: Sequence[Mapping[str, Any]], deadline: float
+    ) -> EvaluatedSelectors:
         self.inside.release()
         assert self.latch.wait(30)
         return EvaluatedSelectors({(e, device_key(d)): True for e in expressions for d in devices})
@@ -71,12 +72,17 @@ def served(tmp_path: pathlib.Path) -> Iterator[tuple[str, LatchedSelectors, Node
 
 
 def request(count: int = 1, member: str = MEMBER, selectors: Sequence[str] = ()) -> pb.ReserveRequest:
-    return pb.ReserveRequest(gang_id="g", member=member, ttl_seconds=30, requests=[
-        pb.DeviceRequest(name="gpus", device_class=GPU, count=count, selectors=list(selectors))])
+    return pb.ReserveRequest(
+        gang_id="g",
+        member=member,
+        ttl_seconds=30,
+        requests=[pb.DeviceRequest(name="gpus", device_class=GPU, count=count, selectors=list(selectors))],
+    )
 
 
-def refused(stub: pb_grpc.NodeAllocatorStub, req: pb.ReserveRequest,
-            metadata: tuple[tuple[str, str], ...] = AUTH) -> grpc.RpcError:
+def refused(
+    stub: pb_grpc.NodeAllocatorStub, req: pb.ReserveRequest, metadata: tuple[tuple[str, str], ...] = AUTH
+) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as err:
         stub.Reserve(req, metadata=metadata, timeout=5)
     return err.value
@@ -102,7 +108,8 @@ def test_a_member_that_names_no_claim_is_refused(served: tuple[str, LatchedSelec
         err = refused(pb_grpc.NodeAllocatorStub(channel), request(member=member))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"member must be <namespace>/<pod>/<claim>, the ResourceClaim the devices are for, not {member!r}" in (
-        err.details() or "")
+        err.details() or ""
+    )
     assert service.book.live() == []
 
 
@@ -116,8 +123,7 @@ def test_an_empty_member_or_gang_is_refused_by_the_book_too() -> None:
 
 
 @pytest.mark.parametrize("second", [f"Bearer {TOKEN}", "Bearer wrong"])
-def test_two_authorization_headers_are_unauthenticated(served: tuple[str, LatchedSelectors, Any],
-                                                       second: str) -> None:
+def test_two_authorization_headers_are_unauthenticated(served: tuple[str, LatchedSelectors, Any], second: str) -> None:
     """Tried: with two `authorization` entries the first one won, whatever the second said."""
     address, _, service = served
     with grpc.insecure_channel(address) as channel:
@@ -135,7 +141,8 @@ def test_two_authorization_headers_are_unauthenticated(served: tuple[str, Latche
 
 
 def test_reserves_past_the_bound_are_refused_at_once_and_capacity_and_release_are_answered_meanwhile(
-        served: tuple[str, LatchedSelectors, NodeAllocatorService]) -> None:
+    served: tuple[str, LatchedSelectors, NodeAllocatorService],
+) -> None:
     """Tried: 16 concurrent Reserves with costly selectors filled the node's 8 threads; Capacity took 4.69 s
     and 8 Reserves hit DEADLINE_EXCEEDED. Here the admitted ones stay inside their selectors (a latch) for as
     long as the test likes: every other Reserve is refused busy at once, and Capacity and Release answer."""
@@ -176,7 +183,8 @@ def test_reserves_past_the_bound_are_refused_at_once_and_capacity_and_release_ar
 
 
 def test_a_busy_node_is_told_apart_from_a_claim_that_does_not_fit(
-        served: tuple[str, LatchedSelectors, NodeAllocatorService]) -> None:
+    served: tuple[str, LatchedSelectors, NodeAllocatorService],
+) -> None:
     """RESOURCE_EXHAUSTED is both "does not fit" and "busy": the arbiter must not read busy as the claim's."""
     address, selectors, _ = served
     with grpc.insecure_channel(address) as channel:
@@ -210,11 +218,16 @@ class Refusing:
         raise self.error
 
 
-@pytest.mark.parametrize("error", [Unauthenticated("the API server does not accept the token"),
-                                   NodeUnavailable("UNAVAILABLE: connection refused"), NodeBusy("node busy")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        Unauthenticated("the API server does not accept the token"),
+        NodeUnavailable("UNAVAILABLE: connection refused"),
+        NodeBusy("node busy"),
+    ],
+)
 def test_a_refused_reserve_names_its_node(error: Exception) -> None:
     """Tried: the Event said "Unauthenticated: missing or wrong bearer token" and not which node refused."""
     coordinator = GangCoordinator({"gpu-node-7": Refusing(error)})
-    _, refused = coordinator.reserve_all("g", [MemberPlacement(MEMBER, "gpu-node-7", Claim((DeviceRequest("r"),)))],
-                                         30)
+    _, refused = coordinator.reserve_all("g", [MemberPlacement(MEMBER, "gpu-node-7", Claim((DeviceRequest("r"),)))], 30)
     assert refused is not None and refused.reason.startswith(f"node gpu-node-7: {type(error).__name__}: ")

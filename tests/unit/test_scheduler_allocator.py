@@ -74,7 +74,10 @@ def test_class_and_request_selectors_both_filter() -> None:
     allocation = allocate(claim(big), slices, [GPU_CLASS, MIG_CLASS])
     assert chosen(allocation) == ["gpu-1"]
     assert allocation["devices"]["results"][0] == {
-        "request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-1"
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": "node-a",
+        "device": "gpu-1",
     }
 
 
@@ -95,9 +98,7 @@ def test_match_attribute_backtracks_past_a_dead_end() -> None:
 
 def test_match_attribute_across_requests() -> None:
     # Request "a" would take the lone gpu-0 first; the constraint spans both requests, so it must move on.
-    slices = [
-        pool("node-a", device("gpu-0", domain="x"), *(device(f"gpu-{i}", domain="y") for i in (1, 2, 3)))
-    ]
+    slices = [pool("node-a", device("gpu-0", domain="x"), *(device(f"gpu-{i}", domain="y") for i in (1, 2, 3)))]
     constraint = [{"matchAttribute": "gpu.nvidia.com/nvlinkDomain"}]  # no requests: applies to all of them
     allocation = allocate(claim(request("a"), request("b", count=2), constraints=constraint), slices, [GPU_CLASS])
     pairs = [(r["request"], r["device"]) for r in allocation["devices"]["results"]]
@@ -228,8 +229,10 @@ def test_failing_selector_names_request_and_device() -> None:
 def _examples() -> dict[str, dict]:
     docs = [d for f in sorted((DAEMONSET / "examples").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())]
     return {
-        d["metadata"]["name"]: {"metadata": {"name": d["metadata"]["name"], "uid": d["metadata"]["name"]},
-                                "spec": d["spec"]["spec"]}
+        d["metadata"]["name"]: {
+            "metadata": {"name": d["metadata"]["name"], "uid": d["metadata"]["name"]},
+            "spec": d["spec"]["spec"],
+        }
         for d in docs
         if d and d["kind"] == "ResourceClaimTemplate"
     }

@@ -53,20 +53,32 @@ def test_requests_are_named_by_container_index_and_sorted_resource_index() -> No
     )
     requests = device_requests(p, class_mapping(CLASSES))
     assert requests == [
-        {"name": "container-0-request-0",
-         "exactly": {"deviceClassName": "mig.nvidia.com", "allocationMode": "ExactCount", "count": 1}},
-        {"name": "container-1-request-2",  # cpu, memory, nvidia.com/gpu
-         "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2}},
+        {
+            "name": "container-0-request-0",
+            "exactly": {"deviceClassName": "mig.nvidia.com", "allocationMode": "ExactCount", "count": 1},
+        },
+        {
+            "name": "container-1-request-2",  # cpu, memory, nvidia.com/gpu
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2},
+        },
     ]
     claim = claim_for(p, requests)
     assert claim["metadata"]["generateName"] == "trainer-extended-resources-"
     assert claim["metadata"]["annotations"] == {CLAIM_ANNOTATION: "true"}
     assert claim["metadata"]["ownerReferences"][0] | {} == {
-        "apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": "pod-uid-1", "controller": True,
-        "blockOwnerDeletion": True}
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "trainer",
+        "uid": "pod-uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     assert request_mappings(p, claim) == [
-        {"containerName": "warmup", "resourceName": "deviceclass.resource.kubernetes.io/mig.nvidia.com",
-         "requestName": "container-0-request-0"},
+        {
+            "containerName": "warmup",
+            "resourceName": "deviceclass.resource.kubernetes.io/mig.nvidia.com",
+            "requestName": "container-0-request-0",
+        },
         {"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-1-request-2"},
     ]
     named = {**claim, "metadata": {**claim["metadata"], "name": "trainer-extended-resources-x1"}}
@@ -94,10 +106,12 @@ def test_tainted_devices_are_allocated_only_to_requests_that_tolerate_them() -> 
     with pytest.raises(Unsatisfiable):
         allocate(claim, slices, CLASSES)
     claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
-        {"key": "gpu.nvidia.com/xid", "operator": "Exists", "effect": "NoSchedule"}]
+        {"key": "gpu.nvidia.com/xid", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     assert len(allocate(claim, slices, CLASSES)["devices"]["results"]) == 2
     claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
-        {"key": "gpu.nvidia.com/xid", "operator": "Equal", "value": "48"}]  # another Xid: not tolerated
+        {"key": "gpu.nvidia.com/xid", "operator": "Equal", "value": "48"}
+    ]  # another Xid: not tolerated
     with pytest.raises(Unsatisfiable):
         allocate(claim, slices, CLASSES)
     # No key with Equal: any key with that value, as resourceclaim.ToleratesTaint reads it (the fake once

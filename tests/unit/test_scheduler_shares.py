@@ -28,8 +28,10 @@ def claim(uid: str, memory: str | None = "8Gi", count: int = 1, requests: int = 
     exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com", "count": count}
     if memory is not None:
         exactly["capacity"] = {"requests": {"memory": memory}}
-    return {"metadata": {"name": uid, "namespace": "default", "uid": uid},
-            "spec": {"devices": {"requests": [{"name": f"r{i}", "exactly": exactly} for i in range(requests)]}}}
+    return {
+        "metadata": {"name": uid, "namespace": "default", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": f"r{i}", "exactly": exactly} for i in range(requests)]}},
+    }
 
 
 def allocate_in_turn(claims: list[dict[str, Any]], slices: list[dict], classes: list[dict]) -> list[dict[str, Any]]:

@@ -57,8 +57,10 @@ def test_mps_serves_every_mps_device_with_per_device_limits_in_mib() -> None:
 
 
 def test_one_daemon_cannot_take_two_thread_percentages() -> None:
-    devices = [full("gpu-0", GPU0, Mps(active_thread_percentage=50)),
-               full("gpu-1", GPU1, Mps(active_thread_percentage=20))]
+    devices = [
+        full("gpu-0", GPU0, Mps(active_thread_percentage=50)),
+        full("gpu-1", GPU1, Mps(active_thread_percentage=20)),
+    ]
     with pytest.raises(SharingConfigError, match=r"different defaultActiveThreadPercentage values \(20, 50\)"):
         plan_sharing(devices)
 

@@ -114,8 +114,12 @@ def test_mig_enabled_gpu_is_advertised_only_through_its_mig_devices() -> None:
     assert attr(small, "uuid") == migs[0].uuid
     assert attr(small, "productName") == gpu0.product_name
     assert small["capacity"] == {
-        "multiprocessors": {"value": "16"}, "copyEngines": {"value": "1"}, "decoders": {"value": "1"},
-        "encoders": {"value": "0"}, "jpegEngines": {"value": "1"}, "ofaEngines": {"value": "0"},
+        "multiprocessors": {"value": "16"},
+        "copyEngines": {"value": "1"},
+        "decoders": {"value": "1"},
+        "encoders": {"value": "0"},
+        "jpegEngines": {"value": "1"},
+        "ofaEngines": {"value": "0"},
         "memory": {"value": "9984Mi"},
     }
     validate(slices[0])
@@ -140,7 +144,10 @@ def test_device_order_does_not_depend_on_discovery_order() -> None:
     shuffled = dataclasses.replace(inv, gpus=tuple(reversed(inv.gpus)))
     assert build_resource_slices(shuffled, NODE) == build_resource_slices(inv, NODE)
     assert sorted(["gpu-10", "gpu-9", "gpu-1-mig-1g10gb-19-0", "gpu-1"], key=natural_key) == [
-        "gpu-1", "gpu-1-mig-1g10gb-19-0", "gpu-9", "gpu-10"
+        "gpu-1",
+        "gpu-1-mig-1g10gb-19-0",
+        "gpu-9",
+        "gpu-10",
     ]
 
 
@@ -195,7 +202,8 @@ def test_partitionable_gpu_is_one_counter_set_consumed_whole_by_the_full_gpu(ver
     if version == "1.34":  # counters beside the devices that consume them: one slice per GPU
         assert len(slices) == 8
         assert [[c["name"] for c in s["spec"]["sharedCounters"]] for s in slices] == [
-            [counter_set_name(i)] for i in range(8)]
+            [counter_set_name(i)] for i in range(8)
+        ]
     else:  # 1.35+: the eight counter sets in a slice of their own, then one slice of devices per GPU
         assert len(slices) == 9
         assert "devices" not in slices[0]["spec"]
@@ -217,6 +225,7 @@ def test_every_possible_placement_is_a_device_within_the_budget(version: str) ->
     slices = build_resource_slices(dgx_h100(), NODE, partitionable=True, rules=rules_for(version))
     budget = budgets(slices)["gpu-0-counter-set"]
     gpu = h100(0)
+
     def name(p: MigProfile, pl: MigPlacement) -> str:
         return f"gpu-0-mig-{p.name.replace('.', '').replace('+', '-')}-{p.gi_profile_id}-{pl.start}"
 
@@ -260,8 +269,7 @@ def test_overlapping_placements_and_instance_limits_are_exclusive_through_counte
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_partitionable_gpu_with_existing_instances_keeps_them_and_drops_conflicts(version: str) -> None:
-    gpu0 = h100(0, mig_enabled=True,
-                gpu_instances=(GpuInstance(5, 9, "3g.40gb", MigPlacement(4, 4)),))
+    gpu0 = h100(0, mig_enabled=True, gpu_instances=(GpuInstance(5, 9, "3g.40gb", MigPlacement(4, 4)),))
     mig = mig_device(gpu0, "1g.10gb", 0, gi_id=9)
     inv = nvswitch_inventory([gpu0], migs=(mig,))
     slices = build_resource_slices(inv, NODE, partitionable=True, rules=rules_for(version))
@@ -301,8 +309,22 @@ def test_non_mig_gpus_stay_plain_in_partitionable_mode(version: str) -> None:
 def tiny_profiles(count: int, slices: int = 8) -> tuple[MigProfile, ...]:
     """`count` one-slice profiles (distinct ids) with a placement on every memory slice."""
     return tuple(
-        MigProfile(f"1g.{i + 1}gb", i, 100 + i, 1, 1, slices, 1024, 1, 1, 0, 0, 0, 0,
-                   tuple(MigPlacement(p, 1) for p in range(slices)))
+        MigProfile(
+            f"1g.{i + 1}gb",
+            i,
+            100 + i,
+            1,
+            1,
+            slices,
+            1024,
+            1,
+            1,
+            0,
+            0,
+            0,
+            0,
+            tuple(MigPlacement(p, 1) for p in range(slices)),
+        )
         for i in range(count)
     )
 

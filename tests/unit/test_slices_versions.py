@@ -39,8 +39,13 @@ def test_the_agents_device_limits_are_upstreams_exactly(version: str) -> None:
     (first, *_) = build_resource_slices(inv, NODE, rules=rules)
     assert len(first["spec"]["devices"]) == rules.max_devices == 128
     assert slice_errors(first, version) == []
-    over = {**first, "spec": {**first["spec"], "devices": [*first["spec"]["devices"], first["spec"]["devices"][0]
-                                                           | {"name": "gpu-extra"}]}}
+    over = {
+        **first,
+        "spec": {
+            **first["spec"],
+            "devices": [*first["spec"]["devices"], first["spec"]["devices"][0] | {"name": "gpu-extra"}],
+        },
+    }
     assert slice_errors(over, version) != []
 
     taint = xid_taint(DRIVER, 79, NOW)
@@ -49,8 +54,10 @@ def test_the_agents_device_limits_are_upstreams_exactly(version: str) -> None:
     if rules.taints_served:
         assert len(slices[0]["spec"]["devices"]) == rules.max_devices_advanced == 64
         assert all(d["taints"] == [taint] for s in slices for d in s["spec"]["devices"])
-        grown = {**slices[0], "spec": {**slices[0]["spec"],
-                                       "devices": [*slices[0]["spec"]["devices"], over["spec"]["devices"][-1]]}}
+        grown = {
+            **slices[0],
+            "spec": {**slices[0]["spec"], "devices": [*slices[0]["spec"]["devices"], over["spec"]["devices"][-1]]},
+        }
         assert slice_errors(grown, version) != []  # 65 with a taint among them
     else:
         assert len(slices[0]["spec"]["devices"]) == 128
@@ -72,10 +79,12 @@ def test_a_tainted_gpu_taints_everything_carved_from_it_where_taints_are_served(
     of_gpu0 = [d for n, d in devices.items() if n == "gpu-0" or n.startswith("gpu-0-")]
     assert len(of_gpu0) > 20
     for device in of_gpu0:
-        assert device["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule",
-                                     "timeAdded": rfc3339(NOW)}]
-    assert devices["gpu-3"]["taints"] == [{"key": "gpu.nvidia.com/gpu-lost", "effect": "NoSchedule",
-                                           "timeAdded": "2026-11-18T11:06:40Z"}]
+        assert device["taints"] == [
+            {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule", "timeAdded": rfc3339(NOW)}
+        ]
+    assert devices["gpu-3"]["taints"] == [
+        {"key": "gpu.nvidia.com/gpu-lost", "effect": "NoSchedule", "timeAdded": "2026-11-18T11:06:40Z"}
+    ]
     assert "taints" not in devices["gpu-1"]
 
 
@@ -83,8 +92,7 @@ def test_a_mig_device_keeps_its_own_taint_beside_its_gpus() -> None:
     gpu0 = h100(0, mig_enabled=True)
     migs = (mig_device(gpu0, "1g.10gb", 0, gi_id=9), mig_device(gpu0, "1g.10gb", 1, gi_id=10))
     taints = {migs[0].name: [xid_taint(DRIVER, 94, NOW)]}
-    slices = build_resource_slices(nvswitch_inventory([gpu0], migs=migs), NODE, rules=rules_for("1.37"),
-                                   taints=taints)
+    slices = build_resource_slices(nvswitch_inventory([gpu0], migs=migs), NODE, rules=rules_for("1.37"), taints=taints)
     by_name = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
     assert by_name[migs[0].name]["taints"][0]["value"] == "94"
     assert "taints" not in by_name[migs[1].name]

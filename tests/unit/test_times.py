@@ -19,7 +19,7 @@ def test_each_precision_is_written_in_utc_with_z_and_cut_not_rounded() -> None:
 
 @pytest.mark.parametrize("digits", [0, 3, 6])
 def test_what_is_written_reads_back(digits: int) -> None:
-    assert parse_rfc3339(rfc3339(T, digits)) == pytest.approx(T, abs=10 ** -digits)  # type: ignore[arg-type]
+    assert parse_rfc3339(rfc3339(T, digits)) == pytest.approx(T, abs=10**-digits)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -37,8 +37,17 @@ def test_any_rfc3339_date_time_is_read(text: str, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", [None, 0, "", "2025-01-01", "2025-01-01T00:00:00", "2025-01-01 00:00:00Z", "yesterday at noon Z",
-             "2025-13-01T00:00:00Z"],
+    "text",
+    [
+        None,
+        0,
+        "",
+        "2025-01-01",
+        "2025-01-01T00:00:00",
+        "2025-01-01 00:00:00Z",
+        "yesterday at noon Z",
+        "2025-13-01T00:00:00Z",
+    ],
 )
 def test_anything_else_reads_as_no_time(text: object) -> None:
     """Not a string, a date alone, no time zone (a local time), a space for the T, nonsense, a 13th month."""

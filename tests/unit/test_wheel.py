@@ -24,8 +24,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "agent", source / "agent", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(source)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        check=True,
+        timeout=300,
+    )
     (built,) = out.glob("gpu_dra_agent-*.whl")
     return zipfile.ZipFile(built)
 
@@ -48,4 +51,4 @@ def test_research_libraries_are_behind_the_simulation_extra(wheel: zipfile.ZipFi
     requires = email.message_from_bytes(wheel.read(meta)).get_all("Requires-Dist") or []
     plain = [r for r in requires if "extra ==" not in r]
     assert not [r for r in plain if r.startswith(("numpy", "jsonschema", "kubernetes", "pytest"))], plain
-    assert any(r.startswith("numpy") and "extra == \"simulation\"" in r for r in requires)
+    assert any(r.startswith("numpy") and 'extra == "simulation"' in r for r in requires)

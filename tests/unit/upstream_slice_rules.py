@@ -57,8 +57,10 @@ def pool_errors(slices: list[dict[str, Any]], version: str) -> list[str]:
     """Every slice valid, and the pool consistent: one generation, the right slice count, unique device and
     counter set names, every consumed counter defined (on 1.34 in the device's own slice)."""
     errors = [e for s in slices for e in slice_errors(s, version)]
-    pools = {(s["spec"]["pool"]["name"], s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"])
-             for s in slices}
+    pools = {
+        (s["spec"]["pool"]["name"], s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"])
+        for s in slices
+    }
     if len(pools) != 1 or next(iter(pools))[2] != len(slices):
         errors.append(f"pool {pools} does not match its {len(slices)} slices")
     names = [d["name"] for s in slices for d in s["spec"].get("devices") or []]
@@ -68,8 +70,9 @@ def pool_errors(slices: list[dict[str, Any]], version: str) -> list[str]:
     if len(sets) != sum(len(s["spec"].get("sharedCounters") or []) for s in slices):
         errors.append("duplicate counter set names")
     for s in slices:
-        visible = sets if _minor(version) >= 35 else {c["name"]: c["counters"] for c in
-                                                      s["spec"].get("sharedCounters") or []}
+        visible = (
+            sets if _minor(version) >= 35 else {c["name"]: c["counters"] for c in s["spec"].get("sharedCounters") or []}
+        )
         for d in s["spec"].get("devices") or []:
             for use in d.get("consumesCounters") or []:
                 defined = visible.get(use["counterSet"])

@@ -65,9 +65,26 @@ class NodeSet:
 
 
 class Node:
-    __slots__ = ("after_free", "bit", "cpu_after", "cpu_now", "domains", "gpu_after", "gpu_now", "index",
-                 "mem_after", "mem_now", "other_after", "other_now", "partial", "releases", "shape_id", "spec",
-                 "unbit", "whole_free")
+    __slots__ = (
+        "after_free",
+        "bit",
+        "cpu_after",
+        "cpu_now",
+        "domains",
+        "gpu_after",
+        "gpu_now",
+        "index",
+        "mem_after",
+        "mem_now",
+        "other_after",
+        "other_now",
+        "partial",
+        "releases",
+        "shape_id",
+        "spec",
+        "unbit",
+        "whole_free",
+    )
 
     def __init__(self, spec: NodeSpec, index: int) -> None:
         self.spec = spec
@@ -268,8 +285,9 @@ class Cluster:
 
     # -- finding room -----------------------------------------------------------------------------------
 
-    def find(self, pod: PodSpec, bind: bool, held: Mapping[int, Iterable[int]], exclude: int = -1,
-             gang_gpus: int = 0) -> Seat | None:
+    def find(
+        self, pod: PodSpec, bind: bool, held: Mapping[int, Iterable[int]], exclude: int = -1, gang_gpus: int = 0
+    ) -> Seat | None:
         """A seat for `pod`: bindable now (`bind`) or promised after releases. `held`: node -> GPUs its gang
         already uses there, and `gang_gpus`: whole GPUs the gang still needs with this pod (both to keep a gang
         inside one NVLink domain)."""
@@ -279,8 +297,9 @@ class Cluster:
             return self._find_shared(pod, bind, exclude)
         return self._find_whole(pod, pod.gpu_milli // MILLI, bind, held, exclude=exclude, gang_gpus=gang_gpus)
 
-    def _find_whole(self, pod: PodSpec, count: int, bind: bool, held: Mapping[int, Iterable[int]], *,
-                    exclude: int, gang_gpus: int) -> Seat | None:
+    def _find_whole(
+        self, pod: PodSpec, count: int, bind: bool, held: Mapping[int, Iterable[int]], *, exclude: int, gang_gpus: int
+    ) -> Seat | None:
         """`count` whole GPUs for `pod` (whose own GPU request is not looked at: a fractional pod may ask for a
         fresh device)."""
         if self.scores is not None:
@@ -298,8 +317,9 @@ class Cluster:
                         return seat
         return None
 
-    def _find_whole_fgd(self, pod: PodSpec, count: int, bind: bool, held: Mapping[int, Iterable[int]], *,
-                        exclude: int, gang_gpus: int) -> Seat | None:
+    def _find_whole_fgd(
+        self, pod: PodSpec, count: int, bind: bool, held: Mapping[int, Iterable[int]], *, exclude: int, gang_gpus: int
+    ) -> Seat | None:
         scores = self.scores
         assert scores is not None
         nodes = self.nodes

@@ -81,9 +81,16 @@ def _reseat(session: Session, moved: Sequence[Pod]) -> bool:
 def _movable(session: Session, job: Job) -> list[Pod]:
     """Victims in reverse job order: lowest priority, then newest job; inside a job, lowest task first."""
     jobs = sorted(
-        (j for j in session.jobs if j is not job and j.preemptible and j.running and j.gained == 0
-         and not j.spec.one_clique  # a pod moved alone could leave its gang's clique
-         and not same_burst(j, session.now, waiting_since(job))),
+        (
+            j
+            for j in session.jobs
+            if j is not job
+            and j.preemptible
+            and j.running
+            and j.gained == 0
+            and not j.spec.one_clique  # a pod moved alone could leave its gang's clique
+            and not same_burst(j, session.now, waiting_since(job))
+        ),
         key=lambda j: (j.spec.priority, -j.spec.created_at, -j.index),
     )
     pods: list[Pod] = []

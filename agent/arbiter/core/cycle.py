@@ -45,9 +45,18 @@ class PodDecision:
     gpus: tuple[int, ...] = ()  # every GPU index of its seat (whole-GPU pods too): what a commit reserves
     evicted_for: tuple[str, str] | None = None  # evicted: the (job, queue) it makes room for
 
-    def __init__(self, outcome: Outcome, node: str | None, action: Action, gpu_index: int | None = None, *,
-                 moved_to: str | None = None, cause: Cause | None = None, gpus: tuple[int, ...] = (),
-                 evicted_for: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        outcome: Outcome,
+        node: str | None,
+        action: Action,
+        gpu_index: int | None = None,
+        *,
+        moved_to: str | None = None,
+        cause: Cause | None = None,
+        gpus: tuple[int, ...] = (),
+        evicted_for: tuple[str, str] | None = None,
+    ) -> None:
         object.__setattr__(self, "outcome", outcome)
         object.__setattr__(self, "node", node)
         object.__setattr__(self, "action", action)
@@ -154,8 +163,9 @@ def _decide(session: Session, pod: Pod) -> PodDecision:
         moved = nodes[pod.moved_to.node].spec.name if pod.moved_to is not None else None
         beneficiary = pod.evicted_for
         evicted_for = (beneficiary.spec.name, beneficiary.queue.spec.name) if beneficiary is not None else None
-        return PodDecision("evicted", node, "evict", index, moved_to=moved, cause=pod.cause, gpus=gpus,
-                           evicted_for=evicted_for)
+        return PodDecision(
+            "evicted", node, "evict", index, moved_to=moved, cause=pod.cause, gpus=gpus, evicted_for=evicted_for
+        )
     if pod.state == "releasing":
         return PodDecision("evicted", node, "keep", index, gpus=gpus)
     return _WAITING
@@ -165,7 +175,8 @@ def _result(session: Session, snapshot: Snapshot) -> CycleResult:
     pods = {p.spec.name: _decide(session, p) for p in session.pods}
     evictions = tuple(
         Eviction(p.spec.name, p.job.queue.spec.name, p.cause)
-        for p in session.pods if p.state == "evicted" and p.cause is not None
+        for p in session.pods
+        if p.state == "evicted" and p.cause is not None
     )
     admissions = []
     pending: dict[str, int] = {q.spec.name: 0 for q in session.queues if not q.children}

@@ -98,8 +98,9 @@ def _run(session: Session, cause: Cause) -> None:
 Check = Callable[[Session, Job, Sequence[float], Sequence[Unit]], bool]
 
 
-def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[Unit], *, cause: Cause,
-           valid: Check) -> bool:
+def _solve(
+    session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[Unit], *, cause: Cause, valid: Check
+) -> bool:
     mark = session.checkpoint()
     taken: list[Unit] = []
     need = gpu_request(chunk)
@@ -119,8 +120,11 @@ def _solve(session: Session, job: Job, chunk: Sequence[Pod], victims: Iterator[U
         left = session.victims
         freed = {p.seat.node for unit in taken for p in unit if p.seat is not None}
         earlier = sorted({id(u): (k, u) for n in freed for k, u in left.get(n, ())}.values(), key=_first)
-        if (_reallocate(session, job, chunk, [u for _, u in earlier] + taken) and session.limits_hold(job)
-                and valid(session, job, request_of(chunk), taken)):
+        if (
+            _reallocate(session, job, chunk, [u for _, u in earlier] + taken)
+            and session.limits_hold(job)
+            and valid(session, job, request_of(chunk), taken)
+        ):
             _record(session, taken, {p.seat.node for _, u in earlier for p in u if p.seat is not None})
             return True
         session.rollback(trial)
@@ -282,8 +286,9 @@ class _Reversed:
         return other.rank.before(self.rank)
 
 
-def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue: dict[Queue, list[Job]]
-                     ) -> Iterator[Unit]:
+def _reclaim_victims(
+    session: Session, job: Job, req: Sequence[float], by_queue: dict[Queue, list[Job]]
+) -> Iterator[Unit]:
     """Units of other queues' jobs: the most over-served eligible queue first, re-ranked after every pick
     (the solver evicts each unit before asking for the next)."""
     mine = job.queue
@@ -309,8 +314,9 @@ def _reclaim_victims(session: Session, job: Job, req: Sequence[float], by_queue:
         yield heads.pop(picked)
 
 
-def _queue_units(jobs: Sequence[Job], now: float | None, min_runtime: float,
-                 waiting_since: float | None = None) -> Iterator[Unit]:
+def _queue_units(
+    jobs: Sequence[Job], now: float | None, min_runtime: float, waiting_since: float | None = None
+) -> Iterator[Unit]:
     for victim in jobs:
         if _usable(victim) and not same_burst(victim, now, waiting_since):
             yield from _units(victim, _protected(victim, now, min_runtime))
@@ -363,8 +369,11 @@ def reclaimers_within_boundaries(session: Session, job: Job, req: Sequence[float
                 continue
             for r in involved | mine:
                 ratio = _saturation(q.alloc[r], q.fair[r])
-                if ratio > 1 + EPS and sibling.fair[r] > 0 and \
-                        ratio * SATURATION_MULTIPLIER >= _saturation(sibling.alloc[r], sibling.fair[r]) - EPS:
+                if (
+                    ratio > 1 + EPS
+                    and sibling.fair[r] > 0
+                    and ratio * SATURATION_MULTIPLIER >= _saturation(sibling.alloc[r], sibling.fair[r]) - EPS
+                ):
                     return False
     return True
 

@@ -121,8 +121,11 @@ def _usage_adjusted(weights: dict[int, float], claims: Sequence[Claim], k_value:
 
 
 def fair_shares(
-    queues: Sequence[QueueSpec], demand: Mapping[str, Vector], total: Vector,
-    usage: Mapping[str, Vector] | None = None, k_value: float = 1.0,
+    queues: Sequence[QueueSpec],
+    demand: Mapping[str, Vector],
+    total: Vector,
+    usage: Mapping[str, Vector] | None = None,
+    k_value: float = 1.0,
 ) -> dict[str, Vector]:
     """Fair share of every queue, parents included. `demand` is allocated + pending per leaf queue; `usage`
     (time-aware fair share) the normalised past usage per queue, parents included, 0..1 per resource."""

@@ -28,8 +28,14 @@ def clique_nodes(session: Session, job: Job) -> list[frozenset[str]]:
     for node in nodes:
         if node.spec.clique is not None:
             by_clique.setdefault(node.spec.clique, []).append(node.index)
-    held = next((nodes[p.seat.node].spec.clique for p in job.pods
-                 if p.seat is not None and p.state in ("running", "bound", "pipelined")), "")
+    held = next(
+        (
+            nodes[p.seat.node].spec.clique
+            for p in job.pods
+            if p.seat is not None and p.state in ("running", "bound", "pipelined")
+        ),
+        "",
+    )
     if held != "":  # the gang is in a clique already (None: on a node in none, where no clique can follow)
         return [frozenset(nodes[i].spec.name for i in by_clique[held])] if held is not None else []
     order = sorted(by_clique, key=lambda c: (sum(nodes[i].after_free for i in by_clique[c]), c))
@@ -39,9 +45,18 @@ def clique_nodes(session: Session, job: Job) -> list[frozenset[str]]:
 def _within(spec: PodSpec, members: frozenset[str]) -> PodSpec:
     """The pod as if its rules allowed only `members`."""
     allowed = members if spec.allowed_nodes is None else spec.allowed_nodes & members
-    return PodSpec(name=spec.name, gpu_milli=spec.gpu_milli, cpu_milli=spec.cpu_milli, mem_bytes=spec.mem_bytes,
-                   status=spec.status, node=spec.node, gpu_index=spec.gpu_index, task_priority=spec.task_priority,
-                   allowed_nodes=allowed, other=spec.other)
+    return PodSpec(
+        name=spec.name,
+        gpu_milli=spec.gpu_milli,
+        cpu_milli=spec.cpu_milli,
+        mem_bytes=spec.mem_bytes,
+        status=spec.status,
+        node=spec.node,
+        gpu_index=spec.gpu_index,
+        task_priority=spec.task_priority,
+        allowed_nodes=allowed,
+        other=spec.other,
+    )
 
 
 def _place(session: Session, job: Job, chunk: Sequence[Pod], exclude: int, members: frozenset[str] | None) -> bool:

@@ -28,8 +28,24 @@ OpKind = Literal["bind", "pipeline", "evict", "move", "restore", "demote"]
 
 
 class Queue:
-    __slots__ = ("alloc", "alloc_np", "allocatable", "children", "fair", "heap", "index", "limit", "parent",
-                 "path", "priority", "quota", "quota_raw", "ranked", "ranked_valid", "spec")
+    __slots__ = (
+        "alloc",
+        "alloc_np",
+        "allocatable",
+        "children",
+        "fair",
+        "heap",
+        "index",
+        "limit",
+        "parent",
+        "path",
+        "priority",
+        "quota",
+        "quota_raw",
+        "ranked",
+        "ranked_valid",
+        "spec",
+    )
 
     def __init__(self, spec: QueueSpec, index: int) -> None:
         self.spec = spec
@@ -59,8 +75,20 @@ _Entry = tuple[int, int, float, int, "Job", Vector]
 
 
 class Job:
-    __slots__ = ("_chunk", "_chunk_active", "_chunk_request", "_pending", "active", "gained", "index", "pods",
-                 "preemptible", "queue", "running", "spec")
+    __slots__ = (
+        "_chunk",
+        "_chunk_active",
+        "_chunk_request",
+        "_pending",
+        "active",
+        "gained",
+        "index",
+        "pods",
+        "preemptible",
+        "queue",
+        "running",
+        "spec",
+    )
 
     def __init__(self, spec: JobSpec, index: int, queue: Queue) -> None:
         self.spec = spec
@@ -176,8 +204,9 @@ class Session:
             # second only where the pods differ, as a gang's usually do not)
             specs = sorted(job.spec.pods, key=_NAME)
             first = specs[0] if specs else None
-            if first is not None and any(p.task_priority != first.task_priority or p.gpu_milli != first.gpu_milli
-                                         for p in specs):
+            if first is not None and any(
+                p.task_priority != first.task_priority or p.gpu_milli != first.gpu_milli for p in specs
+            ):
                 specs.sort(key=_TASK_ORDER, reverse=True)
             job.pods = [Pod(p, job) for p in specs]
             self.pods.extend(job.pods)
@@ -208,8 +237,9 @@ class Session:
             where = (pod.job.index, node.index)
             seat = self._initial_seat(pod, node, held.get(where, ()))
             if seat is None:
-                raise SnapshotError(f"pod {pod.spec.name!r} does not fit on node {node.spec.name!r} beside the "
-                                    "other pods placed there.")
+                raise SnapshotError(
+                    f"pod {pod.spec.name!r} does not fit on node {node.spec.name!r} beside the other pods placed there."
+                )
             cluster.load(pod.spec, seat, running)
             pod.seat = seat
             pod.state = pod.was = "running" if running else "releasing"
@@ -479,8 +509,11 @@ class QueueRank:
         self.over = a0 > fair[0] + EPS and a1 > fair[1] + EPS and a2 > fair[2] + EPS
         self.outside = w0 > quota[0] + EPS or w1 > quota[1] + EPS or w2 > quota[2] + EPS
         self.priority = q.priority
-        self.penalised = ((allocatable[0] <= 0 and w0 > EPS) or (allocatable[1] <= 0 and w1 > EPS)
-                          or (allocatable[2] <= 0 and w2 > EPS))
+        self.penalised = (
+            (allocatable[0] <= 0 and w0 > EPS)
+            or (allocatable[1] <= 0 and w1 > EPS)
+            or (allocatable[2] <= 0 and w2 > EPS)
+        )
         self.with_job = _dominant_share(w0, w1, w2, allocatable)
         self.without_job = _dominant_share(a0, a1, a2, allocatable)
         self.allocatable = allocatable
@@ -607,4 +640,3 @@ class JobOrder:
 
 def gpu_request(pods: Iterable[Pod]) -> float:
     return float(sum(p.spec.gpu_milli for p in pods))
-

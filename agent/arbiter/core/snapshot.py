@@ -46,10 +46,30 @@ _FIELDS = {
     "node": ("name", "gpus", "cpuMilli", "memBytes", "gpuModel", "labels", "nvlinkDomains", "gpuMemory"),
     "queue": ("name", "parent", "priority", *RESOURCES, "preemptMinRuntime", "reclaimMinRuntime"),
     "queue resource": ("quota", "limit", "overQuotaWeight"),
-    "job": ("name", "queue", "priority", "preemptible", "minMember", "createdAt", "pods", "startedAt",
-            "preemptionDelay", "pendingSince"),
-    "pod": ("name", "gpus", "gpuMemory", "status", "node", "gpuIndex", "cpuMilli", "memBytes", "taskPriority",
-            "nodeSelector"),
+    "job": (
+        "name",
+        "queue",
+        "priority",
+        "preemptible",
+        "minMember",
+        "createdAt",
+        "pods",
+        "startedAt",
+        "preemptionDelay",
+        "pendingSince",
+    ),
+    "pod": (
+        "name",
+        "gpus",
+        "gpuMemory",
+        "status",
+        "node",
+        "gpuIndex",
+        "cpuMilli",
+        "memBytes",
+        "taskPriority",
+        "nodeSelector",
+    ),
     "fairness": ("kValue", "usage", "history", "windowSize", "halfLife"),
     "fairness usage": RESOURCES,
     "fairness history": ("queue", "start", "end", "gpus", "cpuMilli", "memBytes"),
@@ -91,7 +111,8 @@ def _placement(raw: object) -> Placement:
     for resource, value in (("gpu", gpu), ("cpu", cpu)):
         if value not in _POLICIES[resource]:
             raise SnapshotError(
-                f"config.placement.{resource} must be {' or '.join(_POLICIES[resource])}, not {value!r}.")
+                f"config.placement.{resource} must be {' or '.join(_POLICIES[resource])}, not {value!r}."
+            )
     return Placement(gpu=cast(GpuPolicy, gpu), cpu=cast(Policy, cpu))
 
 
@@ -222,8 +243,9 @@ def _job(raw: object, index: int, gpu_memory: Mapping[str, float], selected: _Se
         pods=pods,
         started_at=_timestamp(job["startedAt"], where, "startedAt") if job.get("startedAt") is not None else None,
         preemption_delay=_opt_duration(job, "preemptionDelay", where) or 0.0,
-        pending_since=(_timestamp(job["pendingSince"], where, "pendingSince")
-                       if job.get("pendingSince") is not None else None),
+        pending_since=(
+            _timestamp(job["pendingSince"], where, "pendingSince") if job.get("pendingSince") is not None else None
+        ),
     )
 
 
@@ -237,11 +259,13 @@ def _share(pod: Mapping[str, Any], where: str, gpu_memory: Mapping[str, float]) 
     node = pod.get("node")
     whole = gpu_memory.get(node) if isinstance(node, str) else max(gpu_memory.values(), default=None)
     if whole is None:
-        raise SnapshotError(f"{where} asks for gpuMemory, but {'its node' if node else 'no node'} says its "
-                            "GPUs' gpuMemory.")  # fmt: skip
+        raise SnapshotError(
+            f"{where} asks for gpuMemory, but {'its node' if node else 'no node'} says its GPUs' gpuMemory."
+        )
     if memory <= 0 or memory > whole:
-        raise SnapshotError(f"{where} asks for {memory:g} bytes of GPU memory; a share is more than 0 and at most "
-                            f"a GPU's {whole:g}.")  # fmt: skip
+        raise SnapshotError(
+            f"{where} asks for {memory:g} bytes of GPU memory; a share is more than 0 and at most a GPU's {whole:g}."
+        )
     return math.ceil(round(memory / whole * MILLI, 9)) / MILLI
 
 
@@ -443,7 +467,7 @@ def go_duration(text: object) -> float | None:
 def duration(value: object, what: str) -> float:
     seconds = go_duration(value)
     if seconds is None:
-        raise SnapshotError(f"{what} must be a duration such as \"5m\" or \"1h30m\", not {value!r}.")
+        raise SnapshotError(f'{what} must be a duration such as "5m" or "1h30m", not {value!r}.')
     return seconds
 
 
@@ -452,8 +476,7 @@ def _opt_duration(obj: Mapping[str, Any], key: str, where: str) -> float | None:
     return None if value is None else duration(value, f"{where} {key}")
 
 
-def _fairness(raw: object, queues: tuple[QueueSpec, ...], nodes: tuple[NodeSpec, ...], now: float | None
-              ) -> Fairness:
+def _fairness(raw: object, queues: tuple[QueueSpec, ...], nodes: tuple[NodeSpec, ...], now: float | None) -> Fairness:
     """Time-aware fair share: `usage` per queue (normalised, 0..1), or a `history` of what queues held, with
     `windowSize` and an optional `halfLife`, folded into usage as of `now`; `kValue` (default 1)."""
     if raw is None:
@@ -473,8 +496,11 @@ def _fairness(raw: object, queues: tuple[QueueSpec, ...], nodes: tuple[NodeSpec,
         window = duration(block.get("windowSize"), "fairness windowSize")
         half_life = _opt_duration(block, "halfLife", "fairness")
         samples = [_sample(s, i) for i, s in enumerate(_list(block, "history", "fairness"))]
-        capacity = (float(sum(n.gpus for n in nodes) * MILLI), sum(n.cpu_milli for n in nodes),
-                    sum(n.mem_bytes for n in nodes))
+        capacity = (
+            float(sum(n.gpus for n in nodes) * MILLI),
+            sum(n.cpu_milli for n in nodes),
+            sum(n.mem_bytes for n in nodes),
+        )
         usage.update(queue_usage(samples, queues, capacity, now=now, window=window, half_life=half_life))
     return Fairness(usage=usage, k_value=k_value)
 
@@ -496,6 +522,13 @@ def _sample(raw: object, index: int) -> UsageSample:
     end = _timestamp(sample.get("end"), where, "end")
     if end < start:
         raise SnapshotError(f"{where} ends before it starts.")
-    return UsageSample(queue, start, end, (_quantity(sample, "gpus", where, 0.0) * MILLI,
-                                           _quantity(sample, "cpuMilli", where, 0.0),
-                                           _quantity(sample, "memBytes", where, 0.0)))
+    return UsageSample(
+        queue,
+        start,
+        end,
+        (
+            _quantity(sample, "gpus", where, 0.0) * MILLI,
+            _quantity(sample, "cpuMilli", where, 0.0),
+            _quantity(sample, "memBytes", where, 0.0),
+        ),
+    )

@@ -40,8 +40,13 @@ def weight(start: float, end: float, now: float, half_life: float | None) -> flo
 
 
 def queue_usage(
-    samples: Iterable[UsageSample], queues: Sequence[QueueSpec], capacity: Vector, *, now: float,
-    window: float, half_life: float | None = None,
+    samples: Iterable[UsageSample],
+    queues: Sequence[QueueSpec],
+    capacity: Vector,
+    *,
+    now: float,
+    window: float,
+    half_life: float | None = None,
 ) -> dict[str, Vector]:
     """Normalised usage (0..1 per resource) of every queue with history, its ancestors included."""
     possible = weight(now - window, now, now, half_life)
@@ -60,8 +65,11 @@ def queue_usage(
                 total[r] += s.allocated[r] * w
             name = parents.get(name)
     return {
-        name: (_ratio(u[0], capacity[0] * possible), _ratio(u[1], capacity[1] * possible),
-               _ratio(u[2], capacity[2] * possible))
+        name: (
+            _ratio(u[0], capacity[0] * possible),
+            _ratio(u[1], capacity[1] * possible),
+            _ratio(u[2], capacity[2] * possible),
+        )
         for name, u in used.items()
     }
 
@@ -91,6 +99,8 @@ class Accumulator:
 
     @property
     def usage(self) -> Vector:
-        return (_ratio(self.used[0], self.possible[0]), _ratio(self.used[1], self.possible[1]),
-                _ratio(self.used[2], self.possible[2]))
-
+        return (
+            _ratio(self.used[0], self.possible[0]),
+            _ratio(self.used[1], self.possible[1]),
+            _ratio(self.used[2], self.possible[2]),
+        )
