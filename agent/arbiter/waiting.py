@@ -26,11 +26,12 @@ def wait_reasons(
     free = {n.name: n.gpus * MILLI - used.get(n.name, 0) for n in snapshot.nodes}
     capacity = {n.name: n.gpus * MILLI for n in snapshot.nodes}
     cliques = {n.name: n.clique for n in snapshot.nodes if n.clique is not None}
+    rooms = _Rooms(free, capacity)
     out: dict[str, str] = {}
     for job in snapshot.jobs:
         decisions = [result.pods[p.name] for p in job.pods]
         if any(d.outcome == "pending" for d in decisions) or len(job.pods) < job.min_member:
-            out[job.name] = _reason(job, decisions, queues, result, free, capacity=capacity, cliques=cliques)
+            out[job.name] = _reason(job, decisions, queues, result, rooms, cliques=cliques)
             if unserved and out[job.name].startswith("no fit"):
                 out[job.name] = _left_out(unserved, out[job.name], placed_on=len(capacity))
     return out
@@ -58,14 +59,33 @@ def _left_out(unserved: Mapping[str, tuple[int, str]], reason: str, *, placed_on
     return f"{reason}; left out, {'; '.join(told)}"
 
 
+class _Rooms:
+    """The GPUs of a set of nodes (None: all of them) in milli-GPUs, summed once per set: the pods of a cluster
+    share a few sets (agent.arbiter.node_rules hands equal rules one frozenset), and scanning every node for each
+    waiting gang cost more than the rest of the reasons together."""
+
+    def __init__(self, free: Mapping[str, int], capacity: Mapping[str, int]) -> None:
+        self.free, self.capacity = free, capacity
+        self._seen: dict[frozenset[str] | None, tuple[int, int, int, int, int]] = {}
+
+    def of(self, nodes: frozenset[str] | None) -> tuple[int, int, int, int, int]:
+        """(nodes, GPUs, most GPUs on one, GPUs free, most free on one) of `nodes` among the snapshot's."""
+        known = self._seen.get(nodes)
+        if known is None:
+            names = self.capacity.keys() if nodes is None else [n for n in self.capacity if n in nodes]
+            capacity, free = [self.capacity[n] for n in names], [self.free[n] for n in names]
+            known = (len(capacity), sum(capacity), max(capacity, default=0), sum(free), max(free, default=0))
+            self._seen[nodes] = known
+        return known
+
+
 def _reason(
     job: JobSpec,
     decisions: Sequence[PodDecision],
     queues: Mapping[str, QueueSpec],
     result: CycleResult,
-    free: Mapping[str, int],
+    rooms: _Rooms,
     *,
-    capacity: Mapping[str, int],
     cliques: Mapping[str, str],
 ) -> str:
     if any(d.action == "pipeline" for d in decisions):
@@ -91,25 +111,26 @@ def _reason(
     waiting = [p for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending"]
     pending = [p.gpu_milli for p in waiting]
     if job.one_clique:
-        return _no_clique(waiting, want, cliques, free=free, capacity=capacity)
+        return _no_clique(waiting, want, cliques, free=rooms.free, capacity=rooms.capacity)
     where, whole = "the cluster has", "the whole cluster has"
+    nodes: frozenset[str] | None = None
     if waiting and all(p.allowed_nodes is not None for p in waiting):  # their affinity and tolerations narrow it
-        allowed = set().union(*(p.allowed_nodes or () for p in waiting))
-        capacity = {n: c for n, c in capacity.items() if n in allowed}
-        free = {n: f for n, f in free.items() if n in allowed}
+        sets = {p.allowed_nodes or frozenset() for p in waiting}
+        nodes = sets.pop() if len(sets) == 1 else frozenset[str]().union(*sets)
         where, whole = "the nodes its pods may run on have", "those nodes have"
-    largest, total = max(pending, default=0), sum(capacity.values())
+    count, total, most, free, most_free = rooms.of(nodes)
+    largest = max(pending, default=0)
     text = (
         f"no fit: the gang needs {want / MILLI:g} GPUs in {len(pending)} pod(s), up to {largest / MILLI:g} "
-        f"on one node; {where} {total / MILLI:g} GPUs on {len(capacity)} node(s), at most "
-        f"{max(capacity.values(), default=0) / MILLI:g} on one; {sum(free.values()) / MILLI:g} free, at most "
-        f"{max(free.values(), default=0) / MILLI:g} on one"
+        f"on one node; {where} {total / MILLI:g} GPUs on {count} node(s), at most "
+        f"{most / MILLI:g} on one; {free / MILLI:g} free, at most "
+        f"{most_free / MILLI:g} on one"
     )
     if want > total:
         return f"{text}: the gang asks for more than {whole}"
-    if largest > max(capacity.values(), default=0):
+    if largest > most:
         return f"{text}: a pod asks for more GPUs than any node has"
-    if want > sum(free.values()):
+    if want > free:
         return f"{text}: the rest is held by running pods"
     return f"{text}: its pods do not fit the free GPUs, CPU and memory of any node"
 
