@@ -15,29 +15,25 @@ from typing import Any
 
 from agent.computedomain.channels import CHANNEL, CLIQUE_ATTRIBUTE
 from agent.computedomain.model import CHANNEL_CLASS, DRIVER
+from agent.objects.read import allocation_results, claim_requests, device_type, published_devices
 
 CHANNEL_RESOURCE = f"{DRIVER}/channel"  # the node resource a channel claim takes (NodeSpec.other, PodSpec.other)
 
 
 def is_channel_claim(claim: Mapping[str, Any]) -> bool:
     """Whether every request of the claim asks for a ComputeDomain channel (NVIDIA's template has one)."""
-    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ()
+    requests = claim_requests(claim)
     return bool(requests) and all((r.get("exactly") or {}).get("deviceClassName") == CHANNEL_CLASS for r in requests)
 
 
 def offered(slices: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, int]]:
     """node -> (its clique, the channel devices it publishes), for the nodes that publish channels."""
     out: dict[str, tuple[str, int]] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
-            continue
-        for d in spec.get("devices") or ():
-            attrs = d.get("attributes") or {}
-            clique = (attrs.get(CLIQUE_ATTRIBUTE) or {}).get("string")
-            if (attrs.get("type") or {}).get("string") == CHANNEL and clique:
-                node = str(spec["nodeName"])
-                out[node] = (str(clique), out.get(node, ("", 0))[1] + 1)
+    for spec, _key, d in published_devices(slices, DRIVER):
+        clique = ((d.get("attributes") or {}).get(CLIQUE_ATTRIBUTE) or {}).get("string")
+        if spec.get("nodeName") and device_type(d) == CHANNEL and clique:
+            node = str(spec["nodeName"])
+            out[node] = (str(clique), out.get(node, ("", 0))[1] + 1)
     return out
 
 
@@ -45,8 +41,7 @@ def held(claims: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """node -> its channels allocated to claims."""
     out: dict[str, int] = {}
     for c in claims:
-        results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
-        for r in results:
+        for r in allocation_results(c):
             if r.get("driver") == DRIVER and str(r.get("device", "")).startswith(f"{CHANNEL}-"):
                 pool = str(r.get("pool"))
                 out[pool] = out.get(pool, 0) + 1
