@@ -106,10 +106,8 @@ class Rest:
             headers["Content-Type"] = content_type
             payload = orjson.dumps(body)
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
-        gate = self.write_gate if method != "GET" else None
-        if gate is not None:
-            gate()  # refused before any work; checked again right before each send of its bytes (writegate)
-        with writegate.guarded(gate):
+        # checked now and again right before each send of the request's bytes (writegate)
+        with writegate.guarded(self.write_gate if method != "GET" else None):
             response = call(
                 lambda: self.client.request(
                     method,

@@ -1,10 +1,10 @@
-"""The last check of a write before its bytes leave the process (agent.kube.rest's `write_gate`).
+"""A write's gate (agent.kube.rest's `write_gate`), checked before the request and again before its bytes leave.
 
-Rest checks its write gate before a request; the request may then wait (the rate limiter, a Retry-After, the
-GIL behind the other threads) long enough for a paused leader to lose its Lease meanwhile. So the gate is
-checked again on every send of the request's bytes, right before the socket call, and a refused send closes
-the connection: the server never gets a whole request. What is left is a pause between that check and the
-socket call, a few bytecodes wide.
+`guarded` checks the gate at once, so a refused write waits for nothing (the rate limiter, a credential); the
+request may then wait (the rate limiter, a Retry-After, the GIL behind the other threads) long enough for a
+paused leader to lose its Lease meanwhile. So the gate is checked again on every send of the request's bytes,
+right before the socket call, and a refused send closes the connection: the server never gets a whole
+request. What is left is a pause between that check and the socket call, a few bytecodes wide.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ _local = threading.local()  # the gate of the request this thread is sending, if
 
 @contextlib.contextmanager
 def guarded(gate: Callable[[], None] | None) -> Iterator[None]:
-    """Every send this thread makes inside the block passes `gate` first (None: no check)."""
+    """`gate` checked now, and by every send this thread makes inside the block (None: no check)."""
+    if gate is not None:
+        gate()
     previous = getattr(_local, "gate", None)
     _local.gate = gate
     try:
