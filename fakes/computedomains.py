@@ -21,7 +21,6 @@ import logging
 import pathlib
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,11 +35,21 @@ from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.kubeconfig import connect
-from agent.kube.rest import NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource, Rest
+from agent.kube.rest import (
+    DEVICE_CLASSES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    Resource,
+    Rest,
+)
 from agent.nvml.discovery import discover
 from agent.nvml.session import nvml_session
 from agent.slices.build import build_resource_slices
 from fakes import apiserver
+from fakes.cluster import CRDS, DAEMONSET, NAMESPACES, _served, wait_for
 from fakes.controllers.runner import Controllers
 from fakes.kubelet import FakeKubelet, KubeletError
 from fakes.nvml import persist
@@ -51,23 +60,7 @@ from fakes.nvml.machines import nvl72_node
 log = logging.getLogger(__name__)
 
 GPU_DRIVER = "gpu.nvidia.com"
-DAEMONSET = pathlib.Path(__file__).resolve().parent.parent / "daemonset"
-CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
-DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
-NAMESPACES = Resource("", "v1", "namespaces", False)
 OVERLAY = DAEMONSET / "overlays" / "compute-domains"
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05, what: str = "") -> Any:
-    """Poll until `check()` is truthy; returns its value or raises TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what or check}")
-        time.sleep(interval)
 
 
 def _documents(path: pathlib.Path) -> list[Json]:
@@ -436,7 +429,7 @@ _KINDS = {
     "Pod": PODS,
     "ComputeDomain": COMPUTE_DOMAINS,
     "Namespace": NAMESPACES,
-    "ResourceClaimTemplate": Resource("resource.k8s.io", "v1", "resourceclaimtemplates", True),
+    "ResourceClaimTemplate": RESOURCE_CLAIM_TEMPLATES,
     "ResourceClaim": RESOURCE_CLAIMS,
 }
 
@@ -446,11 +439,3 @@ def _resource(doc: Json) -> Resource:
         return _KINDS[doc["kind"]]
     except KeyError:
         raise ValueError(f"the rack does not create {doc.get('kind')} objects") from None
-
-
-def _served(rest: Rest, resource: Resource) -> bool:
-    try:
-        rest.list(resource)
-    except ApiError:
-        return False
-    return True
