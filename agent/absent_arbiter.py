@@ -25,7 +25,7 @@ from agent.kube.events import EventRecorder
 from agent.kube.leader import LeaderElector
 from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, RESOURCE_CLAIMS, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
-from agent.objects.read import claim_is_ours, claim_names, is_allocated
+from agent.objects.read import claim_is_ours, claim_names, is_allocated, is_gated, meta, pod_key
 from agent.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
@@ -58,24 +58,21 @@ def waiting_pods(pods: Iterable[Json], claims: Iterable[Json], *, fenced: bool) 
     """The pods that wait for the arbiter, each with how: gated (they carry its scheduling gate), or, while
     the fence stands, unbound and ungated with a claim of the driver's classes nobody allocated (kube-scheduler
     may not allocate it)."""
-    by_key = {
-        f"{(c.get('metadata') or {}).get('namespace')}/{(c.get('metadata') or {}).get('name')}": c for c in claims
-    }
+    by_key = {pod_key(c): c for c in claims}
     out: list[tuple[Json, str]] = []
     for pod in pods:
-        m = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
+        m = meta(pod)
         if (
             m.get("deletionTimestamp")
-            or spec.get("nodeName")
+            or (pod.get("spec") or {}).get("nodeName")
             or (pod.get("status") or {}).get("phase") not in (None, "Pending")
         ):
             continue
-        if any(g.get("name") == GATE for g in spec.get("schedulingGates") or ()):
+        if is_gated(pod):
             out.append((pod, f"it carries the scheduling gate {GATE}, which only the arbiter removes"))
             continue
         names, _ = claim_names(pod)
-        found = [by_key.get(f"{m.get('namespace')}/{n}") for n in names]
+        found = [by_key.get(f"{m.get('namespace', '')}/{n}") for n in names]
         if fenced and any(c is not None and claim_is_ours(c) and not is_allocated(c) for c in found):
             out.append((pod, f"the DeviceTaintRule {FENCE_RULE} keeps kube-scheduler from allocating its claims"))
     return out
@@ -143,10 +140,10 @@ class AbsenceTeller:
         claims = (self._rest.list(RESOURCE_CLAIMS).get("items") or []) if fenced else []
         told = 0
         waiting = waiting_pods(pods, claims, fenced=fenced)
-        still = {str((p.get("metadata") or {}).get("uid")) for p, _ in waiting}
+        still = {str(meta(p).get("uid")) for p, _ in waiting}
         self._told = {uid: t for uid, t in self._told.items() if uid in still}
         for pod, how in waiting:
-            uid = str((pod.get("metadata") or {}).get("uid"))
+            uid = str(meta(pod).get("uid"))
             message = (
                 f"waiting for the gpu-dra-agent queue arbiter: {absence}; {how}. Start the arbiter again "
                 f"(Deployment gpu-dra-agent-arbiter), or hand these pods to kube-scheduler with "

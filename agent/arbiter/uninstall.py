@@ -18,6 +18,7 @@ from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, Resource, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
+from agent.objects.read import is_gated, meta, pod_key
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +65,19 @@ def _delete(rest: Rest, resource: Resource, namespace: str | None, name: str) ->
 
 def _ungate(rest: Rest, pod: Json) -> bool:
     """Remove our gate, nothing else, from one pod; re-read on a conflict. False when it is gone or ungated."""
-    m = pod.get("metadata") or {}
+    m = meta(pod)
     namespace, name = str(m.get("namespace")), str(m.get("name"))
     for _ in range(5):
-        gates = (pod.get("spec") or {}).get("schedulingGates") or []
-        if not any(g.get("name") == GATE for g in gates):
+        if not is_gated(pod):
             return False
-        rest_gates = [g for g in gates if g.get("name") != GATE]
+        rest_gates = [g for g in (pod.get("spec") or {}).get("schedulingGates") or () if g.get("name") != GATE]
         try:
             rest.patch(
                 PODS,
                 namespace,
                 name,
                 {
-                    "metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
+                    "metadata": {"resourceVersion": meta(pod).get("resourceVersion")},
                     "spec": {"schedulingGates": rest_gates or None},
                 },
             )
@@ -129,7 +129,7 @@ def uninstall(
     for pod in rest.list(PODS).get("items") or []:
         if _ungate(rest, pod):
             ungated += 1
-            say(f"ungated pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}")
+            say(f"ungated pod {pod_key(pod)}")
     if _delete(rest, LEASES, namespace, COMPONENT):
         say(f"deleted Lease {namespace}/{COMPONENT}")
     say(

@@ -344,7 +344,6 @@ def thread_cpu_seconds() -> dict[str, float]:
 
 def _uninstall(args: argparse.Namespace) -> int:
     from agent.arbiter.uninstall import StillRunning, uninstall
-    from agent.commands.options import SettingError, StartupFailure
 
     try:
         rest = connect(args.kubeconfig)
