@@ -188,6 +188,26 @@ def test_a_corrupt_record_is_fenced_with_its_path_the_remedy_and_the_devices_it_
     assert records(tmp_path) == ["u1.json"] and set(store(tmp_path).peek().fenced) == {"u1"}
 
 
+def test_while_a_record_is_fenced_a_load_reads_it_alone_again_and_sees_it_moved_aside(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tried: 1000 claims held, one record damaged. Each prepare's load read all 1000 records again (an operator
+    # moving the fenced one aside writes no generation token): 54 ms a prepare, against 1.7 ms unfenced.
+    store(tmp_path).save(sample())
+    path = tmp_path / "claims" / "u1.json"
+    path.write_bytes(b"\x00garbage")
+    s = store(tmp_path)
+    assert set(s.load().fenced) == {"u1"}
+    read: list[str] = []
+    real = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: read.append(self.name) or real(self))
+    assert set(s.load().fenced) == {"u1"} and set(s.load().claims) == {"u2"}
+    assert read.count("u2.json") == 0 and read.count("u1.json") == 2  # the fenced record alone, each load
+    path.rename(tmp_path / "aside.json")  # the remedy
+    cp = s.load()
+    assert cp.fenced == {} and set(cp.claims) == {"u2"}
+
+
 def test_a_record_under_another_claims_name_is_fenced_under_its_name(tmp_path: pathlib.Path) -> None:
     store(tmp_path).save(sample())
     os.replace(tmp_path / "claims" / "u1.json", tmp_path / "claims" / "u9.json")
