@@ -89,26 +89,25 @@ class ClaimPreparer:
         """Claims are read from the API first, all at once and within `timeout` (the gRPC call's deadline),
         without the node lock: the lock guards local state, and an unprepare must never wait on the API."""
         started = time.monotonic()
-        valid = list(claims)
         results: dict[str, PrepareResult] = {}
         deadline = None if timeout is None else started + timeout
-        unread = [ref for ref in valid if not self.states.checkpoints.completed_hint(ref.uid)]
+        unread = [ref for ref in claims if not self.states.checkpoints.completed_hint(ref.uid)]
         fetched = read_claims(self.source, unread, timeout)
-        if valid:
+        if claims:
             try:
                 lock_wait = None if deadline is None else max(0.0, deadline - time.monotonic())
                 with self.lock.hold(lock_wait):
                     cp = self.states.load()
                     self._report_fenced(cp)
-                    results |= self.states.prepare(cp, valid, fetched)
+                    results |= self.states.prepare(cp, claims, fetched)
             except Exception as exc:
                 # The node's claim state is unusable (lock, checkpoint or state dir): every claim fails alike.
                 if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
                     log.exception("prepare batch failed")
-                results |= {ref.uid: PrepareResult(error=f"cannot prepare: {exc}") for ref in valid}
+                results |= {ref.uid: PrepareResult(error=f"cannot prepare: {exc}") for ref in claims}
         elapsed = time.monotonic() - started
         _log_refused("prepare", claims, {uid: r.error for uid, r in results.items()}, elapsed)
-        for ref in valid:
+        for ref in claims:
             result = results[ref.uid]
             if not result.error:
                 _log_done("prepared", ref, [d.device_name for d in result.devices], elapsed)
@@ -118,23 +117,22 @@ class ClaimPreparer:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         started = time.monotonic()
-        valid = list(claims)
         errors: dict[str, str] = {}
         held: dict[str, list[str]] = {}  # the devices each claim held, for the log
-        if valid:
+        if claims:
             try:
                 with self.lock.hold():
                     cp = self.states.load()
                     self._report_fenced(cp)
-                    held = {uid: [d.device_name for d in e.devices] for uid, e in cp.claims.items()}
-                    errors |= self.states.unprepare(cp, [ref.uid for ref in valid])
+                    held = {r.uid: [d.device_name for d in e.devices] for r in claims if (e := cp.claims.get(r.uid))}
+                    errors |= self.states.unprepare(cp, [ref.uid for ref in claims])
             except Exception as exc:
                 if not isinstance(exc, CheckpointCorrupt | LockTimeout | OSError):
                     log.exception("unprepare batch failed")
-                errors |= {ref.uid: f"cannot unprepare: {exc}" for ref in valid}
+                errors |= {ref.uid: f"cannot unprepare: {exc}" for ref in claims}
         elapsed = time.monotonic() - started
         _log_refused("unprepare", claims, errors, elapsed)
-        for ref in valid:
+        for ref in claims:
             if not errors.get(ref.uid):
                 _log_done("unprepared", ref, held.get(ref.uid, []), elapsed)
         return errors
