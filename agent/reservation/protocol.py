@@ -201,7 +201,8 @@ class ReservationBook:
             return self._settle()
 
     def _settle(self) -> int:
-        if self._hold_confirmed is None:
+        # no confirmed reservation, nothing to end: the usage is not read (a claim event's common case)
+        if self._hold_confirmed is None or not any(r.confirmed for r in self._live.values()):
             return 0
         base = self._usage()
         held = base.allocated | base.prepared
