@@ -87,7 +87,7 @@ class ComputeDomainController:
             obj["metadata"]["finalizers"] = [*domain.finalizers, FINALIZER]
             obj = self._rest.replace(COMPUTE_DOMAINS, obj)
         self._ensure_template(obj, domain)
-        self._update_status(namespace, name)
+        self._update_status(obj)
 
     # --- the parts ---------------------------------------------------------------------------------------
 
@@ -114,10 +114,9 @@ class ComputeDomainController:
                 "ComputeDomain's; delete it or name another template in spec.channel.resourceClaimTemplate",
             )
 
-    def _update_status(self, namespace: str, name: str) -> None:
-        """status.status from status.nodes, written only when it changes (a Conflict: a node agent wrote its entry
-        meanwhile; the next pass sees both)."""
-        obj = self._rest.get(COMPUTE_DOMAINS, namespace, name)
+    def _update_status(self, obj: Json) -> None:
+        """status.status from status.nodes of the domain as this pass read (or wrote) it, written only when it
+        changes (a Conflict: a node agent wrote its entry meanwhile, with status.status; the next pass sees both)."""
         domain = model.parse(obj)
         want = model.global_status(domain.num_nodes, domain.nodes)
         if (obj.get("status") or {}).get("status") == want:
@@ -125,7 +124,7 @@ class ComputeDomainController:
         obj["status"] = {**(obj.get("status") or {}), "status": want}
         with contextlib.suppress(Conflict):
             self._rest.replace(COMPUTE_DOMAINS, obj, "status")
-            log.info("ComputeDomain %s/%s is %s", namespace, name, want)
+            log.info("ComputeDomain %s/%s is %s", domain.namespace, domain.name, want)
 
     def _clean_up(self, obj: Json, domain: ComputeDomain) -> None:
         with contextlib.suppress(NotFound):
