@@ -4,6 +4,7 @@ on first use (see tests/conftest.py) and is skipped, with the reason, where Go i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -11,7 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from kubernetes import client
@@ -21,7 +22,13 @@ from agent.kube.rest import Rest
 from tests.conftest import STARTUP_KEY
 from tests.controlplane import cluster as real
 
+if TYPE_CHECKING:
+    import fakes.cluster
+
 REAL_TIER = "controlplane"
+QUEUE_CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
+# the params of a fixture that yields `fake_or_real_world`
+FAKE_AND_REAL = ["fake", pytest.param("real", marks=[pytest.mark.controlplane, pytest.mark.timeout(300)])]
 
 
 class Response:
@@ -129,3 +136,40 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield RealCluster(cp)
     finally:
         real.reset(cp)
+
+
+@contextlib.contextmanager
+def world_on_control_plane(
+    cp: real.ControlPlane, nodes: int, namespaces: list[str], name: str
+) -> Iterator[fakes.cluster.FakeCluster]:
+    """A fakes.cluster world of `nodes` GPU nodes on the session's real control plane, emptied before and after:
+    the pods left in `namespaces` deleted (no kubelet confirms them), the Queue CRD (every Queue with it) and the
+    nodes gone, so the next test starts clean. `name` names its kubeconfig."""
+    from fakes.cluster import FakeCluster as World
+    from tests.integration.coexistence import force_delete_pods
+
+    real.reset(cp)
+    world = World(nodes=nodes, kubeconfig=cp.write_kubeconfig(cp.workdir / f"{name}.kubeconfig"), make_node=cp.add_node)
+    try:
+        yield world
+    finally:
+        world.close()
+        force_delete_pods(world.rest, namespaces)
+        cp.request("DELETE", QUEUE_CRD)
+        real.reset(cp, timeout=120)  # the nodes too, their taints and labels with them
+
+
+def fake_or_real_world(
+    request: pytest.FixtureRequest, nodes: int, namespaces: list[str]
+) -> Iterator[fakes.cluster.FakeCluster]:
+    """The body of a fixture parametrised with FAKE_AND_REAL: a fakes.cluster world on the API fake, or on the real
+    control plane (world_on_control_plane)."""
+    from fakes.cluster import FakeCluster as World
+
+    if request.param == "fake":
+        with World(nodes=nodes) as fake:
+            yield fake
+        return
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    with world_on_control_plane(request.getfixturevalue("control_plane"), nodes, namespaces, name) as world:
+        yield world

@@ -16,7 +16,7 @@ from agent.kube.rest import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS
 from agent.objects.read import claim_requests, request_options
 from agent.objects.write import device_config
 from fakes.cluster import FakeCluster, wait_for
-from tests.integration import coexistence
+from tests.integration.conftest import FAKE_AND_REAL, fake_or_real_world
 
 NS = "configs"
 CONFIGURED = "configured-gpu.example.com"  # a class of the driver's GPUs that carries a config
@@ -35,28 +35,9 @@ CLAIM_CONFIG = [
 ]
 
 
-@pytest.fixture(params=["fake", pytest.param("real", marks=[pytest.mark.controlplane, pytest.mark.timeout(300)])])
+@pytest.fixture(params=FAKE_AND_REAL)
 def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
-    if request.param == "fake":
-        with FakeCluster(nodes=1) as fake:
-            yield fake
-        return
-    from tests.controlplane.cluster import reset
-
-    cp = request.getfixturevalue("control_plane")
-    reset(cp)
-    real = FakeCluster(
-        nodes=1, kubeconfig=cp.write_kubeconfig(cp.workdir / "allocation-config.kubeconfig"), make_node=cp.add_node
-    )
-    try:
-        yield real
-    finally:
-        real.close()
-        coexistence.force_delete_pods(real.rest, [NS])
-        cp.request(
-            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
-        )
-        reset(cp, timeout=120)
+    yield from fake_or_real_world(request, nodes=1, namespaces=[NS])
 
 
 def _allocated(cluster: FakeCluster) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from agent.names import GATE, QUEUE_LABEL
 from fakes.cluster import FakeCluster, wait_for
 from tests.integration import coexistence
+from tests.integration.conftest import FAKE_AND_REAL, fake_or_real_world
 
 NS = "prioritized"
 # (pod, its template's subrequests as (name, count)), created in this order on two empty 8-GPU nodes
@@ -31,28 +32,9 @@ PODS_IN_ORDER = [
 ]
 
 
-@pytest.fixture(params=["fake", pytest.param("real", marks=[pytest.mark.controlplane, pytest.mark.timeout(300)])])
+@pytest.fixture(params=FAKE_AND_REAL)
 def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
-    if request.param == "fake":
-        with FakeCluster(nodes=2) as fake:
-            yield fake
-        return
-    from tests.controlplane.cluster import reset
-
-    cp = request.getfixturevalue("control_plane")
-    reset(cp)
-    real = FakeCluster(
-        nodes=2, kubeconfig=cp.write_kubeconfig(cp.workdir / "first-available.kubeconfig"), make_node=cp.add_node
-    )
-    try:
-        yield real
-    finally:
-        real.close()
-        coexistence.force_delete_pods(real.rest, [NS])
-        cp.request(
-            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
-        )
-        reset(cp, timeout=120)
+    yield from fake_or_real_world(request, nodes=2, namespaces=[NS])
 
 
 def _template(cluster: FakeCluster, name: str, subrequests: list[tuple[str, int]]) -> None:

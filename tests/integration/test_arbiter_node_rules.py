@@ -18,34 +18,15 @@ from agent.arbiter.controller import ArbiterConfig
 from agent.kube.rest import NODES, PODS, STRATEGIC_MERGE_PATCH
 from agent.names import GATE
 from fakes.cluster import FakeCluster, wait_for
-from tests.integration import coexistence
+from tests.integration.conftest import FAKE_AND_REAL, fake_or_real_world, world_on_control_plane
 
 NS = "team"
 DEDICATED = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
 
 
-@pytest.fixture(params=["fake", pytest.param("real", marks=[pytest.mark.controlplane, pytest.mark.timeout(300)])])
+@pytest.fixture(params=FAKE_AND_REAL)
 def cluster(request: pytest.FixtureRequest) -> Iterator[FakeCluster]:
-    if request.param == "fake":
-        with FakeCluster(nodes=2) as fake:
-            yield fake
-        return
-    from tests.controlplane.cluster import reset
-
-    cp = request.getfixturevalue("control_plane")
-    reset(cp)
-    real = FakeCluster(
-        nodes=2, kubeconfig=cp.write_kubeconfig(cp.workdir / "node-rules.kubeconfig"), make_node=cp.add_node
-    )
-    try:
-        yield real
-    finally:
-        real.close()
-        coexistence.force_delete_pods(real.rest, [NS])
-        cp.request(
-            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
-        )
-        reset(cp, timeout=120)  # the nodes too, their taints and labels with them
+    yield from fake_or_real_world(request, nodes=2, namespaces=[NS])
 
 
 def test_pods_are_admitted_only_to_nodes_kube_scheduler_binds_them_to(cluster: FakeCluster) -> None:
@@ -151,15 +132,7 @@ def test_a_pod_asking_an_extended_resource_goes_where_a_node_has_it(cluster: Fak
 def test_an_admitted_pod_kube_scheduler_will_not_bind_is_reported_in_its_words(control_plane: Any) -> None:
     # a rule the arbiter does not read (pod anti-affinity): it admits the pod to the only node, kube-scheduler
     # 1.37.2 refuses to bind it there, and the arbiter says so on the pod instead of leaving it silently pending
-    from tests.controlplane.cluster import reset
-
-    reset(control_plane)
-    cluster = FakeCluster(
-        nodes=1,
-        kubeconfig=control_plane.write_kubeconfig(control_plane.workdir / "unbindable.kc"),
-        make_node=control_plane.add_node,
-    )
-    try:
+    with world_on_control_plane(control_plane, nodes=1, namespaces=[NS], name="unbindable") as cluster:
         (node,) = cluster.agents
         cluster.rest.patch(
             NODES,
@@ -213,10 +186,3 @@ def test_an_admitted_pod_kube_scheduler_will_not_bind_is_reported_in_its_words(c
         assert message.startswith(f"kube-scheduler does not bind this pod to {node}, where the arbiter admitted it")
         assert "didn't match pod anti-affinity rules" in message
         assert not cluster.rest.get(PODS, NS, "apart")["spec"].get("nodeName")
-    finally:
-        cluster.close()
-        coexistence.force_delete_pods(cluster.rest, [NS])
-        control_plane.request(
-            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
-        )
-        reset(control_plane, timeout=120)
