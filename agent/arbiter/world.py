@@ -286,14 +286,20 @@ def unbindable(pod: Json, node: str) -> Unbindable | None:
     return None
 
 
-def _pool_devices(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, set[str]]:
-    """node -> names of its whole-GPU devices in the newest generation of its pool."""
+def _newest_generations(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, int]:
+    """pool -> the newest generation `driver`'s slices publish of it."""
     newest: dict[str, int] = {}
     for s in slices:
         spec = s.get("spec") or {}
         if spec.get("driver") == driver:
             name, generation = pool_of(spec)
             newest[name] = max(newest.get(name, 0), generation)
+    return newest
+
+
+def _pool_devices(slices: Sequence[Mapping[str, Any]], driver: str) -> dict[str, set[str]]:
+    """node -> names of its whole-GPU devices in the newest generation of its pool."""
+    newest = _newest_generations(slices, driver)
     out: dict[str, set[str]] = {}
     for spec, (pool, device), d in published_devices(slices, driver):
         if pool_of(spec)[1] == newest[pool] and spec.get("nodeName") and device_type(d) == "gpu":
@@ -306,10 +312,7 @@ def _device_room(
 ) -> dict[str, tuple[tuple[float, int], tuple[float, int]]]:
     """node -> ((whole GPUs, MIG devices) no claim holds, (whole GPUs, MIG devices) published), of the newest
     generation of each node's pool."""
-    newest: dict[str, int] = {}
-    for spec, _key, _d in published_devices(slices, driver):
-        name, generation = pool_of(spec)
-        newest[name] = max(newest.get(name, 0), generation)
+    newest = _newest_generations(slices, driver)
     held = {key for c in claims if is_allocated(c) for key in allocated_devices(c, driver)}
     out = {n: [0, 0, 0, 0] for n in nodes}  # free GPUs, free MIG, GPUs, MIG
     for spec, key, d in published_devices(slices, driver):
@@ -486,9 +489,8 @@ class WorldCache:
     def __init__(self) -> None:
         self.pods: dict[str, _PodRead] = {}
         self.jobs: dict[str, _JobRead] = {}
-        self.pools_read: list[Json] = []  # the slices `pools` was read from
+        self.slices_read: list[Json] = []  # the slices `pools`, `devices` and `jobs` were read from
         self.pools: dict[str, set[str]] | None = None  # _pool_devices
-        self.slices_read: list[Json] = []  # the slices `devices` was read from
         self.devices: (
             tuple[
                 dict[tuple[str, str], float],
@@ -499,6 +501,11 @@ class WorldCache:
         ) = None
         self.pods_read = 0  # pods read afresh by the last snapshot (tests, the benchmark)
         self.jobs_weighed = 0  # gangs weighed afresh by the last snapshot
+
+    def read_slices(self, slices: Sequence[Json]) -> None:
+        """Forget what was read from the slices when any of them changed (every gang's weighing included)."""
+        if not _same_objects(self.slices_read, slices):
+            self.slices_read, self.pools, self.devices, self.jobs = list(slices), None, None, {}
 
 
 def _same_objects(before: Sequence[Json], now: Sequence[Json]) -> bool:
@@ -566,8 +573,13 @@ class _Objects:
         return {q.name: q for q in self.queues}
 
     @functools.cached_property
-    def parents(self) -> set[str]:
-        return {q.parent for q in self.queues if q.parent}
+    def children(self) -> dict[str, list[str]]:
+        """Parent queue -> its child queues' names, sorted."""
+        out: dict[str, list[str]] = {}
+        for q in self.queues:
+            if q.parent:
+                out.setdefault(q.parent, []).append(q.name)
+        return {parent: sorted(names) for parent, names in out.items()}
 
 
 def _read_objects(
@@ -600,12 +612,12 @@ class _Served:
 def _serve_nodes(
     nodes: Iterable[Json], slices: Sequence[Json], driver: str, cache: WorldCache | None = None
 ) -> _Served:
-    if cache is not None and _same_objects(cache.pools_read, slices) and cache.pools is not None:
+    if cache is not None and cache.pools is not None:  # read_slices: the slices are those it was read from
         devices = cache.pools
     else:
         devices = _pool_devices(slices, driver)
         if cache is not None:
-            cache.pools_read, cache.pools = list(slices), devices
+            cache.pools = devices
     managed: list[Json] = []
     unserved: dict[str, tuple[int, str]] = {}
     for n in nodes:
@@ -688,11 +700,10 @@ def _group_gangs(
         elif queue not in objects.by_queue:
             waiting[job] = f"queue {queue} does not exist"
             unweighed.add(job)
-        elif queue in objects.parents:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
-            below = ", ".join(sorted(q.name for q in objects.queues if q.parent == queue))
+        elif queue in objects.children:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
             waiting[job] = (
-                f"queue {queue} is a parent queue (of {below}); only leaf queues take pods: the gang "
-                f"waits until it names a leaf queue or {queue} has no child queue again"
+                f"queue {queue} is a parent queue (of {', '.join(objects.children[queue])}); only leaf queues "
+                f"take pods: the gang waits until it names a leaf queue or {queue} has no child queue again"
             )
             unweighed.add(job)
             if read.status == "Pending":
@@ -878,14 +889,14 @@ def _weigh_gangs(
     waiting: dict[str, str] = {}
     invalid: dict[str, Invalid] = {}
     # what the published devices are worth, and which are shareable: read again only when a slice changed
-    if cache is not None and _same_objects(cache.slices_read, slices) and cache.devices is not None:
+    if cache is not None and cache.devices is not None:  # read_slices: the slices are those it was read from
         worth, shareable, capacities = cache.devices
     else:
         worth = device_gpus(slices, driver)
         shareable = share_devices(slices, driver)
         capacities = {key: {name: float(c.value) for name, c in caps.items()} for key, caps in shareable.items()}
         if cache is not None:
-            cache.slices_read, cache.devices, cache.jobs = list(slices), (worth, shareable, capacities), {}
+            cache.devices = (worth, shareable, capacities)
     cached_jobs: dict[str, _JobRead] = {}
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
     seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
@@ -1123,9 +1134,10 @@ def build_world(
     `cache`: the WorldCache of the caller's earlier snapshots; the snapshot is the same with it, built faster.
     `refused_claims`: claim key -> why a node refused it as written; a pending pod with one waits, saying so."""
     objects = _read_objects(claims, pod_groups, queues, slices)
-    served = _serve_nodes(nodes, objects.slices, driver, cache)
     if cache is not None:
+        cache.read_slices(objects.slices)
         cache.pods_read = cache.jobs_weighed = 0
+    served = _serve_nodes(nodes, objects.slices, driver, cache)
     found = _group_gangs(
         pods,
         objects,
@@ -1140,7 +1152,7 @@ def build_world(
     waiting = {**found.waiting}
     waiting.update(weighed_gangs.waiting)
     invalid = {**objects.invalid, **found.invalid, **weighed_gangs.invalid}
-    leaf_jobs = [j for j in weighed_gangs.jobs if j.queue in objects.by_queue and j.queue not in objects.parents]
+    leaf_jobs = [j for j in weighed_gangs.jobs if j.queue in objects.by_queue and j.queue not in objects.children]
     snapshot = Snapshot(nodes=tuple(weighed_nodes.specs), queues=tuple(objects.queues), jobs=tuple(leaf_jobs), now=now)
     return World(
         snapshot,
