@@ -343,8 +343,9 @@ class NodeAgent:
 
     def _compute_domain_plugin(self) -> ComputeDomainPlugin:
         """The second driver, for this node's fabric clique (none: it publishes nothing and prepares nothing)."""
+        from agent.claims.checkpoint import read_boot_id
         from agent.computedomain.channels import node_clique
-        from agent.computedomain.plugin import ComputeDomainPlugin, ComputeDomainSettings, read_boot_id
+        from agent.computedomain.plugin import ComputeDomainPlugin, ComputeDomainSettings
 
         c = self.config
         settings = ComputeDomainSettings(

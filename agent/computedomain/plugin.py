@@ -583,10 +583,3 @@ def _result(node_name: str, record: ClaimRecord) -> PrepareResult:
     return PrepareResult(
         devices=tuple(PreparedDevice((d.request,), node_name, d.device, d.cdi_ids) for d in record.devices)
     )
-
-
-def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return "unknown"
