@@ -603,7 +603,7 @@ class NodeAgent:
                 log.exception("checking the MPS daemons of prepared claims failed")
                 continue
             for r in revivals:
-                claim = {"metadata": {"namespace": r.namespace, "name": r.name, "uid": r.uid}}
+                claim = ClaimRef(r.namespace, r.uid, r.name)
                 if not r.error:
                     told.pop(r.uid, None)
                     message = (
@@ -611,15 +611,11 @@ class NodeAgent:
                         f"again (pid {r.new_pid})"
                     )
                     log.warning("claim %s/%s: %s", r.namespace, r.name, message, extra={"claim_uid": r.uid})
-                    self._events.record(
-                        claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestarted", message, type_="Warning"
-                    )
+                    self._notify(claim, "Warning", "MpsDaemonRestarted", message)
                 elif told.get(r.uid) != r.error:
                     told[r.uid] = r.error
                     log.error("claim %s/%s: %s", r.namespace, r.name, r.error, extra={"claim_uid": r.uid})
-                    self._events.record(
-                        claim, "ResourceClaim", "resource.k8s.io/v1", "MpsDaemonRestartFailed", r.error, type_="Warning"
-                    )
+                    self._notify(claim, "Warning", "MpsDaemonRestartFailed", r.error)
 
     def _health_publish_loop(self) -> None:
         while True:
