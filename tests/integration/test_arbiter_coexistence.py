@@ -21,6 +21,7 @@ from agent.kube.rest import DEVICE_TAINT_RULES, RESOURCE_CLAIMS
 from agent.names import FENCE_RULE, FENCE_TAINT
 from fakes.cluster import DRIVER, FakeCluster, wait_for
 from tests.integration import coexistence
+from tests.integration.conftest import world_on_control_plane
 
 EVENTS_PATH = "/api/v1/namespaces/{ns}/events"
 
@@ -121,21 +122,9 @@ def test_a_device_in_two_claims_is_reported_and_the_rest_is_still_admitted() -> 
 
 @pytest.fixture
 def real_site(control_plane: Any) -> Iterator[tuple[Any, FakeCluster]]:
-    from tests.controlplane.cluster import reset
-
-    reset(control_plane)
-    path = control_plane.write_kubeconfig(control_plane.workdir / "coexistence.kubeconfig")
-    cluster = FakeCluster(nodes=16, kubeconfig=path, make_node=control_plane.add_node)
-    try:
+    namespaces = ["plain", *(f"ns-q{q}" for q in range(4))]
+    with world_on_control_plane(control_plane, nodes=16, namespaces=namespaces, name="coexistence") as cluster:
         yield control_plane, cluster
-    finally:
-        cluster.close()
-        coexistence.force_delete_pods(cluster.rest, ["plain", *(f"ns-q{q}" for q in range(4))])
-        # the Queue CRD (and with it every Queue) goes too: the next test on this control plane starts clean
-        control_plane.request(
-            "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
-        )
-        reset(control_plane, timeout=120)
 
 
 @pytest.mark.controlplane
