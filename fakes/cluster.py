@@ -14,6 +14,7 @@ its published ResourceSlices; kubelet and prepare are not involved (tests of the
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import secrets
 import subprocess
@@ -221,6 +222,32 @@ class FakeCluster:
             thread.start()
         self._arbiters.append((arbiter, stop, thread))
         return arbiter
+
+    def arbiter_process(
+        self,
+        *flags: str,
+        kubeconfig: pathlib.Path | None = None,
+        stdout: Any = subprocess.DEVNULL,
+        stderr: Any = subprocess.DEVNULL,
+    ) -> subprocess.Popen[bytes]:
+        """`gpu-dra-agent arbiter` against this cluster in a process of its own (the package from the working
+        directory, the checkout): its kubeconfig (or `kubeconfig`), its token file, no metrics server, then
+        `flags`. The caller stops it."""
+        command = [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "arbiter",
+            "--kubeconfig",
+            str(kubeconfig or self.kubeconfig),
+            "--reservation-token-file",
+            str(self.token_file),
+            "--metrics-addr",
+            "",
+            *flags,
+        ]
+        env = {**os.environ, "PYTHONPATH": os.getcwd()}
+        return subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr)
 
     def stop_arbiters(self) -> None:
         for arbiter, stop, thread in self._arbiters:

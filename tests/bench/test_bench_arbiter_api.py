@@ -24,8 +24,6 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -255,24 +253,8 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
         cluster.gang(f"ns-{q}", name, q, pods=size, gpus=1)
     _claims_made(cluster, pods, PODS_TOTAL)
     log_path = cluster.root / "arbiter.log"
-    command = [
-        sys.executable,
-        "-m",
-        "agent.cli",
-        "arbiter",
-        "--kubeconfig",
-        str(cluster.kubeconfig),
-        "--reservation-token-file",
-        str(cluster.token_file),
-        "--metrics-addr",
-        "",
-        "--period",
-        str(period_s),
-        "--log-format",
-        "json",
-    ]
     with kubelet, open(log_path, "w") as log, Occupancy(cluster) as occupancy:
-        proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.getcwd()}, stderr=log)
+        proc = cluster.arbiter_process("--period", str(period_s), "--log-format", "json", stdout=None, stderr=log)
         try:
             wait_for(
                 lambda: "arbiter running" in log_path.read_text(),

@@ -24,7 +24,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -133,25 +132,7 @@ def cluster() -> Iterator[FakeCluster]:
 
 
 def _arbiter(cluster: FakeCluster, kubeconfig: Any = None, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    command = [
-        sys.executable,
-        "-m",
-        "agent.cli",
-        "arbiter",
-        "--kubeconfig",
-        str(kubeconfig or cluster.kubeconfig),
-        "--reservation-token-file",
-        str(cluster.token_file),
-        "--metrics-addr",
-        "",
-        "--period",
-        "0.1",
-        "--reservation-ttl",
-        str(TTL_S),
-        *extra,
-    ]
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return cluster.arbiter_process("--period", "0.1", "--reservation-ttl", str(TTL_S), *extra, kubeconfig=kubeconfig)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -343,31 +343,15 @@ def test_kill_minus_nine_of_the_arbiter_loses_nothing(cluster: FakeCluster) -> N
         cluster.gang(NS, f"g{i}", "team-a", pods=2, gpus=2)
     for i in range(4):
         cluster.gang(NS, f"s{i}", "team-a", pods=1, gpus=1)
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    command = [
-        sys.executable,
-        "-m",
-        "agent.cli",
-        "arbiter",
-        "--kubeconfig",
-        str(cluster.kubeconfig),
-        "--reservation-token-file",
-        str(cluster.token_file),
-        "--metrics-addr",
-        "",
-        "--period",
-        "0.1",
-        "--cycle-gap",
-        "0.1",
-    ]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    flags = ("--period", "0.1", "--cycle-gap", "0.1")
+    proc = cluster.arbiter_process(*flags)
     try:
         wait_for(lambda: any(not gated(p) for p in cluster.pods(NS)), timeout=60, what="the first admission")
         os.kill(proc.pid, signal.SIGKILL)  # tried: killed while it admits the other gangs
         proc.wait(timeout=10)
         log_path = cluster.root / "restarted-arbiter.log"
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([*command, "--log-format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=log)
+            proc = cluster.arbiter_process(*flags, "--log-format", "json", stderr=log)
         wait_for(
             lambda: len([p for p in cluster.pods(NS) if p["spec"].get("nodeName")]) == 10,
             timeout=60,
@@ -522,25 +506,8 @@ def test_a_queue_with_a_missing_parent_stops_no_admission_and_says_why(cluster: 
 def test_with_leader_election_one_arbiter_decides_and_a_standby_takes_over(cluster: FakeCluster) -> None:
     from agent.kube.rest import LEASES
 
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    command = [
-        sys.executable,
-        "-m",
-        "agent.cli",
-        "arbiter",
-        "--kubeconfig",
-        str(cluster.kubeconfig),
-        "--reservation-token-file",
-        str(cluster.token_file),
-        "--metrics-addr",
-        "",
-        "--period",
-        "0.1",
-        "--leader-elect",
-        "--leader-elect-namespace",
-        "default",
-    ]
-    procs = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    flags = ("--period", "0.1", "--leader-elect", "--leader-elect-namespace", "default")
+    procs = [cluster.arbiter_process(*flags) for _ in range(2)]
     try:
         cluster.gang(NS, "first", "team-a", pods=1, gpus=8)
         wait_for(lambda: running(cluster, "first-"), timeout=90, what="the leader admits")
