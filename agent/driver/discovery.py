@@ -153,7 +153,7 @@ def discover(
         )
     release = kernel_release if kernel_release is not None else os.uname().release
     custom = firmware_class_path if firmware_class_path is not None else _firmware_class_path()
-    binaries, firmware, sockets = _binaries(fs), _firmware(fs, version, release, custom), _sockets(fs)
+    binaries, firmware, sockets = _binaries(fs), list(_firmware(fs, version, release, custom)), list(_sockets(fs))
     left_out = [lib.path for lib in libraries if unfit_name(lib.path, lib.soname)]
     left_out += [f.path for f in (*binaries, *firmware, *sockets) if unfit_name(f.path, f.source)]
     files = DriverFiles(
@@ -286,11 +286,7 @@ def firmware_dirs(release: str, custom: str) -> tuple[str, ...]:
     return tuple(d.strip("/") for d in dirs)
 
 
-def _firmware(fs: DriverRootFs, version: str, release: str, custom: str) -> list[File]:
-    return list(_firmware_files(fs, version, release, custom))
-
-
-def _firmware_files(fs: DriverRootFs, version: str, release: str, custom: str) -> Iterator[File]:
+def _firmware(fs: DriverRootFs, version: str, release: str, custom: str) -> Iterator[File]:
     seen: set[str] = set()
     for folder in firmware_dirs(release, custom):
         path = f"{folder}/nvidia/{version}"
@@ -304,11 +300,7 @@ def _firmware_files(fs: DriverRootFs, version: str, release: str, custom: str) -
                 yield File(f"{path}/{name}", real)
 
 
-def _sockets(fs: DriverRootFs) -> list[File]:
-    return list(_socket_files(fs))
-
-
-def _socket_files(fs: DriverRootFs) -> Iterable[File]:
+def _sockets(fs: DriverRootFs) -> Iterable[File]:
     for name in SOCKETS:
         for folder in SOCKET_DIRS:
             path = f"{folder}/{name}"
