@@ -514,6 +514,7 @@ def _same_objects(before: Sequence[Json], now: Sequence[Json]) -> bool:
 
 def _read_pod_cached(
     pod: Json,
+    key: str,
     groups: Mapping[str, Json],
     claims: Mapping[str, Json],
     default_queue: str | None,
@@ -521,10 +522,9 @@ def _read_pod_cached(
     cache: WorldCache | None,
     seen: dict[str, _PodRead],
 ) -> _Pod | str | None:
+    """_read_pod, or what it read last time from the same objects; `key`: the pod's (pod_key)."""
     if cache is None:
         return _read_pod(pod, groups, claims, default_queue)
-    m = meta(pod)
-    key = f"{m.get('namespace')}/{m.get('name')}"
     hit = cache.pods.get(key)
     if (
         hit is not None
@@ -536,7 +536,7 @@ def _read_pod_cached(
         seen[key] = hit
         return hit.read
     read = _read_pod(pod, groups, claims, default_queue)  # raises for a malformed pod: nothing remembered
-    ns = str(m.get("namespace"))
+    ns = str(meta(pod).get("namespace"))
     group_name = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
     group_key = f"{ns}/{group_name}" if group_name else None
     claim_keys = tuple(f"{ns}/{n}" for n in _facts(pod).names)
@@ -670,7 +670,8 @@ def _group_gangs(
     seen: dict[str, _PodRead] = {}
     for pod in pods:
         try:
-            read = _read_pod_cached(pod, objects.groups, objects.claims, default_queue, cache=cache, seen=seen)
+            key = pod_key(pod)
+            read = _read_pod_cached(pod, key, objects.groups, objects.claims, default_queue, cache=cache, seen=seen)
         except (AttributeError, TypeError, ValueError) as e:  # a malformed object: reported, never fatal
             bad = Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}")
             out.invalid[bad.key] = bad
@@ -681,7 +682,7 @@ def _group_gangs(
         if not isinstance(read, _Pod):
             out.other_pods.append(pod)
             continue
-        going = in_flight.get(pod_key(pod)) if in_flight and read.status == "Pending" else None
+        going = in_flight.get(key) if in_flight and read.status == "Pending" else None
         if going is not None:
             read = replace(read, status="Running", node=going)
             out.flying.add(read.job)
@@ -731,7 +732,7 @@ def _group_gangs(
             # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
             nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
             if nodes_allowed is not None:
-                out.allowed[pod_key(pod)] = nodes_allowed
+                out.allowed[key] = nodes_allowed
             if why:
                 waiting.setdefault(job, f"no node may run {name}: {why}")
         gang = out.gangs.get(job)
@@ -742,7 +743,7 @@ def _group_gangs(
                 min_count = int((policy.get("gang") or {}).get("minCount") or 1)
             gang = out.gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
         member = Member(
-            pod_key(pod), pod, [c for c in read.found if c is not None], read.node if read.status != "Pending" else None
+            key, pod, [c for c in read.found if c is not None], read.node if read.status != "Pending" else None
         )
         gang.members[member.key] = member
         out.members[member.key] = member
