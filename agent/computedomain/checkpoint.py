@@ -89,7 +89,8 @@ class CheckpointStore:
             "bootID": checkpoint.boot_id,
             "claims": {uid: _json(r) for uid, r in sorted(checkpoint.claims.items())},
         }
-        files.write_atomic(self.path, json.dumps(data, indent=1).encode())
+        # compact: the C encoder, ~15x faster than the indenting one on an All claim's 2048 channels, twice a prepare
+        files.write_atomic(self.path, json.dumps(data, separators=(",", ":")).encode())
 
 
 def _check_format(data: Mapping[str, Any]) -> None:

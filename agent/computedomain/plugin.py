@@ -547,8 +547,9 @@ class ComputeDomainPlugin:
             claims.pop(uid, None)
         else:
             claims[uid] = record
-        self._store.save(Checkpoint(self._checkpoint.boot_id, claims))
-        self._checkpoint = Checkpoint(self._checkpoint.boot_id, claims)
+        checkpoint = Checkpoint(self._checkpoint.boot_id, claims)
+        self._store.save(checkpoint)
+        self._checkpoint = checkpoint
 
     def _spec_path(self, uid: str) -> Path:
         return self.settings.cdi_root / channels.spec_file_name(uid)
