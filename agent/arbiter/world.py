@@ -784,17 +784,17 @@ def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str)
     CPU, memory and the rest less what pods outside the snapshot ask there."""
     devices, gangs, statuses, left_out = served.devices, found.gangs, found.statuses, found.left_out
     attributed = {c for job, held in found.holding.items() if job not in left_out for c in held}  # snapshot pods'
+    allocated = [(key, c) for key, c in objects.claims.items() if is_allocated(c)]
     owners: dict[tuple[str, str], list[str]] = {}  # every device of ours allocated whole -> the claims holding it
-    for key, c in objects.claims.items():
-        if is_allocated(c):
-            for whole in allocated_devices(c, driver, shares=False):
-                owners.setdefault(whole, []).append(key)
+    for key, c in allocated:
+        for whole in allocated_devices(c, driver, shares=False):
+            owners.setdefault(whole, []).append(key)
     # A device counts as used once, whoever holds it: held by a snapshot pod, it is in that pod's GPUs (twice if
     # two snapshot pods' claims hold it, so the node gets one back); otherwise it is taken from the node. A GPU
     # whose shares other claims hold is held once too.
     held_devices: dict[str, set[str]] = {}
-    for key, c in objects.claims.items():
-        if key in attributed or not is_allocated(c):
+    for key, c in allocated:
+        if key in attributed:
             continue
         for pool, name in allocated_devices(c, driver):
             if pool in devices and not any(k in attributed for k in owners.get((pool, name), ())):
@@ -836,7 +836,7 @@ def _weigh_nodes(objects: _Objects, served: _Served, found: _Gangs, driver: str)
     addresses: dict[str, str] = {}
     # ComputeDomain channels (agent.arbiter.domains): where published, the node's clique and its free channels
     channels = domains.offered(objects.slices)
-    channels_held = domains.held(objects.claims.values()) if channels else {}
+    channels_held = domains.held(c for _, c in allocated) if channels else {}
     for n in served.managed:
         name = str(meta(n).get("name"))
         addresses[name] = str(meta(n)["annotations"][ADDRESS_ANNOTATION])
