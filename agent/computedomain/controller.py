@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
 
 from agent.computedomain import model, templates
 from agent.computedomain.model import FINALIZER, ComputeDomain, InvalidComputeDomain
@@ -44,7 +42,6 @@ class ComputeDomainController:
         self._wake = threading.Event()
         self._told: dict[str, str] = {}  # domain uid -> the last warning told about it
         self.domains = Informer(rest, COMPUTE_DOMAINS, self._wake.set, optional=True)
-        self.passes = 0
 
     def start(self) -> ComputeDomainController:
         self.domains.start()
@@ -68,7 +65,6 @@ class ComputeDomainController:
                 self.reconcile(str(meta.get("namespace")), str(meta.get("name")))
             except ApiError as exc:  # the next pass tries again; one domain never stops the others
                 log.warning("ComputeDomain %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-        self.passes += 1
 
     def reconcile(self, namespace: str, name: str) -> None:
         try:
@@ -161,12 +157,3 @@ def _drop_finalizer(rest: Rest, resource: Resource, obj: Json) -> None:
     obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
     with contextlib.suppress(NotFound):
         rest.replace(resource, obj)
-
-
-def run_in_thread(
-    controller: ComputeDomainController, stop: threading.Event, spawn: Callable[..., Any] = threading.Thread
-) -> Any:
-    """The controller's loop in a daemon thread (tests and the demo)."""
-    thread = spawn(target=controller.run, args=(stop,), name="compute-domain-controller", daemon=True)
-    thread.start()
-    return thread

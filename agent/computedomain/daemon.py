@@ -55,7 +55,6 @@ class DomainDaemon:
         self.bind_address = bind_address
         self.env = env
         self.peers: tuple[str, ...] = ()
-        self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,7 +85,6 @@ class DomainDaemon:
         self._write_nodes(peers)
         self._terminate()
         self._spawn()
-        self.restarts += 1
         return True
 
     def revive(self) -> bool:
@@ -94,7 +92,6 @@ class DomainDaemon:
         if self.running():
             return False
         self._spawn()
-        self.restarts += 1
         return True
 
     def check(self, timeout: float = 10.0) -> tuple[bool, str]:
