@@ -22,6 +22,7 @@ from pathlib import Path
 
 from agent import files
 from agent.computedomain import imexconfig
+from agent.sharing.mps import alive
 
 log = logging.getLogger(__name__)
 
@@ -208,13 +209,9 @@ def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+    while alive(pid):  # the MPS daemons' test: a zombie no one reaps has exited too
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
             return
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
         time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
