@@ -346,9 +346,12 @@ class ClaimStates:
         for r in allocation.results:
             by_device.setdefault((r.device, r.share_id), []).append(r)
 
+        # The other claims' entries for each device, scanned once (every claim held is looked at).
+        held_by = {name: list(_held_by_others(cp, ref.uid, name)) for name, _ in by_device}
         resolved: list[_Resolved] = []
         for name, _ in by_device:
-            resolved.append(self._resolve(cp, inventory, ref.uid, name, [r.dynamic for r in resolved if r.dynamic]))
+            pending = [r.dynamic for r in resolved if r.dynamic]
+            resolved.append(self._resolve(cp, inventory, ref.uid, name, pending=pending, held=held_by[name]))
         refs = [
             DeviceRef(results[0].request, name, r.type, r.cdi.uuid)
             for ((name, _), results), r in zip(by_device.items(), resolved, strict=True)
@@ -373,7 +376,7 @@ class ClaimStates:
                 dynamic_mig=found.dynamic,
                 mig_mode_switched=found.switches_mig_mode,
             )
-            held = list(_held_by_others(cp, ref.uid, name))  # the other claims' entries for it, scanned once
+            held = held_by[name]
             if share_id:
                 self._check_share(ref, device, held, [p.checkpointed for p in planned], inventory)
             self._check_free(device, held)
@@ -387,10 +390,17 @@ class ClaimStates:
         return _with_share_limits(planned, inventory)
 
     def _resolve(
-        self, cp: Checkpoint, inventory: Inventory, uid: str, device_name: str, pending: Sequence[DynamicMig]
+        self,
+        cp: Checkpoint,
+        inventory: Inventory,
+        uid: str,
+        device_name: str,
+        *,
+        pending: Sequence[DynamicMig],
+        held: Sequence[tuple[ClaimEntry, CheckpointedDevice]],
     ) -> _Resolved:
         """An allocated device that exists and is healthy here, or a free MIG placement to create.
-        `pending`: placements this claim already plans to create."""
+        `pending`: placements this claim already plans to create; `held`: the other claims' entries for it."""
         try:
             parsed = names.parse_device_name(device_name)
         except names.InvalidDeviceName as exc:
@@ -399,19 +409,19 @@ class ClaimStates:
             gpu = inventory.gpu(parsed.minor)
             if gpu is None:
                 raise ClaimError(f"device {device_name} does not exist on node {self.node_name}")
-            switch = self._whole_gpu_switch(cp, inventory, uid, gpu, device_name)
+            switch = self._whole_gpu_switch(cp, inventory, gpu, device_name, held)
             nodes = cdi.gpu_device_nodes(gpu.minor)
             found = _Resolved("gpu", CdiDevice(device_name, gpu.uuid, nodes), switches_mig_mode=switch)
-        elif (held := _created_for_others(cp, uid, device_name)) is not None:
+        elif (created := next((d for _, d in held if d.dynamic_mig is not None), None)) is not None:
             # Made for another claim (the inventory may not show it yet): share it, and its destruction.
-            plan = held.dynamic_mig
+            plan = created.dynamic_mig
             assert plan is not None
             if plan.gpu_instance_id is None or plan.compute_instance_id is None:
                 raise ClaimError(f"MIG device {device_name} is being created for another claim; try again")
             nodes = cdi.mig_device_nodes(
                 parsed.parent_minor, plan.gpu_instance_id, plan.compute_instance_id, self.mig_caps
             )
-            found = _Resolved("mig", CdiDevice(device_name, held.uuid, nodes), plan, held.mig_mode_switched)
+            found = _Resolved("mig", CdiDevice(device_name, created.uuid, nodes), plan, created.mig_mode_switched)
         else:
             mig = next(
                 (
@@ -435,11 +445,19 @@ class ClaimStates:
             raise ClaimError(f"device {device_name} is unhealthy")
         return found
 
-    def _whole_gpu_switch(self, cp: Checkpoint, inventory: Inventory, uid: str, gpu: Gpu, device_name: str) -> bool:
+    def _whole_gpu_switch(
+        self,
+        cp: Checkpoint,
+        inventory: Inventory,
+        gpu: Gpu,
+        device_name: str,
+        held: Sequence[tuple[ClaimEntry, CheckpointedDevice]],
+    ) -> bool:
         """Whether prepare turns MIG mode off for this whole GPU (and unprepare back on), or a ClaimError
-        where the GPU cannot run as a whole: MIG mode on and not switchable without a reset, or in use."""
+        where the GPU cannot run as a whole: MIG mode on and not switchable without a reset, or in use.
+        `held`: the other claims' entries for it."""
         if not gpu.mig_enabled:  # off: switched off by another claim holding it, or never on
-            return any(held.mig_mode_switched for _, held in _held_by_others(cp, uid, device_name))
+            return any(d.mig_mode_switched for _, d in held)
         if self.migs is None or not deliverable.switches_mig_mode_at_once(gpu):
             raise ClaimError(f"device {device_name} has MIG mode enabled: only its MIG devices can be used")
         in_use = bool(gpu.gpu_instances or inventory.mig_devices_of(gpu.minor)) or any(
@@ -824,11 +842,6 @@ def _held_by_others(cp: Checkpoint, uid: str, device_name: str) -> Iterator[tupl
             for held in other.devices:
                 if names.canonical(held.device_name) == wanted:
                     yield other, held
-
-
-def _created_for_others(cp: Checkpoint, uid: str, device_name: str) -> CheckpointedDevice | None:
-    """Another claim's entry for a MIG device that prepare created, if any."""
-    return next((held for _, held in _held_by_others(cp, uid, device_name) if held.dynamic_mig is not None), None)
 
 
 def _occupied(cp: Checkpoint, gpu: Gpu, inventory: Inventory, pending: Sequence[DynamicMig]) -> list[PlacedProfile]:
