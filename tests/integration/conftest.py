@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -26,9 +28,25 @@ if TYPE_CHECKING:
     import fakes.cluster
 
 REAL_TIER = "controlplane"
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
 QUEUE_CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/queues.scheduling.gpu-dra-agent.io"
 # the params of a fixture that yields `fake_or_real_world`
 FAKE_AND_REAL = ["fake", pytest.param("real", marks=[pytest.mark.controlplane, pytest.mark.timeout(300)])]
+
+
+def kubectl(config: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """kubectl itself with `config`, its discovery cache beside it (one per test, never another test's); the
+    result whatever its exit status. For tests marked needs_kubectl."""
+    assert KUBECTL is not None
+    return subprocess.run(
+        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 class Response:

@@ -5,7 +5,6 @@ another leaves neither the fence nor the gate behind (checked with kubectl, as a
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import sys
 import time
@@ -21,10 +20,9 @@ from agent.kube.errors import Conflict, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.rest import DEVICE_TAINT_RULES, EVENTS, LEASES, PODS, RESOURCE_CLAIMS, Resource, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, kubectl, needs_kubectl
 
 NS = "gpu-dra-agent"
-KUBECTL = shutil.which("kubectl")
 DAEMONSET = Path(__file__).resolve().parents[2] / "daemonset"
 NOW = 1_800_000_000.0
 NAMESPACES = Resource("", "v1", "namespaces", False)
@@ -143,23 +141,12 @@ def test_nothing_is_told_where_the_arbiter_is_not_installed(rest: Rest) -> None:
         rest.get(LEASES, NS, ABSENCE_LEASE)  # no agent campaigns where there is no arbiter
 
 
-def kubectl(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None
-    return subprocess.run(
-        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def gates(cluster: Cluster, name: str) -> list[str]:
     got = cluster.raw("GET", f"/api/v1/namespaces/default/pods/{name}").body
     return [g["name"] for g in got["spec"].get("schedulingGates") or ()]
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+@needs_kubectl
 def test_uninstall_hands_waiting_pods_to_kube_scheduler_and_the_next_overlay_has_no_fence(
     cluster: Cluster, tmp_path: Path
 ) -> None:

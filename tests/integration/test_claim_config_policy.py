@@ -6,7 +6,6 @@ ContainerCreating with the error in the kubelet's events only."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -16,12 +15,11 @@ import pytest
 import yaml
 
 from agent.claimconfig.config import ConfigError, parse_config
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, kubectl, needs_kubectl
 from tests.unit.test_claims_config import BAD_CONFIGS
 from tests.unit.test_claims_support import API_VERSION, DRIVER
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+pytestmark = needs_kubectl
 DAEMONSET = Path(__file__).resolve().parents[2] / "daemonset"
 POLICY = DAEMONSET / "base" / "claim-config-policy.yaml"
 
@@ -49,18 +47,6 @@ NVIDIA_STYLE: list[dict[str, Any]] = [
     {"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
     {"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}},
 ]
-
-
-def kubectl(config: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None
-    return subprocess.run(
-        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def claim(name: str, parameters: Any, template: bool = False) -> dict[str, Any]:

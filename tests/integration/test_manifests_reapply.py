@@ -4,28 +4,14 @@ kube-apiserver fills in each resource rule's `scope: "*"`, and kubectl then send
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, kubectl, needs_kubectl
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+pytestmark = needs_kubectl
 DAEMONSET = Path(__file__).resolve().parents[2] / "daemonset"
-
-
-def kubectl(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None
-    return subprocess.run(
-        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize("install", ["daemonset", "daemonset/overlays/arbiter"])

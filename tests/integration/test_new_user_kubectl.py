@@ -4,30 +4,16 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, kubectl, needs_kubectl
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+pytestmark = needs_kubectl
 DAEMONSET = Path(__file__).resolve().parents[2] / "daemonset"
-
-
-def kubectl(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None
-    return subprocess.run(
-        [KUBECTL, f"--kubeconfig={config}", f"--cache-dir={config.parent / 'cache'}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def rows(output: str) -> list[list[str]]:
