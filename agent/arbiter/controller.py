@@ -270,6 +270,7 @@ class Arbiter:
             self.classes,
             self.taint_rules,
         ]
+        self._by_resource = {inf.resource: inf for inf in self._informers}  # where a write shows (_seen)
         # one write gate for the API and the nodes alike (a leader's Lease check: agent.kube.leader)
         self.directory = NodeDirectory(
             token, fingerprint=self._fingerprint, write_gate=getattr(rest, "write_gate", None)
@@ -562,9 +563,8 @@ class Arbiter:
         """Until the informers show what we wrote (or deleted): a decision on an older copy could commit a
         gang twice or evict more victims than needed."""
         deadline = time.monotonic() + self.config.expectation_timeout_s
-        by_resource = {inf.resource: inf for inf in self._informers}
         while self._expected or self._terminating:
-            self._expected = [w for w in self._expected if not _seen(by_resource[w[0]], w)]
+            self._expected = [w for w in self._expected if not self._seen(w)]
             self._terminating = {k: uid for k, uid in self._terminating.items() if not self._terminates(k, uid)}
             if not (self._expected or self._terminating):
                 return
@@ -577,6 +577,10 @@ class Arbiter:
                 self._terminating.clear()
                 return
             time.sleep(0.005)
+
+    def _seen(self, write: Write) -> bool:
+        """Whether the informer of the written resource shows the write (or a later version, or none)."""
+        return _seen(self._by_resource[write[0]], write)
 
     def _terminates(self, key: str, uid: str) -> bool:
         ns, _, name = key.partition("/")
@@ -723,10 +727,9 @@ class Arbiter:
     def _unseen(self) -> dict[str, list[tuple[Member, str]]]:
         """The gangs placed by us that the informers do not show placed yet (under way, or landed and not seen),
         and where their members go."""
-        by_resource = {inf.resource: inf for inf in self._informers}
         now = time.monotonic()
         for job, landed in list(self._landed.items()):
-            landed.writes = [w for w in landed.writes if not _seen(by_resource[w[0]], w)]
+            landed.writes = [w for w in landed.writes if not self._seen(w)]
             if not landed.writes:
                 del self._landed[job]
             elif now > landed.deadline:
