@@ -16,6 +16,15 @@ def _units(v: Vector) -> dict[str, float]:
     return {"gpu": round(v[0] / MILLI, 3), "cpu": round(v[1], 3), "memory": round(v[2] / _MB, 3)}
 
 
+def _children(snapshot: Snapshot) -> dict[str, list[str]]:
+    """Parent queue -> its child queues, in the snapshot's order."""
+    children: dict[str, list[str]] = {}
+    for q in snapshot.queues:
+        if q.parent is not None:
+            children.setdefault(q.parent, []).append(q.name)
+    return children
+
+
 def queue_statuses(snapshot: Snapshot, result: CycleResult) -> dict[str, dict[str, Any]]:
     parent = {q.name: q.parent for q in snapshot.queues}
     requested: dict[str, list[float]] = {q.name: [0.0, 0.0, 0.0] for q in snapshot.queues}
@@ -34,10 +43,7 @@ def queue_statuses(snapshot: Snapshot, result: CycleResult) -> dict[str, dict[st
                     if holds and not job.preemptible:
                         non_preemptible[name][r] += v
                 name = parent.get(name)
-    children: dict[str, list[str]] = {}
-    for q in snapshot.queues:
-        if q.parent is not None:
-            children.setdefault(q.parent, []).append(q.name)
+    children = _children(snapshot)
     out: dict[str, dict[str, Any]] = {}
     for q in snapshot.queues:
         req, np_ = requested[q.name], non_preemptible[q.name]
@@ -58,10 +64,7 @@ def stranded_reasons(snapshot: Snapshot, stranded: Mapping[str, int]) -> dict[st
     """Queue -> (reason, message) of its `PodsStranded` condition. Only leaf queues take pods (KAI skips jobs
     whose queue has children), so a child Queue created under a leaf strands that leaf's pending pods: both the
     former leaf (`stranded`: parent queue -> pending pods naming it) and the child that made it a parent say so."""
-    children: dict[str, list[str]] = {}
-    for q in snapshot.queues:
-        if q.parent is not None:
-            children.setdefault(q.parent, []).append(q.name)
+    children = _children(snapshot)
     out: dict[str, tuple[str, str]] = {}
     for parent, count in sorted(stranded.items()):
         below = sorted(children.get(parent, []))
