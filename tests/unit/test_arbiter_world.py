@@ -134,8 +134,10 @@ def world(
     queues: list[Any] | None = None,
     nodes: int = 2,
     gpus: int = 8,
+    built: list[tuple[dict[str, Any], dict[str, Any]]] | None = None,
 ) -> Any:
-    built = [node(f"n{i}", gpus) for i in range(nodes)]
+    """The world of these objects on `nodes` nodes of `gpus` GPUs, or on `built` (node(...)s changed first)."""
+    built = built if built is not None else [node(f"n{i}", gpus) for i in range(nodes)]
     return build_world(
         pods=pods,
         claims=claims,
@@ -258,16 +260,7 @@ def test_nodes_without_an_agent_address_or_not_ready_are_left_out() -> None:
     built = [node("n0"), node("n1"), node("n2")]
     built[1][0]["metadata"]["annotations"] = {}
     built[2][0]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
-    w = build_world(
-        pods=[],
-        claims=[],
-        pod_groups=[],
-        queues=[],
-        nodes=[n for n, _ in built],
-        slices=[s for _, s in built],
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([], [], queues=[], built=built)
     assert [n.name for n in w.snapshot.nodes] == ["n0"] and w.addresses == {"n0": "n0:7000"}
 
 
@@ -275,28 +268,19 @@ def test_a_node_whose_agent_publishes_no_certificate_fingerprint_is_never_planne
     # its reservation channel cannot be pinned, so a reserve there could only fail: the gang goes elsewhere
     built = [node("bare", gpus=8), node("n1", gpus=1)]
     del built[0][0]["metadata"]["annotations"][FINGERPRINT_ANNOTATION]
-    w = build_world(
-        pods=[pod("p", "c")],
-        claims=[claim("c")],
-        pod_groups=[],
-        queues=[queue("team-a", gpu_quota=8)],
-        nodes=[n for n, _ in built],
-        slices=[s for _, s in built],
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([pod("p", "c")], [claim("c")], queues=[queue("team-a", gpu_quota=8)], built=built)
     assert [n.name for n in w.snapshot.nodes] == ["n1"] and w.addresses == {"n1": "n1:7000"}
     assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n1"
 
 
-def _zoned(zones: dict[str, str], taints: dict[str, list[dict[str, str]]]) -> tuple[list[Any], list[Any]]:
-    """Nodes with a `zone` label each and, some, taints: the objects and their slices."""
+def _zoned(zones: dict[str, str], taints: dict[str, list[dict[str, str]]]) -> list[tuple[Any, Any]]:
+    """Nodes with a `zone` label each and, some, taints: each object with its slice."""
     built = [node(name) for name in zones]
     for (n, _), name in zip(built, zones, strict=True):
         n["metadata"]["labels"] = {"zone": zones[name]}
         if name in taints:
             n["spec"] = {"taints": taints[name]}
-    return [n for n, _ in built], [s for _, s in built]
+    return built
 
 
 DEDICATED = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
@@ -305,19 +289,10 @@ DEDICATED = {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}
 def test_a_pod_is_placed_only_where_kube_scheduler_will_bind_it() -> None:
     # kube-scheduler binds the pod to the node the arbiter picks (its affinity narrowed to it) or not at all:
     # n0 (first by name, so the cycle's pick without the rules) is tainted, n2 is in the wrong zone
-    nodes, slices = _zoned({"n0": "a", "n1": "a", "n2": "b"}, {"n0": [DEDICATED]})
+    built = _zoned({"n0": "a", "n1": "a", "n2": "b"}, {"n0": [DEDICATED]})
     p = pod("p", "c")
     p["spec"]["nodeSelector"] = {"zone": "a"}
-    w = build_world(
-        pods=[p],
-        claims=[claim("c")],
-        pod_groups=[],
-        queues=[queue("team-a", gpu_quota=8)],
-        nodes=nodes,
-        slices=slices,
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([p], [claim("c")], queues=[queue("team-a", gpu_quota=8)], built=built)
     assert [pp.allowed_nodes for j in w.snapshot.jobs for pp in j.pods] == [frozenset({"n1"})]
     assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n1"
     # tolerating the taint, or its whole key, opens n0 again; required affinity counts as nodeSelector does
@@ -327,16 +302,7 @@ def test_a_pod_is_placed_only_where_kube_scheduler_will_bind_it() -> None:
         {"operator": "Exists"},
     ):
         p["spec"]["tolerations"] = [toleration]
-        w = build_world(
-            pods=[p],
-            claims=[claim("c")],
-            pod_groups=[],
-            queues=[queue("team-a", gpu_quota=8)],
-            nodes=nodes,
-            slices=slices,
-            driver=DRIVER,
-            now=NOW,
-        )
+        w = world([p], [claim("c")], queues=[queue("team-a", gpu_quota=8)], built=built)
         assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n0", toleration
     del p["spec"]["nodeSelector"]
     p["spec"]["affinity"] = {
@@ -346,35 +312,17 @@ def test_a_pod_is_placed_only_where_kube_scheduler_will_bind_it() -> None:
             }
         }
     }
-    w = build_world(
-        pods=[p],
-        claims=[claim("c")],
-        pod_groups=[],
-        queues=[queue("team-a", gpu_quota=8)],
-        nodes=nodes,
-        slices=slices,
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([p], [claim("c")], queues=[queue("team-a", gpu_quota=8)], built=built)
     assert run_cycle(w.snapshot, ["allocate"]).pods["team-a/p"].node == "n2"
 
 
 def test_a_pod_no_node_allows_waits_in_kube_schedulers_words() -> None:
-    nodes, slices = _zoned({"n0": "a", "n1": "a", "n2": "b"}, {"n0": [DEDICATED]})
+    built = _zoned({"n0": "a", "n1": "a", "n2": "b"}, {"n0": [DEDICATED]})
     p = pod("p", "c")
     p["spec"]["nodeSelector"] = {"zone": "b"}
     p["spec"]["tolerations"] = [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]  # not this one
-    nodes[2]["spec"] = {"taints": [DEDICATED]}
-    w = build_world(
-        pods=[p],
-        claims=[claim("c")],
-        pod_groups=[],
-        queues=[queue("team-a", gpu_quota=8)],
-        nodes=nodes,
-        slices=slices,
-        driver=DRIVER,
-        now=NOW,
-    )
+    built[2][0]["spec"] = {"taints": [DEDICATED]}
+    w = world([p], [claim("c")], queues=[queue("team-a", gpu_quota=8)], built=built)
     assert w.snapshot.jobs == ()
     assert w.waiting["team-a/pod/p"] == (
         "no node may run p: 0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
@@ -516,16 +464,7 @@ def test_a_pod_goes_where_the_node_has_the_other_resources_it_asks_for() -> None
     pods = [pod(f"p{i}", f"c{i}") for i in range(3)]
     for p in pods[:2]:
         p["spec"]["containers"][0]["resources"] = fabric
-    w = build_world(
-        pods=[on_n0, *pods],
-        claims=[claim(f"c{i}") for i in range(3)],
-        pod_groups=[],
-        queues=[queue("team-a", gpu_quota=8)],
-        nodes=[n for n, _ in built],
-        slices=[s for _, s in built],
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([on_n0, *pods], [claim(f"c{i}") for i in range(3)], queues=[queue("team-a", gpu_quota=8)], built=built)
     assert {n.name: n.other.get("pods") for n in w.snapshot.nodes} == {"n0": 0.0, "n1": 110.0}
     decisions = run_cycle(w.snapshot, ["allocate"]).pods
     placed = sorted((name, d.node) for name, d in decisions.items())
@@ -730,16 +669,7 @@ def test_a_mig_device_counts_as_its_share_of_a_gpu() -> None:
         }
     )
     c = claim("slice", 1, "n0", ("gpu-0-mig-1g10gb-19-0",), "r")
-    w = build_world(
-        pods=[pod("r", "slice", gated=False, node_name="n0")],
-        claims=[c],
-        pod_groups=[],
-        queues=[queue("root"), queue("team-a", "root", 8)],
-        nodes=[n],
-        slices=[s],
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([pod("r", "slice", gated=False, node_name="n0")], [c], built=[(n, s)])
     (job,) = w.snapshot.jobs
     assert [p.gpu_milli for p in job.pods] == [125]
 
@@ -831,16 +761,7 @@ def test_a_gang_is_told_that_nodes_publishing_gpus_serve_no_reservations() -> No
     built = [node(f"n{i}") for i in range(2)]
     for n, _ in built:
         del n["metadata"]["annotations"][ADDRESS_ANNOTATION]
-    w = build_world(
-        pods=[pod("p", "c1")],
-        claims=[claim("c1", 1)],
-        pod_groups=[],
-        queues=[queue("root"), queue("team-a", "root", 8)],
-        nodes=[n for n, _ in built],
-        slices=[s for _, s in built],
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([pod("p", "c1")], [claim("c1", 1)], built=built)
     reason = wait_reasons(w.snapshot, run_cycle(w.snapshot), w.unserved)["team-a/pod/p"]
     assert reason == (
         "no node the arbiter may place on: 2 node(s) with 16 GPUs serve no reservations (their "
@@ -850,16 +771,7 @@ def test_a_gang_is_told_that_nodes_publishing_gpus_serve_no_reservations() -> No
     assert "0 GPUs on 0 node(s)" not in reason
     # with one node serving, the gang that does not fit is told of the other, after the cluster's numbers
     built[0][0]["metadata"]["annotations"][ADDRESS_ANNOTATION] = "n0:7000"
-    w = build_world(
-        pods=[pod("p", "c12")],
-        claims=[claim("c12", 12)],
-        pod_groups=[],
-        queues=[queue("root"), queue("team-a", "root", 8)],
-        nodes=[n for n, _ in built],
-        slices=[s for _, s in built],
-        driver=DRIVER,
-        now=NOW,
-    )
+    w = world([pod("p", "c12")], [claim("c12", 12)], built=built)
     reason = wait_reasons(w.snapshot, run_cycle(w.snapshot), w.unserved)["team-a/pod/p"]
     assert reason.startswith("no fit: the gang needs 12 GPUs") and "8 GPUs on 1 node(s)" in reason
     assert reason.endswith(
