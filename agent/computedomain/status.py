@@ -1,24 +1,28 @@
 """This node's entry of a ComputeDomain's status.nodes, written as NVIDIA's daemons write theirs.
 
 Read, change, write back with the resourceVersion read (the status subresource): a Conflict means another node
-or the controller wrote meanwhile, and the change is made again on the fresh object. status.status is computed
-in the same write, so readers never see the two disagree.
+or the controller wrote meanwhile, and the change is made again on the fresh object after a short jittered wait
+(agent.kube.backoff; the nodes of a domain that forms write together). status.status is computed in the same
+write, so readers never see the two disagree.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from agent.computedomain import model
 from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.model import ComputeDomain, DomainNode
 from agent.jsontypes import Json
+from agent.kube.backoff import SPREAD, Backoff
 from agent.kube.errors import Conflict, NotFound
 from agent.kube.rest import Rest
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 10
+FIRST_RETRY_S, MAX_RETRY_S = 0.01, 0.5  # after a Conflict: ~3 s at most over every attempt
 
 
 def set_entry(
@@ -36,7 +40,10 @@ Change = Callable[[ComputeDomain], tuple[DomainNode, ...]]
 
 
 def _write(rest: Rest, namespace: str, name: str, change: Change) -> ComputeDomain | None:
-    for _ in range(ATTEMPTS):
+    backoff = Backoff(FIRST_RETRY_S, MAX_RETRY_S, jitter=SPREAD)
+    for attempt in range(ATTEMPTS):
+        if attempt:
+            time.sleep(backoff.next())
         try:
             obj: Json = rest.get(COMPUTE_DOMAINS, namespace, name)
         except NotFound:
