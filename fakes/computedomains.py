@@ -27,7 +27,7 @@ from typing import Any
 import fakes.nvml as fake_nvml
 from agent.claims.types import ClaimRef
 from agent.computedomain.channels import node_clique
-from agent.computedomain.controller import COMPONENT, COMPUTE_DOMAINS, ComputeDomainController
+from agent.computedomain.controller import COMPONENT, ComputeDomainController
 from agent.computedomain.model import DRIVER
 from agent.computedomain.plugin import ComputeDomainPlugin, ComputeDomainSettings
 from agent.devices.model import Inventory
@@ -36,6 +36,7 @@ from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.kubeconfig import connect
 from agent.kube.rest import (
+    COMPUTE_DOMAINS,
     DEVICE_CLASSES,
     NODES,
     PODS,

@@ -26,11 +26,10 @@ from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer
-from agent.kube.rest import RESOURCE_CLAIM_TEMPLATES, Resource, Rest
+from agent.kube.rest import COMPUTE_DOMAINS, RESOURCE_CLAIM_TEMPLATES, Resource, Rest
 
 log = logging.getLogger(__name__)
 
-COMPUTE_DOMAINS = Resource(model.GROUP, model.VERSION, model.PLURAL, True)
 COMPONENT = "gpu-dra-compute-domains"
 
 

@@ -34,14 +34,13 @@ from agent.computedomain import status as domain_status
 from agent.computedomain.channels import ChannelConfig, ConfigError
 from agent.computedomain.checkpoint import COMPLETED, STARTED, Checkpoint, CheckpointStore, ClaimRecord
 from agent.computedomain.checkpoint import PreparedDevice as RecordedDevice
-from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.daemon import IMEX, IMEX_CTL, DaemonError, DomainDaemon, stop_leftovers
 from agent.computedomain.model import DRIVER, ComputeDomain, InvalidComputeDomain
 from agent.jsontypes import Json
 from agent.kube.claims import KubeClaimSource
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.informer import Informer
-from agent.kube.rest import RESOURCE_SLICES, Rest
+from agent.kube.rest import COMPUTE_DOMAINS, RESOURCE_SLICES, Rest
 from agent.kubelet.plugin import KubeletPlugin
 from agent.sharing.commands import DriverRoot, NotRun
 

@@ -13,12 +13,11 @@ import time
 from collections.abc import Callable
 
 from agent.computedomain import model
-from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.model import ComputeDomain, DomainNode
 from agent.jsontypes import Json
 from agent.kube.backoff import SPREAD, Backoff
 from agent.kube.errors import Conflict, NotFound
-from agent.kube.rest import Rest
+from agent.kube.rest import COMPUTE_DOMAINS, Rest
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 10

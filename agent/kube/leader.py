@@ -154,7 +154,7 @@ class LeaderElector:
             self._lose()
         raise NotLeading(
             0,
-            f"not writing: this arbiter does not hold the Lease {self.namespace}/{self.name} "
+            f"not writing: {self.identity} does not hold the Lease {self.namespace}/{self.name} "
             f"(last renewed over {self.renew_deadline:g} s ago, or never)",
         )
 

@@ -62,6 +62,7 @@ DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False)
 DEVICE_TAINT_RULES = Resource("resource.k8s.io", "v1", "devicetaintrules", False)
 POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups", True)
 QUEUES = Resource("scheduling.gpu-dra-agent.io", "v1alpha1", "queues", False)
+COMPUTE_DOMAINS = Resource("resource.nvidia.com", "v1beta1", "computedomains", True)  # NVIDIA's CRD
 
 
 @dataclass(frozen=True)

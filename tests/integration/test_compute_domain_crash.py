@@ -26,9 +26,8 @@ import fakes.apiserver
 from agent.claims.checkpoint import read_boot_id
 from agent.claims.types import ClaimRef
 from agent.computedomain import checkpoint as cd_checkpoint
-from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.model import DRIVER
-from agent.kube.rest import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, Rest
+from agent.kube.rest import COMPUTE_DOMAINS, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, Rest
 from fakes.computedomains import CRDS, NAMESPACES, OVERLAY, _documents, wait_for
 from fakes.kubelet import FakeKubelet, KubeletError, Retry
 from fakes.nvml import persist

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 
-from agent.computedomain.controller import COMPUTE_DOMAINS
 from agent.computedomain.model import READY
 from agent.kube.errors import NotFound
-from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES
+from agent.kube.rest import COMPUTE_DOMAINS, PODS, RESOURCE_CLAIM_TEMPLATES
 from fakes.computedomains import NvlRack
 from tests.controlplane.cluster import reset
 from tests.integration.test_compute_domains import domain_doc
