@@ -21,7 +21,7 @@ from typing import Any
 import cel
 from cel import stdlib
 
-from agent import quantity
+from agent.allocation.cel import FUNCTIONS as selector_functions
 from agent.jsontypes import Json
 
 from .errors import ApiError
@@ -85,22 +85,16 @@ def untyped(expression: str) -> str:
 
 
 # Kubernetes' CEL libraries the shipped policies use, where the `cel` package lacks them: strings' join and
-# substring, and quantities (a quantity stays its text here).
+# substring, and the quantity library as the agent's selectors have it (agent.allocation.cel), but for
+# isQuantity, which takes no surrounding blanks, as kube-apiserver's parser does.
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
+    **selector_functions,
     "join": stdlib.join,
     "substring": stdlib.substring,
-    "isQuantity": lambda text: isinstance(text, str) and _is_quantity(text),
-    "quantity": lambda text: str(quantity.parse(text)),
-    "isGreaterThan": lambda a, b: quantity.parse(a) > quantity.parse(b),
+    "isQuantity": lambda text: (
+        isinstance(text, str) and text == text.strip() and selector_functions["isQuantity"](text)
+    ),
 }
-
-
-def _is_quantity(text: str) -> bool:
-    try:
-        quantity.parse(text)
-    except quantity.QuantityError:
-        return False
-    return text == text.strip()  # kube-apiserver's parser takes no surrounding blanks
 
 
 def _evaluate(expression: str, context: Json) -> Any:
