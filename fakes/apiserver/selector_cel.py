@@ -21,7 +21,8 @@ from typing import Any
 
 import cel
 
-MAX_COST = 1_000_000
+from agent.allocation.cel import MAX_COST
+
 MAX_MAP_ELEMENTS = 32
 MACROS = ("all", "exists", "exists_one", "map", "filter")
 _MACRO = re.compile(r"\.\s*(all|exists_one|exists|map|filter)\s*\(")

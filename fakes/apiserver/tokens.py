@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agent.times import rfc3339
+
 from .errors import ApiError
 
 API_AUDIENCE = "https://kubernetes.default.svc"  # the control plane's --service-account-issuer
@@ -58,13 +60,12 @@ class Tokens:
                 expires,
             )
         spec["audiences"], spec["expirationSeconds"] = list(audiences), seconds
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
         return {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
             "spec": spec,
-            "status": {"token": token, "expirationTimestamp": stamp},
+            "status": {"token": token, "expirationTimestamp": rfc3339(expires)},
         }
 
     def revoke(self, token: str) -> None:
