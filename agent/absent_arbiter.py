@@ -25,7 +25,7 @@ from agent.kube.events import EventRecorder
 from agent.kube.leader import LeaderElector
 from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, RESOURCE_CLAIMS, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
-from agent.objects.read import claim_is_ours, claim_names, is_allocated, is_gated, meta, pod_key
+from agent.objects.read import awaits_placement, claim_names, is_gated, meta, pod_key, wants_our_devices
 from agent.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
@@ -61,19 +61,14 @@ def waiting_pods(pods: Iterable[Json], claims: Iterable[Json], *, fenced: bool) 
     by_key = {pod_key(c): c for c in claims}
     out: list[tuple[Json, str]] = []
     for pod in pods:
-        m = meta(pod)
-        if (
-            m.get("deletionTimestamp")
-            or (pod.get("spec") or {}).get("nodeName")
-            or (pod.get("status") or {}).get("phase") not in (None, "Pending")
-        ):
+        if not awaits_placement(pod):
             continue
         if is_gated(pod):
             out.append((pod, f"it carries the scheduling gate {GATE}, which only the arbiter removes"))
             continue
         names, _ = claim_names(pod)
-        found = [by_key.get(f"{m.get('namespace', '')}/{n}") for n in names]
-        if fenced and any(c is not None and claim_is_ours(c) and not is_allocated(c) for c in found):
+        found = [by_key.get(f"{meta(pod).get('namespace', '')}/{n}") for n in names]
+        if fenced and wants_our_devices(found):
             out.append((pod, f"the DeviceTaintRule {FENCE_RULE} keeps kube-scheduler from allocating its claims"))
     return out
 

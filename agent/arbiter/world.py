@@ -71,6 +71,7 @@ from agent.objects.read import (
     allocated_shares,
     allocation_results,
     asks_extended_gpus,
+    awaits_placement,
     choices,
     claim_is_ours,
     claim_names,
@@ -87,6 +88,7 @@ from agent.objects.read import (
     quantity,
     share_devices,
     share_gpus,
+    wants_our_devices,
 )
 from agent.objects.write import Unsupported, reservation_claim
 from agent.times import parse_rfc3339
@@ -408,13 +410,7 @@ def _read_pod(
     deleting = bool(m.get("deletionTimestamp"))
     phase = (pod.get("status") or {}).get("phase")
     # ungated, unbound, with a claim of ours no one allocated: kube-scheduler cannot (the fence); we do
-    caught = (
-        not gated
-        and not deleting
-        and not spec.get("nodeName")
-        and phase in (None, "Pending")
-        and any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in found)
-    )
+    caught = not gated and awaits_placement(pod) and wants_our_devices(found)
     if not queue and default_queue:
         if (
             gated

@@ -94,6 +94,21 @@ def is_allocated(claim: Mapping[str, Any]) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
 
 
+def awaits_placement(pod: Mapping[str, Any]) -> bool:
+    """Pending, on no node and not being deleted: a pod some scheduler has yet to place."""
+    return (
+        not meta(pod).get("deletionTimestamp")
+        and not (pod.get("spec") or {}).get("nodeName")
+        and (pod.get("status") or {}).get("phase") in (None, "Pending")
+    )
+
+
+def wants_our_devices(claims: Iterable[Mapping[str, Any] | None]) -> bool:
+    """Whether any of a pod's claims (None: not found) is of our classes and allocated by nobody yet: behind the
+    arbiter's fence only the arbiter can allocate it."""
+    return any(c is not None and not is_allocated(c) and claim_is_ours(c) for c in claims)
+
+
 def claim_is_ours(claim: Mapping[str, Any]) -> bool:
     """Whether any request of the claim (a firstAvailable one: any of its subrequests) names one of our classes."""
     for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():

@@ -427,45 +427,43 @@ class Image:
     compressed: int
 
 
-def image_config(layers: list[Layer], epoch: int, version: str) -> dict[str, Any]:
-    """The agent's image config: its entrypoint, environment and labels, the layers' diff_ids and history."""
+def write_archive(path: Path, name: str, layers: list[Layer], epoch: int, version: str) -> Image:
+    """An OCI image layout in a tar (index.json named for containerd and podman) with docker's manifest.json."""
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-    return {
-        "architecture": "amd64",
-        "os": "linux",
-        "created": created,
-        "config": {
-            "Entrypoint": ["gpu-dra-agent", "node"],
-            "Env": [
-                "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-                "LANG=C.UTF-8",
-                "PYTHONDONTWRITEBYTECODE=1",
-            ],
-            "WorkingDir": "/",
-            "Labels": {
-                "org.opencontainers.image.title": "gpu-dra-agent",
-                "org.opencontainers.image.version": version,
-                "org.opencontainers.image.created": created,
-            },
-        },
-        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
-        "history": [{"created": created, "created_by": layer.comment} for layer in layers],
-    }
-
-
-def write_archive(path: Path, name: str, config: dict[str, Any], layers: list[Blob], epoch: int) -> str:
-    """An OCI image layout in a tar (index.json named for containerd and podman) with docker's manifest.json:
-    `config` (whose rootfs lists the diff_ids of `layers`, the compressed blobs), every entry's mtime `epoch`.
-    Returns the manifest's digest. The tests' node images are written by it too (tests/node/images.py)."""
-    config_blob = Blob(MEDIA_CONFIG, _json(config))
+    config = Blob(
+        MEDIA_CONFIG,
+        _json(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "created": created,
+                "config": {
+                    "Entrypoint": ["gpu-dra-agent", "node"],
+                    "Env": [
+                        "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+                        "LANG=C.UTF-8",
+                        "PYTHONDONTWRITEBYTECODE=1",
+                    ],
+                    "WorkingDir": "/",
+                    "Labels": {
+                        "org.opencontainers.image.title": "gpu-dra-agent",
+                        "org.opencontainers.image.version": version,
+                        "org.opencontainers.image.created": created,
+                    },
+                },
+                "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+                "history": [{"created": created, "created_by": layer.comment} for layer in layers],
+            }
+        ),
+    )
     manifest = Blob(
         MEDIA_MANIFEST,
         _json(
             {
                 "schemaVersion": 2,
                 "mediaType": MEDIA_MANIFEST,
-                "config": config_blob.descriptor(),
-                "layers": [layer.descriptor() for layer in layers],
+                "config": config.descriptor(),
+                "layers": [layer.blob.descriptor() for layer in layers],
             }
         ),
     )
@@ -481,9 +479,9 @@ def write_archive(path: Path, name: str, config: dict[str, Any], layers: list[Bl
     short = name.removeprefix("docker.io/library/")
     docker = [
         {
-            "Config": f"blobs/sha256/{config_blob.digest[7:]}",
+            "Config": f"blobs/sha256/{config.digest[7:]}",
             "RepoTags": [short],
-            "Layers": [f"blobs/sha256/{layer.digest[7:]}" for layer in layers],
+            "Layers": [f"blobs/sha256/{layer.blob.digest[7:]}" for layer in layers],
         }
     ]
     files = {
@@ -491,7 +489,7 @@ def write_archive(path: Path, name: str, config: dict[str, Any], layers: list[Bl
         "index.json": _json(index),
         "manifest.json": _json(docker),
     }
-    for blob in (*layers, config_blob, manifest):
+    for blob in (*(layer.blob for layer in layers), config, manifest):
         files[f"blobs/sha256/{blob.digest[7:]}"] = blob.data
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -503,13 +501,9 @@ def write_archive(path: Path, name: str, config: dict[str, Any], layers: list[Bl
             info = tarfile.TarInfo(entry)
             info.size, info.mode, info.mtime = len(data), 0o644, epoch
             tar.addfile(info, io.BytesIO(data))
-    return manifest.digest
-
-
-def _image(path: Path, name: str, layers: list[Layer], epoch: int, version: str) -> Image:
-    """The agent's image (`layers` under its config) written to `path`."""
-    digest = write_archive(path, name, image_config(layers, epoch, version), [layer.blob for layer in layers], epoch)
-    return Image(name, path, digest, sum(layer.size for layer in layers), sum(len(layer.blob.data) for layer in layers))
+    return Image(
+        name, path, manifest.digest, sum(layer.size for layer in layers), sum(len(layer.blob.data) for layer in layers)
+    )
 
 
 def _debian_layer(root: Path) -> Layer:
@@ -597,10 +591,10 @@ def build(
         layers.append(Layer.of(layer_tar(stage / "deps", BASE_EPOCH), f"pip install --require-hashes -r {LOCK.name}"))
         layers.append(Layer.of(layer_tar(stage / "agent", epoch), f"pip install gpu-dra-agent=={version}"))
         fake_layer = Layer.of(layer_tar(stage / "fake", epoch), "the NVML fake: fakes/__init__.py, fakes/nvml")
-    product = _image(
+    product = write_archive(
         out / f"gpu-dra-agent-{tag}.oci.tar", f"docker.io/library/gpu-dra-agent:{tag}", layers, epoch, version
     )
-    test = _image(
+    test = write_archive(
         out / f"gpu-dra-agent-{tag}-nvml-fake.oci.tar",
         f"docker.io/library/gpu-dra-agent:{tag}-nvml-fake",
         [*layers, fake_layer],
