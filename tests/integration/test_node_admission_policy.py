@@ -7,6 +7,7 @@ Real control plane only: the API server fake authenticates nobody (every request
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,9 +16,8 @@ from agent.migconfig.reconciler import CONFIG_LABEL, STATE_LABEL
 from agent.names import ADDRESS_ANNOTATION, FINGERPRINT_ANNOTATION
 from tests.controlplane.cluster import ControlPlane
 from tests.integration.test_slice_admission_policy import (
-    ACCOUNT,
     NAMES_NO_NODE,
-    NAMESPACE,
+    agent_on_node_a,
     impersonating,
     installed,
     send,
@@ -50,24 +50,10 @@ def wait_for_node_policy(cp: ControlPlane) -> None:
 
 
 @pytest.fixture(scope="module")
-def agent_pod(installed: ControlPlane) -> Any:
-    cp = installed
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "agent", "namespace": NAMESPACE},
-        "spec": {
-            "serviceAccountName": ACCOUNT,
-            "nodeName": "node-a",
-            "containers": [{"name": "agent", "image": "gpu-dra-agent:test"}],
-        },
-    }
-    cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
-    wait_for_node_policy(cp)
-    try:
-        yield token(cp, "agent")
-    finally:
-        cp.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/agent?gracePeriodSeconds=0")
+def agent_pod(installed: ControlPlane) -> Iterator[str]:
+    with agent_on_node_a(installed) as bound:
+        wait_for_node_policy(installed)
+        yield bound
 
 
 def whos(bound_token: str) -> list[dict[str, Any]]:

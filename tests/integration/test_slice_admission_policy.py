@@ -6,6 +6,7 @@ Real control plane only: the API server fake does not evaluate admission policie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -158,6 +159,26 @@ def token(cp: ControlPlane, pod: str | None = None) -> str:
     return str(review["status"]["token"])
 
 
+@contextlib.contextmanager
+def agent_on_node_a(cp: ControlPlane) -> Iterator[str]:
+    """A pod of the node agent's account on node-a, and a token bound to it (the pod deleted after)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "agent", "namespace": NAMESPACE},
+        "spec": {
+            "serviceAccountName": ACCOUNT,
+            "nodeName": "node-a",
+            "containers": [{"name": "agent", "image": "gpu-dra-agent:test"}],
+        },
+    }
+    cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+    try:
+        yield token(cp, "agent")
+    finally:
+        cp.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/agent?gracePeriodSeconds=0")
+
+
 def writes(node: str) -> list[tuple[str, str, Any]]:
     """Create, update, patch and delete of a slice of `node` (dry run: nothing is stored)."""
     name = f"{node}-gpus"
@@ -191,19 +212,7 @@ def test_a_token_without_a_node_name_gets_the_policys_own_message(installed: Con
 
 def test_the_agent_writes_its_own_nodes_slices_and_no_others(installed: ControlPlane) -> None:
     cp = installed
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "agent", "namespace": NAMESPACE},
-        "spec": {
-            "serviceAccountName": ACCOUNT,
-            "nodeName": "node-a",
-            "containers": [{"name": "agent", "image": "gpu-dra-agent:test"}],
-        },
-    }
-    cp.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
-    try:
-        bound = token(cp, "agent")
+    with agent_on_node_a(cp) as bound:
         for who in ({"token": bound}, {"headers": impersonating("node-a")}):
             assert [(m, s) for m, s, _ in attempt(cp, "node-a", **who)] == [
                 ("POST", 201),
@@ -214,5 +223,3 @@ def test_the_agent_writes_its_own_nodes_slices_and_no_others(installed: ControlP
             for method, status, message in attempt(cp, "node-b", **who):
                 assert status == 403, (method, message)
                 assert f"the node agent on node node-a {OWN_NODE_ONLY}" in message, message
-    finally:
-        cp.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/agent?gracePeriodSeconds=0")
