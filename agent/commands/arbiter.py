@@ -202,11 +202,6 @@ def _fail(message: str) -> NoReturn:
     raise SettingError(message)
 
 
-def _stop_when(lost: threading.Event, stop: threading.Event) -> None:
-    lost.wait()
-    stop.set()
-
-
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     if args.uninstall:
@@ -272,10 +267,8 @@ def run(args: argparse.Namespace) -> int:
         # every write of the arbiter (claims, pods, evictions, Queue status, Events, the fence, the nodes'
         # reservations) passes this one check: none leaves a process that could have lost the Lease
         rest = rest.gated(elector.check_leading)
-        threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
-        while not elector.leading.wait(0.5):
-            if stop.is_set():
-                return 0
+        if not elector.lead(stop):
+            return 0
     config = ArbiterConfig(
         driver=args.driver_name,
         ttl_seconds=args.reservation_ttl,
@@ -292,8 +285,6 @@ def run(args: argparse.Namespace) -> int:
         arbiter.start()
         started = thread_cpu_seconds()  # the summary counts from here: the informers' first lists are start-up
         log.info("arbiter running", extra={"identity": identity})
-        if elector is not None:
-            threading.Thread(target=_stop_when, args=(elector.lost, stop), daemon=True).start()
         arbiter.run(stop)
     except ApiError as exc:
         raise StartupFailure(str(exc)) from exc

@@ -63,17 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if args.leader_elect:
         elector = LeaderElector(rest, args.leader_elect_namespace, LEASE, identity)
         rest = rest.gated(elector.check_leading)  # no write leaves a process that may have lost the Lease
-        threading.Thread(target=elector.run, args=(stop,), name="leader-election", daemon=True).start()
-        while not elector.leading.wait(0.5):
-            if stop.is_set():
-                return 0
-        lost = elector.lost
-
-        def stop_when_lost() -> None:
-            lost.wait()
-            stop.set()
-
-        threading.Thread(target=stop_when_lost, name="lease-lost", daemon=True).start()
+        if not elector.lead(stop):
+            return 0
     controller = ComputeDomainController(rest, period_s=args.period, recorder=EventRecorder(rest, COMPONENT, identity))
     try:
         controller.start()

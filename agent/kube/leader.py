@@ -112,6 +112,21 @@ class LeaderElector:
             return False
         return True
 
+    def lead(self, stop: threading.Event) -> bool:
+        """Campaign in a thread of its own: True once leading, False if `stop` came first. From then on a lost
+        Lease sets `stop`, so the process winds down (and exits, to come back as a standby)."""
+        threading.Thread(target=self.run, args=(stop,), name="leader-election", daemon=True).start()
+        while not self.leading.wait(0.5):
+            if stop.is_set():
+                return False
+
+        def stop_when_lost() -> None:
+            self.lost.wait()
+            stop.set()
+
+        threading.Thread(target=stop_when_lost, name="lease-lost", daemon=True).start()
+        return True
+
     def run(self, stop: threading.Event) -> None:
         """Campaign until leading, then keep renewing; sets `leading`, and `lost` when a renewal deadline
         passes. Returns when `stop` is set or leadership is lost."""
