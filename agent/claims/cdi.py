@@ -32,7 +32,6 @@ KIND = f"{VENDOR}/{CLASS}"
 _FILE_PREFIX = f"{VENDOR}-{CLASS}_"
 SUFFIX = ".json"
 LEGACY_SUFFIX = ".yaml"  # what agents before issue 37 wrote
-_FILE = re.compile(rf"^{re.escape(_FILE_PREFIX)}(.+)(?:\.json|\.yaml)$")
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 MIG_MINORS_PATH = Path("/proc/driver/nvidia-caps/mig-minors")
@@ -255,15 +254,17 @@ def _json_items(values: Sequence[Any]) -> str:
 
 
 class CdiStore:
-    """This driver's claim specs under the CDI root (other files there are never touched).
+    """One driver's claim specs under the CDI root, of CDI kind `kind` (other files there are never touched).
 
     Written as JSON, `k8s.gpu.nvidia.com-claim_<uid>.json`: CDI reads .json and .yaml specs alike, and the C
     JSON encoder, with the driver's edits encoded once at start-up and spliced in, makes a spec in tens of
     microseconds where the YAML dump took 0.6 ms. Specs an older agent wrote (`.yaml`) are still this
     driver's: found, read, kept for their claims and removed with them."""
 
-    def __init__(self, root: Path, driver_edits: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, root: Path, driver_edits: Mapping[str, Any] | None = None, *, kind: str = KIND) -> None:
         self.root = Path(root)
+        self._prefix = kind.replace("/", "-") + "_"  # `<vendor>-<class>_<uid>.json`, as CDI names spec files
+        self._file = re.compile(rf"^{re.escape(self._prefix)}(.+)(?:\.json|\.yaml)$")
         self.driver_edits = driver_edits or {}  # agent.driver.edits, built once at start-up, added to every spec
         # The same in every spec: encoded once, and the cdiVersion they need computed once.
         self._driver_json = {key: _json_items(values) for key, values in self.driver_edits.items()}
@@ -273,12 +274,12 @@ class CdiStore:
         """Where this agent writes the claim's spec."""
         if problem := uid_problem(claim_uid):  # callers check first; this keeps a bad UID out of any path
             raise ValueError(problem)
-        return self.root / spec_file_name(claim_uid)
+        return self.root / f"{self._prefix}{claim_uid}{SUFFIX}"
 
     def paths(self, claim_uid: str) -> tuple[Path, ...]:
         """Every name the claim's spec may have: this agent's, then an older agent's."""
         path = self.path(claim_uid)
-        return path, path.with_name(f"{_FILE_PREFIX}{claim_uid}{LEGACY_SUFFIX}")
+        return path, path.with_name(f"{self._prefix}{claim_uid}{LEGACY_SUFFIX}")
 
     def encode(self, spec: Mapping[str, Any]) -> bytes:
         """The spec file's content: `spec` with the driver's edits first in its claim-wide containerEdits (as
@@ -334,7 +335,7 @@ class CdiStore:
             return set()
         uids = set()
         for path in self.root.iterdir():
-            if (m := _FILE.match(path.name)) is None:
+            if (m := self._file.match(path.name)) is None:
                 continue
             if not path.is_file() or path.is_symlink():
                 log.warning("skipping %s: not a CDI spec file", path)
@@ -343,4 +344,4 @@ class CdiStore:
         return uids
 
     def leftover_temps(self) -> list[Path]:
-        return files.leftover_temps(self.root, _FILE_PREFIX)
+        return files.leftover_temps(self.root, self._prefix)

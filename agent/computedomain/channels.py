@@ -27,7 +27,6 @@ CHANNEL_CONFIG, DAEMON_CONFIG = "ComputeDomainChannelConfig", "ComputeDomainDaem
 CDI_VENDOR = f"k8s.{DRIVER}"
 CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
-CDI_VERSION = "0.5.0"  # hostPath and device names that start with a digit (claim UIDs) need 0.5.0
 
 
 class ConfigError(ValueError):
@@ -163,10 +162,6 @@ def config_for(request: str, device_name: str, configs: Sequence[tuple[tuple[str
 # --- CDI ----------------------------------------------------------------------------------------------------
 
 
-def spec_file_name(claim_uid: str) -> str:
-    return f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"  # JSON, as the GPU claims' specs: All has 2048 nodes
-
-
 def cdi_device_id(claim_uid: str, device_name: str) -> str:
     return f"{CDI_KIND}={claim_uid}-{device_name}"
 
@@ -183,10 +178,10 @@ def channel_node(channel: int, major: int, dev_root: str) -> Json:
 def claim_spec(
     claim_uid: str, devices: Mapping[str, Sequence[int]], major: int, dev_root: str, env: Mapping[str, str]
 ) -> Json:
-    """One claim's CDI spec: per device, its channels' device nodes (none for the daemon device) and `env`."""
+    """One claim's CDI spec: per device, its channels' device nodes (none for the daemon device) and `env`. The
+    spec store (agent.claims.cdi.CdiStore) gives it the cdiVersion its fields need as it writes it."""
     env_list = [f"{k}={v}" for k, v in {"NVIDIA_VISIBLE_DEVICES": "void", **env}.items()]
     return {
-        "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": [
             {

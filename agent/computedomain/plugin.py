@@ -16,7 +16,6 @@ node's entry. One domain per node at a time: channel-0 is one device, as in NVID
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import stat
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import files
+from agent.claims.cdi import CdiStore
 from agent.claims.types import ClaimRef, PreparedDevice, PrepareResult
 from agent.computedomain import channels, model
 from agent.computedomain import status as domain_status
@@ -75,6 +75,7 @@ class ComputeDomainPlugin:
         self._claims = KubeClaimSource(rest)
         self._root = settings.state_dir / "compute-domains"
         self._store = CheckpointStore(self._root, boot_id)
+        self._specs = CdiStore(settings.cdi_root, kind=channels.CDI_KIND)
         self._daemons_root = self._root / "domains"
         self._lock = threading.RLock()  # prepare, unprepare, recovery and the supervisor, one at a time
         self._checkpoint = Checkpoint(boot_id)
@@ -349,8 +350,7 @@ class ComputeDomainPlugin:
             "CLIQUE_ID": self.clique_id or "",
         }
         spec = channels.claim_spec(ref.uid, devices, major, str(self.settings.dev_root), env)
-        self.settings.cdi_root.mkdir(parents=True, exist_ok=True)
-        files.write_atomic(self._spec_path(ref.uid), json.dumps(spec).encode(), durable=False)
+        self._specs.write(ref.uid, spec)
         record = self._checkpoint.claims[ref.uid].completed(tuple(recorded))
         self._save(ref.uid, record)
         log.info(
@@ -375,7 +375,7 @@ class ComputeDomainPlugin:
                 self._stop_daemon(record.domain_uid)
 
     def _take_back(self, record: ClaimRecord) -> None:
-        files.remove(self._spec_path(record.uid))
+        self._specs.remove(record.uid)
         for channel in record.made_nodes:
             files.remove(self._node_path(channel))
 
@@ -398,16 +398,12 @@ class ComputeDomainPlugin:
                 namespace, _, name = record.domain.partition("/")
                 maybe_joined[record.domain_uid] = (namespace, name)
                 rolled_back += 1
-            prefix = f"{channels.CDI_VENDOR}-{channels.CDI_CLASS}_"
-            specs = 0
-            if self.settings.cdi_root.is_dir():
-                for path in self.settings.cdi_root.iterdir():
-                    uid = path.name.removeprefix(prefix).removesuffix(".json")
-                    if path.name.startswith(prefix) and path.name.endswith(".json") and uid not in checkpoint.claims:
-                        files.remove(path)
-                        specs += 1
-                for temp in files.leftover_temps(self.settings.cdi_root, prefix):
-                    files.remove(temp)
+            stray = self._specs.claim_uids() - set(checkpoint.claims)
+            for uid in stray:
+                self._specs.remove(uid)
+            specs = len(stray)
+            for temp in self._specs.leftover_temps():
+                files.remove(temp)
             needed = self._checkpoint.domains()
             leftovers = stop_leftovers(self._daemons_root, keep=needed)
             for uid in set(leftovers) - needed:
@@ -549,9 +545,6 @@ class ComputeDomainPlugin:
         checkpoint = Checkpoint(self._checkpoint.boot_id, claims)
         self._store.save(checkpoint)
         self._checkpoint = checkpoint
-
-    def _spec_path(self, uid: str) -> Path:
-        return self.settings.cdi_root / channels.spec_file_name(uid)
 
     def _node_path(self, channel: int) -> Path:
         return self.settings.dev_root / channels.channel_path(channel).lstrip("/")

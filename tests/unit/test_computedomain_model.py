@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from agent.claims.cdi import CdiStore
 from agent.computedomain import channels, imexconfig, model, templates
 from agent.computedomain.channels import ChannelConfig, ConfigError, DaemonConfig
 from agent.computedomain.model import NOT_READY, READY, DomainNode, InvalidComputeDomain
@@ -131,7 +134,8 @@ def test_a_claim_spec_injects_one_channel_or_every_channel() -> None:
     nodes = every["devices"][0]["containerEdits"]["deviceNodes"]
     assert len(nodes) == 2048 and nodes[-1]["minor"] == 2047
     assert nodes[5]["hostPath"] == "/run/dev/dev/nvidia-caps-imex-channels/channel5"
-    assert channels.spec_file_name("uid-1") == "k8s.compute-domain.nvidia.com-claim_uid-1.json"
+    store = CdiStore(Path("/var/run/cdi"), kind=channels.CDI_KIND)
+    assert store.path("uid-1").name == "k8s.compute-domain.nvidia.com-claim_uid-1.json"
 
 
 def test_a_node_serves_channels_only_when_every_gpu_is_in_one_clique() -> None:
