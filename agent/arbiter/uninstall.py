@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
+from agent.kube.leader import HolderClock
 from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, Resource, Rest
 from agent.names import COMPONENT, FENCE_RULE, GATE
 from agent.objects.read import is_gated, meta, pod_key
@@ -38,20 +39,6 @@ GATE_POLICIES = tuple(
 
 class StillRunning(Exception):
     """An arbiter still holds the Lease: removing the fence now would only see it put back."""
-
-
-def _held(lease: Json | None, observed: dict[str, float], now: float) -> str | None:
-    """The holder while the Lease is held: its record changed within its duration, by our clock (client-go's
-    rule: the holder's clock is not ours)."""
-    spec = (lease or {}).get("spec") or {}
-    holder = str(spec.get("holderIdentity") or "")
-    if not holder:
-        return None
-    record = f"{holder}@{spec.get('renewTime')}"
-    if record not in observed:
-        observed.clear()
-        observed[record] = now
-    return holder if now - observed[record] < float(spec.get("leaseDurationSeconds") or 15) else None
 
 
 def _delete(rest: Rest, resource: Resource, namespace: str | None, name: str) -> bool:
@@ -104,14 +91,14 @@ def uninstall(
     can be run again: --uninstall is idempotent)."""
     if _delete(rest, DEPLOYMENTS, namespace, DEPLOYMENT):
         say(f"deleted Deployment {namespace}/{DEPLOYMENT}")
-    observed: dict[str, float] = {}
+    lease_holder = HolderClock()
     deadline = clock() + wait_s
     while True:
         try:
             lease: Json | None = rest.get(LEASES, namespace, COMPONENT)
         except NotFound:
             lease = None
-        holder = _held(lease, observed, clock())
+        holder = lease_holder.holding((lease or {}).get("spec") or {}, clock())
         if holder is None:
             break
         if clock() >= deadline:

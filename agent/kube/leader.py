@@ -17,7 +17,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound, NotLeading
@@ -35,6 +36,23 @@ def check_timings(lease_duration: float, renew_deadline: float, retry_period: fl
             f"leader election needs 0 < retry period ({retry_period:g} s) < renew deadline "
             f"({renew_deadline:g} s) < lease duration ({lease_duration:g} s)"
         )
+
+
+class HolderClock:
+    """client-go's rule for a Lease someone else may hold: its holder holds it while its record (holder and
+    renewTime) last changed within leaseDurationSeconds, by our clock: the holder's clock is not ours."""
+
+    def __init__(self) -> None:
+        self._record, self._since = "", 0.0  # holder@renewTime as last read, and when (our clock) it changed
+
+    def holding(self, spec: Mapping[str, Any], now: float, default_duration: float = 15.0) -> str | None:
+        """The holder, while it holds the Lease as read now (`spec`); None when it is free or has lapsed."""
+        holder = str(spec.get("holderIdentity") or "")
+        record = f"{holder}@{spec.get('renewTime') or ''}"
+        if record != self._record:
+            self._record, self._since = record, now  # the record changed: its holder is alive, as of now
+        duration = float(spec.get("leaseDurationSeconds") or default_duration)
+        return holder if holder and now < self._since + duration else None
 
 
 class LeaderElector:
@@ -62,7 +80,7 @@ class LeaderElector:
         self.leading = threading.Event()
         self.lost = threading.Event()
         self._renewed_at: float | None = None  # monotonic time an attempt that renewed started
-        self._observed: tuple[str, float] = ("", 0.0)  # (holder@renewTime as last read, when it last changed)
+        self._holder = HolderClock()
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True while we hold the Lease."""
@@ -94,11 +112,7 @@ class LeaderElector:
             return True
         old = lease.get("spec") or {}
         holder = str(old.get("holderIdentity") or "")
-        record = f"{holder}@{old.get('renewTime') or ''}"
-        if record != self._observed[0]:
-            self._observed = (record, now)  # the record changed: its holder is alive, as of now by our clock
-        duration = float(old.get("leaseDurationSeconds") or self.lease_duration)
-        if holder and holder != self.identity and now < self._observed[1] + duration:
+        if self._holder.holding(old, now, self.lease_duration) not in (None, self.identity):
             return False  # someone else holds it and renewed within the lease duration (by our clock)
         if holder == self.identity:
             spec["acquireTime"] = old.get("acquireTime") or spec["acquireTime"]
