@@ -36,7 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +137,24 @@ def _locked(name: str) -> Iterator[None]:
         yield
 
 
+def _cached(target: Path, make: Callable[[Path], None]) -> Path:
+    """The cache entry `target`, made by `make(staging)` on first use under the entry's lock (parallel sessions
+    share the cache), in a staging directory renamed to `target` whole: a killed build leaves no half entry."""
+    if (target / "done").exists():
+        return target
+    with _locked(target.name):
+        if not (target / "done").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache_root()))
+            try:
+                make(staging)
+                (staging / "done").write_text("")
+                staging.rename(target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def _run(command: list[str], log: Path | None = None, **kwargs: Any) -> str:
     done = subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
     if log is not None:
@@ -161,62 +179,61 @@ def _recipe_key(*parts: object) -> str:
 
 
 def debian_root(log: Path) -> Path:
-    """The cached Debian root (a directory), made by mmdebstrap on first use (about 20 s and 20 MB of downloads)."""
-    key = _recipe_key(SUITE, MIRROR, DEBIAN_PACKAGES, DPKG_EXCLUDES, DEBIAN_DROP, PASSWD, GROUP, "v1")
-    target = cache_root() / f"debian-{SUITE}-{key}"
-    if (target / "done").exists():
-        return target / "root"
+    """The cached Debian root (a directory), made by mmdebstrap on first use (about 20 s and 20 MB of downloads),
+    with its layer compressed once beside it."""
+    key = _recipe_key(SUITE, MIRROR, DEBIAN_PACKAGES, DPKG_EXCLUDES, DEBIAN_DROP, PASSWD, GROUP, "v2")
+    return _cached(cache_root() / f"debian-{SUITE}-{key}", lambda entry: _make_debian(entry, log)) / "root"
+
+
+def _make_debian(entry: Path, log: Path) -> None:
     if shutil.which("mmdebstrap") is None:
         raise ImageError("mmdebstrap is needed for the image's Debian root: apt-get install mmdebstrap")
     if os.geteuid() != 0:
         raise ImageError("the image is built as root (mmdebstrap's root mode, chroot)")
-    with _locked(target.name):
-        if (target / "done").exists():
-            return target / "root"
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        root = target / "root"
-        # Before apt's cache is cleaned: one dpkg status paragraph per package shipped, from the .debs themselves.
-        status_hook = (
-            'mkdir -p "$1/var/lib/dpkg-image" && for deb in "$1"/var/cache/apt/archives/*.deb; do '
-            'dpkg-deb -f "$deb" Package Version Architecture Source Maintainer Installed-Size Depends '
-            'Pre-Depends Homepage Description; echo "Status: install ok installed"; echo; '
-            'done > "$1/var/lib/dpkg-image/status"'
-        )
-        command = [
-            "mmdebstrap",
-            "--mode=root",
-            "--variant=extract",
-            f"--include={','.join(DEBIAN_PACKAGES)}",
-            "--format=directory",
-            "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
-            *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
-            "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-            f"--extract-hook={status_hook}",
-            SUITE,
-            str(root),
-            MIRROR,
-        ]
-        started = time.monotonic()
-        _run(command, log, env={**os.environ, "SOURCE_DATE_EPOCH": str(BASE_EPOCH)})
-        for name in DEBIAN_DROP:
-            path = root / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
-        (root / "var/lib/dpkg").mkdir(parents=True)
-        (root / "var/lib/dpkg-image/status").rename(root / "var/lib/dpkg/status")
-        (root / "var/lib/dpkg-image").rmdir()
-        (root / "etc/passwd").write_bytes(PASSWD)
-        (root / "etc/group").write_bytes(GROUP)
-        for home in ("root", "home/nonroot"):
-            (root / home).mkdir(parents=True, exist_ok=True)
-        os.chown(root / "home/nonroot", 65532, 65532)
-        _chroot(root, ["/sbin/ldconfig"], log)
-        _compile_all(root, [f"/usr/lib/{PYTHON}", "/usr/lib/python3/dist-packages"], log)
-        (target / "done").write_text(f"{time.monotonic() - started:.0f}s\n")
-    return root
+    root = entry / "root"
+    # Before apt's cache is cleaned: one dpkg status paragraph per package shipped, from the .debs themselves.
+    status_hook = (
+        'mkdir -p "$1/var/lib/dpkg-image" && for deb in "$1"/var/cache/apt/archives/*.deb; do '
+        'dpkg-deb -f "$deb" Package Version Architecture Source Maintainer Installed-Size Depends '
+        'Pre-Depends Homepage Description; echo "Status: install ok installed"; echo; '
+        'done > "$1/var/lib/dpkg-image/status"'
+    )
+    command = [
+        "mmdebstrap",
+        "--mode=root",
+        "--variant=extract",
+        f"--include={','.join(DEBIAN_PACKAGES)}",
+        "--format=directory",
+        "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+        *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        f"--extract-hook={status_hook}",
+        SUITE,
+        str(root),
+        MIRROR,
+    ]
+    _run(command, log, env={**os.environ, "SOURCE_DATE_EPOCH": str(BASE_EPOCH)})
+    for name in DEBIAN_DROP:
+        path = root / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    (root / "var/lib/dpkg").mkdir(parents=True)
+    (root / "var/lib/dpkg-image/status").rename(root / "var/lib/dpkg/status")
+    (root / "var/lib/dpkg-image").rmdir()
+    (root / "etc/passwd").write_bytes(PASSWD)
+    (root / "etc/group").write_bytes(GROUP)
+    for home in ("root", "home/nonroot"):
+        (root / home).mkdir(parents=True, exist_ok=True)
+    os.chown(root / "home/nonroot", 65532, 65532)
+    _chroot(root, ["/sbin/ldconfig"], log)
+    _compile_all(root, [f"/usr/lib/{PYTHON}", "/usr/lib/python3/dist-packages"], log)
+    layer = Layer.of(layer_tar(root, BASE_EPOCH, skip=("dev/",)), f"mmdebstrap {SUITE}: {' '.join(DEBIAN_PACKAGES)}")
+    (entry / "layer.tar.gz").write_bytes(layer.blob.data)
+    (entry / "layer.json").write_text(
+        json.dumps({"diff_id": layer.diff_id, "size": layer.size, "comment": layer.comment})
+    )
 
 
 def _chroot(root: Path, argv: list[str], log: Path) -> str:
@@ -262,46 +279,36 @@ def lock_key() -> str:
 
 def wheels(log: Path) -> Path:
     """The lock's wheels (and pip's) with their hashes checked, downloaded once per lock into the cache."""
-    target = cache_root() / f"wheels-{lock_key()}"
-    if (target / "done").exists():
-        return target
-    with _locked(target.name):
-        if (target / "done").exists():
-            return target
-        shutil.rmtree(target, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=".wheels-", dir=cache_root()))
-        try:
-            # wheels for the image's python (cp311, glibc 2.36), whatever python runs this
-            platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)]
-            platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "any"]
-            for lock in (LOCK, PIP_LOCK):
-                _run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "pip",
-                        "download",
-                        "-q",
-                        "--no-deps",
-                        "--require-hashes",
-                        "--only-binary=:all:",
-                        "--python-version",
-                        "3.11",
-                        "--implementation",
-                        "cp",
-                        *(f"--platform={p}" for p in platforms),
-                        "-d",
-                        str(staging),
-                        "-r",
-                        str(lock),
-                    ],
-                    log,
-                )
-            (staging / "done").write_text("")
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return _cached(cache_root() / f"wheels-{lock_key()}", lambda entry: _download_wheels(entry, log))
+
+
+def _download_wheels(entry: Path, log: Path) -> None:
+    # wheels for the image's python (cp311, glibc 2.36), whatever python runs this
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "any"]
+    for lock in (LOCK, PIP_LOCK):
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--require-hashes",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                *(f"--platform={p}" for p in platforms),
+                "-d",
+                str(entry),
+                "-r",
+                str(lock),
+            ],
+            log,
+        )
 
 
 def agent_wheel(tree: Path, out: Path, log: Path, epoch: int) -> Path:
@@ -427,43 +434,45 @@ class Image:
     compressed: int
 
 
-def write_archive(path: Path, name: str, layers: list[Layer], epoch: int, version: str) -> Image:
-    """An OCI image layout in a tar (index.json named for containerd and podman) with docker's manifest.json."""
+def image_config(layers: list[Layer], epoch: int, version: str) -> dict[str, Any]:
+    """The agent's image config: its entrypoint, environment and labels, the layers' diff_ids and history."""
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-    config = Blob(
-        MEDIA_CONFIG,
-        _json(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "created": created,
-                "config": {
-                    "Entrypoint": ["gpu-dra-agent", "node"],
-                    "Env": [
-                        "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-                        "LANG=C.UTF-8",
-                        "PYTHONDONTWRITEBYTECODE=1",
-                    ],
-                    "WorkingDir": "/",
-                    "Labels": {
-                        "org.opencontainers.image.title": "gpu-dra-agent",
-                        "org.opencontainers.image.version": version,
-                        "org.opencontainers.image.created": created,
-                    },
-                },
-                "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
-                "history": [{"created": created, "created_by": layer.comment} for layer in layers],
-            }
-        ),
-    )
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Entrypoint": ["gpu-dra-agent", "node"],
+            "Env": [
+                "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+                "LANG=C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE=1",
+            ],
+            "WorkingDir": "/",
+            "Labels": {
+                "org.opencontainers.image.title": "gpu-dra-agent",
+                "org.opencontainers.image.version": version,
+                "org.opencontainers.image.created": created,
+            },
+        },
+        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+        "history": [{"created": created, "created_by": layer.comment} for layer in layers],
+    }
+
+
+def write_archive(path: Path, name: str, config: dict[str, Any], layers: list[Blob], epoch: int) -> str:
+    """An OCI image layout in a tar (index.json named for containerd and podman) with docker's manifest.json:
+    `config` (whose rootfs lists the diff_ids of `layers`, the compressed blobs), every entry's mtime `epoch`.
+    Returns the manifest's digest. The tests' node images are written by it too (tests/node/images.py)."""
+    config_blob = Blob(MEDIA_CONFIG, _json(config))
     manifest = Blob(
         MEDIA_MANIFEST,
         _json(
             {
                 "schemaVersion": 2,
                 "mediaType": MEDIA_MANIFEST,
-                "config": config.descriptor(),
-                "layers": [layer.blob.descriptor() for layer in layers],
+                "config": config_blob.descriptor(),
+                "layers": [layer.descriptor() for layer in layers],
             }
         ),
     )
@@ -479,9 +488,9 @@ def write_archive(path: Path, name: str, layers: list[Layer], epoch: int, versio
     short = name.removeprefix("docker.io/library/")
     docker = [
         {
-            "Config": f"blobs/sha256/{config.digest[7:]}",
+            "Config": f"blobs/sha256/{config_blob.digest[7:]}",
             "RepoTags": [short],
-            "Layers": [f"blobs/sha256/{layer.blob.digest[7:]}" for layer in layers],
+            "Layers": [f"blobs/sha256/{layer.digest[7:]}" for layer in layers],
         }
     ]
     files = {
@@ -489,7 +498,7 @@ def write_archive(path: Path, name: str, layers: list[Layer], epoch: int, versio
         "index.json": _json(index),
         "manifest.json": _json(docker),
     }
-    for blob in (*(layer.blob for layer in layers), config, manifest):
+    for blob in (*layers, config_blob, manifest):
         files[f"blobs/sha256/{blob.digest[7:]}"] = blob.data
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -501,22 +510,20 @@ def write_archive(path: Path, name: str, layers: list[Layer], epoch: int, versio
             info = tarfile.TarInfo(entry)
             info.size, info.mode, info.mtime = len(data), 0o644, epoch
             tar.addfile(info, io.BytesIO(data))
-    return Image(
-        name, path, manifest.digest, sum(layer.size for layer in layers), sum(len(layer.blob.data) for layer in layers)
-    )
+    return manifest.digest
+
+
+def _image(path: Path, name: str, layers: list[Layer], epoch: int, version: str) -> Image:
+    """The agent's image (`layers` under its config) written to `path`."""
+    digest = write_archive(path, name, image_config(layers, epoch, version), [layer.blob for layer in layers], epoch)
+    return Image(name, path, digest, sum(layer.size for layer in layers), sum(len(layer.blob.data) for layer in layers))
 
 
 def _debian_layer(root: Path) -> Layer:
-    """The Debian layer, compressed once per cached root."""
-    cached = root.parent / "layer.tar.gz"
-    meta = root.parent / "layer.json"
-    if not meta.exists():
-        comment = f"mmdebstrap {SUITE}: {' '.join(DEBIAN_PACKAGES)}"
-        layer = Layer.of(layer_tar(root, BASE_EPOCH, skip=("dev/",)), comment)
-        cached.write_bytes(layer.blob.data)
-        meta.write_text(json.dumps({"diff_id": layer.diff_id, "size": layer.size, "comment": layer.comment}))
-    info = json.loads(meta.read_text())
-    return Layer(Blob(MEDIA_LAYER, cached.read_bytes()), info["diff_id"], info["size"], info["comment"])
+    """The Debian layer, compressed when its root was made (debian_root)."""
+    info = json.loads((root.parent / "layer.json").read_text())
+    data = (root.parent / "layer.tar.gz").read_bytes()
+    return Layer(Blob(MEDIA_LAYER, data), info["diff_id"], info["size"], info["comment"])
 
 
 def project_version(tree: Path) -> str:
@@ -591,10 +598,10 @@ def build(
         layers.append(Layer.of(layer_tar(stage / "deps", BASE_EPOCH), f"pip install --require-hashes -r {LOCK.name}"))
         layers.append(Layer.of(layer_tar(stage / "agent", epoch), f"pip install gpu-dra-agent=={version}"))
         fake_layer = Layer.of(layer_tar(stage / "fake", epoch), "the NVML fake: fakes/__init__.py, fakes/nvml")
-    product = write_archive(
+    product = _image(
         out / f"gpu-dra-agent-{tag}.oci.tar", f"docker.io/library/gpu-dra-agent:{tag}", layers, epoch, version
     )
-    test = write_archive(
+    test = _image(
         out / f"gpu-dra-agent-{tag}-nvml-fake.oci.tar",
         f"docker.io/library/gpu-dra-agent:{tag}-nvml-fake",
         [*layers, fake_layer],

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -41,7 +42,7 @@ from tests.controlplane import build as cp_build
 from tests.controlplane.cluster import ControlPlane, free_port, wait_for
 from tests.helm import build as helm_build
 from tests.integration import test_real_node as real
-from tests.integration.test_image_on_node import _builder
+from tests.node.images import builder as image_builder
 from tests.node.node import RealNode, real_node_lock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,37 +129,15 @@ def _image_name(tag: str) -> str:
 def _retagged(builder: Any, image: Any, tag: str, out: Path) -> Path:
     """Image N+1, cheaply: the same layers under another name and version label (a new config, so a new image
     id), as a release of the same tree would be."""
-    import tarfile
-
-    unpacked = out / "unpacked"
     with tarfile.open(image.path) as archive:
-        archive.extractall(unpacked, filter="data")
-    index = json.loads((unpacked / "index.json").read_text())
-    blobs = unpacked / "blobs" / "sha256"
-    (manifest_ref,) = index["manifests"]
-    manifest = json.loads((blobs / manifest_ref["digest"].split(":")[1]).read_text())
-    config = json.loads((blobs / manifest["config"]["digest"].split(":")[1]).read_text())
-    config.setdefault("config", {}).setdefault("Labels", {})["org.opencontainers.image.version"] = tag
-    manifest["config"] = _blob(blobs, config, manifest["config"]["mediaType"])
-    manifest_ref.update(_blob(blobs, manifest, manifest_ref["mediaType"]))
-    name = f"docker.io/library/{_image_name(tag)}"
-    manifest_ref["annotations"] = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name}
-    (unpacked / "index.json").write_text(json.dumps(index))
-    (unpacked / "manifest.json").unlink()  # docker's names: the old one
+        docker = json.loads(archive.extractfile("manifest.json").read())[0]  # type: ignore[union-attr]
+        config = json.loads(archive.extractfile(docker["Config"]).read())  # type: ignore[union-attr]
+        blobs = [archive.extractfile(layer).read() for layer in docker["Layers"]]  # type: ignore[union-attr]
+    layers = [builder.Blob(builder.MEDIA_LAYER, blob) for blob in blobs]
+    config["config"]["Labels"]["org.opencontainers.image.version"] = tag
     path = out / f"gpu-dra-agent-{tag}.oci.tar"
-    with tarfile.open(path, "w") as archive:
-        for member in sorted(unpacked.iterdir()):
-            archive.add(member, member.name)
+    builder.write_archive(path, f"docker.io/library/{_image_name(tag)}", config, layers, 0)
     return path
-
-
-def _blob(blobs: Path, value: Any, media_type: str) -> dict[str, Any]:
-    import hashlib
-
-    data = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
-    digest = hashlib.sha256(data).hexdigest()
-    (blobs / digest).write_bytes(data)
-    return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +147,7 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     if cp_build.go_command() is None:
         pytest.skip(f"`go` is not on PATH to build helm {helm_build.version()}")
     helm = str(helm_build.build(budget_s=1200))
-    builder = _builder()
+    builder = image_builder()
     work = tmp_path_factory.mktemp("deployed")
     _, test_image = builder.build(out=work / "image")
     current = test_image.name.rsplit(":", 1)[1]

@@ -11,19 +11,18 @@ downloads (about 20 MB from Debian, 30 MB from PyPI).
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.node.images import builder
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH = "1764000000"
@@ -39,15 +38,6 @@ pytestmark = [
 ]
 
 
-def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("image_build", REPO / "daemonset/image/build.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["image_build"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def _snapshot(into: Path) -> Path:
     """What the build reads, copied once: other work may change the checkout between the two builds."""
     for name in ("pyproject.toml", "README.md"):
@@ -59,7 +49,7 @@ def _snapshot(into: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    build = _builder()
+    build = builder()
     tree = _snapshot(tmp_path_factory.mktemp("tree"))
     os.environ["SOURCE_DATE_EPOCH"] = EPOCH
     try:

@@ -10,22 +10,18 @@ agent as a host process). Real nodes on one machine share fixed host paths, so R
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tests.conftest import CONTROL_PLANE_KEY, NODE_STACK_KEY, built_binaries
 from tests.controlplane.cluster import ControlPlane, wait_for
+from tests.node.images import builder
 from tests.node.node import RealNode, real_node_lock
 
-REPO = Path(__file__).resolve().parents[2]
 PODS = "/api/v1/namespaces/default/pods"
 
 pytestmark = [
@@ -36,20 +32,11 @@ pytestmark = [
 ]
 
 
-def _builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("image_build", REPO / "daemonset/image/build.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["image_build"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, RealNode]]:
     binaries = built_binaries(request, CONTROL_PLANE_KEY, "node tier")
     stack = built_binaries(request, NODE_STACK_KEY, "node tier")
-    _, test_image = _builder().build(out=tmp_path_factory.mktemp("image"))
+    _, test_image = builder().build(out=tmp_path_factory.mktemp("image"))
     # the lock before the control plane starts (RealNode takes it again, nested)
     with real_node_lock(), ControlPlane(binaries).start() as cp, RealNode(cp, stack).start() as real:
         yield test_image, real

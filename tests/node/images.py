@@ -3,20 +3,21 @@
 Both come from one layer: Debian's static busybox (package busybox-static) with the applets the tests use
 linked in /bin, plus the host's static /sbin/ldconfig when there is one (`ldconfig -p` lists the driver
 libraries a CDI spec mounts). The sandbox ("pause") image only differs in its entrypoint: a shell that
-waits for SIGTERM. Archives are byte-for-byte reproducible (fixed mtimes, sorted entries, gzip without a
-timestamp), so their digests stay put between runs.
+waits for SIGTERM. The archives are written by the agent's own image builder (daemonset/image/build.py,
+`builder()`), byte-for-byte reproducible, so their digests stay put between runs.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
+import functools
+import importlib.util
 import io
-import json
+import sys
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[2]
 
 BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
 LDCONFIG = Path("/sbin/ldconfig")
@@ -26,9 +27,17 @@ WORKLOAD_IMAGE = "localhost/gpu-dra-agent/workload:test"
 # PID 1 in the pod: exits on SIGTERM/SIGINT as upstream's pause does, so a sandbox stops without a SIGKILL.
 PAUSE_ENTRYPOINT = ["/bin/sh", "-c", 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done']
 
-MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
-MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
-MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+@functools.cache
+def builder() -> ModuleType:
+    """daemonset/image/build.py (`make image`, a script, not a package) as a module: the agent's image and
+    the OCI archive writer these images share."""
+    spec = importlib.util.spec_from_file_location("image_build", REPO / "daemonset/image/build.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["image_build"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 class ImageError(RuntimeError):
@@ -91,67 +100,17 @@ def root_layer() -> bytes:
     return out.getvalue()
 
 
-@dataclass(frozen=True)
-class Blob:
-    media_type: str
-    data: bytes
-
-    @property
-    def digest(self) -> str:
-        return "sha256:" + hashlib.sha256(self.data).hexdigest()
-
-    def descriptor(self, **extra: Any) -> dict[str, Any]:
-        return {"mediaType": self.media_type, "digest": self.digest, "size": len(self.data), **extra}
-
-
-def _json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
 def write_archive(path: Path, name: str, entrypoint: list[str], layer: bytes) -> Path:
-    """One image as an OCI layout in a tar, named for containerd by the index's annotations."""
-    compressed = Blob(MEDIA_LAYER, gzip.compress(layer, mtime=0))
-    config = Blob(
-        MEDIA_CONFIG,
-        _json(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin:/sbin"], "WorkingDir": "/"},
-                "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
-            }
-        ),
-    )
-    manifest = Blob(
-        MEDIA_MANIFEST,
-        _json(
-            {
-                "schemaVersion": 2,
-                "mediaType": MEDIA_MANIFEST,
-                "config": config.descriptor(),
-                "layers": [compressed.descriptor()],
-            }
-        ),
-    )
-    tag = name.rsplit(":", 1)[1]
-    index = {
-        "schemaVersion": 2,
-        "manifests": [
-            manifest.descriptor(
-                annotations={
-                    "io.containerd.image.name": name,
-                    "org.opencontainers.image.ref.name": tag,
-                }
-            )
-        ],
+    """One image of the one uncompressed `layer` as an OCI layout in a tar, named for containerd."""
+    build = builder()
+    compressed = build.Layer.of(layer, "busybox")
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin:/sbin"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": [compressed.diff_id]},
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        files = {"oci-layout": _json({"imageLayoutVersion": "1.0.0"}), "index.json": _json(index)}
-        for blob in (compressed, config, manifest):
-            files[f"blobs/sha256/{blob.digest.split(':', 1)[1]}"] = blob.data
-        for entry, data in sorted(files.items()):
-            _add(tar, entry, data=data, mode=0o644)
+    build.write_archive(path, name, config, [compressed.blob], 0)
     return path
 
 
