@@ -1,8 +1,8 @@
 """The Helm chart (deployments/helm/gpu-dra-agent) and the kustomize tree never drift: `helm template` with
 the values that match an overlay renders the same objects as `kubectl kustomize` of that overlay (and of the
 base), compared parsed and normalised (lists of named things in name order). `helm lint` is clean; the values
-NVIDIA's chart also has (nvidiaDriverRoot, image.*, kubeletPlugin.*, namespaceOverride) change what they say;
-a ComputeDomains value the chart cannot honour is refused. helm v4.3.1 is built from tests/helm/go.mod.
+NVIDIA's chart also has (nvidiaDriverRoot, image.*, kubeletPlugin.*, namespaceOverride, controller.*) change what
+they say; values the chart cannot honour together are refused. helm v4.3.1 is built from tests/helm/go.mod.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def test_the_chart_renders_the_base(helm: str, path: str) -> None:
         ("arbiter", ["--set", "arbiter.enabled=true"]),
         ("consumable-shares", ["--set", "consumableShares=memory"]),
         ("partitionable-devices", ["--set", "partitionableDevices=true"]),
+        ("compute-domains", ["--set", "resources.computeDomains.enabled=true"]),
     ],
 )
 def test_the_chart_renders_each_overlay(helm: str, overlay: str, values: list[str]) -> None:
@@ -183,13 +184,70 @@ def test_arbiter_metrics_port_0_turns_its_metrics_endpoint_off(helm: str) -> Non
     assert "METRICS_ADDR" not in {e["name"] for e in arbiter["env"]}
 
 
-def test_a_value_the_chart_cannot_honour_is_refused(helm: str) -> None:
-    done = subprocess.run(
-        [helm, "template", "x", str(CHART), "--set", "resources.computeDomains.enabled=true"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+def test_compute_domains_take_the_image_namespace_and_controller_values(helm: str) -> None:
+    """Tried: resources.computeDomains.enabled with the values an operator changes (namespace, image, API server,
+    NVIDIA's controller.* names): the controller's Deployment and both accounts follow them like the rest."""
+    objects = _template(
+        helm,
+        "--namespace",
+        "gpus",
+        "--set",
+        "resources.computeDomains.enabled=true",
+        "--set",
+        "image.repository=registry.example/agent",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "apiServer.host=127.0.0.1",
+        "--set",
+        "controller.nodeSelector.role=control",
+        "--set",
+        "controller.hostNetwork=true",
+        "--set",
+        "controller.replicas=1",
+        "--set",
+        "controller.containers.computeDomain.resources.limits.memory=1Gi",
     )
-    assert done.returncode != 0
-    assert "ComputeDomains are not installed by this chart yet" in done.stderr
+    assert ("CustomResourceDefinition", "", "computedomains.resource.nvidia.com") in objects
+    assert {k[2] for k in objects if k[0] == "DeviceClass"} >= {
+        "compute-domain-daemon.nvidia.com",
+        "compute-domain-default-channel.nvidia.com",
+    }
+    deployment = objects[("Deployment", "gpus", "gpu-dra-agent-compute-domains")]
+    assert deployment["spec"]["replicas"] == 1
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"role": "control"} and pod["hostNetwork"] is True
+    (controller,) = pod["containers"]
+    assert controller["image"] == "registry.example/agent:1.2.3"
+    assert controller["resources"] == {"limits": {"memory": "1Gi"}}
+    assert {e["name"]: e.get("value") for e in controller["env"]}["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    for binding in ("gpu-dra-agent-compute-domains", "gpu-dra-agent-node-compute-domains"):
+        assert {s["namespace"] for s in objects[("ClusterRoleBinding", "", binding)]["subjects"]} == {"gpus"}
+    assert ("RoleBinding", "gpus", "gpu-dra-agent-compute-domains-leader") in objects
+    (agent,) = objects[("DaemonSet", "gpus", "gpu-dra-agent-node")]["spec"]["template"]["spec"]["containers"]
+    assert {"COMPUTE_DOMAINS", "POD_IP"} <= {e["name"] for e in agent["env"]}
+    # off (the default): none of it
+    off = _template(helm, "--namespace", "gpus")
+    assert not [k for k in off if "compute-domain" in k[2]]
+    assert "COMPUTE_DOMAINS" not in yaml.safe_dump(off)
+
+
+def test_values_the_chart_cannot_honour_together_are_refused(helm: str) -> None:
+    """Tried: ComputeDomains without the node agent (it serves both drivers), and the two agent modes that
+    exclude each other: helm says which, before anything is installed."""
+    refused = {
+        "resources.computeDomains.enabled needs resources.gpus.enabled": [
+            "resources.computeDomains.enabled=true",
+            "resources.gpus.enabled=false",
+        ],
+        "consumableShares and partitionableDevices cannot be combined": [
+            "consumableShares=memory",
+            "partitionableDevices=true",
+        ],
+    }
+    for message, values in refused.items():
+        sets = [arg for value in values for arg in ("--set", value)]
+        done = subprocess.run(
+            [helm, "template", "x", str(CHART), *sets], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode != 0 and message in done.stderr, (values, done.stderr)

@@ -84,6 +84,11 @@ container's env is merged by name: two of one name would be refused by server-si
 {{- $env = append $env (dict "name" "ARBITER_USER" "value" (printf "system:serviceaccount:%s:gpu-dra-agent-arbiter" $ns)) -}}
 {{- end -}}
 {{- end -}}
+{{- if $v.resources.computeDomains.enabled -}}
+{{- /* overlays/compute-domains: the second driver; its IMEX daemons listen on the pod's IP */ -}}
+{{- $env = append $env (dict "name" "COMPUTE_DOMAINS" "value" "true") -}}
+{{- $env = append $env (dict "name" "POD_IP" "valueFrom" (dict "fieldRef" (dict "fieldPath" "status.podIP"))) -}}
+{{- end -}}
 {{- $extra := concat (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $gpus.env -}}
 {{- $_ := set $agent "env" (include "gpu-dra-agent.mergeEnv" (dict "env" $env "extra" $extra) | fromJsonArray) -}}
 {{- end -}}
@@ -113,4 +118,26 @@ container's env is merged by name: two of one name would be refused by server-si
 {{- if not $port }}{{ $_ := set $arbiter "command" (append $arbiter.command "--metrics-addr=") }}{{ end -}}
 {{- $extra := concat (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $v.arbiter.env -}}
 {{- $_ := set $arbiter "env" (include "gpu-dra-agent.mergeEnv" (dict "env" $env "extra" $extra) | fromJsonArray) -}}
+{{- end -}}
+
+{{/* The ComputeDomain controller's Deployment (overlays/compute-domains/controller.yaml) as the values say; `.obj`
+is changed in place. Values left empty keep the manifest's. */}}
+{{- define "gpu-dra-agent.computeDomainController" -}}
+{{- $v := .root.Values -}}
+{{- $c := $v.controller -}}
+{{- with $c.replicas }}{{ $_ := set $.obj.spec "replicas" . }}{{ end -}}
+{{- $pod := .obj.spec.template.spec -}}
+{{- with $v.imagePullSecrets }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
+{{- with $c.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
+{{- with $c.nodeSelector }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
+{{- with $c.tolerations }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
+{{- with $c.affinity }}{{ $_ := set $pod "affinity" . }}{{ end -}}
+{{- if $c.hostNetwork }}{{ $_ := set $pod "hostNetwork" true }}{{ end -}}
+{{- $controller := index $pod.containers 0 -}}
+{{- $_ := set $controller "image" (include "gpu-dra-agent.image" .root) -}}
+{{- $_ := set $controller "imagePullPolicy" $v.image.pullPolicy -}}
+{{- $own := $c.containers.computeDomain -}}
+{{- with $own.resources }}{{ $_ := set $controller "resources" . }}{{ end -}}
+{{- $extra := concat (include "gpu-dra-agent.apiServerEnv" .root | fromJsonArray) $own.env -}}
+{{- $_ := set $controller "env" (include "gpu-dra-agent.mergeEnv" (dict "env" $controller.env "extra" $extra) | fromJsonArray) -}}
 {{- end -}}
