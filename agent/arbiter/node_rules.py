@@ -21,6 +21,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.arbiter.fit_error import fit_error
+
 Json = Mapping[str, Any]  # read here, never written: any mapping (agent.jsontypes.Json is a dict)
 
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"  # kube-scheduler's words for each refusal
@@ -155,5 +157,4 @@ class NodeRules:
                 refused[why] = refused.get(why, 0) + 1
         if len(allowed) == len(self._nodes):
             return None, ""
-        reasons = ", ".join(f"{n} {why}" for why, n in sorted(refused.items()))
-        return frozenset(allowed), f"0/{len(self._nodes)} nodes are available: {reasons}." if not allowed else ""
+        return frozenset(allowed), fit_error(len(self._nodes), refused) if not allowed else ""

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from agent.arbiter.core.cycle import CycleResult, PodDecision
 from agent.arbiter.core.model import MILLI, UNLIMITED, JobSpec, PodSpec, QueueSpec, Snapshot
+from agent.arbiter.fit_error import NO_VICTIMS, NOT_HELPFUL, fit_error, preemption
 
 NO_RESERVATIONS = "serve no reservations"  # a node whose agent runs without --reservation-addr (World.unserved)
 
@@ -31,8 +32,8 @@ def wait_reasons(
     for job in snapshot.jobs:
         decisions = [result.pods[p.name] for p in job.pods]
         if any(d.outcome == "pending" for d in decisions) or len(job.pods) < job.min_member:
-            out[job.name] = _reason(job, decisions, queues, result, rooms, cliques=cliques)
-            if unserved and out[job.name].startswith("no fit"):
+            out[job.name] = _reason(job, decisions, queues, result, rooms, cliques=cliques, unserved=unserved or {})
+            if unserved and out[job.name].startswith("no fit") and not job.one_clique:  # it counts them itself
                 out[job.name] = _left_out(unserved, out[job.name], placed_on=len(capacity))
     return out
 
@@ -87,6 +88,7 @@ def _reason(
     rooms: _Rooms,
     *,
     cliques: Mapping[str, str],
+    unserved: Mapping[str, tuple[int, str]],
 ) -> str:
     if any(d.action == "pipeline" for d in decisions):
         return "waiting for evicted pods to release their devices (reclaim or preemption under way)"
@@ -111,7 +113,7 @@ def _reason(
     waiting = [p for p, d in zip(job.pods, decisions, strict=True) if d.outcome == "pending"]
     pending = [p.gpu_milli for p in waiting]
     if job.one_clique:
-        return _no_clique(waiting, want, cliques, free=rooms.free, capacity=rooms.capacity)
+        return _no_clique(waiting, want, cliques, free=rooms.free, capacity=rooms.capacity, unserved=unserved)
     where, whole = "the cluster has", "the whole cluster has"
     nodes: frozenset[str] | None = None
     if waiting and all(p.allowed_nodes is not None for p in waiting):  # their affinity and tolerations narrow it
@@ -142,30 +144,48 @@ def _no_clique(
     *,
     free: Mapping[str, int],
     capacity: Mapping[str, int],
+    unserved: Mapping[str, tuple[int, str]],
 ) -> str:
-    """Why a gang sharing a ComputeDomain does not fit: it needs one clique, and none has the room."""
+    """Why a gang sharing a ComputeDomain does not fit (it needs one clique, and none has the room), as
+    kube-scheduler says why no node takes a pod (agent.arbiter.fit_error): every node counted once under its
+    cause, the clique sizes it was weighed against in the words. kube-scheduler's DynamicResources plugin would
+    say "cannot allocate all claims" for each; the cause says what would have to change. Where evicting running
+    pods could make room (a clique large enough, its GPUs held), the arbiter found no victims, and says so as
+    kube-scheduler's preemption does."""
     allowed: set[str] | None = None
     if waiting and all(p.allowed_nodes is not None for p in waiting):
         allowed = set().union(*(p.allowed_nodes or () for p in waiting))
     members: dict[str, list[str]] = {}
     for node, clique in cliques.items():
-        if allowed is None or node in allowed:
+        if node in capacity and (allowed is None or node in allowed):
             members.setdefault(clique, []).append(node)
-    head = (
-        f"no fit in one NVLink clique: the gang shares a ComputeDomain, so its {len(waiting)} pod(s) needing "
-        f"{want / MILLI:g} GPUs must all run on nodes of one clique"
-    )
-    if not members:
-        return (
-            f"{head}; no node{' its pods may run on' if allowed is not None else ''} offers IMEX channels "
-            "(no GPUs there are in a complete, undegraded fabric clique)"
-        )
-    most = max(sum(capacity[n] for n in nodes) for nodes in members.values())
-    freest = max(sum(free[n] for n in nodes) for nodes in members.values())
-    text = (
-        f"{head}; {len(members)} clique(s) offer IMEX channels, the largest with {most / MILLI:g} GPUs, "
-        f"the freest with {freest / MILLI:g} GPUs free"
-    )
-    if want > most:
-        return f"{text}: the gang asks for more than any clique has"
-    return f"{text}: the rest is held by running pods, or its pods do not fit the free GPUs, CPU and memory there"
+    size = {c: sum(capacity[n] for n in nodes) for c, nodes in members.items()}
+    room = {c: sum(free[n] for n in nodes) for c, nodes in members.items()}
+    largest = max(size.values(), default=0)
+    freest = max((room[c] for c in members if size[c] >= want), default=0)
+    need = f"{want / MILLI:g}"
+    causes: dict[str, str] = {}  # node -> why it cannot take the gang
+    held: set[str] = set()  # nodes where evicting could make room
+    for node in capacity:
+        home = cliques.get(node)
+        if allowed is not None and node not in allowed:
+            causes[node] = "node(s) didn't match the pods' node affinity, selector or tolerations"
+        elif home is None:
+            causes[node] = "node(s) offer no IMEX channel (in no complete, undegraded NVLink fabric clique)"
+        elif size[home] < want:
+            causes[node] = (
+                f"node(s) in a clique too small for the gang's {need} GPUs (the largest has {largest / MILLI:g})"
+            )
+        elif room[home] < want:
+            causes[node] = f"node(s) in a clique without {need} free GPUs (the freest has {freest / MILLI:g} free)"
+            held.add(node)
+        else:
+            causes[node] = "node(s) in a clique whose free GPUs, CPU and memory do not fit the gang's pods"
+    for node, (_gpus, why) in unserved.items():
+        causes[node] = f"node(s) {why}"
+    counts: dict[str, int] = {}
+    for why in causes.values():
+        counts[why] = counts.get(why, 0) + 1
+    post = preemption(len(causes), {NO_VICTIMS: len(held), NOT_HELPFUL: len(causes) - len(held)}) if held else ""
+    head = f"no fit in one NVLink clique for the {len(waiting)} pod(s) of a ComputeDomain needing {need} GPUs"
+    return f"{head}: {fit_error(len(causes), counts, post)}"

@@ -132,8 +132,8 @@ def test_a_domain_gang_that_fits_no_clique_waits_and_says_why() -> None:
         for _ in range(3):  # tried: 24 GPUs in all, 12 in each clique, for a 16-GPU gang
             report = arbiter.cycle()
             assert report.admitted == []
-        assert report.waiting[f"{NS}/train"].startswith(
-            "no fit in one NVLink clique: the gang shares a ComputeDomain, so its 4 pod(s) needing 16 GPUs must "
-            "all run on nodes of one clique; 2 clique(s) offer IMEX channels, the largest with 12 GPUs"
+        assert report.waiting[f"{NS}/train"] == (  # as kube-scheduler words a pod no node takes
+            "no fit in one NVLink clique for the 4 pod(s) of a ComputeDomain needing 16 GPUs: 0/6 nodes are "
+            "available: 6 node(s) in a clique too small for the gang's 16 GPUs (the largest has 12)."
         )
         assert all(n is None for n in _nodes(cluster, "train").values())

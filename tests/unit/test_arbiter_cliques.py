@@ -8,7 +8,7 @@ from dataclasses import replace
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.model import Snapshot
 from agent.arbiter.core.snapshot import parse_snapshot
-from agent.arbiter.waiting import wait_reasons
+from agent.arbiter.waiting import NO_RESERVATIONS, wait_reasons
 from tests.unit.test_arbiter_support import doc, gang, node, queue
 
 
@@ -33,12 +33,10 @@ def test_a_domain_gang_that_fits_no_single_clique_waits_and_says_why() -> None:
     snap = rack({"a": 3, "b": 3}, [gang("cd-train", "q", 4, gpus=4)])
     result = run_cycle(snap, ["allocate", "consolidate", "reclaim", "preempt"])
     assert all(d.outcome == "pending" for d in placement_decisions(result, "cd-train"))
-    reason = wait_reasons(snap, result)["cd-train"]
-    assert reason.startswith(
-        "no fit in one NVLink clique: the gang shares a ComputeDomain, so its 4 pod(s) "
-        "needing 16 GPUs must all run on nodes of one clique; 2 clique(s) offer IMEX channels"
+    assert wait_reasons(snap, result)["cd-train"] == (
+        "no fit in one NVLink clique for the 4 pod(s) of a ComputeDomain needing 16 GPUs: 0/6 nodes are available: "
+        "6 node(s) in a clique too small for the gang's 16 GPUs (the largest has 12)."
     )
-    assert reason.endswith("the gang asks for more than any clique has")
 
     plain = replace(snap, jobs=tuple(replace(j, one_clique=False) for j in snap.jobs))
     assert all(d.outcome == "running" for d in run_cycle(plain, ["allocate"]).pods.values())  # tried: it fits
@@ -54,7 +52,30 @@ def test_nodes_in_no_clique_are_not_offered() -> None:
     snap = rack({"a": 2}, [gang("cd-train", "q", 3, gpus=4)], loose=4)
     result = run_cycle(snap, ["allocate"])
     assert all(d.node is None for d in result.pods.values())
-    assert "1 clique(s) offer IMEX channels" in wait_reasons(snap, result)["cd-train"]
+    assert wait_reasons(snap, result)["cd-train"] == (
+        "no fit in one NVLink clique for the 3 pod(s) of a ComputeDomain needing 12 GPUs: 0/6 nodes are available: "
+        "2 node(s) in a clique too small for the gang's 12 GPUs (the largest has 8), "
+        "4 node(s) offer no IMEX channel (in no complete, undegraded NVLink fabric clique)."
+    )
+
+
+def test_a_clique_held_by_running_pods_says_what_preemption_found() -> None:
+    """Tried: clique a (16 GPUs) has one node busy with a non-preemptible gang, clique b is too small, and one
+    node publishes GPUs without serving reservations. Each node is counted once under its cause, sorted as
+    kube-scheduler sorts them, and the nodes where evicting could have helped are told apart in the preemption
+    part."""
+    busy = gang("busy", "q", 1, gpus=4, preemptible=False)
+    busy["pods"][0].update(node="a-n0", status="Running")
+    snap = rack({"a": 4, "b": 2}, [busy, gang("cd-train", "q", 4, gpus=4)])
+    result = run_cycle(snap, ["allocate", "consolidate", "reclaim", "preempt"])
+    assert all(d.node is None for d in placement_decisions(result, "cd-train"))
+    reason = wait_reasons(snap, result, {"far": (4, NO_RESERVATIONS)})["cd-train"]
+    assert reason == (
+        "no fit in one NVLink clique for the 4 pod(s) of a ComputeDomain needing 16 GPUs: 0/7 nodes are available: "
+        "1 node(s) serve no reservations, 2 node(s) in a clique too small for the gang's 16 GPUs (the largest has "
+        "16), 4 node(s) in a clique without 16 free GPUs (the freest has 12 free). preemption: 0/7 nodes are "
+        "available: 3 Preemption is not helpful for scheduling, 4 No preemption victims found for incoming pod."
+    )
 
 
 def test_the_fullest_clique_that_fits_is_taken_and_other_gangs_are_unbound() -> None:

@@ -325,8 +325,8 @@ def test_a_pod_no_node_allows_waits_in_kube_schedulers_words() -> None:
     w = world([p], [claim("c")], queues=[queue("team-a", gpu_quota=8)], built=built)
     assert w.snapshot.jobs == ()
     assert w.waiting["team-a/pod/p"] == (
-        "no node may run p: 0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
-        "1 node(s) had untolerated taint(s)."
+        "no node may run p: 0/3 nodes are available: 1 node(s) had untolerated taint(s), "
+        "2 node(s) didn't match Pod's node affinity/selector."
     )
 
 

@@ -152,8 +152,8 @@ def test_the_nodes_a_pod_may_run_on_and_why_none() -> None:
     ) == (
         frozenset(),
         (
-            "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
-            "1 node(s) had untolerated taint(s)."
+            "0/3 nodes are available: 1 node(s) had untolerated taint(s), "
+            "2 node(s) didn't match Pod's node affinity/selector."
         ),
     )
     untainted = NodeRules([node("a"), node("b")])
