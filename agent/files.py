@@ -37,9 +37,14 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
-def write_atomic_many(contents: Mapping[Path, bytes]) -> None:
+def write_atomic_many(contents: Mapping[Path, bytes], *, sync_names: bool = True) -> None:
     """`write_atomic` for several files at once: each is replaced atomically and durably, with one fsync per
-    file and one per directory (not two per file). A failure leaves each file old or new, never a mix."""
+    file and one per directory (not two per file). A failure leaves each file old or new, never a mix.
+
+    With `sync_names=False` the directories are not fsynced: each file's bytes are still on disk before its
+    rename, so after a power loss a name holds its old content or its new one whole, but a rename may be lost.
+    That suits files that a reboot voids anyway, and spares a journal commit (on ext4 ~0.4 ms, and a sleep
+    during which a busy machine may hand the CPU to someone else)."""
     temps: dict[Path, str] = {}
     try:
         for path, data in contents.items():
@@ -54,7 +59,7 @@ def write_atomic_many(contents: Mapping[Path, bytes]) -> None:
         for tmp in temps.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-    for directory in {path.parent for path in contents}:
+    for directory in {path.parent for path in contents} if sync_names else ():
         fsync_dir(directory)
 
 

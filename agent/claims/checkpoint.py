@@ -9,8 +9,11 @@ On disk, one record per claim, so a prepare writes only its own claims whatever 
 - Two phases per claim: `PrepareStarted` is written before any side effect on the node, `PrepareCompleted`
   after the CDI spec is on disk, so a crash leaves either nothing or a Started record that can be rolled
   back. A claim whose only side effect is its spec skips the Started record (agent.claims.state says why).
-  Each record is replaced atomically (temp file, fsync, rename, directory fsync); records are independent,
-  so a crash between two of them is as good as a crash between two claims. Removals are not fsynced.
+  Each record is replaced atomically (temp file, fsync, rename); records are independent, so a crash between
+  two of them is as good as a crash between two claims. Neither renames nor removals are fsynced in their
+  directory: a kill -9 loses nothing the page cache holds, and only a power loss can undo a rename or a
+  removal, after which the reboot voids every record (`nodeBootID`). What a power loss must not leave is a
+  torn record, which would fence its claim instead of voiding it: a record's bytes are on disk before its name.
 - Versioned: this build reads every version up to `VERSION` and refuses a newer one (written by a newer
   agent) instead of guessing. A new field gets a default when read, so older records stay readable.
   Version 1 was one file for every claim (`<state-dir>/checkpoint.json`): it is read once, written out as
@@ -412,10 +415,11 @@ class CheckpointStore:
                 raise CheckpointCorrupt(f"{self.records} is not a directory; {REMEDY}")
             self.records.mkdir(mode=0o700, parents=True, exist_ok=True)
             files.fsync_dir(self.state_dir)
-        files.write_atomic_many({self.record_path(e.uid): encode_record(boot_id, e) for e in changed})
-        # Removals are not made durable: a record a power loss brings back is of the earlier boot, and the
-        # state machine voids it; until then the page cache is what every process reads. A record coming
-        # back can only hold a device, never free one.
+        # Names are not made durable (see the module docstring): a record whose rename or removal a power loss
+        # undoes is of the earlier boot, and the state machine voids it; until then the page cache is what
+        # every process reads. One journal commit a save instead of two.
+        records = {self.record_path(e.uid): encode_record(boot_id, e) for e in changed}
+        files.write_atomic_many(records, sync_names=False)
         for uid in gone:
             files.remove(self.record_path(uid))
 

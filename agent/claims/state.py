@@ -783,7 +783,7 @@ def _acts_beyond_spec(entry: ClaimEntry, configs: Mapping[str, DeviceConfig], sh
     them).
 
     Only such a claim needs its Started record on disk before prepare goes on; for the others (most claims)
-    the record would cost two fsyncs and a rename and protect nothing, because:
+    the record would cost an fsync and a rename and protect nothing, because:
     - the spec is their only side effect, and recovery already removes a spec no Completed record owns (and
       the next prepare of the claim replaces it), which is what rolling back their Started record would do;
     - a spec without a Completed record is inert: the kubelet names a claim's CDI devices to the runtime only

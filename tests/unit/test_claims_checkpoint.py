@@ -174,6 +174,37 @@ def test_a_failed_save_keeps_the_old_records_and_no_temp(
     assert records(tmp_path) == ["u1.json", "u2.json"]
 
 
+def test_a_record_is_on_disk_before_its_name_and_its_name_costs_no_second_sync(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tried: a save of one changed claim, noting every fsync (by the file it syncs) and rename. Its bytes are
+    synced before the rename, so a power loss never leaves a torn record (that would fence the claim); the
+    directory is not synced, since a rename a power loss undoes belongs to a boot whose records are void."""
+    s = store(tmp_path)
+    s.save(sample())
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src: str, dst: str) -> None:
+        events.append(("rename", str(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", rename)
+    changed = s.load()
+    changed.claims["u2"] = replace(changed.claims["u2"], state=ClaimState.COMPLETED)
+    s.save(changed)
+    monkeypatch.undo()
+    [(sync, synced), (rename, renamed)] = events
+    assert (sync, rename) == ("fsync", "rename") and synced == renamed
+    assert pathlib.Path(synced).name.startswith("u2.json.")  # the temp file that became the record
+    assert store(tmp_path).load() == changed
+
+
 def test_a_corrupt_record_is_fenced_with_its_path_the_remedy_and_the_devices_it_shows(tmp_path: pathlib.Path) -> None:
     store(tmp_path).save(sample())
     path = tmp_path / "claims" / "u1.json"
