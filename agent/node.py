@@ -19,6 +19,7 @@ from agent.claims.settings import PrepareSettings
 from agent.claims.sharing import ClaimSharing
 from agent.claims.state import holders
 from agent.claims.types import ClaimRef, Preparer, PrepareResult
+from agent.devices.fabric import broken_devices, fabric_reason
 from agent.devices.model import Gpu, Inventory
 from agent.devices.names import GpuName, InvalidDeviceName, gpu_device_name, parse_device_name
 from agent.devices.shares import ShareMode
@@ -47,6 +48,7 @@ from agent.sharing.commands import DriverRoot, SubprocessRunner
 from agent.sharing.control import SharingControl
 from agent.slices.build import pool_content
 from agent.slices.publisher import Publisher, PublishResult
+from agent.slices.taints import fabric_taint
 from agent.slices.versions import LATEST, SliceRules, rules_for
 
 if TYPE_CHECKING:
@@ -149,6 +151,9 @@ class NodeAgent:
         self._health_lock = threading.Lock()  # orders event updates against re-recording after discovery
         self._unhealthy: dict[str, str] = {}  # device name -> reason; kept until the agent restarts
         self._taints: dict[str, list[Json]] = {}  # device name -> its device taints (published on 1.36+)
+        # device name -> (its GPU's NVLink fabric fault, since when): follows discovery, clears on recovery
+        self._fabric: dict[str, tuple[str, float]] = {}
+        self._track_fabric(self._inventory)
         self._seen_gpus = {g.minor: g for g in self._inventory.gpus}  # a lost GPU stays listed, tainted
         self._health_changed = threading.Event()  # wakes the publish thread: health or MIG devices changed
         self._monitor: HealthMonitor | None = None
@@ -275,7 +280,7 @@ class NodeAgent:
                 driver=self.config.driver_name,
                 inventory=self._offered,
                 prepared=self._preparer.holders,
-                unhealthy=lambda: list(self._unhealthy),
+                unhealthy=lambda: list(self._unhealthy_names()),
                 token=reviewer,
                 rest=self._rest,
                 share_mode=self.config.share_mode,
@@ -394,6 +399,8 @@ class NodeAgent:
             return self._inventory
         if changed:
             log.info("GPU inventory changed", extra={"gpus": len(inventory.gpus), "mig": len(inventory.mig_devices)})
+            if self._track_fabric(inventory):
+                self._health_changed.set()
             self._record_health(inventory)
             if self.compute_domains is not None:  # a node that leaves its fabric clique withdraws its channels
                 from agent.computedomain.channels import node_clique
@@ -474,21 +481,41 @@ class NodeAgent:
                 )
                 for d in content.devices
             } | self._unhealthy.keys()
-            self.health.replace(
-                DeviceHealth(pool, name, Health.UNHEALTHY, now, self._reason(name))
-                if not self._healthy_by_events(name)
-                else known.get((pool, name)) or DeviceHealth(pool, name, Health.HEALTHY, now)
+            fresh = (
+                DeviceHealth(pool, name, Health.HEALTHY, now)
+                if self._healthy_by_events(name)
+                else DeviceHealth(pool, name, Health.UNHEALTHY, now, self._reason(name))
                 for name in sorted(names)
             )
+            self.health.replace(_kept(known.get((d.pool, d.device)), d) for d in fresh)
 
     def _healthy_by_events(self, device_name: str) -> bool:
-        """The one record of health (the health stream is stamped from it). A MIG device is unhealthy with
-        its GPU: this also covers partitionable MIG placements."""
-        return device_name not in self._unhealthy and parent_gpu_name(device_name) not in self._unhealthy
+        """The one record of health (the health stream is stamped from it): NVML's events and the GPUs' fabric.
+        A MIG device is unhealthy with its GPU: this also covers partitionable MIG placements."""
+        parent = parent_gpu_name(device_name)
+        return not any(n in self._unhealthy or n in self._fabric for n in (device_name, parent) if n is not None)
 
     def _reason(self, device_name: str) -> str:
-        """Why a device is unhealthy: its own fault, or its GPU's."""
-        return self._unhealthy.get(device_name) or self._unhealthy.get(parent_gpu_name(device_name) or "", "")
+        """Why a device is unhealthy: its own fault, or its GPU's; an event's before the fabric's."""
+        names = [n for n in (device_name, parent_gpu_name(device_name)) if n is not None]
+        told = [self._unhealthy[n] for n in names if n in self._unhealthy]
+        return (told or [fabric_reason(self._fabric[n][0]) for n in names if n in self._fabric] or [""])[0]
+
+    def _unhealthy_names(self) -> set[str]:
+        with self._health_lock:
+            return set(self._unhealthy) | self._fabric.keys()
+
+    def _track_fabric(self, inventory: Inventory) -> bool:
+        """Follow the GPUs' fabric faults in a fresh inventory (agent.devices.fabric); a fault keeps the time it
+        was first seen while it lasts. Whether anything changed."""
+        broken = broken_devices(inventory)
+        now = time.time()
+        with self._health_lock:
+            before = {name: fault for name, (fault, _) in self._fabric.items()}
+            self._fabric = {n: (fault, self._fabric.get(n, (fault, now))[1]) for n, fault in broken.items()}
+        if broken != before:
+            log.warning("NVLink fabric faults changed", extra={"faults": broken, "before": before})
+        return broken != before
 
     def _on_health_change(self, device_name: str, healthy: bool, reason: str) -> None:
         """From the NVML monitor's thread: record it now, publish from our own thread (no API I/O here)."""
@@ -511,8 +538,7 @@ class NodeAgent:
         (DRADeviceTaints) are alpha and off by default in 1.34-1.35, where the server would silently drop the
         taint and the scheduler would keep picking the device. Prepare refuses them in any case. GPUs a MIG
         reconfiguration is changing are left out with everything carved from them."""
-        with self._health_lock:
-            unhealthy = set(self._unhealthy)
+        unhealthy = self._unhealthy_names()
         withheld = {gpu_device_name(m) for m in self._withheld}
         if self.slice_rules.taints_served:
             return without_devices(with_gpus_kept(inventory, self._seen_gpus.values(), unhealthy), withheld)
@@ -589,8 +615,12 @@ class NodeAgent:
         return with_gpus_kept(inventory, self._seen_gpus.values(), {gpu_device_name(m) for m in self._seen_gpus})
 
     def _device_taints(self) -> dict[str, list[Json]]:
+        driver = self.config.driver_name
         with self._health_lock:
-            return {name: list(taints) for name, taints in self._taints.items()}
+            out = {name: list(taints) for name, taints in self._taints.items()}
+            for name, (fault, since) in self._fabric.items():
+                out.setdefault(name, []).append(fabric_taint(driver, fault, since))
+            return out
 
     def _mps_watch_loop(self) -> None:
         """Start again the MPS daemon of a prepared claim that died (its clients cannot connect without it), with
@@ -643,3 +673,8 @@ def _by_gpu(held: Iterable[tuple[str, str]], minors: Collection[int]) -> dict[in
         if minor in minors:
             out.setdefault(minor, set()).add(holder)
     return out
+
+
+def _kept(old: DeviceHealth | None, new: DeviceHealth) -> DeviceHealth:
+    """The device's record as it was when neither its health nor why has changed (its time stays), else `new`."""
+    return old if old is not None and (old.health, old.message) == (new.health, new.message) else new

@@ -143,6 +143,8 @@ class Gpu:
     gpu_instances: tuple[GpuInstance, ...] = ()  # existing GIs, including those without a MIG device
     nvlink_peers: tuple[str, ...] = ()  # PCI bus ids at the other end of active NVLinks
     fabric: FabricInfo | None = None
+    # why its fabric is broken (agent.devices.fabric.fabric_fault), None when whole or without one
+    fabric_fault: str | None = None
     nvlink_domain: str = ""  # filled by topology.assign_nvlink_domains
     time_slicing_supported: bool = True
     mps_supported: bool = True

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from agent.devices.fabric import fabric_fault
 from agent.devices.model import (
     ComputeMode,
     FabricInfo,
@@ -162,6 +163,7 @@ def _discover_gpu(index: int, topology: PciTopology | None) -> tuple[Gpu, list[M
     if mig_enabled:
         instances = _gpu_instances(h, what, profiles)
         migs = _mig_devices(h, what, instances, parent_uuid=uuid_, parent_minor=minor_number, parent_index=index)
+    fabric, broken = _fabric(h, what)
     gpu = Gpu(
         index=index,
         minor=minor_number,
@@ -182,7 +184,8 @@ def _discover_gpu(index: int, topology: PciTopology | None) -> tuple[Gpu, list[M
         mig_profiles=profiles,
         gpu_instances=instances,
         nvlink_peers=_nvlink_peers(h, what),
-        fabric=_fabric(h, what),
+        fabric=fabric,
+        fabric_fault=broken,
         mps_server=_mps_server(h, what),
     )
     return gpu, migs
@@ -356,8 +359,9 @@ def _nvlink_peers(h: Any, what: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(peers))
 
 
-def _fabric(h: Any, what: str) -> FabricInfo | None:
-    """The NVLink fabric clique, only when the fabric manager finished registering this GPU."""
+def _fabric(h: Any, what: str) -> tuple[FabricInfo | None, str | None]:
+    """The NVLink fabric clique, only when the fabric manager finished registering this GPU, and what is wrong
+    with the fabric (agent.devices.fabric.fabric_fault; None without one)."""
     info = pynvml.c_nvmlGpuFabricInfoV_t()
     doing = f"reading the fabric info of {what}"
     try:
@@ -365,17 +369,14 @@ def _fabric(h: Any, what: str) -> FabricInfo | None:
     except FunctionMissing:
         info = pynvml.c_nvmlGpuFabricInfo_t()  # drivers before R550 only have the v1 call
         if _optional(doing, pynvml.nvmlDeviceGetGpuFabricInfo, h, byref(info)) is None:
-            return None
+            return None, None
     except NotSupported:
-        return None
-    cluster = bytes(info.clusterUuid)
-    attached = info.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED and info.status == 0 and any(cluster)
-    if not attached:
-        return None
+        return None, None
     mask = int(getattr(info, "healthMask", 0))  # the v1 struct of drivers before R550 has none
     degraded_bw = (mask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0b11
-    return FabricInfo(
-        str(uuid.UUID(bytes=cluster)),
-        int(info.cliqueId),
-        degraded=degraded_bw == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE,
-    )
+    degraded = degraded_bw == pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
+    fault = fabric_fault(int(info.state), int(info.status), degraded)
+    cluster = bytes(info.clusterUuid)
+    if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != 0 or not any(cluster):
+        return None, fault
+    return FabricInfo(str(uuid.UUID(bytes=cluster)), int(info.cliqueId), degraded=degraded), fault

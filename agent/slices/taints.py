@@ -12,6 +12,7 @@ from agent.times import rfc3339
 NO_SCHEDULE = "NoSchedule"
 XID_KEY = "xid"
 GPU_LOST_KEY = "gpu-lost"
+FABRIC_KEY = "fabric"  # ours, in the same family: NVIDIA's driver taints no fabric fault
 
 
 def xid_taint(driver: str, xid: int, since: float) -> Json:
@@ -22,3 +23,9 @@ def xid_taint(driver: str, xid: int, since: float) -> Json:
 def gpu_lost_taint(driver: str, since: float) -> Json:
     """The GPU stopped answering NVML (fallen off the bus, or unavailable)."""
     return {"key": f"{driver}/{GPU_LOST_KEY}", "effect": NO_SCHEDULE, "timeAdded": rfc3339(since)}
+
+
+def fabric_taint(driver: str, fault: str, since: float) -> Json:
+    """A GPU whose multi-node NVLink fabric is broken (agent.devices.fabric): it runs, but a job across nodes
+    cannot use it, so it takes no new claims until the fabric recovers; the fault is the value."""
+    return {"key": f"{driver}/{FABRIC_KEY}", "value": fault, "effect": NO_SCHEDULE, "timeAdded": rfc3339(since)}
