@@ -616,3 +616,105 @@ def test_kubectl_apply_k_runs_the_agent_and_delete_k_removes_it(deployed: Deploy
         for c in deployed.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
         if c["metadata"]["name"].endswith("nvidia.com")
     ]
+
+
+# -- ComputeDomains: helm install --set resources.computeDomains.enabled=true ---------------------------------
+
+CD_DRIVER = "compute-domain.nvidia.com"
+CD_CONTROLLER_PODS = (
+    f"/api/v1/namespaces/{NS}/pods?labelSelector=app.kubernetes.io%2Fcomponent%3Dcompute-domain-controller"
+)
+CD_LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpu-dra-compute-domains"
+CD_CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/computedomains.resource.nvidia.com"
+GB200_TRAY = "gb200-nvl72-node00"  # a compute tray of the fake NVL72 rack: its 4 GPUs in one fabric clique
+
+
+def _compute_domain_values(deployed: Deployed) -> Path:
+    """ComputeDomains on; the node's fake NVML a GB200 tray (the chart's NVML entry replaced); the controller on
+    the node's network (the API server at loopback, as the agent)."""
+    base = yaml.safe_load(deployed.values.read_text())
+    env = [e for e in base["kubeletPlugin"]["containers"]["gpus"]["env"] if e["name"] != "NVML"]
+    path = deployed.values.with_name("compute-domain-values.yaml")
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "resources": {"computeDomains": {"enabled": True}},
+                "controller": {"hostNetwork": True},
+                "kubeletPlugin": {
+                    "containers": {"gpus": {"env": [*env, {"name": "NVML", "value": f"fake:{GB200_TRAY}"}]}}
+                },
+            }
+        )
+    )
+    return path
+
+
+def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the_channels(deployed: Deployed) -> None:
+    """Tried: the chart with resources.computeDomains.enabled=true (NVIDIA's value) on a node whose GPUs are in a
+    fabric clique: the ComputeDomain CRD is served, the controller's replicas run Ready in the cluster and one
+    leads, the node agent's pod publishes the compute-domain.nvidia.com slice (channel-0, daemon-0) beside its
+    GPUs; `helm uninstall` takes all of it away (pods, slices, CRD, device classes, RBAC)."""
+    site = deployed.site
+    started = time.monotonic()
+    deployed.run_helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NS,
+        "--create-namespace",
+        "-f",
+        str(deployed.values),
+        "-f",
+        str(_compute_domain_values(deployed)),
+    )
+    assert site.get(CD_CRD) is not None
+
+    def channels() -> list[dict[str, Any]] | None:
+        deployed.node.check_running()
+        return [s for s in deployed.slices() if s["spec"]["driver"] == CD_DRIVER] or None
+
+    [cd_slice] = wait_for("the node's compute-domain slice", channels, 240)
+    slice_s = time.monotonic() - started
+    deployed.ready_agent(_image_name(deployed.tags["current"]))
+    devices = {d["name"]: d["attributes"] for d in cd_slice["spec"]["devices"]}
+    assert devices["channel-0"]["type"]["string"] == "channel"
+    assert devices["daemon-0"]["type"]["string"] == "daemon"
+    assert {"gpu-0", "gpu-3"} <= set(site.devices())  # the GPUs too: one agent serves both drivers
+
+    def controllers_ready() -> list[dict[str, Any]] | None:
+        pods = site.cp.request("GET", CD_CONTROLLER_PODS)["items"]
+        ready = [
+            p
+            for p in pods
+            if {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}.get("Ready") == "True"
+        ]
+        return ready if len(ready) == 2 else None
+
+    pods = wait_for("the controller's two replicas to be Ready", controllers_ready, 180, deployed.node.check_running)
+    holder = wait_for(
+        "a controller to lead", lambda: (site.get(CD_LEASE) or {}).get("spec", {}).get("holderIdentity"), 120
+    )
+    # the holder is one of these pods: it logs its identity when it runs
+    assert [p for p in pods if holder in deployed.pod_log(NS, p["metadata"]["name"])]
+    ready_s = time.monotonic() - started
+    print(f"helm install with ComputeDomains -> compute-domain slice {slice_s:.1f}s, controllers Ready {ready_s:.1f}s")
+
+    started = time.monotonic()
+    deployed.run_helm("uninstall", RELEASE, "--namespace", NS)
+    wait_for("the agent pod to be gone", lambda: None if deployed.agent_pods() else True, 120)
+    wait_for(
+        "the controller pods to be gone",
+        lambda: None if site.cp.request("GET", CD_CONTROLLER_PODS)["items"] else True,
+        120,
+    )
+    wait_for("the node's slices to be withdrawn", lambda: None if deployed.slices() else True, 180)
+    wait_for("the ComputeDomain CRD to go", lambda: None if site.get(CD_CRD) else True, 60)
+    print(f"helm uninstall with ComputeDomains -> all gone {time.monotonic() - started:.1f}s")
+    names = [c["metadata"]["name"] for c in site.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]]
+    assert not [n for n in names if n.endswith("nvidia.com")]
+    roles = site.cp.request(
+        "GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles?labelSelector=app.kubernetes.io%2Fname%3Dgpu-dra-agent"
+    )
+    assert not roles["items"]
+    assert not site.cp.request("GET", f"/apis/apps/v1/namespaces/{NS}/deployments")["items"]
