@@ -37,14 +37,10 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
-def write_atomic_many(contents: Mapping[Path, bytes], *, sync_names: bool = True) -> None:
+def write_atomic_many(contents: Mapping[Path, bytes], *, durable: bool = True) -> None:
     """`write_atomic` for several files at once: each is replaced atomically and durably, with one fsync per
     file and one per directory (not two per file). A failure leaves each file old or new, never a mix.
-
-    With `sync_names=False` the directories are not fsynced: each file's bytes are still on disk before its
-    rename, so after a power loss a name holds its old content or its new one whole, but a rename may be lost.
-    That suits files that a reboot voids anyway, and spares a journal commit (on ext4 ~0.4 ms, and a sleep
-    during which a busy machine may hand the CPU to someone else)."""
+    `durable=False` skips the fsyncs, as `write_atomic` does."""
     temps: dict[Path, str] = {}
     try:
         for path, data in contents.items():
@@ -52,14 +48,16 @@ def write_atomic_many(contents: Mapping[Path, bytes], *, sync_names: bool = True
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
         for path in list(temps):
-            os.replace(temps.pop(path), path)
+            os.replace(temps[path], path)
+            del temps[path]  # only once renamed: a failed rename's temp is removed below
     finally:
         for tmp in temps.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-    for directory in {path.parent for path in contents} if sync_names else ():
+    for directory in {path.parent for path in contents} if durable else ():
         fsync_dir(directory)
 
 

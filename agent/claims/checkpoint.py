@@ -9,11 +9,12 @@ On disk, one record per claim, so a prepare writes only its own claims whatever 
 - Two phases per claim: `PrepareStarted` is written before any side effect on the node, `PrepareCompleted`
   after the CDI spec is on disk, so a crash leaves either nothing or a Started record that can be rolled
   back. A claim whose only side effect is its spec skips the Started record (agent.claims.state says why).
-  Each record is replaced atomically (temp file, fsync, rename); records are independent, so a crash between
-  two of them is as good as a crash between two claims. Neither renames nor removals are fsynced in their
-  directory: a kill -9 loses nothing the page cache holds, and only a power loss can undo a rename or a
-  removal, after which the reboot voids every record (`nodeBootID`). What a power loss must not leave is a
-  torn record, which would fence its claim instead of voiding it: a record's bytes are on disk before its name.
+  Each record is replaced atomically (temp file, rename); records are independent, so a crash between two of
+  them is as good as a crash between two claims. Records are not fsynced: a kill -9 loses nothing the page
+  cache holds, and what a power loss can do to them (a rename or removal undone, a record torn) is void after
+  the reboot. A torn record would read as damaged and fence its claim, so `claims.boot` (written durably before
+  the first record of a boot) names the boot the records were written in: under another boot's name every
+  record is void, damaged ones included, and is removed; under this boot's, a damaged record is fenced.
 - Versioned: this build reads every version up to `VERSION` and refuses a newer one (written by a newer
   agent) instead of guessing. A new field gets a default when read, so older records stay readable.
   Version 1 was one file for every claim (`<state-dir>/checkpoint.json`): it is read once, written out as
@@ -42,6 +43,7 @@ import contextlib
 import enum
 import hashlib
 import json
+import logging
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -52,10 +54,13 @@ from typing import Any
 from agent import files
 from agent.claims.types import uid_problem
 
+log = logging.getLogger(__name__)
+
 VERSION = 2
 LEGACY_FILE = "checkpoint.json"  # version 1: every claim in one file
 RECORDS_DIR = "claims"
 GENERATION_FILE = "claims.generation"
+BOOT_FILE = "claims.boot"  # the boot the records were written in
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _SUFFIX = ".json"
 REMEDY = "move it aside to reset (the kubelet prepares its claims again)"
@@ -334,6 +339,8 @@ class CheckpointStore:
         self.legacy_path = self.state_dir / LEGACY_FILE
         self.records = self.state_dir / RECORDS_DIR
         self._generation_path = self.state_dir / GENERATION_FILE
+        self._boot_path = self.state_dir / BOOT_FILE
+        self._written_in: str | None = None  # the boot `claims.boot` names, as last read or written
         self._boot_id = boot_id
         self._saved: Checkpoint | None = None  # what the records hold, as of `_generation`
         self._generation: bytes | None = None
@@ -383,7 +390,8 @@ class CheckpointStore:
             if not path.name.endswith(_SUFFIX) or (read := _read_record(path)) is None:
                 continue  # not a record, or unprepared meanwhile
             if isinstance(read, FencedRecord):
-                fenced[read.uid] = read
+                if self._named_boot() in (None, boot):  # read, not kept: a peek changes nothing `load` keeps
+                    fenced[read.uid] = read
             elif read[0] == boot:
                 claims[read[1].uid] = read[1]
         return Checkpoint(boot, claims, fenced)
@@ -397,6 +405,7 @@ class CheckpointStore:
         gone = [uid for uid in saved.claims if uid not in cp.claims]
         if changed or gone:
             try:
+                self._name_boot(cp.boot_id)
                 self._bump_generation()
                 self._write(cp.boot_id, changed, gone)
             except BaseException:
@@ -405,7 +414,11 @@ class CheckpointStore:
         self._saved = Checkpoint(cp.boot_id, dict(cp.claims), dict(saved.fenced))  # fenced records: never written
 
     def leftover_temps(self) -> list[Path]:
-        return files.leftover_temps(self.records, "") + files.leftover_temps(self.state_dir, LEGACY_FILE + ".")
+        return (
+            files.leftover_temps(self.records, "")
+            + files.leftover_temps(self.state_dir, LEGACY_FILE + ".")
+            + files.leftover_temps(self.state_dir, BOOT_FILE + ".")
+        )
 
     # --- internals ------------------------------------------------------------------------------------
 
@@ -415,11 +428,10 @@ class CheckpointStore:
                 raise CheckpointCorrupt(f"{self.records} is not a directory; {REMEDY}")
             self.records.mkdir(mode=0o700, parents=True, exist_ok=True)
             files.fsync_dir(self.state_dir)
-        # Names are not made durable (see the module docstring): a record whose rename or removal a power loss
-        # undoes is of the earlier boot, and the state machine voids it; until then the page cache is what
-        # every process reads. One journal commit a save instead of two.
+        # Not durable (see the module docstring): whatever a power loss does to a record is void after the
+        # reboot, as `claims.boot` tells; until then the page cache is what every process reads.
         records = {self.record_path(e.uid): encode_record(boot_id, e) for e in changed}
-        files.write_atomic_many(records, sync_names=False)
+        files.write_atomic_many(records, durable=False)
         for uid in gone:
             files.remove(self.record_path(uid))
 
@@ -437,7 +449,11 @@ class CheckpointStore:
             if not path.name.endswith(_SUFFIX) or (read := _read_record(path)) is None:
                 continue  # temp files (recovery removes them) and anything else that is no record
             if isinstance(read, FencedRecord):
-                fenced[read.uid] = read
+                if self._void(boot):  # torn by the power loss that ended that boot, most likely: void anyway
+                    log.warning("voiding the damaged record of claim %s of an earlier boot: %s", read.uid, read.reason)
+                    files.remove(path)
+                else:
+                    fenced[read.uid] = read
                 continue
             record_boot, entry = read
             claims[entry.uid] = entry
@@ -453,6 +469,29 @@ class CheckpointStore:
         files.remove(self.legacy_path)
         files.fsync_dir(self.state_dir)
         return legacy
+
+    def _void(self, boot: str) -> bool:
+        """Whether the records were written in a boot other than `boot`."""
+        if self._written_in is None:
+            self._written_in = self._named_boot()
+        return self._written_in not in (None, boot)
+
+    def _named_boot(self) -> str | None:
+        """The boot `claims.boot` names; None without one (records of an agent before it, which fsynced every
+        record, so a damaged one is real damage)."""
+        try:
+            return self._boot_path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointCorrupt(f"{self._boot_path} cannot be read ({exc}); {REMEDY}") from None
+
+    def _name_boot(self, boot: str) -> None:
+        """Name `boot` in `claims.boot`, durably, before the first record of it is written: records written
+        after are not fsynced, so a power loss must find them under a boot that is gone."""
+        if self._written_in != boot:
+            files.write_atomic(self._boot_path, boot.encode() + b"\n")
+            self._written_in = boot
 
     def _read_generation(self) -> bytes | None:
         try:

@@ -783,15 +783,15 @@ def _acts_beyond_spec(entry: ClaimEntry, configs: Mapping[str, DeviceConfig], sh
     them).
 
     Only such a claim needs its Started record on disk before prepare goes on; for the others (most claims)
-    the record would cost an fsync and a rename and protect nothing, because:
+    the record would cost a file write and a rename and protect nothing, because:
     - the spec is their only side effect, and recovery already removes a spec no Completed record owns (and
       the next prepare of the claim replaces it), which is what rolling back their Started record would do;
     - a spec without a Completed record is inert: the kubelet names a claim's CDI devices to the runtime only
-      after its prepare succeeded, which is after the Completed record is durable;
+      after its prepare succeeded, which is after the Completed record is written;
     - nothing else reads a Started record in flight: its devices are held in memory, under the node lock,
       which every other reader that decides on them (a second agent, reservations, a MIG change) takes first.
-    So a crash (kill -9 or power loss) at any point leaves no device prepared for a claim without a durable
-    Completed record of it: before that record, at most an inert spec that recovery removes."""
+    So a kill -9 at any point leaves no device prepared for a claim without a Completed record of it: before
+    that record, at most an inert spec that recovery removes (a power loss voids every claim anyway)."""
     if any(_to_create(d) or d.mig_mode_switched for d in entry.devices):
         return True
     return sharing_applied and any(config.shared for config in configs.values())
