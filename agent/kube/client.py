@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 import urllib3
 
 from agent.kube import writegate
+from agent.kube.keepalive import KeepAlive, Reply
 
 # (connect, read) seconds for every call: a stalled API server must fail a prepare, not hang it while the
 # node lock is held.
@@ -172,11 +173,11 @@ RETRY_AFTER_MAX_S = 10.0
 _RETRIES = urllib3.Retry(3, redirect=False, respect_retry_after_header=False)
 
 
-def retry_after_seconds(response: urllib3.BaseHTTPResponse) -> float | None:
+def retry_after_seconds(reply: Reply) -> float | None:
     """The wait a 429 or 5xx response asks for (whole seconds, as the API server sends it), or None."""
-    if response.status != 429 and response.status < 500:
+    if reply.status != 429 and reply.status < 500:
         return None
-    value = response.headers.get("Retry-After")
+    value = reply.headers.get("retry-after")
     try:
         seconds = float(value) if value is not None else None
     except ValueError:
@@ -197,7 +198,8 @@ class Server:
 
 
 class Client:
-    """Requests to one server through a pool of `pool_size` connections (thread-safe: the pool is)."""
+    """Requests to one server: each thread over a keep-alive connection of its own, watches through a pool of
+    `pool_size` connections (thread-safe)."""
 
     def __init__(
         self,
@@ -225,6 +227,10 @@ class Client:
             else urllib3.PoolManager(maxsize=pool_size, **tls)
         )
         writegate.install(self._pool)  # a gated write is checked again right before its bytes are sent
+        # every request but a watch over a connection per thread (agent.kube.keepalive); a proxy: the pool
+        self._keepalive = (
+            None if server.proxy_url else KeepAlive(server.url, server.ssl_context, server.tls_server_name)
+        )
 
     def request(
         self,
@@ -235,41 +241,80 @@ class Client:
         body: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: tuple[float, float] | float | None = None,
-        stream: bool = False,
+        retries: bool = True,
+    ) -> Reply:
+        """One request, its response read whatever its status. `timeout`: (connect, read) seconds, or one number
+        for both together. `retries` False: no silent retry of a failed connect or read (the caller's deadline is
+        one attempt). A 429 or 5xx that names a Retry-After is tried again after that wait (with `retries`).
+        Every request passes the rate limit, when one is set. Raises urllib3's HTTPError or OSError when the
+        server cannot be reached."""
+        target = path + (f"?{urlencode(query)}" if query else "")
+        limit = timeout or self.timeout
+        for attempt in range(1, RETRY_AFTER_ATTEMPTS + 1):
+            if self.rate_limit is not None:
+                self.rate_limit.wait()
+            sent = {"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()}
+            if self._keepalive is not None and isinstance(limit, tuple):
+                reply = self._keepalive.request(method, target, body=body, headers=sent, timeout=limit, retries=retries)
+            else:  # through a proxy, or with one limit for the whole request: urllib3's pool does both
+                response = self._open(
+                    method, target, body=body, headers=sent, limit=limit, retries=retries, stream=False
+                )
+                lowered = {k.lower(): v for k, v in response.headers.items()}
+                reply = Reply(response.status, response.reason or "", lowered, response.data)
+            if reply.status == 401:
+                self._auth.rejected()
+            wait = retry_after_seconds(reply) if retries else None
+            if wait is None or attempt == RETRY_AFTER_ATTEMPTS:
+                return reply
+            self._sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns")
+
+    def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: tuple[float, float] | float | None = None,
         retries: bool = True,
     ) -> urllib3.BaseHTTPResponse:
-        """One request; the response whatever its status. `timeout`: (connect, read) seconds, or one number
-        for both together. `stream`: the body is left unread for the caller.
-        `retries` False: no silent retry of a failed connect or read (the caller's deadline is one attempt).
-        A 429 or 5xx that names a Retry-After is tried again after that wait (with `retries`; a watch, which
-        streams, is not: its reflector starts over). Requests but watches pass the rate limit, when one is set.
-        Raises urllib3's HTTPError or OSError when the server cannot be reached."""
-        url = self.server.url + path + (f"?{urlencode(query)}" if query else "")
-        limit = timeout or self.timeout
+        """A request whose body (a watch's events) is left unread for the caller, through urllib3's pool; no
+        rate limit and no Retry-After wait (a watch's reflector starts over)."""
+        target = path + (f"?{urlencode(query)}" if query else "")
+        sent = {"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()}
+        response = self._open(
+            method, target, body=None, headers=sent, limit=timeout or self.timeout, retries=retries, stream=True
+        )
+        if response.status == 401:
+            self._auth.rejected()
+        return response
+
+    def _open(
+        self,
+        method: str,
+        target: str,
+        *,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        limit: tuple[float, float] | float,
+        retries: bool,
+        stream: bool,
+    ) -> urllib3.BaseHTTPResponse:
         # by name: Timeout's first positional parameter is `total`, which would cap a watch at the connect time
         deadline = (
             urllib3.Timeout(total=limit)
             if isinstance(limit, float | int)
             else urllib3.Timeout(connect=limit[0], read=limit[1])
         )
-        for attempt in range(1, RETRY_AFTER_ATTEMPTS + 1):
-            if self.rate_limit is not None and not stream:
-                self.rate_limit.wait()
-            response = self._pool.request(
-                method,
-                url,
-                body=body,
-                headers={"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()},
-                timeout=deadline,
-                preload_content=not stream,
-                retries=_RETRIES if retries else False,
-                redirect=False,
-            )
-            if response.status == 401:
-                self._auth.rejected()
-            wait = retry_after_seconds(response) if retries and not stream else None
-            if wait is None or attempt == RETRY_AFTER_ATTEMPTS:
-                return response
-            response.release_conn()
-            self._sleep(wait)
-        raise AssertionError("unreachable: the last attempt returns")
+        return self._pool.request(
+            method,
+            self.server.url + target,
+            body=body,
+            headers=dict(headers),
+            timeout=deadline,
+            preload_content=not stream,
+            retries=_RETRIES if retries else False,
+            redirect=False,
+        )

@@ -107,27 +107,27 @@ class Rest:
             headers["Content-Type"] = content_type
             payload = orjson.dumps(body)
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
-        # checked now and again right before each send of the request's bytes (writegate)
-        with writegate.guarded(self.write_gate if method != "GET" else None):
+        if stream:
             response = call(
-                lambda: self.client.request(
-                    method,
-                    path,
-                    query=params,
-                    body=payload,
-                    headers=headers,
-                    timeout=timeout,
-                    stream=stream,
-                    retries=self._retries,
+                lambda: self.client.stream(
+                    method, path, query=params, headers=headers, timeout=timeout, retries=self._retries
                 )
             )
-        if response.status >= 400:
-            data = call(response.read) if stream else response.data
-            response.release_conn()
-            raise translate(response.status, data, response.reason or "")
-        if stream:
+            if response.status >= 400:
+                data = call(response.read)
+                response.release_conn()
+                raise translate(response.status, data, response.reason or "")
             return response  # not yet read
-        return orjson.loads(response.data) if response.data else {}
+        # checked now and again right before each send of the request's bytes (writegate)
+        with writegate.guarded(self.write_gate if method != "GET" else None):
+            reply = call(
+                lambda: self.client.request(
+                    method, path, query=params, body=payload, headers=headers, timeout=timeout, retries=self._retries
+                )
+            )
+        if reply.status >= 400:
+            raise translate(reply.status, reply.data, reply.reason)
+        return orjson.loads(reply.data) if reply.data else {}
 
     def list(
         self,

@@ -10,9 +10,10 @@ request. What is left is a pause between that check and the socket call, a few b
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -34,7 +35,17 @@ def guarded(gate: Callable[[], None] | None) -> Iterator[None]:
         _local.gate = previous
 
 
-def _send(connection: HTTPConnection, data: Any, send: Callable[[Any], None]) -> None:
+class Connection(Protocol):
+    """What a gated send needs of a connection: its socket (None before it connects) and a way to close it."""
+
+    @property
+    def sock(self) -> socket.socket | None: ...
+
+    def close(self) -> None: ...
+
+
+def gated_send(connection: Connection, data: Any, send: Callable[[Any], None]) -> None:
+    """`send(data)` on `connection` once this thread's gate (if any) passes; a refusal closes the connection."""
     gate: Callable[[], None] | None = getattr(_local, "gate", None)
     sock = connection.sock
     if gate is None:
@@ -53,12 +64,12 @@ def _send(connection: HTTPConnection, data: Any, send: Callable[[Any], None]) ->
 
 class _GatedHTTPConnection(HTTPConnection):
     def send(self, data: Any) -> None:
-        _send(self, data, super().send)
+        gated_send(self, data, super().send)
 
 
 class _GatedHTTPSConnection(HTTPSConnection):
     def send(self, data: Any) -> None:
-        _send(self, data, super().send)
+        gated_send(self, data, super().send)
 
 
 class _GatedPool(HTTPConnectionPool):

@@ -1,0 +1,109 @@
+"""agent.kube.keepalive: each thread's requests over one kept-open connection, a connection the server closed
+replaced, and a write that may have reached the server never sent twice. Against a local HTTP/1.1 server on
+loopback that counts the connections it accepts."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+
+from agent.kube.client import Client, Server
+from agent.kube.errors import ApiError
+from agent.kube.rest import PODS, Rest
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive unless told otherwise
+    connections: ClassVar[list[int]] = []
+    requests: ClassVar[list[str]] = []
+    drop_posts = False  # a POST read and the connection cut without an answer
+    close_after = False  # each answer followed by closing the connection unannounced, as an idle timeout does
+
+    def setup(self) -> None:
+        super().setup()
+        type(self).connections.append(1)
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        type(self).requests.append(f"{self.command} {self.path} {len(body)}")
+        if self.command == "POST" and type(self).drop_posts:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        out = b'{"kind": "Pod", "metadata": {"name": "p"}}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+        self.close_connection = type(self).close_after
+
+    do_GET = do_PUT = do_POST = _answer  # noqa: N815 (http.server's names)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[http.server.ThreadingHTTPServer]:
+    _Counting.connections, _Counting.requests = [], []
+    _Counting.drop_posts = _Counting.close_after = False
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _rest(srv: http.server.ThreadingHTTPServer) -> Rest:
+    return Rest(Client(Server(f"http://127.0.0.1:{srv.server_address[1]}")))
+
+
+def test_a_threads_requests_share_one_connection_and_each_thread_has_its_own(
+    server: http.server.ThreadingHTTPServer,
+) -> None:
+    """Ten GETs and PUTs from one thread, then one GET from each of three more threads: four connections."""
+    rest = _rest(server)
+    for _ in range(5):
+        assert rest.get(PODS, "ns", "p")["metadata"]["name"] == "p"
+        rest.replace(PODS, {"metadata": {"namespace": "ns", "name": "p"}, "spec": {}})
+    threads = [threading.Thread(target=rest.get, args=(PODS, "ns", "p")) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(_Counting.requests) == 13
+    assert len(_Counting.connections) == 4
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(server: http.server.ThreadingHTTPServer) -> None:
+    """The server closes the connection after answering a GET, unannounced (no `Connection: close`), as an
+    idle timeout would: the thread's next GET succeeds over a new connection."""
+    _Counting.close_after = True
+    rest = _rest(server)
+    rest.get(PODS, "ns", "p")
+    time.sleep(0.1)  # idle
+    assert rest.get(PODS, "ns", "p")["metadata"]["name"] == "p"
+    assert len(_Counting.connections) == 2 and len(_Counting.requests) == 2
+
+
+def test_a_post_cut_off_after_it_was_sent_is_not_sent_again(server: http.server.ThreadingHTTPServer) -> None:
+    """The server reads a POST and closes without answering (it may have applied it): one attempt, an error of
+    status 0, where a GET cut off the same way would have been tried again."""
+    _Counting.drop_posts = True
+    rest = _rest(server)
+    with pytest.raises(ApiError) as failed:
+        rest.create(PODS, "ns", {"metadata": {"name": "p"}})
+    assert failed.value.status == 0
+    assert [r for r in _Counting.requests if r.startswith("POST")] == [_Counting.requests[0]]
+    assert len(_Counting.requests) == 1
