@@ -309,6 +309,7 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
         "  the arbiter's CPU by thread, from its start: "
         + ", ".join(f"{k} {v:.2f} s" for k, v in run.thread_cpu_seconds.items() if v >= 0.01)
     )
+    print(f"  {_cpu_parts(run, len(admitted_at))}")
     print(
         "  commit steps (summed over parallel commits): "
         + ", ".join(f"{k} {v:.2f} s" for k, v in run.commit_seconds.items())
@@ -319,6 +320,30 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
     )
     print(f"  reservations kube-scheduler took from admitted pods, put back by the arbiter: {run.given_back}")
     return {"pods_s": rate, "evictions": evictions, "thrash": run.thrash}
+
+
+# the arbiter's threads by what they do (agent.commands.arbiter.thread_cpu_seconds names them); any other is gRPC's
+_PARTS = (
+    ("the cycle (snapshot, decisions, recovery)", lambda name: name == "MainThread"),
+    ("API writes (commit-io, events, queue-status)", lambda name: name in ("commit-io", "events", "queue-status")),
+    ("gang commits (Reserve/Confirm calls, the writes built)", lambda name: name == "commit"),
+    ("informers' decoding", lambda name: name.startswith("informer-")),
+    ("gRPC's own threads", lambda name: True),
+)
+
+
+def _cpu_parts(run: _Run, pods: int) -> str:
+    """The arbiter's CPU per admitted pod, by part, from its start; threads that ended meanwhile (gRPC starts
+    and ends its own) are the process's total less its threads' at the end."""
+    parts = dict.fromkeys([label for label, _ in _PARTS], 0.0)
+    for name, seconds in run.thread_cpu_seconds.items():
+        parts[next(label for label, matches in _PARTS if matches(name))] += seconds
+    parts["threads ended meanwhile"] = max(0.0, run.process_cpu_seconds - sum(run.thread_cpu_seconds.values()))
+    return (
+        f"the arbiter's CPU per admitted pod, from its start: {run.process_cpu_seconds * 1000 / pods:.2f} ms ("
+        + ", ".join(f"{label} {seconds * 1000 / pods:.2f}" for label, seconds in parts.items())
+        + ")"
+    )
 
 
 class _Timed:
@@ -373,6 +398,7 @@ class _Run:
     cpu_seconds: dict[str, float]  # the cycle thread's own CPU per phase
     commit_seconds: dict[str, float]
     thread_cpu_seconds: dict[str, float]  # the arbiter's CPU by thread (commit workers summed), once running
+    process_cpu_seconds: float  # the arbiter's whole CPU over the same span
     thrash: int
     refused: dict[str, int]  # commits a node or the API refused, by reason (the gang waits for the next cycle)
     given_back: int  # reservations kube-scheduler took from admitted pods, which the arbiter put back
@@ -417,6 +443,7 @@ def _read_log(path: Path) -> _Run:
         summary["cpu_seconds"],
         summary["commit_seconds"],
         summary.get("thread_cpu_seconds", {}),
+        summary.get("process_cpu_seconds", 0.0),
         thrash,
         refused,
         given_back,
