@@ -3,7 +3,10 @@
 For every ComputeDomain it
 - puts its finalizer on the domain, so nothing it made outlives it;
 - makes the ResourceClaimTemplate `spec.channel.resourceClaimTemplate.name` in the domain's namespace (one request
-  of the default-channel class, the domain's UID and allocation mode as opaque config), owned by the domain;
+  of the default-channel class, the domain's UID and allocation mode as opaque config), owned by the domain, its
+  channel pinned by a selector to the clique picked for the domain (agent.computedomain.cliques: the pick from the
+  slices and claims its informers hold, told in an Event), so kube-scheduler keeps every pod of the domain in one
+  clique; remade with a new pick while no claim of the domain exists and its clique no longer fits;
 - keeps `status.status` Ready while at least numNodes IMEX daemons are listed in status.nodes and all are ready
   (the node agents write their own entries);
 - on deletion deletes the template, removes its finalizer from it, then from the domain.
@@ -20,13 +23,21 @@ import contextlib
 import logging
 import threading
 
-from agent.computedomain import model, templates
+from agent.computedomain import cliques, model, templates
 from agent.computedomain.model import FINALIZER, ComputeDomain, InvalidComputeDomain
 from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
 from agent.kube.events import EventRecorder
 from agent.kube.informer import Informer
-from agent.kube.rest import COMPUTE_DOMAINS, RESOURCE_CLAIM_TEMPLATES, Resource, Rest
+from agent.kube.rest import (
+    COMPUTE_DOMAINS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    Resource,
+    Rest,
+)
+from agent.slices.build import DEFAULT_DRIVER
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +45,34 @@ COMPONENT = "gpu-dra-compute-domains"
 
 
 class ComputeDomainController:
-    def __init__(self, rest: Rest, *, period_s: float = 10.0, recorder: EventRecorder | None = None) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        *,
+        period_s: float = 10.0,
+        recorder: EventRecorder | None = None,
+        gpu_driver: str = DEFAULT_DRIVER,
+    ) -> None:
         self._rest = rest
+        self._gpu_driver = gpu_driver
         self._period_s = period_s
         self._recorder = recorder
         self._wake = threading.Event()
         self._told: dict[str, str] = {}  # domain uid -> the last warning told about it
         self.domains = Informer(rest, COMPUTE_DOMAINS, self._wake.set, optional=True)
+        # what the clique pick reads; a new or changed slice may let a waiting domain fit, claims come and go too
+        # often to wake on (the period catches a channel another domain let go)
+        self.slices = Informer(rest, RESOURCE_SLICES, self._wake.set)
+        self.claims = Informer(rest, RESOURCE_CLAIMS)
 
     def start(self) -> ComputeDomainController:
-        self.domains.start()
+        for informer in (self.domains, self.slices, self.claims):
+            informer.start()
         return self
 
     def stop(self) -> None:
-        self.domains.stop()
+        for informer in (self.domains, self.slices, self.claims):
+            informer.stop()
         self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
@@ -73,7 +98,7 @@ class ComputeDomainController:
         try:
             domain = model.parse(obj)
         except InvalidComputeDomain as exc:
-            self._warn(obj, "InvalidComputeDomain", str(exc))
+            self._tell(obj, "InvalidComputeDomain", str(exc))
             return
         if domain.deleting:
             self._clean_up(obj, domain)
@@ -87,27 +112,76 @@ class ComputeDomainController:
     # --- the parts ---------------------------------------------------------------------------------------
 
     def _ensure_template(self, obj: Json, domain: ComputeDomain) -> None:
+        if not (self.slices.wait_synced(0) and self.claims.wait_synced(0)):
+            return  # a pick from half-listed slices could pin a worse clique, or none: the next pass picks
+        rooms = cliques.node_rooms(self.slices.items(), self.claims.items(), domain.uid, self._gpu_driver)
         try:
             existing = self._rest.get(RESOURCE_CLAIM_TEMPLATES, domain.namespace, domain.template_name)
         except NotFound:
-            try:
-                self._rest.create(RESOURCE_CLAIM_TEMPLATES, domain.namespace, templates.channel_template(domain))
-            except Conflict:
-                return  # made meanwhile: checked on the next pass
-            log.info(
-                "ComputeDomain %s/%s: created ResourceClaimTemplate %s",
-                domain.namespace,
-                domain.name,
-                domain.template_name,
-            )
+            self._create_template(obj, domain, cliques.choose(rooms, domain.num_nodes))
             return
         if not templates.belongs_to(existing, domain.uid):
-            self._warn(
+            self._tell(
                 obj,
                 "ResourceClaimTemplateTaken",
                 f"ResourceClaimTemplate {domain.namespace}/{domain.template_name} exists and is not this "
                 "ComputeDomain's; delete it or name another template in spec.channel.resourceClaimTemplate",
             )
+            return
+        have = cliques.pinned(existing)
+        if have is not None and cliques.fits(rooms, have, domain.num_nodes):
+            return
+        pick = cliques.choose(rooms, domain.num_nodes)
+        if pick.clique == have:
+            self._tell(obj, "NoCliqueFits", pick.why)
+            return
+        if self._has_claims(domain):  # claims copied the template: a new pin would split the domain
+            if have is not None:
+                was = f"clique {have} can no longer take this domain" if have else "no clique fitted this domain"
+                self._tell(
+                    obj,
+                    "CliqueLost" if have else "NoCliqueFits",
+                    f"{was} when ResourceClaimTemplate {domain.template_name} was made, and its pods' claims copy "
+                    "it; delete those pods (their claims go with them) for the template to be remade: "
+                    f"{pick.why}",
+                )
+            return
+        if (existing.get("metadata") or {}).get("deletionTimestamp") is None:
+            self._rest.delete(
+                RESOURCE_CLAIM_TEMPLATES,
+                domain.namespace,
+                domain.template_name,
+                preconditions={"uid": existing["metadata"]["uid"]},
+            )
+            with contextlib.suppress(NotFound):
+                existing = self._rest.get(RESOURCE_CLAIM_TEMPLATES, domain.namespace, domain.template_name)
+        _drop_finalizer(self._rest, RESOURCE_CLAIM_TEMPLATES, existing)
+        log.info("ComputeDomain %s/%s: remaking its template (clique %r)", domain.namespace, domain.name, have)
+        self._create_template(obj, domain, pick)
+
+    def _create_template(self, obj: Json, domain: ComputeDomain, pick: cliques.Pick) -> None:
+        try:
+            self._rest.create(
+                RESOURCE_CLAIM_TEMPLATES, domain.namespace, templates.channel_template(domain, pick.clique)
+            )
+        except Conflict:
+            return  # made meanwhile, or the old one not gone yet: checked on the next pass
+        log.info(
+            "ComputeDomain %s/%s: created ResourceClaimTemplate %s (%s)",
+            domain.namespace,
+            domain.name,
+            domain.template_name,
+            pick.why,
+        )
+        if pick.clique == cliques.NONE:
+            self._tell(obj, "NoCliqueFits", pick.why)
+        else:
+            self._tell(obj, "CliquePicked", pick.why, type_="Normal")
+
+    def _has_claims(self, domain: ComputeDomain) -> bool:
+        """Read now, not from the informer: a claim it has not seen yet must not be split from its domain."""
+        claims = self._rest.list(RESOURCE_CLAIMS, domain.namespace)["items"]
+        return any(cliques.domain_of(c) == domain.uid for c in claims)
 
     def _update_status(self, obj: Json) -> None:
         """status.status from status.nodes of the domain as this pass read (or wrote) it, written only when it
@@ -139,14 +213,15 @@ class ComputeDomainController:
             log.info("ComputeDomain %s/%s: cleaned up", domain.namespace, domain.name)
         self._told.pop(domain.uid, None)
 
-    def _warn(self, obj: Json, reason: str, message: str) -> None:
+    def _tell(self, obj: Json, reason: str, message: str, type_: str = "Warning") -> None:
+        """An Event on the domain, once per change of what is told."""
         uid = str((obj.get("metadata") or {}).get("uid"))
         if self._told.get(uid) == message:
             return
         self._told[uid] = message
-        log.warning("%s", message)
+        log.log(logging.WARNING if type_ == "Warning" else logging.INFO, "%s", message)
         if self._recorder is not None:
-            self._recorder.record(obj, model.KIND, model.API_VERSION, reason, message, type_="Warning")
+            self._recorder.record(obj, model.KIND, model.API_VERSION, reason, message, type_=type_)
 
 
 def _drop_finalizer(rest: Rest, resource: Resource, obj: Json) -> None:

@@ -10,6 +10,7 @@ import pynvml as N
 import pytest
 import yaml
 
+from agent.computedomain import model, templates
 from agent.computedomain.controller import COMPUTE_DOMAINS as COMPUTE_DOMAINS_RESOURCE
 from agent.computedomain.model import READY
 from agent.kube.errors import NotFound
@@ -193,12 +194,18 @@ def test_nvidias_nvbandwidth_job_applies_unchanged(rack: NvlRack) -> None:
 
 
 def test_nodes_in_different_cliques_never_share_a_daemon_config() -> None:
+    """The controller's template keeps a domain in one clique; claims of a template without that pin (written by
+    hand, or made before the controller pinned cliques) can still put it in two, and nodes of different cliques
+    must then run separate IMEX domains."""
     with short_tmpdir("nvl-") as root, NvlRack(root, nodes=4, cliques={2: 2, 3: 2}) as rack:
         rack.apply([domain_doc("split", 4, "split-channel")], NS)
         rack.wait_for(lambda: _get(rack, RESOURCE_CLAIM_TEMPLATES, NS, "split-channel"), what="template")
+        unpinned = templates.channel_template(model.parse(rack.domain(NS, "split")))
+        unpinned["metadata"] = {"name": "split-unpinned"}
+        rack.rest.create(RESOURCE_CLAIM_TEMPLATES, NS, unpinned)
         pods = []
         for i, node in enumerate(rack.nodes):
-            pod = worker(f"split-{i}", "split-channel", 4)
+            pod = worker(f"split-{i}", "split-unpinned", 4)
             pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
             pods.append(pod)
         rack.apply(pods, NS)

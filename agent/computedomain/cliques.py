@@ -1,0 +1,137 @@
+"""Which NVLink clique a ComputeDomain's pods go to when kube-scheduler places them, without I/O.
+
+A constraint (matchAttribute) spans the devices of one claim, never the claims of different pods, so kube-scheduler
+alone could put a domain's pods in two cliques (two IMEX domains that cannot talk). But every pod of a domain gets
+its channel claim from the one template the controller makes: the controller picks the domain's clique and writes
+it into that template as a CEL selector on the channel's `cliqueID` attribute, so every channel, and with it every
+pod, lands in that clique. The arbiter honours the selector too (agent.arbiter.domains.channel_nodes).
+
+The pick, from the channel slices, the GPU slices and the allocated claims:
+- a clique can take the domain when at least numNodes of its nodes (one for numNodes 0) publish a channel that no
+  other domain's claim holds (a channel is one device: one domain a node);
+- among those, the ones where that many nodes also have a GPU free come first, so the pick is not a clique with no
+  room now; then the smallest that fits (best fit: the large cliques stay for the large domains) or, for numNodes 0,
+  whose size is not known, the roomiest; then the clique ID, so equal inputs give equal picks;
+- none fits: the template names no clique, every pod waits with kube-scheduler's "cannot allocate all claims", and
+  the controller tells why in an Event on the domain.
+The pick is kept in the template (its annotation and its selector), so a restarted controller keeps it. A
+template's spec is immutable: it is remade with a new pick only while no claim of the domain exists (its clique
+broke or was none), since claims copy the template and a remade one would split the domain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.computedomain.channels import CHANNEL, CLIQUE_ATTRIBUTE
+from agent.computedomain.model import DRIVER
+from agent.objects.read import allocated_devices, device_type, published_devices
+
+ANNOTATION = "compute-domain.gpu-dra-agent.io/clique"  # the template's pick; "" when no clique fitted
+NONE = ""
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """One node that publishes a channel: its clique, whether another domain holds its channel, its free GPUs."""
+
+    clique: str
+    taken: bool
+    free_gpus: int
+
+
+@dataclass(frozen=True)
+class Pick:
+    clique: str  # NONE: no clique can take the domain
+    why: str  # for the domain's Event
+
+
+def node_rooms(
+    slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], domain_uid: str, gpu_driver: str
+) -> dict[str, NodeRoom]:
+    """node -> its room, for every node that publishes a channel."""
+    slices, claims = list(slices), list(claims)
+    cliques: dict[str, str] = {}
+    for spec, _key, device in published_devices(slices, DRIVER):
+        clique = ((device.get("attributes") or {}).get(CLIQUE_ATTRIBUTE) or {}).get("string")
+        if spec.get("nodeName") and device_type(device) == CHANNEL and clique:
+            cliques[str(spec["nodeName"])] = str(clique)
+    taken: set[str] = set()
+    used_gpus: set[tuple[str, str]] = set()
+    for claim in claims:
+        used_gpus.update(allocated_devices(claim, gpu_driver))
+        if domain_of(claim) != domain_uid:
+            taken.update(pool for pool, device in allocated_devices(claim, DRIVER) if device.startswith(CHANNEL))
+    free: dict[str, int] = {}
+    for spec, key, device in published_devices(slices, gpu_driver):
+        node = spec.get("nodeName")
+        if node in cliques and device_type(device) == "gpu" and key not in used_gpus:
+            free[str(node)] = free.get(str(node), 0) + 1
+    return {node: NodeRoom(clique, node in taken, free.get(node, 0)) for node, clique in cliques.items()}
+
+
+def domain_of(claim: Mapping[str, Any]) -> str | None:
+    """The ComputeDomain UID a claim's compute-domain config names (claims made from a domain's template)."""
+    for entry in ((claim.get("spec") or {}).get("devices") or {}).get("config") or ():
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") == DRIVER:
+            domain = (opaque.get("parameters") or {}).get("domainID")
+            if isinstance(domain, str) and domain:
+                return domain
+    return None
+
+
+def fits(rooms: Mapping[str, NodeRoom], clique: str, num_nodes: int) -> bool:
+    """Whether enough of the clique's nodes have a channel no other domain holds."""
+    return clique != NONE and sum(1 for r in rooms.values() if r.clique == clique and not r.taken) >= max(num_nodes, 1)
+
+
+def choose(rooms: Mapping[str, NodeRoom], num_nodes: int) -> Pick:
+    """The domain's clique (see the module's doc)."""
+    need = max(num_nodes, 1)
+    open_nodes: dict[str, int] = {}
+    roomy: dict[str, int] = {}
+    for r in rooms.values():
+        if not r.taken:
+            open_nodes[r.clique] = open_nodes.get(r.clique, 0) + 1
+            roomy[r.clique] = roomy.get(r.clique, 0) + (r.free_gpus > 0)
+    fitting = [c for c, n in open_nodes.items() if n >= need]
+    if not fitting:
+        if not rooms:
+            return Pick(NONE, "no node publishes IMEX channels (no node's GPUs are all in one complete fabric clique)")
+        most = max(open_nodes.values(), default=0)
+        return Pick(
+            NONE,
+            f"no NVLink clique can take this domain's {need} node(s): {len(set(r.clique for r in rooms.values()))} "
+            f"clique(s) publish IMEX channels, the most nodes with a channel free of other domains in one is {most}; "
+            "its pods wait until one can",
+        )
+
+    def rank(clique: str) -> tuple[bool, int, int, str]:
+        short = roomy[clique] < need
+        if num_nodes == 0 or short:
+            return (short, -roomy[clique], -open_nodes[clique], clique)
+        return (short, open_nodes[clique], 0, clique)
+
+    best = min(fitting, key=rank)
+    return Pick(
+        best,
+        f"clique {best}: {open_nodes[best]} node(s) with a free channel, {roomy[best]} of them with a free GPU, "
+        f"for {need} node(s)",
+    )
+
+
+def selector(clique: str) -> str:
+    """The channel request's CEL selector for `clique` (NONE matches no channel: published cliques are never
+    empty)."""
+    return f"device.attributes[{json.dumps(DRIVER)}].{CLIQUE_ATTRIBUTE} == {json.dumps(clique)}"
+
+
+def pinned(template: Mapping[str, Any]) -> str | None:
+    """The clique a template was made for (NONE: none fitted); None for a template made before cliques were
+    picked (no annotation)."""
+    value = ((template.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)
+    return value if isinstance(value, str) else None
