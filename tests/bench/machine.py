@@ -4,6 +4,7 @@ a CPU. On the shared 2-core VM other people's work takes CPUs from ours; these t
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,3 +32,33 @@ def run_queue_ms(pids: Iterable[int]) -> float:
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue  # the thread ended while being read
     return total / 1e6
+
+
+class Busy:
+    """CPU use while a span runs, in cores: the whole machine's, and each of `processes` (name -> pid)."""
+
+    def __init__(self, processes: dict[str, int]) -> None:
+        self.processes = processes
+        self.machine = 0.0
+        self.ours: dict[str, float] = {}
+
+    def __enter__(self) -> Busy:
+        self._cpu = {name: cpu_seconds(pid) for name, pid in self.processes.items()}
+        self._jiffies = jiffies()
+        self._began = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        seconds = time.perf_counter() - self._began
+        total, idle = jiffies()
+        cores = os.cpu_count() or 1
+        self.machine = cores * (1 - (idle - self._jiffies[1]) / max(1, total - self._jiffies[0]))
+        self.ours = {name: (cpu_seconds(pid) - self._cpu[name]) / seconds for name, pid in self.processes.items()}
+
+    def describe(self) -> str:
+        ours = sum(self.ours.values())
+        each = ", ".join(f"{name} {cores:.2f}" for name, cores in self.ours.items())
+        return (
+            f"machine: {self.machine:.2f} of {os.cpu_count()} CPUs busy; ours {ours:.2f} ({each}), "
+            f"others {max(0.0, self.machine - ours):.2f}"
+        )

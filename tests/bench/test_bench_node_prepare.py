@@ -1,5 +1,5 @@
 """The node daemon, full stack: `gpu-dra-agent node` as a subprocess on fake:dgx-h100, the API fake on loopback,
-the real ClaimPreparer (checkpoint fsyncs, CDI files), NodePrepareResources + NodeUnprepareResources from the
+the real ClaimPreparer (checkpoint records, CDI files), NodePrepareResources + NodeUnprepareResources from the
 kubelet fake over the real unix socket; and the time from start to the first ResourceSlice.
 
 Opt-in: `make bench`. Prints p50/p99 for a 1-GPU claim, a MIG device and an 8-GPU claim; the target (issue 37)
@@ -28,7 +28,7 @@ from agent.node import NodeAgent, NodeConfig
 from agent.nvml.source import open_nvml
 from fakes.kubelet import FakeKubelet
 from fakes.nvml.binaries import install_driver_root
-from tests.bench.machine import cpu_seconds, jiffies, run_queue_ms
+from tests.bench.machine import Busy, run_queue_ms
 from tests.integration.test_node_support import (
     DRIVER,
     MACHINE,
@@ -136,18 +136,10 @@ def test_bench_node_prepare_unprepare(server: fakes.apiserver.ApiServer, case: s
                 cycle(kubelet, refs, len(devices))
             assert daemon.proc is not None
             ours = (os.getpid(), daemon.proc.pid)
-            cycles = []
-            cpu_before = [cpu_seconds(p) for p in ours]
-            all_before, idle_before = jiffies()
-            began = time.perf_counter()
-            for _ in range(CYCLES):
-                cycles.append(cycle(kubelet, refs, len(devices), ours))
-            seconds = time.perf_counter() - began
-            used = [cpu_seconds(p) - b for p, b in zip(ours, cpu_before, strict=True)]
-            all_after, idle_after = jiffies()
+            with Busy({"bench and API fake": ours[0], "daemon": ours[1]}) as busy:
+                cycles = [cycle(kubelet, refs, len(devices), ours) for _ in range(CYCLES)]
             assert daemon.terminate() == 0
     prepare, unprepare = [c.prepare_ms for c in cycles], [c.unprepare_ms for c in cycles]
-    busy_cores = (os.cpu_count() or 1) * (1 - (idle_after - idle_before) / max(1, all_after - all_before))
     p99 = percentile(prepare, 99)
     before = BEFORE_PREPARE_MS.get(case)
     was = f"  (before: p50 {before[0]:.2f} ms, p99 {before[1]:.2f} ms)" if before else ""
@@ -159,8 +151,7 @@ def test_bench_node_prepare_unprepare(server: fakes.apiserver.ApiServer, case: s
         f"  unprepare         {summary(unprepare)}\n"
         f"  prepare+unprepare {summary([p + u for p, u in zip(prepare, unprepare, strict=True)])}\n"
         f"  prepare less CPU waits {summary([c.prepare_ours_ms for c in cycles])}\n"
-        f"  machine: {busy_cores:.2f} of {os.cpu_count()} CPUs busy; ours {sum(used) / seconds:.2f} (bench and API "
-        f"fake {used[0] / seconds:.2f}, daemon {used[1] / seconds:.2f}), others {busy_cores - sum(used) / seconds:.2f}"
+        f"  {busy.describe()}"
     )
 
 
