@@ -895,6 +895,7 @@ def _weigh_gangs(
         if cache is not None:
             cache.devices = (worth, shareable, capacities)
     cached_jobs: dict[str, _JobRead] = {}
+    reach_by_selectors: dict[tuple[str, ...], frozenset[str]] = {}  # channel selectors -> nodes they accept
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
     seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
     # A pod holds whole milli-GPUs; each queue's fractions are rounded as a running sum, so nine 8Gi shares of a
@@ -937,6 +938,7 @@ def _weigh_gangs(
         fractional = not exact_before.is_integer()  # (half a milli rounds to even: after a fraction, all depend)
         one_clique = False  # its pods share a ComputeDomain (a channel claim): one NVLink clique for all
         channels_asked: dict[str, int] = {}  # pod key -> its channel claims not allocated yet
+        channels_reach: dict[str, frozenset[str]] = {}  # pod key -> nodes its channel claims' selectors accept
         claims_counted: list[str] = []
         pods_out = []
         group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
@@ -954,6 +956,13 @@ def _weigh_gangs(
                     if domains.is_channel_claim(c):  # not a GPU: kube-scheduler allocates it where the pod goes
                         one_clique = True
                         channels_asked[key] = channels_asked.get(key, 0) + (not is_allocated(c))
+                        pinned = domains.channel_selectors(c) if not is_allocated(c) else ()
+                        if pinned:
+                            volatile = True  # read from the slices, which the job's inputs do not cover
+                            if pinned not in reach_by_selectors:
+                                reach_by_selectors[pinned] = domains.channel_nodes(pinned, slices)
+                            reach = reach_by_selectors[pinned]
+                            channels_reach[key] = channels_reach[key] & reach if key in channels_reach else reach
                         continue
                     ref = f"{meta(c).get('namespace')}/{meta(c).get('name')}"
                     if ref in counted:
@@ -1006,7 +1015,7 @@ def _weigh_gangs(
                     mem_bytes=mem,
                     status=status,
                     node=member.node if status != "Pending" else None,
-                    allowed_nodes=allowed.get(key),
+                    allowed_nodes=_narrowed(allowed.get(key), channels_reach.get(key)),
                     other={**facts.other, domains.CHANNEL_RESOURCE: channels_asked[key]}
                     if channels_asked.get(key)
                     else facts.other,
@@ -1167,3 +1176,10 @@ def build_world(
         weighed=weighed_gangs.first_seen,
         stranded=found.stranded,
     )
+
+
+def _narrowed(allowed: frozenset[str] | None, reach: frozenset[str] | None) -> frozenset[str] | None:
+    """A pod's nodes: those its rules allow (None: all) and its channel claims' selectors accept (None: any)."""
+    if reach is None:
+        return allowed
+    return reach if allowed is None else allowed & reach

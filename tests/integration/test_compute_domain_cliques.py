@@ -2,7 +2,8 @@
 the controller pins the domain's channel template to one clique (agent.computedomain.cliques), on the API fake
 (kube-scheduler's stand-in tries nodes in name order, so an unpinned domain would take the first clique's nodes
 and spill over) and on the real control plane (kube-scheduler 1.37 evaluates the template's selector itself).
-Racks of fake GB200 NVL72 nodes (fakes.computedomains) partitioned into two cliques."""
+Racks of fake GB200 NVL72 nodes (fakes.computedomains) partitioned into two cliques. With the arbiter, which places
+on its own, the pin narrows its choice too."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from typing import Any
 import pynvml as N
 import pytest
 
-from agent.computedomain import cliques
+from agent.computedomain import cliques, templates
 from agent.computedomain.channels import node_clique
+from agent.computedomain.model import ComputeDomain
 from agent.kube.errors import NotFound
 from agent.kube.rest import COMPUTE_DOMAINS, EVENTS, PODS, RESOURCE_CLAIM_TEMPLATES
+from fakes.cluster import wait_for
 from fakes.computedomains import NvlRack, RackNode
 from tests.controlplane.cluster import reset
+from tests.integration.test_compute_domain_placement import _nodes, domain_gang, nvl_cluster
 from tests.integration.test_compute_domains import domain_doc, worker
 from tests.integration.test_compute_domains_real import FOUR_GPUS, pod
 from tests.integration.test_node_support import short_tmpdir
@@ -162,3 +166,21 @@ def test_kube_scheduler_alone_keeps_a_domain_in_one_clique_or_leaves_it_pending(
                 rest.delete(COMPUTE_DOMAINS, NS, domain)
             rack.wait_for(lambda: not rest.list(COMPUTE_DOMAINS, NS)["items"], timeout=60, what="the domains to go")
     reset(control_plane)
+
+
+def test_the_arbiter_places_a_gang_in_the_clique_its_template_pins() -> None:
+    """Two cliques of 4 nodes, each able to hold the 4-pod gang; the domain's template pins the second (b): the
+    arbiter narrows the gang to b's nodes, where kube-scheduler's stand-in then allocates the channels."""
+    with nvl_cluster({"a": 4, "b": 4}) as cluster:
+        unpinned = cluster.rest.get(RESOURCE_CLAIM_TEMPLATES, NS, "train-channel")
+        unpinned["metadata"]["finalizers"] = []
+        cluster.rest.replace(RESOURCE_CLAIM_TEMPLATES, unpinned)
+        cluster.rest.delete(RESOURCE_CLAIM_TEMPLATES, NS, "train-channel")
+        domain = ComputeDomain(NS, "train", "domain-uid", 4, "train-channel", "Single")
+        pinned = templates.channel_template(domain, "cluster-uuid.b")
+        pinned["metadata"].pop("finalizers")
+        cluster.rest.create(RESOURCE_CLAIM_TEMPLATES, NS, pinned)
+        domain_gang(cluster, "train", 4)
+        cluster.arbiter()
+        wait_for(lambda: all(_nodes(cluster, "train").values()), timeout=60, what="the gang bound")
+        assert sorted(n or "" for n in _nodes(cluster, "train").values()) == ["b-0", "b-1", "b-2", "b-3"]
