@@ -338,7 +338,9 @@ def _cpu_parts(run: _Run, pods: int) -> str:
     parts = dict.fromkeys([label for label, _ in _PARTS], 0.0)
     for name, seconds in run.thread_cpu_seconds.items():
         parts[next(label for label, matches in _PARTS if matches(name))] += seconds
-    parts["threads ended meanwhile"] = max(0.0, run.process_cpu_seconds - sum(run.thread_cpu_seconds.values()))
+    parts["the rest (threads ended meanwhile, gRPC threads counted in whole ticks)"] = max(
+        0.0, run.process_cpu_seconds - sum(run.thread_cpu_seconds.values())
+    )
     return (
         f"the arbiter's CPU per admitted pod, from its start: {run.process_cpu_seconds * 1000 / pods:.2f} ms ("
         + ", ".join(f"{label} {seconds * 1000 / pods:.2f}" for label, seconds in parts.items())

@@ -4,7 +4,9 @@ loopback that counts the connections it accepts."""
 
 from __future__ import annotations
 
+import http.client
 import http.server
+import io
 import socket
 import threading
 import time
@@ -15,6 +17,7 @@ import pytest
 
 from agent.kube.client import Client, Server
 from agent.kube.errors import ApiError
+from agent.kube.keepalive import read_reply
 from agent.kube.rest import PODS, Rest
 
 
@@ -107,3 +110,60 @@ def test_a_post_cut_off_after_it_was_sent_is_not_sent_again(server: http.server.
     assert failed.value.status == 0
     assert [r for r in _Counting.requests if r.startswith("POST")] == [_Counting.requests[0]]
     assert len(_Counting.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "method", "status", "data", "keep"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", "GET", 200, b"{}", True),
+        # chunked, with a chunk extension and a trailer, as Go's net/http may send
+        (
+            b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nT: 1\r\n\r\n",
+            "POST",
+            201,
+            b"abcde",
+            True,
+        ),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx", "GET", 200, b"x", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx", "GET", 200, b"x", False),
+        (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\nx", "GET", 200, b"x", True),
+        (b"HTTP/1.1 200 OK\r\n\r\nto the end", "GET", 200, b"to the end", False),  # no length: read to EOF
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 409 Conflict\r\nContent-Length: 0\r\n\r\n", "PUT", 409, b"", True),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", "DELETE", 204, b"", True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "HEAD", 200, b"", True),
+    ],
+)
+def test_a_response_is_read_whole_and_says_whether_the_connection_stays(
+    raw: bytes, method: str, status: int, data: bytes, keep: bool
+) -> None:
+    """Each way a body is delimited (length, chunks, the connection's end, none), and who keeps the
+    connection open: the body read is exactly the response's, the status the final one's."""
+    reader = io.BytesIO(raw + (b"NEXT" if keep else b""))  # a kept connection: the next response follows
+    reply, kept = read_reply(reader, method)
+    assert (reply.status, reply.data, kept) == (status, data, keep)
+    if keep:
+        assert reader.read() == b"NEXT"  # nothing of the next response consumed
+
+
+def test_retry_after_is_found_whatever_the_case_of_its_name() -> None:
+    reply, _ = read_reply(
+        io.BytesIO(b"HTTP/1.1 429 Too Many Requests\r\nRETRY-AFTER: 2\r\nContent-Length: 0\r\n\r\n"), "GET"
+    )
+    assert reply.headers["retry-after"] == "2" and reply.reason == "Too Many Requests"
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"", http.client.RemoteDisconnected),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", http.client.BadStatusLine),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", http.client.IncompleteRead),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", http.client.IncompleteRead),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", http.client.IncompleteRead),
+    ],
+)
+def test_what_is_no_whole_response_raises(raw: bytes, error: type[Exception]) -> None:
+    """A closed connection, something not HTTP, and bodies cut short: http.client's errors, which the client
+    turns into a failed request (and a retry where the method allows one)."""
+    with pytest.raises(error):
+        read_reply(io.BytesIO(raw), "GET")
