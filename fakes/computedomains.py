@@ -202,21 +202,31 @@ class RackNode:
         )
 
     def channel_nodes(self) -> list[str]:
-        directory = self.dev_root / "dev" / "nvidia-caps-imex-channels"
-        return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+        return channel_nodes(self.dev_root)
 
     def cdi_specs(self) -> list[str]:
         return sorted(p.name for p in self.cdi_root.iterdir())
 
     def daemon_nodes(self) -> dict[str, list[str]]:
-        """Domain uid -> the peers its running IMEX daemon loaded (what the fake nvidia-imex recorded)."""
-        import json
+        return daemon_nodes(self.state_dir)
 
-        out = {}
-        for status in (self.state_dir / "compute-domains" / "domains").glob("*/imexd.cfg.fake-imex.json"):
-            with contextlib.suppress(OSError, ValueError):
-                out[status.parent.name] = json.loads(status.read_text())["nodes"]
-        return out
+
+def channel_nodes(dev_root: pathlib.Path) -> list[str]:
+    """The IMEX channel device nodes the node agent made under its dev root."""
+    directory = dev_root / "dev" / "nvidia-caps-imex-channels"
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+def daemon_nodes(state_dir: pathlib.Path) -> dict[str, list[str]]:
+    """Domain uid -> the peers its running IMEX daemon loaded (what the fake nvidia-imex recorded), for the node
+    agent whose --state-dir this is."""
+    import json
+
+    out = {}
+    for status in (state_dir / "compute-domains" / "domains").glob("*/imexd.cfg.fake-imex.json"):
+        with contextlib.suppress(OSError, ValueError):
+            out[status.parent.name] = json.loads(status.read_text())["nodes"]
+    return out
 
 
 def _registered(kubelet: FakeKubelet) -> bool:

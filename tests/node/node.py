@@ -192,9 +192,11 @@ class RealNode:
         machine: str = "mixed-mig",
         cdi_hook: Path | None = None,
         host_agent: bool = True,
+        agent_args: tuple[str, ...] = (),
     ) -> None:
         """`host_agent`: run the agent as a host process once the node is Ready; False leaves the node to the
-        agent's DaemonSet (the product as deployed: tests/integration/test_deployed.py)."""
+        agent's DaemonSet (the product as deployed: tests/integration/test_deployed.py). `agent_args`: more flags
+        for that agent (paths beneath `root` to name them before start)."""
         self.cp = cp
         self.binaries = binaries
         self._own_root = root is None
@@ -203,12 +205,14 @@ class RealNode:
         self.machine = machine
         self.cdi_hook = cdi_hook  # nvidia-cdi-hook for the specs' hooks (ldcache, symlinks); None: specs run none
         self.host_agent = host_agent
+        self.agent_args = agent_args
         self.logs = self.root / "logs"
         self.containerd_sock = self.root / "containerd" / "containerd.sock"
         self.kubelet_root = self.root / "kubelet"  # the kubelet's --root-dir: plugins/, plugins_registry/
         self.cdi_root = self.root / "cdi"
         self.dev_root = self.root / "devroot"  # stand-in /dev/nvidia* beneath it
         self.gpu_state = self.root / "gpus.json"
+        self.driver_root = self.root / "driver-root"  # the fake driver's (the host agent's --driver-root)
         self.cgroup = f"{own_cgroup().rstrip('/')}/gpu-dra-node-{os.getpid()}-{self.root.name}"
         # Per hierarchy, the ancestors of the node's cgroup that existed before it: the rest is ours to remove.
         self._existing_ancestors = {h: {p for p in self._ancestors(h) if p.is_dir()} for h in hierarchies()}
@@ -264,7 +268,7 @@ class RealNode:
         kubeconfig = self.cp.write_kubeconfig(self.root / "admin.kubeconfig")
         # the fake driver: nvidia-smi and MPS control for sharing, real ELF libraries for the specs' mounts; a
         # host process sees the root where the runtime does, so both roots are the same path
-        driver_root = install_driver_root(self.root / "driver-root").parents[1]
+        driver_root = install_driver_root(self.driver_root).parents[1]
         hook = ("--nvidia-cdi-hook-path", str(self.cdi_hook)) if self.cdi_hook else ()
         self.agent = Daemon(
             self.root,
@@ -280,6 +284,7 @@ class RealNode:
                 "--dev-root",
                 str(self.dev_root),
                 *hook,
+                *self.agent_args,
             ),
         ).start()
         self.agent.wait_for_log("registered with the kubelet", timeout=60)
