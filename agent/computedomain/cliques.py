@@ -12,11 +12,14 @@ The pick, from the channel slices, the GPU slices and the allocated claims:
 - among those, the ones where that many nodes also have a GPU free come first, so the pick is not a clique with no
   room now; then the smallest that fits (best fit: the large cliques stay for the large domains) or, for numNodes 0,
   whose size is not known, the roomiest; then the clique ID, so equal inputs give equal picks;
-- none fits: the template names no clique, every pod waits with kube-scheduler's "cannot allocate all claims", and
-  the controller tells why in an Event on the domain.
+- none can take it now (other domains hold its channels): the clique that can hold it once they end, the one
+  with the most channels free first (no fit at all: the largest clique, which holds it once enough of its nodes'
+  fabric is whole). Its pods wait with kube-scheduler's "cannot allocate all claims" and run when room comes, with
+  no pod to recreate; the controller tells why in an Event on the domain. Only when no node publishes a channel
+  at all does the template name no clique.
 The pick is kept in the template (its annotation and its selector), so a restarted controller keeps it. A
-template's spec is immutable: it is remade with a new pick only while no claim of the domain exists (its clique
-broke or was none), since claims copy the template and a remade one would split the domain.
+template's spec is immutable: it is remade with a new pick only while no claim of the domain exists, since claims
+copy the template and a remade one would split the domain.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ class NodeRoom:
 
 @dataclass(frozen=True)
 class Pick:
-    clique: str  # NONE: no clique can take the domain
+    clique: str  # NONE: no node publishes a channel
     why: str  # for the domain's Event
+    now: bool  # the clique can take the domain now (else its pods wait for room there)
 
 
 def node_rooms(
@@ -85,29 +89,45 @@ def domain_of(claim: Mapping[str, Any]) -> str | None:
 
 
 def fits(rooms: Mapping[str, NodeRoom], clique: str, num_nodes: int) -> bool:
-    """Whether enough of the clique's nodes have a channel no other domain holds."""
+    """Whether enough of the clique's nodes have a channel no other domain holds: it can take the domain now."""
     return clique != NONE and sum(1 for r in rooms.values() if r.clique == clique and not r.taken) >= max(num_nodes, 1)
+
+
+def holds(rooms: Mapping[str, NodeRoom], clique: str, num_nodes: int) -> bool:
+    """Whether the clique has enough nodes publishing a channel to take the domain once other domains end."""
+    return clique != NONE and sum(1 for r in rooms.values() if r.clique == clique) >= max(num_nodes, 1)
 
 
 def choose(rooms: Mapping[str, NodeRoom], num_nodes: int) -> Pick:
     """The domain's clique (see the module's doc)."""
+    if not rooms:
+        return Pick(
+            NONE, "no node publishes IMEX channels (no node's GPUs are all in one complete fabric clique)", False
+        )
     need = max(num_nodes, 1)
+    size: dict[str, int] = {}
     open_nodes: dict[str, int] = {}
     roomy: dict[str, int] = {}
     for r in rooms.values():
-        if not r.taken:
-            open_nodes[r.clique] = open_nodes.get(r.clique, 0) + 1
-            roomy[r.clique] = roomy.get(r.clique, 0) + (r.free_gpus > 0)
+        size[r.clique] = size.get(r.clique, 0) + 1
+        open_nodes[r.clique] = open_nodes.get(r.clique, 0) + (not r.taken)
+        roomy[r.clique] = roomy.get(r.clique, 0) + (not r.taken and r.free_gpus > 0)
     fitting = [c for c, n in open_nodes.items() if n >= need]
     if not fitting:
-        if not rooms:
-            return Pick(NONE, "no node publishes IMEX channels (no node's GPUs are all in one complete fabric clique)")
-        most = max(open_nodes.values(), default=0)
+        large = [c for c, n in size.items() if n >= need]
+        best = min(large or size, key=lambda c: (-open_nodes[c], -size[c], c))
+        held = size[best] - open_nodes[best]
+        wait = (
+            f"other domains hold {held} of its channels; its pods wait until they end"
+            if large
+            else f"its pods wait until {need - size[best]} more of its nodes are in its complete fabric"
+        )
         return Pick(
-            NONE,
-            f"no NVLink clique can take this domain's {need} node(s): {len(set(r.clique for r in rooms.values()))} "
-            f"clique(s) publish IMEX channels, the most nodes with a channel free of other domains in one is {most}; "
-            "its pods wait until one can",
+            best,
+            f"no NVLink clique can take this domain's {need} node(s) now: {len(size)} clique(s) publish IMEX "
+            f"channels, the most nodes with a channel free of other domains in one is {max(open_nodes.values())}; "
+            f"clique {best} ({size[best]} node(s) with a channel) is pinned: {wait}",
+            False,
         )
 
     def rank(clique: str) -> tuple[bool, int, int, str]:
@@ -121,6 +141,7 @@ def choose(rooms: Mapping[str, NodeRoom], num_nodes: int) -> Pick:
         best,
         f"clique {best}: {open_nodes[best]} node(s) with a free channel, {roomy[best]} of them with a free GPU, "
         f"for {need} node(s)",
+        True,
     )
 
 

@@ -136,7 +136,7 @@ class ComputeDomainController:
             self._tell(obj, "NoCliqueFits", pick.why)
             return
         if self._has_claims(domain):  # claims copied the template: a new pin would split the domain
-            if have is not None:
+            if have is not None and not cliques.holds(rooms, have, domain.num_nodes):
                 was = f"clique {have} can no longer take this domain" if have else "no clique fitted this domain"
                 self._tell(
                     obj,
@@ -145,7 +145,7 @@ class ComputeDomainController:
                     "it; delete those pods (their claims go with them) for the template to be remade: "
                     f"{pick.why}",
                 )
-            return
+            return  # its clique still holds the domain: the pods wait for room there
         if (existing.get("metadata") or {}).get("deletionTimestamp") is None:
             self._rest.delete(
                 RESOURCE_CLAIM_TEMPLATES,
@@ -173,10 +173,10 @@ class ComputeDomainController:
             domain.template_name,
             pick.why,
         )
-        if pick.clique == cliques.NONE:
-            self._tell(obj, "NoCliqueFits", pick.why)
-        else:
+        if pick.now:
             self._tell(obj, "CliquePicked", pick.why, type_="Normal")
+        else:
+            self._tell(obj, "NoCliqueFits", pick.why)
 
     def _has_claims(self, domain: ComputeDomain) -> bool:
         """Read now, not from the informer: a claim it has not seen yet must not be split from its domain."""

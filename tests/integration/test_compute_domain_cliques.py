@@ -78,8 +78,8 @@ def test_every_pod_of_a_domain_lands_in_the_one_clique_that_holds_it() -> None:
 
 def test_a_pinned_clique_that_breaks_before_any_claim_is_remade_and_not_after() -> None:
     """A 3-node domain pins clique 2 (00-02; clique 1 has 2 nodes). Node 00's fabric breaks before any pod: no
-    clique fits, the template is remade naming none and the domain says why; mended, it is remade on clique 2. Once
-    a pod's claim is made from it, a break no longer remakes it: the domain says the claims hold it."""
+    clique fits, the domain says why (the pin waits for a third node); mended, the template is on clique 2. Once a
+    pod's claim is made from it, a break no longer remakes it: the domain says the claims hold it."""
     with short_tmpdir("nvlc-") as root, NvlRack(root, nodes=5, cliques=SMALL) as rack:
         small = _clique_of(rack.nodes[0])
         rack.apply([domain_doc("train", 3, "train-channel")], NS)
@@ -87,23 +87,18 @@ def test_a_pinned_clique_that_breaks_before_any_claim_is_remade_and_not_after() 
         assert cliques.pinned(first) == small
 
         _set_fabric(rack.nodes[0], N.NVML_GPU_FABRIC_STATE_NOT_STARTED)
-        none = rack.wait_for(
-            lambda: (t := _template(rack, "train-channel")) and cliques.pinned(t) == cliques.NONE and t,
-            timeout=30,
-            what="the template remade naming no clique",
-        )
-        assert none["metadata"]["uid"] != first["metadata"]["uid"]
-        (told,) = rack.wait_for(lambda: _events(rack, "train", "NoCliqueFits"), timeout=10, what="the Warning")
+        (told,) = rack.wait_for(lambda: _events(rack, "train", "NoCliqueFits"), timeout=30, what="the Warning")
         assert told["type"] == "Warning" and told["message"].startswith(
-            "no NVLink clique can take this domain's 3 node(s): 2 clique(s) publish IMEX channels, the most nodes "
-            "with a channel free of other domains in one is 2"
+            "no NVLink clique can take this domain's 3 node(s) now: 2 clique(s) publish IMEX channels, the most "
+            "nodes with a channel free of other domains in one is 2; clique "
         )
+        assert "its pods wait until 1 more of its nodes are in its complete fabric" in told["message"]
 
         _set_fabric(rack.nodes[0], N.NVML_GPU_FABRIC_STATE_COMPLETED)
         again = rack.wait_for(
             lambda: (t := _template(rack, "train-channel")) and cliques.pinned(t) == small and t,
             timeout=30,
-            what="the template remade on clique 2",
+            what="the template pinned on clique 2 again",
         )
         rack.apply([worker("train-0", "train-channel", 4)], NS)
         rack.wait_for(lambda: _placed(rack, ["train-0"]), timeout=60, what="the worker placed")
@@ -124,8 +119,9 @@ def _pending_reason(rest: Any, name: str) -> str:
 @pytest.mark.timeout(300)
 def test_kube_scheduler_alone_keeps_a_domain_in_one_clique_or_leaves_it_pending(control_plane: Any) -> None:
     """The real kube-scheduler, no arbiter: of 7 nodes, 00-02 form a clique too small for a 4-node domain; the
-    domain's four workers all land on 03-06. A second 4-node domain then fits no clique (03-06 hold the first's
-    channels): its workers stay Pending with kube-scheduler's own reason and the domain's Event says why."""
+    domain's four workers all land on 03-06. A second 4-node domain then fits no clique now (03-06 hold the first's
+    channels): it is pinned to 03-06, its worker stays Pending with kube-scheduler's own reason and the domain's
+    Event says why, and it runs there once the first domain's pods are gone."""
     reset(control_plane)
     with short_tmpdir("nvlcr-") as root:
         kubeconfig = control_plane.write_kubeconfig(root / "kubeconfig")
@@ -146,17 +142,20 @@ def test_kube_scheduler_alone_keeps_a_domain_in_one_clique_or_leaves_it_pending(
 
             rack.apply([domain_doc("late", 4, "late-channel")], NS)
             late = rack.wait_for(lambda: _template(rack, "late-channel"), what="the second template")
-            assert cliques.pinned(late) == cliques.NONE
+            assert cliques.pinned(late) == _clique_of(rack.nodes[3])
             (told,) = rack.wait_for(lambda: _events(rack, "late", "NoCliqueFits"), timeout=10, what="the Warning")
-            assert "the most nodes with a channel free of other domains in one is 3" in told["message"]
+            assert "other domains hold 4 of its channels; its pods wait until they end" in told["message"]
             later = pod("late-0")
             later["spec"]["resourceClaims"][1]["resourceClaimTemplateName"] = "late-channel"
             rack.apply([later], NS)
             reason = rack.wait_for(lambda: _pending_reason(rest, "late-0"), timeout=60, what="the pod's reason")
             assert "cannot allocate all claims" in reason, reason
             assert rack.pod_node(NS, "late-0") is None
-            for name in [*names, "late-0"]:  # released while the kubelets' stand-ins run, so reset finds nothing
+            for name in names:  # the first domain's job ends: the waiting pod runs in the pinned clique
                 rest.delete(PODS, NS, name)
+            placed = rack.wait_for(lambda: rack.pod_node(NS, "late-0"), timeout=120, what="the waiting pod placed")
+            assert placed.name in [n.name for n in rack.nodes[3:]]
+            rest.delete(PODS, NS, "late-0")  # released while the kubelets' stand-ins run, so reset finds nothing
             rack.wait_for(
                 lambda: not rest.list(PODS, NS)["items"] and all(not n.channel_nodes() for n in rack.nodes),
                 timeout=60,

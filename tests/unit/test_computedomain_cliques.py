@@ -102,18 +102,36 @@ def test_a_domain_of_numnodes_0_gets_the_roomiest_clique() -> None:
     assert pick(rack({"a": 3, "b": 6, "c": 4}), [], 0).clique == "b"
 
 
-def test_no_clique_large_enough_picks_none_and_says_why() -> None:
+def test_no_clique_large_enough_pins_the_largest_and_its_pods_wait() -> None:
+    """No clique has 4 nodes: the largest (a, 3 nodes) is pinned, so its pods run once a fourth node's fabric there
+    is whole, rather than never (a template naming no clique could not be remade once pods' claims copy it)."""
     chosen = pick(rack({"a": 3, "b": 2}), [], 4)
-    assert chosen.clique == cliques.NONE
+    assert (chosen.clique, chosen.now) == ("a", False)
     assert chosen.why == (
-        "no NVLink clique can take this domain's 4 node(s): 2 clique(s) publish IMEX channels, the most nodes with "
-        "a channel free of other domains in one is 3; its pods wait until one can"
+        "no NVLink clique can take this domain's 4 node(s) now: 2 clique(s) publish IMEX channels, the most nodes "
+        "with a channel free of other domains in one is 3; clique a (3 node(s) with a channel) is pinned: its pods "
+        "wait until 1 more of its nodes are in its complete fabric"
     )
+
+
+def test_cliques_held_by_other_domains_pin_the_one_that_frees_first() -> None:
+    """Other domains hold channels in both 4-node cliques (b: 3 held, c: 1 held): c is pinned, its pods wait for
+    the one domain there to end; a 2-node clique (a, all free) is never pinned, it could not hold the domain."""
+    held = [claim("other", [(DRIVER, n, "channel-0")]) for n in ("b-0", "b-1", "b-2", "c-0")]
+    chosen = pick(rack({"a": 2, "b": 4, "c": 4}), held, 4)
+    assert (chosen.clique, chosen.now) == ("c", False)
+    assert chosen.why.endswith(
+        "clique c (4 node(s) with a channel) is pinned: other domains hold 1 of its channels; "
+        "its pods wait until they end"
+    )
+    rooms = cliques.node_rooms(rack({"a": 2, "b": 4, "c": 4}), held, UID, GPU_DRIVER)
+    assert cliques.holds(rooms, "c", 4) and not cliques.fits(rooms, "c", 4) and not cliques.holds(rooms, "a", 4)
 
 
 def test_no_channel_anywhere_says_so() -> None:
     chosen = pick([gpu_slice("n", 8)], [], 1)
-    assert chosen.clique == cliques.NONE and chosen.why.startswith("no node publishes IMEX channels")
+    assert (chosen.clique, chosen.now) == (cliques.NONE, False)
+    assert chosen.why.startswith("no node publishes IMEX channels")
 
 
 def test_fits_follows_the_cliques_free_channels() -> None:
