@@ -21,17 +21,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_queue_ms(pids: Iterable[int]) -> float:
-    """Milliseconds the threads of `pids` have spent runnable but waiting for a CPU (schedstat's second field),
-    summed; a thread that ends meanwhile drops out, so take differences over short spans."""
-    total = 0
+def thread_times_ms(pids: Iterable[int]) -> tuple[float, float]:
+    """Milliseconds the threads of `pids` have spent on a CPU, and runnable but waiting for one (schedstat's
+    first two fields), each summed over the threads; a thread that ends meanwhile drops out, so take
+    differences over short spans."""
+    on_cpu = waiting = 0
     for pid in pids:
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
-                total += int((task / "schedstat").read_bytes().split()[1])
+                fields = (task / "schedstat").read_bytes().split()
+                on_cpu, waiting = on_cpu + int(fields[0]), waiting + int(fields[1])
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 continue  # the thread ended while being read
-    return total / 1e6
+    return on_cpu / 1e6, waiting / 1e6
 
 
 class Busy:

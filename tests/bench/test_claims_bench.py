@@ -18,7 +18,7 @@ from agent.claims.preparer import ClaimPreparer
 from agent.claims.settings import PrepareSettings
 from agent.claims.types import ClaimRef
 from agent.devices.model import Inventory
-from tests.bench.machine import Busy, run_queue_ms
+from tests.bench.machine import Busy, thread_times_ms
 from tests.claim_sources import StaticClaimSource
 from tests.unit.test_claims_support import DRIVER, NODE, claim, gpu, inventory
 
@@ -112,11 +112,11 @@ def _cycles(
     me = (os.getpid(),)
     for n in range(CYCLES + 20):
         for case, batch in refs.items():
-            queued = run_queue_ms(me)
+            queued = thread_times_ms(me)[1]
             start = time.perf_counter()
             results = preparer.prepare(batch)
             middle = time.perf_counter()
-            waited = run_queue_ms(me) - queued
+            waited = thread_times_ms(me)[1] - queued
             errors = preparer.unprepare(batch)
             end = time.perf_counter()
             assert not any(r.error for r in results.values()) and not any(errors.values()), (results, errors)
