@@ -35,7 +35,8 @@ import grpc
 from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.commit import Committer, InvalidClaim, Outcome, Write
-from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult, run_cycle
+from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult
+from agent.arbiter.core.incremental import CycleCache
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
 from agent.arbiter.fence import default_queue, fence_rule, fences
@@ -281,6 +282,7 @@ class Arbiter:
         self._expected: list[Write] = []
         self._weighed: dict[str, float] = {}  # waiting job -> when a snapshot first had it waiting (World.weighed)
         self._world_cache = WorldCache()  # what the last snapshot read from objects unchanged since
+        self._cycle_cache = CycleCache()  # the last cycle's session: the next one starts from it where it can
         self._flights: dict[str, _Flight] = {}  # gang -> its commit under way (pipelined cycles)
         self._landed: dict[str, _Landed] = {}  # gang -> committed, its writes not all seen yet
         self._pool = futures.ThreadPoolExecutor(max(1, config.commit_workers), thread_name_prefix="commit")
@@ -397,7 +399,7 @@ class Arbiter:
         if self.config.usage_half_life_s is not None:
             snapshot = self._with_usage(snapshot, now)
         with self._timed("decide") as decided:
-            result = run_cycle(snapshot, self.config.actions)
+            result = self._cycle_cache.run(snapshot, self.config.actions)
         report.result = result
         self.cycles += 1
         with self._timed("evict"):

@@ -17,7 +17,7 @@ from agent.arbiter.core.allocate import allocate
 from agent.arbiter.core.consolidate import consolidate
 from agent.arbiter.core.evict import preempt, reclaim
 from agent.arbiter.core.model import MILLI, JobSpec, PodSpec, PodStatus, Snapshot, Vector
-from agent.arbiter.core.session import Cause, Pod, Session
+from agent.arbiter.core.session import Cause, Job, Pod, Session
 
 ACTIONS: dict[str, Callable[[Session], None]] = {
     "allocate": allocate,
@@ -143,12 +143,12 @@ def fair_share_in_units(share: Vector) -> dict[str, float]:
     return {"gpu": share[0] / MILLI, "cpu": share[1], "memory": share[2]}
 
 
-_WAITING = PodDecision("pending", None, "keep")  # most pods of a large snapshot: one shared (frozen) decision
+WAITING = PodDecision("pending", None, "keep")  # most pods of a large snapshot: one shared (frozen) decision
 
 
-def _decide(session: Session, pod: Pod) -> PodDecision:
+def decide(session: Session, pod: Pod) -> PodDecision:
     if pod.state == "pending":
-        return _WAITING
+        return WAITING
     nodes = session.cluster.nodes
     node = nodes[pod.seat.node].spec.name if pod.seat is not None else None
     gpus = pod.seat.gpus if pod.seat is not None else ()
@@ -168,11 +168,11 @@ def _decide(session: Session, pod: Pod) -> PodDecision:
         )
     if pod.state == "releasing":
         return PodDecision("evicted", node, "keep", index, gpus=gpus)
-    return _WAITING
+    return WAITING
 
 
 def _result(session: Session, snapshot: Snapshot) -> CycleResult:
-    pods = {p.spec.name: _decide(session, p) for p in session.pods}
+    pods = {p.spec.name: decide(session, p) for p in session.pods}
     evictions = tuple(
         Eviction(p.spec.name, p.job.queue.spec.name, p.cause)
         for p in session.pods
@@ -181,12 +181,34 @@ def _result(session: Session, snapshot: Snapshot) -> CycleResult:
     admissions = []
     pending: dict[str, int] = {q.spec.name: 0 for q in session.queues if not q.children}
     for job in session.jobs:
-        before = sum(1 for p in job.pods if p.was == "running")
-        bound = [p for p in job.pods if p.state in ("running", "bound")]
-        if before < job.spec.min_member <= len(bound) and job.active == len(bound):
+        if admitted(job):
             admissions.append(Admission(job.spec.name, job.queue.spec.name, job.spec.created_at))
-        if job.active < job.spec.min_member or any(p.state == "pending" for p in job.pods):
+        if waiting(job):
             pending[job.queue.spec.name] += 1
+    return assemble(session, snapshot, pods=pods, evictions=evictions, admissions=admissions, pending=pending)
+
+
+def admitted(job: Job) -> bool:
+    """The gang reached minMember this cycle with every member bound."""
+    before = sum(1 for p in job.pods if p.was == "running")
+    bound = sum(1 for p in job.pods if p.state in ("running", "bound"))
+    return before < job.spec.min_member <= bound and job.active == bound
+
+
+def waiting(job: Job) -> bool:
+    """The gang is below minMember or has pods still pending (CycleResult.pending_jobs)."""
+    return job.active < job.spec.min_member or any(p.state == "pending" for p in job.pods)
+
+
+def assemble(
+    session: Session,
+    snapshot: Snapshot,
+    *,
+    pods: dict[str, PodDecision],
+    evictions: tuple[Eviction, ...],
+    admissions: list[Admission],
+    pending: dict[str, int],
+) -> CycleResult:
     return CycleResult(
         protected=_protected(session),
         pods=pods,

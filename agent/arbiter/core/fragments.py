@@ -14,7 +14,7 @@ CPU out is what lets nodes share a shape.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from agent.allocation.fragmentation import MILLI, NodeShape, RequestMix, fragmentation, packed_fgd_score
 
@@ -25,8 +25,15 @@ NO_FIT = -1
 def workload_mix(gpu_requests: Iterable[int]) -> RequestMix:
     """The typical request kinds of a workload, from each pod's GPU milli (whole GPUs in thousands, or a share
     of one); one whole GPU when there is no pod."""
+    return mix_of(Counter(gpu_requests))
+
+
+def mix_of(pods_by_milli: Mapping[int, int]) -> RequestMix:
+    """`workload_mix` from pod counts already taken by GPU milli (a count of zero is no pod)."""
     counts: Counter[tuple[int, int, int, tuple[str, ...]]] = Counter()
-    for milli, seen in Counter(gpu_requests).items():
+    for milli, seen in pods_by_milli.items():
+        if not seen:
+            continue
         if 0 < milli < MILLI:
             kind = (0, 1, milli, ())  # a share of one GPU
         elif milli:

@@ -88,6 +88,7 @@ class Job:
         "queue",
         "running",
         "spec",
+        "total",
     )
 
     def __init__(self, spec: JobSpec, index: int, queue: Queue) -> None:
@@ -99,6 +100,7 @@ class Job:
         self.active = 0  # pods running, bound or pipelined (counted toward minMember)
         self.running = 0  # pods running and not evicted: what a victim still has to give
         self.gained = 0  # pods bound or pipelined this cycle: such a job is no victim in the same cycle
+        self.total: Vector = (0.0, 0.0, 0.0)  # what all its pods ask for: its queue's demand
         # caches, dropped whenever a pod leaves or re-enters pending (see `Session`); the chunk also depends on
         # `active`, so it is kept with the value it was computed for (-1: none)
         self._pending: list[Pod] | None = None
@@ -196,19 +198,11 @@ class Session:
         self.tops: list[Queue] = []  # the top-level queues
         for q in self.queues:
             (q.parent.children if q.parent is not None else self.tops).append(q)
-        self.jobs = [Job(j, i, by_name[j.queue]) for i, j in enumerate(snapshot.jobs)]
+        self.by_name = by_name
+        self.jobs = [self.new_job(j, i) for i, j in enumerate(snapshot.jobs)]
         self.pods: list[Pod] = []
         self.node_pods: list[list[Pod]] = [[] for _ in self.cluster.nodes]
         for job in self.jobs:
-            # task priority, then size, both descending; then name (two stable sorts, no per-pod key tuple; the
-            # second only where the pods differ, as a gang's usually do not)
-            specs = sorted(job.spec.pods, key=_NAME)
-            first = specs[0] if specs else None
-            if first is not None and any(
-                p.task_priority != first.task_priority or p.gpu_milli != first.gpu_milli for p in specs
-            ):
-                specs.sort(key=_TASK_ORDER, reverse=True)
-            job.pods = [Pod(p, job) for p in specs]
             self.pods.extend(job.pods)
         self.now = snapshot.now
         self.log: list[_Op] = []
@@ -216,10 +210,27 @@ class Session:
         # reclaim/preempt victims of the scenarios taken so far and still evicted, per node, in units (lists of
         # pods) keyed by eviction order: a later scenario that frees more than it needs may restore them (evict.py)
         self.victims: dict[int, list[tuple[tuple[int, int], list[Pod]]]] = {}
+        self._rest_nodes: list[tuple[float, float, float, float, dict[str, float], dict[str, float]]] = []
+        self._rest_queues: list[tuple[list[float], list[float]]] = []
         self._load_placed()
-        self._compute_fair_shares(snapshot)
+        self.compute_fair_shares(snapshot)
 
     # -- setup ------------------------------------------------------------------------------------------
+
+    def new_job(self, spec: JobSpec, index: int) -> Job:
+        """A job of the snapshot with its pods, all pending until `_load_placed` seats the placed ones."""
+        job = Job(spec, index, self.by_name[spec.queue])
+        # task priority, then size, both descending; then name (two stable sorts, no per-pod key tuple; the
+        # second only where the pods differ, as a gang's usually do not)
+        specs = sorted(spec.pods, key=_NAME)
+        first = specs[0] if specs else None
+        if first is not None and any(
+            p.task_priority != first.task_priority or p.gpu_milli != first.gpu_milli for p in specs
+        ):
+            specs.sort(key=_TASK_ORDER, reverse=True)
+        job.pods = [Pod(p, job) for p in specs]
+        job.total = request_of(job.pods)
+        return job
 
     def _load_placed(self) -> None:
         placed = [p for p in self.pods if p.spec.node is not None]
@@ -282,10 +293,10 @@ class Session:
                 return Seat(node.index, tuple(fitting[:count]))
         return Seat(node.index, tuple(free[:count]))
 
-    def _compute_fair_shares(self, snapshot: Snapshot) -> None:
+    def compute_fair_shares(self, snapshot: Snapshot) -> None:
         demand: dict[str, Vector] = {}
         for job in self.jobs:
-            total = request_of(job.pods)
+            total = job.total
             prev = demand.get(job.queue.spec.name, (0.0, 0.0, 0.0))
             demand[job.queue.spec.name] = (prev[0] + total[0], prev[1] + total[1], prev[2] + total[2])
         nodes = snapshot.nodes
@@ -309,6 +320,37 @@ class Session:
                 else:
                     allocatable[r] = min(q.limit[r], max(raw, q.fair[r]))
             q.allocatable = (allocatable[0], allocatable[1], allocatable[2])
+
+    # -- the state before any action --------------------------------------------------------------------
+
+    def mark_rest(self) -> None:
+        """Remember what rolling back would restore only by arithmetic (CPU, memory and other resources per
+        node, allocations per queue: floats that may not come back to the last bit), so `reset` can return the
+        session to its state before any action exactly."""
+        self._rest_nodes = [
+            (n.cpu_now, n.cpu_after, n.mem_now, n.mem_after, dict(n.other_now), dict(n.other_after))
+            for n in self.cluster.nodes
+        ]
+        self._rest_queues = [(list(q.alloc), list(q.alloc_np)) for q in self.queues]
+
+    def reset(self) -> None:
+        """Back to the state `mark_rest` saw: every statement undone, those quantities put back as they were."""
+        for op in self.log:
+            op.pod.evicted_for = None
+        self.rollback(0)
+        for node, (cpu_now, cpu_after, mem_now, mem_after, other_now, other_after) in zip(
+            self.cluster.nodes, self._rest_nodes, strict=True
+        ):
+            node.cpu_now, node.cpu_after, node.mem_now, node.mem_after = cpu_now, cpu_after, mem_now, mem_after
+            if other_now or node.other_now:
+                node.other_now = dict(other_now)
+            if other_after or node.other_after:
+                node.other_after = dict(other_after)
+        for q, (alloc, alloc_np) in zip(self.queues, self._rest_queues, strict=True):
+            q.alloc[:] = alloc
+            q.alloc_np[:] = alloc_np
+        self.victims = {}
+        self.dirty.clear()
 
     # -- protections ------------------------------------------------------------------------------------
 
