@@ -16,8 +16,9 @@ from tests.unit.test_arbiter_properties import LEAVES, snapshots
 from tests.unit.test_arbiter_support import job, node, pod, queue
 
 # what happens between two cycles: a waiting gang arrives (at the end of the list, or among the others), a waiting
-# gang leaves, a waiting gang gets one pod more, the clock moves, or the last cycle's decisions are carried out
-EVENTS = st.sampled_from(["arrive", "arrive among", "leave", "grow", "tick", "carried out"])
+# gang leaves, a waiting gang gets one pod more, a placed gang finishes, the clock moves, or the last cycle's
+# decisions are carried out
+EVENTS = st.sampled_from(["arrive", "arrive among", "leave", "grow", "finish", "tick", "carried out"])
 SIZES = st.sampled_from([250, 500, MILLI, MILLI, 2 * MILLI])
 
 
@@ -44,6 +45,9 @@ def _next(snapshot: Snapshot, event: str, pick: int, size: int, result: CycleRes
         i = waiting[pick % len(waiting)]
         extra = PodSpec(f"{jobs[i].name}-more{step}", size, 1000, 2**30)
         jobs[i] = dataclasses.replace(jobs[i], pods=(*jobs[i].pods, extra))
+    elif event == "finish" and len(waiting) < len(jobs):
+        placed = [i for i in range(len(jobs)) if i not in waiting]
+        del jobs[placed[pick % len(placed)]]
     elif event == "tick":
         return dataclasses.replace(snapshot, now=1.7e9 + 60 * step)
     elif event == "carried out":
@@ -73,7 +77,7 @@ def test_a_cycle_after_a_change_decides_as_a_cycle_built_whole(
     """Random clusters (running, releasing and waiting gangs, whole and shared GPUs, every placement policy), then
     random events between cycles. After each, the cycle CycleCache runs from the last cycle's session decides
     exactly what run_cycle decides from the snapshot alone: every pod's decision, evictions, admissions, waiting
-    gangs, fair shares, allocations and protections. Only a change to placed pods builds the session whole."""
+    gangs, fair shares, allocations and protections. A change of waiting gangs never builds the session whole."""
     cache = CycleCache()
     snapshot = parse_snapshot(document)
     last = cache.run(snapshot)
@@ -82,7 +86,7 @@ def test_a_cycle_after_a_change_decides_as_a_cycle_built_whole(
         snapshot = _next(snapshot, event, pick, size, last, step)
         last = cache.run(snapshot)
         _same(last, run_cycle(snapshot))
-        if event != "carried out":
+        if event not in ("finish", "carried out"):  # those build whole where a pod sharing a GPU comes or goes
             assert not cache.rebuilt
 
 
@@ -106,13 +110,45 @@ def test_a_gang_that_arrives_is_decided_without_building_the_session_again() -> 
     assert result.evictions and result.pods["new-0"].action == "pipeline"
 
 
-def test_a_change_to_a_placed_pod_builds_the_session_again() -> None:
-    """A running pod that finished (gone from its gang): the session is built whole, and the freed GPU is used."""
+def test_a_gang_that_finished_frees_its_gpus_without_building_the_session_again() -> None:
+    """The running gang leaves (its pods finished): the next cycle from the last one's session binds the waiting
+    gang on the GPUs it freed, as a cycle built whole does."""
     cache = CycleCache()
-    snapshot = dataclasses.replace(_cluster(), jobs=(*_cluster().jobs, _waiting_gang("new", "t1", MILLI, 1, 10, 1.0)))
-    cache.run(snapshot)
-    running = snapshot.jobs[0]
-    finished = dataclasses.replace(running, pods=running.pods[1:], min_member=3)
-    result = cache.run(dataclasses.replace(snapshot, jobs=(finished, snapshot.jobs[1])))
-    assert cache.rebuilt
+    waiting = _waiting_gang("new", "t1", MILLI, 2, 10, 1.0)
+    snapshot = dataclasses.replace(_cluster(), jobs=(*_cluster().jobs, waiting))
+    assert cache.run(snapshot).pods["new-0"].action == "keep"
+    finished = dataclasses.replace(snapshot, jobs=(waiting,))
+    result = cache.run(finished)
+    assert not cache.rebuilt
+    assert result.pods == run_cycle(finished).pods
+    assert [result.pods[f"new-{k}"].action for k in range(2)] == ["bind", "bind"]
+
+
+def test_decisions_carried_out_are_loaded_without_building_the_session_again() -> None:
+    """A cycle evicts for a gang and pipelines it; then the victims are gone and the gang's pods wait again (the
+    snapshot the simulator's next round starts from): the cycle after, from the last one's session, binds it where
+    a cycle built whole does."""
+    cache = CycleCache()
+    snapshot = dataclasses.replace(_cluster(), jobs=(*_cluster().jobs, _waiting_gang("new", "t2", MILLI, 2, 50, 1.0)))
+    first = cache.run(snapshot)
+    assert first.evictions
+    carried = first.next
+    result = cache.run(carried)
+    assert not cache.rebuilt
+    assert result.pods == run_cycle(carried).pods
     assert result.pods["new-0"].action == "bind"
+
+
+def test_a_pod_sharing_a_gpu_that_comes_builds_the_session_again() -> None:
+    """The first placed pod sharing a GPU changes the order every placed pod is seated in: the session is built
+    whole, and decides as run_cycle does."""
+    cache = CycleCache()
+    snapshot = _cluster()
+    cache.run(snapshot)
+    shared = JobSpec("shared", "t2", 50, True, 1, 1.0, (PodSpec("shared-0", 500, 1000, 2**30, "Running", "n0", 0),))
+    running = snapshot.jobs[0]
+    freed = dataclasses.replace(running, pods=running.pods[1:], min_member=3)
+    changed = dataclasses.replace(snapshot, jobs=(freed, shared))
+    result = cache.run(changed)
+    assert cache.rebuilt
+    assert result.pods == run_cycle(changed).pods

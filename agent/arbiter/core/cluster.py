@@ -158,21 +158,48 @@ class Cluster:
 
     def index(self) -> None:
         """The counters and node sets, from the layers as loaded."""
-        fgd = self.scores is not None
         for node in self.nodes:
-            bit = node.bit
-            pairs = list(zip(node.gpu_now, node.gpu_after, strict=True))
-            node.whole_free = sum(1 for a, b in pairs if a == 0 and b == 0)
-            node.after_free = node.gpu_after.count(0)
-            node.partial = sum((0 < a < MILLI) + (0 < b < MILLI) for a, b in pairs)
-            self.buckets[node.whole_free].bits |= bit
-            if node.partial:
-                self.shared.bits |= bit
-            if fgd:
-                node.shape_id = self._shape_id(tuple(sorted(node.gpu_after)))
-                members = self.by_shape.setdefault(node.shape_id, NodeSet())
-                members.bits |= bit
-            self.gpu_after_free += node.spec.gpus * MILLI - sum(node.gpu_after)
+            self.index_node(node)
+
+    def index_node(self, node: Node) -> None:
+        """One node's counters, and its place in the node sets, from its layers as loaded."""
+        bit = node.bit
+        pairs = list(zip(node.gpu_now, node.gpu_after, strict=True))
+        node.whole_free = sum(1 for a, b in pairs if a == 0 and b == 0)
+        node.after_free = node.gpu_after.count(0)
+        node.partial = sum((0 < a < MILLI) + (0 < b < MILLI) for a, b in pairs)
+        self.buckets[node.whole_free].bits |= bit
+        if node.partial:
+            self.shared.bits |= bit
+        if self.scores is not None:
+            node.shape_id = self._shape_id(tuple(sorted(node.gpu_after)))
+            members = self.by_shape.setdefault(node.shape_id, NodeSet())
+            members.bits |= bit
+        self.gpu_after_free += node.spec.gpus * MILLI - sum(node.gpu_after)
+
+    def empty(self, node: Node) -> None:
+        """Take every pod off the node, and the node out of the node sets, so its pods can be loaded again."""
+        unbit = node.unbit
+        self.buckets[node.whole_free].bits &= unbit
+        self.shared.bits &= unbit
+        self.releasing.bits &= unbit
+        self.releasing_buckets[node.after_free].bits &= unbit
+        if node.shape_id >= 0:
+            members = self.by_shape[node.shape_id]
+            members.bits &= unbit
+            if not members.bits:
+                del self.by_shape[node.shape_id]
+        self.gpu_after_free -= node.spec.gpus * MILLI - sum(node.gpu_after)
+        spec = node.spec
+        node.cpu_now = node.cpu_after = spec.cpu_milli
+        node.mem_now = node.mem_after = spec.mem_bytes
+        node.other_now = dict(spec.other)
+        node.other_after = dict(spec.other)
+        node.gpu_now = [0] * spec.gpus
+        node.gpu_after = [0] * spec.gpus
+        node.releases = 0
+        node.whole_free = node.after_free = node.partial = 0
+        node.shape_id = -1
 
     # -- accounting -------------------------------------------------------------------------------------
 

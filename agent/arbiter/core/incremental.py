@@ -38,8 +38,8 @@ from agent.arbiter.core.cycle import (
     waiting,
 )
 from agent.arbiter.core.fragments import ShapeScores, mix_of
-from agent.arbiter.core.model import JobSpec, Snapshot
-from agent.arbiter.core.session import Job, Pod, Session
+from agent.arbiter.core.model import JobSpec, PodSpec, Snapshot
+from agent.arbiter.core.session import Job, Pod, Session, shares_gpu
 
 
 class CycleCache:
@@ -52,6 +52,8 @@ class CycleCache:
         self._at_rest: dict[str, PodDecision] = {}  # every pod's decision before any action, in session order
         self._waiting_at_rest: dict[str, int] = {}  # per leaf queue: `waiting` jobs before any action
         self._workload: Counter[int] = Counter()  # pods by GPU milli: fgd's workload mix
+        self._sharing = 0  # placed pods that may share a GPU (Session._load_placed seats them first)
+        self._inexact = 0  # placed pods asking for CPU or memory not in whole units: totals that depend on order
         self.rebuilt = False  # whether the last cycle built its session whole
 
     def run(self, snapshot: Snapshot, actions: Sequence[str] = DEFAULT_ACTIONS) -> CycleResult:
@@ -78,13 +80,16 @@ class CycleCache:
         for job in session.jobs:
             self._waiting_at_rest[job.queue.spec.name] += waiting(job)
         self._workload = Counter(p.spec.gpu_milli for p in session.pods)
+        placed = [p for j in snapshot.jobs if _placed(j) for p in j.pods if p.node is not None]
+        self._sharing = sum(1 for p in placed if shares_gpu(p))
+        self._inexact = sum(1 for p in placed if _inexact(p))
         return session
 
     # -- a session updated --------------------------------------------------------------------------------
 
     def _update(self, session: Session, snapshot: Snapshot) -> bool:
         """Bring the last cycle's session back to rest and to `snapshot`; False (the session untouched) where the
-        change is not one of waiting gangs."""
+        change is not one of gangs."""
         last = self._snapshot
         assert last is not None
         if snapshot.nodes != last.nodes or snapshot.queues != last.queues or snapshot.placement != last.placement:
@@ -95,7 +100,7 @@ class CycleCache:
         previous = -1
         for spec in snapshot.jobs:
             job = jobs.get(spec.name)
-            if spec.name in names:
+            if spec.name in names or spec.queue not in session.by_name:
                 return False
             names.add(spec.name)
             if job is not None and (job.spec is spec or job.spec == spec):
@@ -103,21 +108,34 @@ class CycleCache:
                     return False  # reordered
                 previous = job.index
                 kept.append(job)
-            elif (job is None or not _placed(job.spec)) and not _placed(spec) and spec.queue in session.by_name:
-                kept.append(None)
             else:
-                return False
+                kept.append(None)
         staying = {j: None for j in kept if j is not None}
         gone = [j for j in jobs.values() if j not in staying]
-        if any(_placed(j.spec) for j in gone):
-            return False
+        arriving = [spec for spec, job in zip(snapshot.jobs, kept, strict=True) if job is None]
         # pod names stay unique, so the result can be kept by name
         leaving = {p.spec.name for j in gone for p in j.pods}
-        arriving = [p.name for spec, job in zip(snapshot.jobs, kept, strict=True) if job is None for p in spec.pods]
-        if len(set(arriving)) != len(arriving) or any(n in self._at_rest and n not in leaving for n in arriving):
+        names_in = [p.name for spec in arriving for p in spec.pods]
+        if len(set(names_in)) != len(names_in) or any(n in self._at_rest and n not in leaving for n in names_in):
             return False
+        # placed pods that come or go: their nodes are loaded again, as a session built whole loads them, where
+        # that gives what a session built whole holds (the same load order; queue totals that sum exactly)
+        placed_out = [p.spec for j in gone if _placed(j.spec) for p in j.pods if p.spec.node is not None]
+        placed_in = [p for spec in arriving if _placed(spec) for p in spec.pods if p.node is not None]
+        nodes = session.cluster.by_name
+        if any(p.node not in nodes for p in placed_in):
+            return False
+        sharing = self._sharing + sum(map(shares_gpu, placed_in)) - sum(map(shares_gpu, placed_out))
+        inexact = self._inexact + sum(map(_inexact, placed_in)) - sum(map(_inexact, placed_out))
+        if (sharing > 0) != (self._sharing > 0) or inexact or self._inexact:
+            return False
+        self._sharing, self._inexact = sharing, inexact
         session.reset()  # here, not after the last cycle: a session built whole next needs none
         self._swap(session, snapshot, kept, gone)
+        if placed_out or placed_in:
+            self._reload(session, {nodes[p.node or ""] for p in (*placed_out, *placed_in)}, sharing > 0)
+        session.now = snapshot.now
+        session.compute_fair_shares(snapshot)
         return True
 
     def _swap(self, session: Session, snapshot: Snapshot, kept: list[Job | None], gone: list[Job]) -> None:
@@ -136,9 +154,10 @@ class CycleCache:
                 job = session.new_job(spec, index)
                 fresh.append(job)
                 self._jobs[spec.name] = job
-                waiting_at_rest[job.queue.spec.name] += waiting(job)
                 for p in job.pods:
                     workload[p.spec.gpu_milli] += 1
+                if not _placed(spec):
+                    waiting_at_rest[job.queue.spec.name] += waiting(job)
             else:
                 job = same
             job.index = index
@@ -151,13 +170,31 @@ class CycleCache:
         else:
             session.pods = [p for j in session.jobs for p in j.pods]
             self._at_rest = {p.spec.name: at_rest.get(p.spec.name, WAITING) for p in session.pods}
-        session.now = snapshot.now
-        session.compute_fair_shares(snapshot)
         scores = session.cluster.scores
         if scores is not None and (fresh or gone):
             mix = mix_of(workload)
             if mix.kinds != scores.mix.kinds:
                 session.cluster.scores = ShapeScores(mix)
+
+    def _reload(self, session: Session, nodes: set[int], sort: bool) -> None:
+        """Seat every pod placed on `nodes` again (the gone ones' pods are still listed there, the new ones' not
+        yet), and what depends on those pods: their gangs' decisions at rest and whether they wait."""
+        names = {session.cluster.nodes[n].spec.name for n in nodes}
+        placed = [p for j in session.jobs for p in j.pods if p.spec.node in names]
+        jobs = {p.job: None for p in placed}
+        jobs.update(
+            {p.job: None for n in nodes for p in session.node_pods[n] if self._jobs.get(p.job.spec.name) is p.job}
+        )
+        known = [j for j in jobs if any(p.state != "pending" for p in j.pods)]  # counted before, as at rest
+        for job in known:
+            self._waiting_at_rest[job.queue.spec.name] -= waiting(job)
+        session.reload(sorted(nodes), placed, sort)
+        for job in jobs:
+            job.pending_changed()
+            self._waiting_at_rest[job.queue.spec.name] += waiting(job)
+            for p in job.pods:
+                self._at_rest[p.spec.name] = decide(session, p)
+        session.mark_rest()
 
     # -- the result -----------------------------------------------------------------------------------------
 
@@ -185,6 +222,10 @@ class CycleCache:
 
 def _placed(spec: JobSpec) -> bool:
     return any(p.node is not None for p in spec.pods)
+
+
+def _inexact(pod: PodSpec) -> bool:
+    return not (float(pod.cpu_milli).is_integer() and float(pod.mem_bytes).is_integer())
 
 
 def _session_order(pod: Pod) -> tuple[int, int]:

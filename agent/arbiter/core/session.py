@@ -234,9 +234,35 @@ class Session:
 
     def _load_placed(self) -> None:
         placed = [p for p in self.pods if p.spec.node is not None]
+        releasing = self._seat_placed(placed, any(shares_gpu(p.spec) for p in placed))
+        self.cluster.index()
+        for n in releasing:
+            self.cluster.mark_release(n, 1)
+
+    def reload(self, nodes: Sequence[int], placed: list[Pod], sort: bool) -> None:
+        """Seat again the pods placed on `nodes` (`placed`: all of them, in session order), as a session built
+        whole would (`sort`: whether any pod of the snapshot placed anywhere shares a GPU): the pods there before
+        are taken off, each node emptied, then `placed` loaded in the order `_load_placed` loads them."""
+        cluster = self.cluster
+        for n in nodes:
+            for pod in self.node_pods[n]:
+                if pod.state == "running":
+                    pod.job.running -= 1
+                    self._account(pod, -1)
+                pod.seat, pod.state, pod.was = None, "pending", "pending"
+            self.node_pods[n] = []
+            cluster.empty(cluster.nodes[n])
+        releasing = self._seat_placed(placed, sort)
+        for n in nodes:
+            cluster.index_node(cluster.nodes[n])
+        for n in releasing:
+            cluster.mark_release(n, 1)
+
+    def _seat_placed(self, placed: list[Pod], sort: bool) -> list[int]:
+        """Load the placed pods into the layers; the nodes of those releasing, one entry each."""
         # fractional pods with a known GPU first, so whole-GPU pods take the devices nobody shares (a stable sort,
         # needed only where some pod shares a GPU)
-        if any(p.spec.fractional or p.spec.gpu_index is not None for p in placed):
+        if sort:
             placed.sort(key=lambda p: (p.spec.gpu_index is None, p.spec.fractional))
         held: dict[tuple[int, int], list[int]] = {}  # (job, node) -> GPUs the job's pods hold there
         cluster = self.cluster
@@ -261,9 +287,7 @@ class Session:
                 releasing.append(seat.node)
             self.node_pods[seat.node].append(pod)
             held.setdefault(where, []).extend(seat.gpus)
-        cluster.index()
-        for n in releasing:
-            cluster.mark_release(n, 1)
+        return releasing
 
     @staticmethod
     def _initial_seat(pod: Pod, node: Node, held: Sequence[int]) -> Seat | None:
@@ -520,6 +544,11 @@ class Session:
                 alloc[1] += cpu
                 alloc[2] += mem
         self.dirty.update(path)
+
+
+def shares_gpu(pod: PodSpec) -> bool:
+    """A placed pod that may share its GPU: placed pods are loaded in an order that seats these first."""
+    return pod.fractional or pod.gpu_index is not None
 
 
 def request_of(pods: Iterable[Pod]) -> Vector:
