@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gent/_proto/arbiter.proto\x12\x11gpudra.arbiter.v1\"h\n\rDeviceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_class\x18\x02 \x01(\t\x12\x11\n\tselectors\x18\x03 \x03(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12\x11\n\tgpu_milli\x18\x05 \x01(\x05\"\x94\x01\n\x0eReserveRequest\x12\x0f\n\x07gang_id\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\x12\x32\n\x08requests\x18\x03 \x03(\x0b\x32 .gpudra.arbiter.v1.DeviceRequest\x12\x18\n\x10match_attributes\x18\x04 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x01\"G\n\x0eReservedDevice\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x14\n\x0cshared_milli\x18\x03 \x01(\x05\"\x80\x01\n\x0fReserveResponse\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x32\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32!.gpudra.arbiter.v1.ReservedDevice\x12\x12\n\nexpires_at\x18\x03 \x01(\x01\x12\r\n\x05score\x18\x04 \x01(\x01\"(\n\x0e\x43onfirmRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\"\x11\n\x0f\x43onfirmResponse\"G\n\x0eReleaseRequest\x12\x18\n\x0ereservation_id\x18\x01 \x01(\tH\x00\x12\x11\n\x07gang_id\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"\x11\n\x0f\x43\x61pacityRequest\"\xd8\x03\n\x0f\x43\x61pacitySummary\x12S\n\x12\x66ree_gpus_by_model\x18\x01 \x03(\x0b\x32\x37.gpudra.arbiter.v1.CapacitySummary.FreeGpusByModelEntry\x12U\n\x13\x66ree_gpus_by_domain\x18\x02 \x03(\x0b\x32\x38.gpudra.arbiter.v1.CapacitySummary.FreeGpusByDomainEntry\x12V\n\x13\x66ree_mig_placements\x18\x03 \x03(\x0b\x32\x39.gpudra.arbiter.v1.CapacitySummary.FreeMigPlacementsEntry\x12\x16\n\x0e\x66ree_gpu_milli\x18\x04 \x01(\x03\x1a\x36\n\x14\x46reeGpusByModelEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x37\n\x15\x46reeGpusByDomainEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x38\n\x16\x46reeMigPlacementsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x32\xe1\x02\n\rNodeAllocator\x12R\n\x07Reserve\x12!.gpudra.arbiter.v1.ReserveRequest\x1a\".gpudra.arbiter.v1.ReserveResponse\"\x00\x12R\n\x07\x43onfirm\x12!.gpudra.arbiter.v1.ConfirmRequest\x1a\".gpudra.arbiter.v1.ConfirmResponse\"\x00\x12R\n\x07Release\x12!.gpudra.arbiter.v1.ReleaseRequest\x1a\".gpudra.arbiter.v1.ReleaseResponse\"\x00\x12T\n\x08\x43\x61pacity\x12\".gpudra.arbiter.v1.CapacityRequest\x1a\".gpudra.arbiter.v1.CapacitySummary\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gent/_proto/arbiter.proto\x12\x11gpudra.arbiter.v1\"h\n\rDeviceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_class\x18\x02 \x01(\t\x12\x11\n\tselectors\x18\x03 \x03(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12\x11\n\tgpu_milli\x18\x05 \x01(\x05\"\x94\x01\n\x0eReserveRequest\x12\x0f\n\x07gang_id\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\x12\x32\n\x08requests\x18\x03 \x03(\x0b\x32 .gpudra.arbiter.v1.DeviceRequest\x12\x18\n\x10match_attributes\x18\x04 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x01\"G\n\x0eReservedDevice\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x14\n\x0cshared_milli\x18\x03 \x01(\x05\"\x80\x01\n\x0fReserveResponse\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x32\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32!.gpudra.arbiter.v1.ReservedDevice\x12\x12\n\nexpires_at\x18\x03 \x01(\x01\x12\r\n\x05score\x18\x04 \x01(\x01\"(\n\x0e\x43onfirmRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\"\x11\n\x0f\x43onfirmResponse\"K\n\x15ReserveMembersRequest\x12\x32\n\x07members\x18\x01 \x03(\x0b\x32!.gpudra.arbiter.v1.ReserveRequest\"R\n\x16ReserveMembersResponse\x12\x38\n\x0creservations\x18\x01 \x03(\x0b\x32\".gpudra.arbiter.v1.ReserveResponse\"0\n\x15\x43onfirmMembersRequest\x12\x17\n\x0freservation_ids\x18\x01 \x03(\t\"\x18\n\x16\x43onfirmMembersResponse\"G\n\x0eReleaseRequest\x12\x18\n\x0ereservation_id\x18\x01 \x01(\tH\x00\x12\x11\n\x07gang_id\x18\x02 \x01(\tH\x00\x42\x08\n\x06target\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"\x11\n\x0f\x43\x61pacityRequest\"\xd8\x03\n\x0f\x43\x61pacitySummary\x12S\n\x12\x66ree_gpus_by_model\x18\x01 \x03(\x0b\x32\x37.gpudra.arbiter.v1.CapacitySummary.FreeGpusByModelEntry\x12U\n\x13\x66ree_gpus_by_domain\x18\x02 \x03(\x0b\x32\x38.gpudra.arbiter.v1.CapacitySummary.FreeGpusByDomainEntry\x12V\n\x13\x66ree_mig_placements\x18\x03 \x03(\x0b\x32\x39.gpudra.arbiter.v1.CapacitySummary.FreeMigPlacementsEntry\x12\x16\n\x0e\x66ree_gpu_milli\x18\x04 \x01(\x03\x1a\x36\n\x14\x46reeGpusByModelEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x37\n\x15\x46reeGpusByDomainEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x38\n\x16\x46reeMigPlacementsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x32\xb3\x04\n\rNodeAllocator\x12R\n\x07Reserve\x12!.gpudra.arbiter.v1.ReserveRequest\x1a\".gpudra.arbiter.v1.ReserveResponse\"\x00\x12R\n\x07\x43onfirm\x12!.gpudra.arbiter.v1.ConfirmRequest\x1a\".gpudra.arbiter.v1.ConfirmResponse\"\x00\x12g\n\x0eReserveMembers\x12(.gpudra.arbiter.v1.ReserveMembersRequest\x1a).gpudra.arbiter.v1.ReserveMembersResponse\"\x00\x12g\n\x0e\x43onfirmMembers\x12(.gpudra.arbiter.v1.ConfirmMembersRequest\x1a).gpudra.arbiter.v1.ConfirmMembersResponse\"\x00\x12R\n\x07Release\x12!.gpudra.arbiter.v1.ReleaseRequest\x1a\".gpudra.arbiter.v1.ReleaseResponse\"\x00\x12T\n\x08\x43\x61pacity\x12\".gpudra.arbiter.v1.CapacityRequest\x1a\".gpudra.arbiter.v1.CapacitySummary\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,20 +49,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONFIRMREQUEST']._serialized_end=550
   _globals['_CONFIRMRESPONSE']._serialized_start=552
   _globals['_CONFIRMRESPONSE']._serialized_end=569
-  _globals['_RELEASEREQUEST']._serialized_start=571
-  _globals['_RELEASEREQUEST']._serialized_end=642
-  _globals['_RELEASERESPONSE']._serialized_start=644
-  _globals['_RELEASERESPONSE']._serialized_end=679
-  _globals['_CAPACITYREQUEST']._serialized_start=681
-  _globals['_CAPACITYREQUEST']._serialized_end=698
-  _globals['_CAPACITYSUMMARY']._serialized_start=701
-  _globals['_CAPACITYSUMMARY']._serialized_end=1173
-  _globals['_CAPACITYSUMMARY_FREEGPUSBYMODELENTRY']._serialized_start=1004
-  _globals['_CAPACITYSUMMARY_FREEGPUSBYMODELENTRY']._serialized_end=1058
-  _globals['_CAPACITYSUMMARY_FREEGPUSBYDOMAINENTRY']._serialized_start=1060
-  _globals['_CAPACITYSUMMARY_FREEGPUSBYDOMAINENTRY']._serialized_end=1115
-  _globals['_CAPACITYSUMMARY_FREEMIGPLACEMENTSENTRY']._serialized_start=1117
-  _globals['_CAPACITYSUMMARY_FREEMIGPLACEMENTSENTRY']._serialized_end=1173
-  _globals['_NODEALLOCATOR']._serialized_start=1176
-  _globals['_NODEALLOCATOR']._serialized_end=1529
+  _globals['_RESERVEMEMBERSREQUEST']._serialized_start=571
+  _globals['_RESERVEMEMBERSREQUEST']._serialized_end=646
+  _globals['_RESERVEMEMBERSRESPONSE']._serialized_start=648
+  _globals['_RESERVEMEMBERSRESPONSE']._serialized_end=730
+  _globals['_CONFIRMMEMBERSREQUEST']._serialized_start=732
+  _globals['_CONFIRMMEMBERSREQUEST']._serialized_end=780
+  _globals['_CONFIRMMEMBERSRESPONSE']._serialized_start=782
+  _globals['_CONFIRMMEMBERSRESPONSE']._serialized_end=806
+  _globals['_RELEASEREQUEST']._serialized_start=808
+  _globals['_RELEASEREQUEST']._serialized_end=879
+  _globals['_RELEASERESPONSE']._serialized_start=881
+  _globals['_RELEASERESPONSE']._serialized_end=916
+  _globals['_CAPACITYREQUEST']._serialized_start=918
+  _globals['_CAPACITYREQUEST']._serialized_end=935
+  _globals['_CAPACITYSUMMARY']._serialized_start=938
+  _globals['_CAPACITYSUMMARY']._serialized_end=1410
+  _globals['_CAPACITYSUMMARY_FREEGPUSBYMODELENTRY']._serialized_start=1241
+  _globals['_CAPACITYSUMMARY_FREEGPUSBYMODELENTRY']._serialized_end=1295
+  _globals['_CAPACITYSUMMARY_FREEGPUSBYDOMAINENTRY']._serialized_start=1297
+  _globals['_CAPACITYSUMMARY_FREEGPUSBYDOMAINENTRY']._serialized_end=1352
+  _globals['_CAPACITYSUMMARY_FREEMIGPLACEMENTSENTRY']._serialized_start=1354
+  _globals['_CAPACITYSUMMARY_FREEMIGPLACEMENTSENTRY']._serialized_end=1410
+  _globals['_NODEALLOCATOR']._serialized_start=1413
+  _globals['_NODEALLOCATOR']._serialized_end=1976
 # @@protoc_insertion_point(module_scope)

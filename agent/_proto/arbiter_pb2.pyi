@@ -194,6 +194,81 @@ class ConfirmResponse(_message.Message):
 Global___ConfirmResponse: _TypeAlias = ConfirmResponse  # noqa: Y015
 
 @_typing.final
+class ReserveMembersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReserveRequest]: ...
+    def __init__(
+        self,
+        *,
+        members: _abc.Iterable[Global___ReserveRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveMembersRequest: _TypeAlias = ReserveMembersRequest  # noqa: Y015
+
+@_typing.final
+class ReserveMembersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reservations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReserveResponse]: ...
+    def __init__(
+        self,
+        *,
+        reservations: _abc.Iterable[Global___ReserveResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservations", b"reservations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveMembersResponse: _TypeAlias = ReserveMembersResponse  # noqa: Y015
+
+@_typing.final
+class ConfirmMembersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reservation_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        reservation_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation_ids", b"reservation_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmMembersRequest: _TypeAlias = ConfirmMembersRequest  # noqa: Y015
+
+@_typing.final
+class ConfirmMembersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmMembersResponse: _TypeAlias = ConfirmMembersResponse  # noqa: Y015
+
+@_typing.final
 class ReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -44,6 +44,16 @@ class NodeAllocatorStub:
                 request_serializer=agent_dot___proto_dot_arbiter__pb2.ConfirmRequest.SerializeToString,
                 response_deserializer=agent_dot___proto_dot_arbiter__pb2.ConfirmResponse.FromString,
                 _registered_method=True)
+        self.ReserveMembers = channel.unary_unary(
+                '/gpudra.arbiter.v1.NodeAllocator/ReserveMembers',
+                request_serializer=agent_dot___proto_dot_arbiter__pb2.ReserveMembersRequest.SerializeToString,
+                response_deserializer=agent_dot___proto_dot_arbiter__pb2.ReserveMembersResponse.FromString,
+                _registered_method=True)
+        self.ConfirmMembers = channel.unary_unary(
+                '/gpudra.arbiter.v1.NodeAllocator/ConfirmMembers',
+                request_serializer=agent_dot___proto_dot_arbiter__pb2.ConfirmMembersRequest.SerializeToString,
+                response_deserializer=agent_dot___proto_dot_arbiter__pb2.ConfirmMembersResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/gpudra.arbiter.v1.NodeAllocator/Release',
                 request_serializer=agent_dot___proto_dot_arbiter__pb2.ReleaseRequest.SerializeToString,
@@ -69,6 +79,25 @@ class NodeAllocatorServicer:
     def Confirm(self, request, context):
         """Keep a reservation past its TTL: the arbiter is committing the gang. NOT_FOUND once expired;
         FAILED_PRECONDITION (and the reservation ends) when a claim other than the member's holds one of its devices.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveMembers(self, request, context):
+        """Reserve several members of one gang on this node at once, all or none, in order: each as Reserve would,
+        the later ones beside the earlier ones. Every member names the same gang_id and ttl_seconds; at most 64
+        members. A refusal ends every reservation the call made and answers with the code Reserve would, the
+        refused member named in the trailing metadata `gpu-dra-agent-member`. A node without it answers
+        UNIMPLEMENTED: the arbiter then calls Reserve per member.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConfirmMembers(self, request, context):
+        """Confirm several reservations at once, all or none: when one cannot be confirmed none is, and the answer is
+        the code Confirm would give for it (a reservation another claim took from ends, the others stay unconfirmed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -100,6 +129,16 @@ def add_NodeAllocatorServicer_to_server(servicer, server):
                     servicer.Confirm,
                     request_deserializer=agent_dot___proto_dot_arbiter__pb2.ConfirmRequest.FromString,
                     response_serializer=agent_dot___proto_dot_arbiter__pb2.ConfirmResponse.SerializeToString,
+            ),
+            'ReserveMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveMembers,
+                    request_deserializer=agent_dot___proto_dot_arbiter__pb2.ReserveMembersRequest.FromString,
+                    response_serializer=agent_dot___proto_dot_arbiter__pb2.ReserveMembersResponse.SerializeToString,
+            ),
+            'ConfirmMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmMembers,
+                    request_deserializer=agent_dot___proto_dot_arbiter__pb2.ConfirmMembersRequest.FromString,
+                    response_serializer=agent_dot___proto_dot_arbiter__pb2.ConfirmMembersResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -166,6 +205,60 @@ class NodeAllocator:
             '/gpudra.arbiter.v1.NodeAllocator/Confirm',
             agent_dot___proto_dot_arbiter__pb2.ConfirmRequest.SerializeToString,
             agent_dot___proto_dot_arbiter__pb2.ConfirmResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpudra.arbiter.v1.NodeAllocator/ReserveMembers',
+            agent_dot___proto_dot_arbiter__pb2.ReserveMembersRequest.SerializeToString,
+            agent_dot___proto_dot_arbiter__pb2.ReserveMembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConfirmMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpudra.arbiter.v1.NodeAllocator/ConfirmMembers',
+            agent_dot___proto_dot_arbiter__pb2.ConfirmMembersRequest.SerializeToString,
+            agent_dot___proto_dot_arbiter__pb2.ConfirmMembersResponse.FromString,
             options,
             channel_credentials,
             insecure,

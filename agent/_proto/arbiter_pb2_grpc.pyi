@@ -44,6 +44,17 @@ class NodeAllocatorStub:
     """Keep a reservation past its TTL: the arbiter is committing the gang. NOT_FOUND once expired;
     FAILED_PRECONDITION (and the reservation ends) when a claim other than the member's holds one of its devices.
     """
+    ReserveMembers: _grpc.UnaryUnaryMultiCallable[_arbiter_pb2.ReserveMembersRequest, _arbiter_pb2.ReserveMembersResponse]
+    """Reserve several members of one gang on this node at once, all or none, in order: each as Reserve would,
+    the later ones beside the earlier ones. Every member names the same gang_id and ttl_seconds; at most 64
+    members. A refusal ends every reservation the call made and answers with the code Reserve would, the
+    refused member named in the trailing metadata `gpu-dra-agent-member`. A node without it answers
+    UNIMPLEMENTED: the arbiter then calls Reserve per member.
+    """
+    ConfirmMembers: _grpc.UnaryUnaryMultiCallable[_arbiter_pb2.ConfirmMembersRequest, _arbiter_pb2.ConfirmMembersResponse]
+    """Confirm several reservations at once, all or none: when one cannot be confirmed none is, and the answer is
+    the code Confirm would give for it (a reservation another claim took from ends, the others stay unconfirmed).
+    """
     Release: _grpc.UnaryUnaryMultiCallable[_arbiter_pb2.ReleaseRequest, _arbiter_pb2.ReleaseResponse]
     """Free one reservation or every reservation of a gang."""
     Capacity: _grpc.UnaryUnaryMultiCallable[_arbiter_pb2.CapacityRequest, _arbiter_pb2.CapacitySummary]
@@ -57,6 +68,17 @@ class NodeAllocatorAsyncStub(NodeAllocatorStub):
     Confirm: _aio.UnaryUnaryMultiCallable[_arbiter_pb2.ConfirmRequest, _arbiter_pb2.ConfirmResponse]  # type: ignore[assignment]
     """Keep a reservation past its TTL: the arbiter is committing the gang. NOT_FOUND once expired;
     FAILED_PRECONDITION (and the reservation ends) when a claim other than the member's holds one of its devices.
+    """
+    ReserveMembers: _aio.UnaryUnaryMultiCallable[_arbiter_pb2.ReserveMembersRequest, _arbiter_pb2.ReserveMembersResponse]  # type: ignore[assignment]
+    """Reserve several members of one gang on this node at once, all or none, in order: each as Reserve would,
+    the later ones beside the earlier ones. Every member names the same gang_id and ttl_seconds; at most 64
+    members. A refusal ends every reservation the call made and answers with the code Reserve would, the
+    refused member named in the trailing metadata `gpu-dra-agent-member`. A node without it answers
+    UNIMPLEMENTED: the arbiter then calls Reserve per member.
+    """
+    ConfirmMembers: _aio.UnaryUnaryMultiCallable[_arbiter_pb2.ConfirmMembersRequest, _arbiter_pb2.ConfirmMembersResponse]  # type: ignore[assignment]
+    """Confirm several reservations at once, all or none: when one cannot be confirmed none is, and the answer is
+    the code Confirm would give for it (a reservation another claim took from ends, the others stay unconfirmed).
     """
     Release: _aio.UnaryUnaryMultiCallable[_arbiter_pb2.ReleaseRequest, _arbiter_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Free one reservation or every reservation of a gang."""
@@ -80,6 +102,29 @@ class NodeAllocatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_arbiter_pb2.ConfirmResponse, _abc.Awaitable[_arbiter_pb2.ConfirmResponse]]:
         """Keep a reservation past its TTL: the arbiter is committing the gang. NOT_FOUND once expired;
         FAILED_PRECONDITION (and the reservation ends) when a claim other than the member's holds one of its devices.
+        """
+
+    @_abc_1.abstractmethod
+    def ReserveMembers(
+        self,
+        request: _arbiter_pb2.ReserveMembersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arbiter_pb2.ReserveMembersResponse, _abc.Awaitable[_arbiter_pb2.ReserveMembersResponse]]:
+        """Reserve several members of one gang on this node at once, all or none, in order: each as Reserve would,
+        the later ones beside the earlier ones. Every member names the same gang_id and ttl_seconds; at most 64
+        members. A refusal ends every reservation the call made and answers with the code Reserve would, the
+        refused member named in the trailing metadata `gpu-dra-agent-member`. A node without it answers
+        UNIMPLEMENTED: the arbiter then calls Reserve per member.
+        """
+
+    @_abc_1.abstractmethod
+    def ConfirmMembers(
+        self,
+        request: _arbiter_pb2.ConfirmMembersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arbiter_pb2.ConfirmMembersResponse, _abc.Awaitable[_arbiter_pb2.ConfirmMembersResponse]]:
+        """Confirm several reservations at once, all or none: when one cannot be confirmed none is, and the answer is
+        the code Confirm would give for it (a reservation another claim took from ends, the others stay unconfirmed).
         """
 
     @_abc_1.abstractmethod

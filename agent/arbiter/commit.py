@@ -46,6 +46,7 @@ from agent.objects.read import ShareDevices, allocated_node, is_allocated, is_ga
 from agent.objects.write import Unsupported, allocation_status, reservation_claim
 from agent.reservation.protocol import (
     GangCoordinator,
+    MemberInvalid,
     MemberPlacement,
     NodeClient,
     Reservation,
@@ -85,7 +86,8 @@ class ClaimRefused(Exception):
 
 class _ClaimErrors:
     """A node's client whose Reserve raises ClaimRefused, naming the member, for a request the node called
-    invalid (a ValueError: InvalidClaim over gRPC); a device name the node answered badly is the node's fault."""
+    invalid (a ValueError: InvalidClaim over gRPC, MemberInvalid for a batch); a device name the node answered
+    badly is the node's fault."""
 
     def __init__(self, node: str, client: NodeClient) -> None:
         self._node, self._client = node, client
@@ -98,8 +100,17 @@ class _ClaimErrors:
         except ValueError as e:
             raise ClaimRefused(member, self._node, str(e)) from e
 
+    def reserve_many(self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl_seconds: float) -> list[Reservation]:
+        try:
+            return self._client.reserve_many(gang_id, members, ttl_seconds)
+        except MemberInvalid as e:
+            raise ClaimRefused(e.member, self._node, str(e)) from e
+
     def confirm(self, reservation_id: str) -> Reservation:
         return self._client.confirm(reservation_id)
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
+        return self._client.confirm_many(reservation_ids)
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:
         return self._client.release(reservation_id, gang_id)

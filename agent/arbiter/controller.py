@@ -25,7 +25,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -162,8 +162,14 @@ class PinnedClient:
                 raise InvalidClaim(cause.details() or str(e)) from e  # the claim's error, not the node's
             raise
 
+    def reserve_many(self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl_seconds: float) -> list[Reservation]:
+        return self._writing().reserve_many(gang_id, members, ttl_seconds)  # names an invalid claim: MemberInvalid
+
     def confirm(self, reservation_id: str) -> Reservation:
         return self._writing().confirm(reservation_id)
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
+        return self._writing().confirm_many(reservation_ids)
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:
         return self._writing().release(reservation_id, gang_id)

@@ -17,6 +17,7 @@ import dataclasses
 import hmac
 import math
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -26,6 +27,7 @@ from agent.allocation.capacity import CapacitySummary, summarize
 from agent.allocation.catalog import NodeUsage, candidates
 from agent.allocation.selectors import SelectorEngine
 from agent.devices.model import Inventory
+from agent.devices.names import InvalidDeviceName
 
 Clock = Callable[[], float]
 # device -> the claims ("namespace/name") that hold it on this node: allocated in the API or prepared here
@@ -34,6 +36,9 @@ Holders = Callable[[], Mapping[str, Collection[str]]]
 # A reservation bridges one commit, seconds long; a longer one (or NaN or infinity, which never expire) would
 # pin the devices long after the arbiter that asked for them is gone.
 MAX_TTL_SECONDS = 600.0
+# Members one ReserveMembers may reserve: a batch holds the book's lock for all of them (a node has 8 GPUs,
+# and at most 7 MIG devices each)
+MAX_BATCH = 64
 
 
 class Unauthenticated(Exception):
@@ -55,6 +60,23 @@ class UnknownReservation(KeyError):
 
 class ReservationLost(UnknownReservation):
     """The reservation no longer holds all its devices (another claim took one): it is gone."""
+
+
+class MemberInvalid(ValueError):
+    """A batch refused for what one member's claim asks (INVALID_ARGUMENT); `member` names it, the message is
+    the node's words about that claim."""
+
+    def __init__(self, member: str, message: str) -> None:
+        super().__init__(message)
+        self.member = member
+
+
+class MemberNoFit(NoFit):
+    """A batch refused because one member does not fit beside the others; `member` names it."""
+
+    def __init__(self, member: str, message: str) -> None:
+        super().__init__(message)
+        self.member = member
 
 
 class SelectorEvaluator(Protocol):
@@ -241,11 +263,7 @@ class ReservationBook:
             reserved.update(d for d in r.fit.all_devices if d not in r.fit.shared_milli)
         return dataclasses.replace(base, reserved=frozenset(reserved), shared_milli=shared)
 
-    def reserve(
-        self, gang_id: str, member: str, claim: Claim, ttl_seconds: float, timeout_s: float | None = None
-    ) -> Reservation:
-        """Hold devices for one gang member; raises NoFit when the node cannot take it, ValueError for a bad
-        request (a selector included) and TimeoutError when its selectors outlast `timeout_s`."""
+    def _checked(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> None:
         if not gang_id:
             raise ValueError("gang_id is empty: a reservation belongs to a gang, which releases it")
         if not member:
@@ -253,14 +271,25 @@ class ReservationBook:
         if not 0 < ttl_seconds <= MAX_TTL_SECONDS:  # also NaN, which compares false both ways
             raise ValueError(f"ttl_seconds must be more than 0 and at most {MAX_TTL_SECONDS:g}, got {ttl_seconds}")
         check_claim(claim)
-        allocator = self._allocator
+
+    def _allocator_for(self, claim: Claim, timeout_s: float | None) -> Allocator:
+        """The allocator for `claim`, its selectors evaluated first (outside the lock) where an evaluator is set."""
         expressions = sorted({s for r in claim.requests for s in r.selectors})
-        if expressions and self._evaluator is not None:
-            # every device the node could offer (nothing taken is a superset of any moment's offer), outside the
-            # lock: a costly selector then delays only its own call, never Capacity or another Reserve
-            devices = [c.env for c in candidates(self._inventory(), NodeUsage())]
-            table = self._evaluator.evaluate(expressions, devices, timeout_s)
-            allocator = Allocator(table, allocator.policy, allocator.mix)
+        if not expressions or self._evaluator is None:
+            return self._allocator
+        # every device the node could offer (nothing taken is a superset of any moment's offer), outside the
+        # lock: a costly selector then delays only its own call, never Capacity or another Reserve
+        devices = [c.env for c in candidates(self._inventory(), NodeUsage())]
+        table = self._evaluator.evaluate(expressions, devices, timeout_s)
+        return Allocator(table, self._allocator.policy, self._allocator.mix)
+
+    def reserve(
+        self, gang_id: str, member: str, claim: Claim, ttl_seconds: float, timeout_s: float | None = None
+    ) -> Reservation:
+        """Hold devices for one gang member; raises NoFit when the node cannot take it, ValueError for a bad
+        request (a selector included) and TimeoutError when its selectors outlast `timeout_s`."""
+        self._checked(gang_id, member, claim, ttl_seconds)
+        allocator = self._allocator_for(claim, timeout_s)
         with self._lock:
             self._expire()
             fit = allocator.allocate(self._inventory(), self._usage_with_reservations(), claim)
@@ -269,32 +298,91 @@ class ReservationBook:
             self._changed()
             return r
 
+    def reserve_many(
+        self,
+        gang_id: str,
+        members: Sequence[tuple[str, Claim]],
+        ttl_seconds: float,
+        timeout_s: float | None = None,
+    ) -> list[Reservation]:
+        """Hold devices for several (member, claim) of one gang, all or none, in order: each as `reserve` would,
+        the later ones beside the earlier ones. A refusal ends what this call reserved and names its member
+        (MemberInvalid, MemberNoFit); NodeBusy and TimeoutError as `reserve` raises them."""
+        if not members or len(members) > MAX_BATCH:
+            raise ValueError(f"a batch reserves 1 to {MAX_BATCH} members, not {len(members)}")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        allocators: list[Allocator] = []
+        for member, claim in members:
+            try:
+                self._checked(gang_id, member, claim, ttl_seconds)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                allocators.append(self._allocator_for(claim, left))
+            except ValueError as e:
+                raise MemberInvalid(member, str(e)) from e
+        with self._lock:
+            self._expire()
+            inventory = self._inventory()
+            got: list[Reservation] = []
+            try:
+                for (member, claim), allocator in zip(members, allocators, strict=True):
+                    try:  # the usage read anew: it counts the members reserved before this one
+                        fit = allocator.allocate(inventory, self._usage_with_reservations(), claim)
+                    except NoFit as e:
+                        raise MemberNoFit(member, str(e)) from e
+                    except ValueError as e:
+                        raise MemberInvalid(member, str(e)) from e
+                    r = Reservation(self._new_id(), gang_id, member, fit, self._clock() + ttl_seconds)
+                    self._live[r.id] = r
+                    got.append(r)
+            except BaseException:
+                for r in got:
+                    del self._live[r.id]
+                raise
+            finally:
+                if got:
+                    self._changed()
+            return got
+
+    def _lost(self, r: Reservation, holders: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
+        """r's devices someone else now holds, and who (empty when r holds all its devices still)."""
+        sharers = self._sharers() if r.fit.shared_milli else {}
+        return {
+            d: others
+            for d in sorted(r.fit.all_devices)
+            if (others := self._others(d, r.claim, r, self._by_device, holders, sharers=sharers))
+        }
+
     def confirm(self, reservation_id: str) -> Reservation:
         """Keep the devices past the TTL (the allocation is being committed). Fails once expired, and when
         another claim now holds one of its devices (ReservationLost: the reservation ends)."""
+        return self.confirm_many([reservation_id])[0]
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
+        """Confirm every one of these reservations, or none: UnknownReservation for the first one expired or
+        unknown; ReservationLost for the first one another claim took a device from (that one ends)."""
         with self._lock:
             self._expire()
-            r = self._live.get(reservation_id)
-            if r is None:
-                raise UnknownReservation(reservation_id)
-            holders, sharers = self._holders(), (self._sharers() if r.fit.shared_milli else {})
-            lost = {
-                d: others
-                for d in sorted(r.fit.all_devices)
-                if (others := self._others(d, r.claim, r, self._by_device, holders, sharers=sharers))
-            }
-            if lost:
-                del self._live[reservation_id]
-                self._changed()
-                raise ReservationLost(
-                    f"reservation {reservation_id} no longer holds "
-                    + "; ".join(f"{d} (held by {', '.join(o)})" for d, o in lost.items())
-                )
+            holders = self._holders()
+            for rid in reservation_ids:
+                r = self._live.get(rid)
+                if r is None:
+                    raise UnknownReservation(rid)
+                lost = self._lost(r, holders)
+                if lost:
+                    del self._live[rid]
+                    self._changed()
+                    raise ReservationLost(
+                        f"reservation {rid} no longer holds "
+                        + "; ".join(f"{d} (held by {', '.join(o)})" for d, o in lost.items())
+                    )
             held_until = self._clock() + self._hold_confirmed if self._hold_confirmed is not None else math.inf
-            r = self._live[reservation_id] = dataclasses.replace(r, confirmed=True, expires_at=held_until)
+            out = []
+            for rid in reservation_ids:
+                r = self._live[rid] = dataclasses.replace(self._live[rid], confirmed=True, expires_at=held_until)
+                out.append(r)
             self._changed()
-            self._settle()  # the claim may be seen already
-            return r
+            self._settle()  # the claims may be seen already
+            return out
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:
         """Free one reservation, or every one of a gang; returns how many were freed."""
@@ -370,9 +458,24 @@ class NodeAllocatorService:
         self.authenticate(bearer)
         return self.book.reserve(gang_id, member, claim, ttl_seconds, timeout_s)
 
+    def reserve_many(
+        self,
+        bearer: str | None,
+        gang_id: str,
+        members: Sequence[tuple[str, Claim]],
+        ttl_seconds: float,
+        timeout_s: float | None = None,
+    ) -> list[Reservation]:
+        self.authenticate(bearer)
+        return self.book.reserve_many(gang_id, members, ttl_seconds, timeout_s)
+
     def confirm(self, bearer: str | None, reservation_id: str) -> Reservation:
         self.authenticate(bearer)
         return self.book.confirm(reservation_id)
+
+    def confirm_many(self, bearer: str | None, reservation_ids: Sequence[str]) -> list[Reservation]:
+        self.authenticate(bearer)
+        return self.book.confirm_many(reservation_ids)
 
     def release(self, bearer: str | None, reservation_id: str = "", gang_id: str = "") -> int:
         self.authenticate(bearer)
@@ -384,10 +487,16 @@ class NodeAllocatorService:
 
 
 class NodeClient(Protocol):
-    """What the arbiter calls on one node, whatever the transport. Reserve raises NoFit when it cannot."""
+    """What the arbiter calls on one node, whatever the transport. Reserve raises NoFit when it cannot.
+    reserve_many and confirm_many: a gang's members on this node in one call, all or none (ReservationBook's);
+    a client whose node cannot batch does it member by member (`reserve_each`, `confirm_each`)."""
 
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation: ...
+    def reserve_many(
+        self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl_seconds: float
+    ) -> list[Reservation]: ...
     def confirm(self, reservation_id: str) -> Reservation: ...
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]: ...
     def release(self, reservation_id: str = "", gang_id: str = "") -> int: ...
     def capacity(self) -> CapacitySummary: ...
 
@@ -402,14 +511,59 @@ class InProcessClient:
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
         return self._service.reserve(self._token, gang_id, member, claim, ttl_seconds)
 
+    def reserve_many(self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl_seconds: float) -> list[Reservation]:
+        return self._service.reserve_many(self._token, gang_id, members, ttl_seconds)
+
     def confirm(self, reservation_id: str) -> Reservation:
         return self._service.confirm(self._token, reservation_id)
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
+        return self._service.confirm_many(self._token, reservation_ids)
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:
         return self._service.release(self._token, reservation_id, gang_id)
 
     def capacity(self) -> CapacitySummary:
         return self._service.capacity(self._token)
+
+
+ReserveOne = Callable[[str, str, Claim, float], Reservation]  # (gang_id, member, claim, ttl_seconds)
+
+
+def reserve_each(
+    reserve: ReserveOne,
+    release: Callable[[str], object],
+    gang_id: str,
+    members: Sequence[tuple[str, Claim]],
+    ttl_seconds: float,
+) -> list[Reservation]:
+    """reserve_many for a node that reserves one member a call: all or none, the refused member named as the
+    node's ReserveMembers names it; what was reserved is released (best effort: its TTL frees it otherwise)."""
+    got: list[Reservation] = []
+    try:
+        for member, claim in members:
+            try:
+                got.append(reserve(gang_id, member, claim, ttl_seconds))
+            except (MemberInvalid, MemberNoFit, InvalidDeviceName):  # a device named badly: the node's fault
+                raise
+            except NoFit as e:
+                raise MemberNoFit(member, str(e)) from e
+            except ValueError as e:
+                raise MemberInvalid(member, str(e)) from e
+    except BaseException:
+        for r in got:
+            try:
+                release(r.id)
+            except (UnknownReservation, Unauthenticated, OSError):
+                continue
+        raise
+    return got
+
+
+def confirm_each(confirm: Callable[[str], Reservation], reservation_ids: Sequence[str]) -> list[Reservation]:
+    """confirm_many for a node that confirms one reservation a call: stops at the first that fails (the caller
+    releases them all then)."""
+    return [confirm(rid) for rid in reservation_ids]
 
 
 @dataclass(frozen=True)
@@ -472,23 +626,32 @@ class GangCoordinator:
     def reserve_all(
         self, gang_id: str, members: Sequence[MemberPlacement], ttl_seconds: float
     ) -> tuple[Held, Refused | None]:
-        """Reserve every member on its node; on the first refusal release what was got and say why (Refused)."""
+        """Reserve every member on its node, one call per node (its members in their order); on the first
+        refusal release what was got and say why (Refused)."""
+        by_node: dict[str, list[MemberPlacement]] = {}
+        for m in members:
+            by_node.setdefault(m.node, []).append(m)
         held: Held = {}
         refused: Refused | None = None
         try:
-            for m in members:
-                client = self.nodes.get(m.node)
+            for node, group in by_node.items():
+                client = self.nodes.get(node)
                 if client is None:
-                    refused = Refused("unknown-node", f"member {m.member}: unknown node {m.node}")
+                    refused = Refused("unknown-node", f"member {group[0].member}: unknown node {node}")
                     break
                 try:
-                    held[m.member] = (m.node, client.reserve(gang_id, m.member, m.claim, ttl_seconds))
+                    got = client.reserve_many(gang_id, [(m.member, m.claim) for m in group], ttl_seconds)
+                except MemberNoFit as e:
+                    refused = Refused("no-fit", f"member {e.member} does not fit on {node}: {e}")
+                    break
                 except NoFit as e:
-                    refused = Refused("no-fit", f"member {m.member} does not fit on {m.node}: {e}")
+                    refused = Refused("no-fit", f"members on {node} do not fit: {e}")
                     break
                 except (UnknownReservation, Unauthenticated, OSError) as e:
-                    refused = Refused(_refusal(e), f"node {m.node}: {type(e).__name__}: {e}")
+                    refused = Refused(_refusal(e), f"node {node}: {type(e).__name__}: {e}")
                     break
+                for m, r in zip(group, got, strict=True):
+                    held[m.member] = (node, r)
         except BaseException:
             self.release_all(held)
             raise
@@ -498,19 +661,23 @@ class GangCoordinator:
         return held, None
 
     def confirm_all(self, held: Held) -> str:
-        """Confirm every reservation ("" on success); on failure release all and say why."""
+        """Confirm every reservation, one call per node ("" on success); on failure release all and say why."""
+        by_node: dict[str, list[str]] = {}
+        for node, r in held.values():
+            by_node.setdefault(node, []).append(r.id)
         node = ""
         try:
-            for member, (node, r) in list(held.items()):
-                self.nodes[node].confirm(r.id)
-                # what reserve returned, confirmed: a transport's confirm need not echo the devices (gRPC's doesn't)
-                held[member] = (node, dataclasses.replace(r, confirmed=True))
+            for node, ids in by_node.items():
+                self.nodes[node].confirm_many(ids)
         except (UnknownReservation, Unauthenticated, OSError) as e:
             self.release_all(held)
             return f"node {node}: {type(e).__name__}: {e}"
         except BaseException:
             self.release_all(held)
             raise
+        # what reserve returned, confirmed: a transport's confirm need not echo the devices (gRPC's doesn't)
+        for member, (node, r) in list(held.items()):
+            held[member] = (node, dataclasses.replace(r, confirmed=True))
         return ""
 
     def release_all(self, held: Mapping[str, tuple[str, Reservation]]) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -26,6 +26,8 @@ from agent.allocation.allocator import Claim, DeviceRequest, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary
 from agent.devices.names import parse_device_name
 from agent.reservation.protocol import (
+    MemberInvalid,
+    MemberNoFit,
     NodeAllocatorService,
     NodeBusy,
     NodeUnavailable,
@@ -34,16 +36,26 @@ from agent.reservation.protocol import (
     Unauthenticated,
     UnknownReservation,
     claim_of,
+    confirm_each,
+    reserve_each,
 )
 
 T = TypeVar("T")
 BEARER = "bearer "
 BUSY = "gpu-dra-agent-busy"  # trailing metadata on a RESOURCE_EXHAUSTED that means "busy", not "does not fit"
+MEMBER = "gpu-dra-agent-member"  # trailing metadata of a refused ReserveMembers: the member refused
 
 
-def claim_from_pb(req: pb.ReserveRequest) -> Claim:
+class Unimplemented(NodeUnavailable):
+    """The node does not know the method: an agent older than it (UNIMPLEMENTED)."""
+
+
+def claim_from_pb(req: pb.ReserveRequest, batch: pb.ReserveRequest | None = None) -> Claim:
     """The request as the allocator reads it; ValueError for one that asks for nothing it could mean. proto3
-    cannot tell a count of 0 from none: both are refused (the arbiter always sends the count)."""
+    cannot tell a count of 0 from none: both are refused (the arbiter always sends the count). `batch`: the
+    first member of its ReserveMembers, whose gang and TTL every member names."""
+    if batch is not None and (req.gang_id, req.ttl_seconds) != (batch.gang_id, batch.ttl_seconds):
+        raise ValueError("every member of one ReserveMembers names the same gang_id and ttl_seconds")
     if claim_of(req.member) is None:
         raise ValueError(
             f"member must be <namespace>/<pod>/<claim>, the ResourceClaim the devices are for, not "
@@ -145,7 +157,11 @@ class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
         try:
             bearer = _bearer(context.invocation_metadata())
             self.service.authenticate(bearer)  # first, also without the interceptor
-            return fn(bearer)
+            try:
+                return fn(bearer)
+            except (MemberInvalid, MemberNoFit) as e:
+                context.set_trailing_metadata(((MEMBER, e.member),))
+                raise
         except Unauthenticated as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
         except NodeBusy as e:
@@ -174,6 +190,30 @@ class NodeAllocatorServicer(pb_grpc.NodeAllocatorServicer):
             return reservation_to_pb(r)
 
         return self._call(context, go)
+
+    def ReserveMembers(
+        self, request: pb.ReserveMembersRequest, context: grpc.ServicerContext
+    ) -> pb.ReserveMembersResponse:
+        def go(bearer: str | None) -> pb.ReserveMembersResponse:
+            if not request.members:
+                raise ValueError("ReserveMembers needs at least one member")
+            first = request.members[0]
+            members = []
+            for m in request.members:
+                try:
+                    members.append((m.member, claim_from_pb(m, first)))
+                except ValueError as e:
+                    raise MemberInvalid(m.member, str(e)) from e
+            got = self.service.reserve_many(bearer, first.gang_id, members, first.ttl_seconds, context.time_remaining())
+            return pb.ReserveMembersResponse(reservations=[reservation_to_pb(r) for r in got])
+
+        return self._call(context, go)
+
+    def ConfirmMembers(
+        self, request: pb.ConfirmMembersRequest, context: grpc.ServicerContext
+    ) -> pb.ConfirmMembersResponse:
+        self._call(context, lambda b: self.service.confirm_many(b, list(request.reservation_ids)))
+        return pb.ConfirmMembersResponse()
 
     def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmResponse:
         self._call(context, lambda b: self.service.confirm(b, request.reservation_id))
@@ -246,12 +286,17 @@ class GrpcNodeClient:
     UnknownReservation, FAILED_PRECONDITION -> ReservationLost, UNAUTHENTICATED -> Unauthenticated; any other
     failure (unreachable, deadline, a TLS handshake refused) -> NodeUnavailable.
 
+    A refused ReserveMembers raises MemberNoFit or MemberInvalid naming the member; a node that answers it
+    UNIMPLEMENTED (an older agent) is from then on called member by member, the same client being kept for as
+    long as the node's agent runs (a restarted agent has a new certificate, hence a new client).
+
     `token`: the bearer token, or what reads it anew for each call (a projected token rotates)."""
 
     def __init__(self, channel: grpc.Channel, token: str | Callable[[], str], timeout_s: float = 5.0) -> None:
         self._stub = pb_grpc.NodeAllocatorStub(channel)
         self._token = token if callable(token) else lambda: token
         self._timeout = timeout_s
+        self.batches = True  # until the node answers a batch UNIMPLEMENTED
 
     def _rpc(self, method: Callable[..., T], request: object) -> T:
         try:
@@ -263,11 +308,16 @@ class GrpcNodeClient:
         except grpc.RpcError as e:
             code = e.code() if isinstance(e, grpc.Call) else None
             detail = e.details() if isinstance(e, grpc.Call) else str(e)
+            trailing: dict[str, Any] = dict((e.trailing_metadata() or ()) if isinstance(e, grpc.Call) else ())
+            member = trailing.get(MEMBER)
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                trailing = (e.trailing_metadata() or ()) if isinstance(e, grpc.Call) else ()
-                if any(key == BUSY for key, _ in trailing):
+                if BUSY in trailing:
                     raise NodeBusy(f"node busy, try again later: {detail}") from e
-                raise NoFit(detail) from e
+                raise NoFit(detail) if member is None else MemberNoFit(str(member), detail) from e
+            if code == grpc.StatusCode.INVALID_ARGUMENT and member is not None:
+                raise MemberInvalid(str(member), detail) from e
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise Unimplemented(detail) from e
             if code == grpc.StatusCode.NOT_FOUND:
                 raise UnknownReservation(detail) from e
             if code == grpc.StatusCode.FAILED_PRECONDITION:
@@ -279,6 +329,56 @@ class GrpcNodeClient:
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
         resp = self._rpc(self._stub.Reserve, claim_to_pb(gang_id, member, claim, ttl_seconds))
         return reservation_from_pb(resp, gang_id, member)
+
+    def reserve_many(self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl_seconds: float) -> list[Reservation]:
+        if self.batches:
+            request = pb.ReserveMembersRequest(members=[claim_to_pb(gang_id, m, c, ttl_seconds) for m, c in members])
+            try:
+                resp = self._rpc(self._stub.ReserveMembers, request)
+            except Unimplemented:
+                self.batches = False
+            else:
+                return self._reservations(resp, gang_id, [m for m, _ in members])
+        return reserve_each(self._reserve_one, self.release, gang_id, members, ttl_seconds)
+
+    def _reservations(self, resp: pb.ReserveMembersResponse, gang_id: str, members: list[str]) -> list[Reservation]:
+        """The batch's answer, one reservation a member; on an answer the arbiter cannot use, what the node
+        reserved is released and the node blamed."""
+        if len(resp.reservations) != len(members):
+            self._release_ids([r.reservation_id for r in resp.reservations])
+            raise NodeUnavailable(f"{len(resp.reservations)} reservations answered for {len(members)} members")
+        try:
+            return [reservation_from_pb(r, gang_id, m) for r, m in zip(resp.reservations, members, strict=True)]
+        except BaseException:
+            self._release_ids([r.reservation_id for r in resp.reservations])
+            raise
+
+    def _release_ids(self, reservation_ids: Sequence[str]) -> None:
+        for rid in reservation_ids:
+            try:
+                self.release(rid)
+            except (UnknownReservation, Unauthenticated, OSError):
+                continue  # its TTL frees it
+
+    def _reserve_one(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
+        """Reserve, as a batch's fallback: INVALID_ARGUMENT is the member's claim's error (MemberInvalid)."""
+        try:
+            return self.reserve(gang_id, member, claim, ttl_seconds)
+        except NodeUnavailable as e:
+            cause = e.__cause__
+            if isinstance(cause, grpc.Call) and cause.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise MemberInvalid(member, cause.details() or str(e)) from e
+            raise
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
+        if self.batches:
+            try:
+                self._rpc(self._stub.ConfirmMembers, pb.ConfirmMembersRequest(reservation_ids=list(reservation_ids)))
+            except Unimplemented:
+                self.batches = False
+            else:
+                return [Reservation(rid, "", "", Fit({}), 0.0, confirmed=True) for rid in reservation_ids]
+        return confirm_each(self.confirm, reservation_ids)
 
     def confirm(self, reservation_id: str) -> Reservation:
         """ConfirmResponse carries nothing: the Reservation returned has the id and `confirmed` only."""

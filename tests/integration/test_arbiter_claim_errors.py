@@ -78,7 +78,14 @@ def test_a_claim_a_node_refuses_waits_told_once_until_it_changes(
         calls.append(member)
         return real(self, bearer, gang_id, member, *rest)
 
+    real_many = NodeAllocatorService.reserve_many
+
+    def counted_many(self: NodeAllocatorService, bearer: str | None, gang_id: str, members: Any, *rest: Any) -> Any:
+        calls.extend(member for member, _ in members)  # one call a node: each member counted as a Reserve
+        return real_many(self, bearer, gang_id, members, *rest)
+
     monkeypatch.setattr(NodeAllocatorService, "reserve", counted)
+    monkeypatch.setattr(NodeAllocatorService, "reserve_many", counted_many)
     claim(cluster, FAILS)
     cluster.pod(
         NS, "trainer", "team-a", 1, spec_extra={"resourceClaims": [{"name": "gpus", "resourceClaimName": "picky"}]}

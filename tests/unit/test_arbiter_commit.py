@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -84,6 +85,9 @@ class Unreachable(InProcessClient):
     """The node stops answering after its reservation is made: the confirm and the release are lost."""
 
     def confirm(self, reservation_id: str) -> Reservation:
+        raise ConnectionResetError("node unreachable")
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
         raise ConnectionResetError("node unreachable")
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:

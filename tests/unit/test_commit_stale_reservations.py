@@ -6,6 +6,7 @@ it is now the refusal's kind (agent.reservation.protocol.Refused)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from agent.allocation.allocator import Claim, NoFit
 from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.commit import Committer
 from agent.arbiter.world import Member
-from agent.reservation.protocol import NodeBusy, NodeUnavailable, Reservation
+from agent.reservation.protocol import NodeBusy, NodeUnavailable, Reservation, reserve_each
 from tests.unit.test_arbiter_world import claim, pod
 
 NODE = "n0"
@@ -32,7 +33,13 @@ class Node:
         self.reserves += 1
         raise self.error
 
+    def reserve_many(self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl_seconds: float) -> list[Reservation]:
+        return reserve_each(self.reserve, self.release, gang_id, members, ttl_seconds)
+
     def confirm(self, reservation_id: str) -> Reservation:
+        raise AssertionError("nothing was reserved")
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
         raise AssertionError("nothing was reserved")
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:

@@ -162,9 +162,9 @@ def test_gang_whose_reservation_expired_before_commit_is_released() -> None:
     clock = Clock()
 
     class SlowClient(InProcessClient):
-        def reserve(self, *a: object, **kw: object) -> object:  # type: ignore[override]
-            r = super().reserve(*a, **kw)  # type: ignore[arg-type]
-            clock.now += 100  # the arbiter stalls past the TTL after each reserve
+        def reserve_many(self, *a: object, **kw: object) -> object:  # type: ignore[override]
+            r = super().reserve_many(*a, **kw)  # type: ignore[arg-type]
+            clock.now += 100  # the arbiter stalls past the TTL after each node's reserve
             return r
 
     books = {n: book(2, clock) for n in ("n1", "n2")}

@@ -28,6 +28,7 @@ from agent.reservation.protocol import (
     NodeUnavailable,
     Reservation,
     Unauthenticated,
+    reserve_each,
 )
 from agent.reservation.selector_worker import MAX_ADMITTED, MAX_WORKERS, WorkerSelectors
 from agent.reservation.transport import GrpcNodeClient, TokenInterceptor, add_to_server
@@ -208,7 +209,13 @@ class Refusing:
     def reserve(self, gang_id: str, member: str, claim: Claim, ttl_seconds: float) -> Reservation:
         raise self.error
 
+    def reserve_many(self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl_seconds: float) -> list[Reservation]:
+        return reserve_each(self.reserve, self.release, gang_id, members, ttl_seconds)
+
     def confirm(self, reservation_id: str) -> Reservation:
+        raise self.error
+
+    def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
         raise self.error
 
     def release(self, reservation_id: str = "", gang_id: str = "") -> int:
