@@ -18,9 +18,9 @@ import hmac
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from agent.allocation.allocator import Allocator, Claim, Fit, NoFit
 from agent.allocation.capacity import CapacitySummary, summarize
@@ -30,6 +30,7 @@ from agent.devices.model import Inventory
 from agent.devices.names import InvalidDeviceName
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 # device -> the claims ("namespace/name") that hold it on this node: allocated in the API or prepared here
 Holders = Callable[[], Mapping[str, Collection[str]]]
 
@@ -595,6 +596,13 @@ class Refused:
     reason: str  # names the member or the node, for an Event
 
 
+def _batches(by_node: Mapping[str, Sequence[T]]) -> Iterator[tuple[str, Sequence[T]]]:
+    """Each node's items in calls of at most MAX_BATCH (shares of 8 GPUs may be more members than that)."""
+    for node, items in by_node.items():
+        for i in range(0, len(items), MAX_BATCH):
+            yield node, items[i : i + MAX_BATCH]
+
+
 def _refusal(error: Exception) -> RefusalKind:
     if isinstance(error, NodeBusy):
         return "busy"
@@ -634,7 +642,7 @@ class GangCoordinator:
         held: Held = {}
         refused: Refused | None = None
         try:
-            for node, group in by_node.items():
+            for node, group in _batches(by_node):
                 client = self.nodes.get(node)
                 if client is None:
                     refused = Refused("unknown-node", f"member {group[0].member}: unknown node {node}")
@@ -667,7 +675,7 @@ class GangCoordinator:
             by_node.setdefault(node, []).append(r.id)
         node = ""
         try:
-            for node, ids in by_node.items():
+            for node, ids in _batches(by_node):
                 self.nodes[node].confirm_many(ids)
         except (UnknownReservation, Unauthenticated, OSError) as e:
             self.release_all(held)

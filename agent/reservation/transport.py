@@ -298,13 +298,14 @@ class GrpcNodeClient:
         self._timeout = timeout_s
         self.batches = True  # until the node answers a batch UNIMPLEMENTED
 
-    def _rpc(self, method: Callable[..., T], request: object) -> T:
+    def _rpc(self, method: Callable[..., T], request: object, calls: int = 1) -> T:
+        """`calls`: how many single calls this one stands for (a batch's members): its deadline is theirs."""
         try:
             metadata = (("authorization", f"Bearer {self._token()}"),)
         except (OSError, ValueError) as e:  # the token file is gone or empty: nothing is sent without it
             raise Unauthenticated(f"no token to send: {e}") from e
         try:
-            return method(request, metadata=metadata, timeout=self._timeout)
+            return method(request, metadata=metadata, timeout=self._timeout * calls)
         except grpc.RpcError as e:
             code = e.code() if isinstance(e, grpc.Call) else None
             detail = e.details() if isinstance(e, grpc.Call) else str(e)
@@ -334,7 +335,7 @@ class GrpcNodeClient:
         if self.batches:
             request = pb.ReserveMembersRequest(members=[claim_to_pb(gang_id, m, c, ttl_seconds) for m, c in members])
             try:
-                resp = self._rpc(self._stub.ReserveMembers, request)
+                resp = self._rpc(self._stub.ReserveMembers, request, len(members))  # each its selectors' time
             except Unimplemented:
                 self.batches = False
             else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -17,11 +17,14 @@ from agent._proto import arbiter_pb2 as pb
 from agent.allocation.allocator import Claim, DeviceRequest, NoFit
 from agent.allocation.catalog import NodeUsage
 from agent.reservation.protocol import (
+    MAX_BATCH,
     GangCoordinator,
+    InProcessClient,
     MemberInvalid,
     MemberNoFit,
     MemberPlacement,
     NodeAllocatorService,
+    Reservation,
     ReservationBook,
     ReservationLost,
     UnknownReservation,
@@ -233,3 +236,28 @@ def test_node_usage_counts_a_batch_as_reserved() -> None:
     device = next(iter(r.fit.all_devices))
     assert "ns/p0/c0" in b.reserved_for_other(device, "ns/other")
     assert b.reserved_for_other(device, "ns/c0") == ""  # the member's own claim may take it
+
+
+def test_more_members_on_a_node_than_a_batch_takes_go_in_several_calls() -> None:
+    """Tried: 70 tenth-of-a-GPU members on an 8-GPU node (the node takes 64 a call): two Reserves and two
+    Confirms of 64 and 6, and the gang commits; with 90 (more than 80 tenths) nothing is held."""
+    sizes: list[tuple[str, int]] = []
+
+    class Counting(InProcessClient):
+        def reserve_many(self, gang_id: str, members: Sequence[tuple[str, Claim]], ttl: float) -> list[Reservation]:
+            sizes.append(("reserve", len(members)))
+            return super().reserve_many(gang_id, members, ttl)
+
+        def confirm_many(self, reservation_ids: Sequence[str]) -> list[Reservation]:
+            sizes.append(("confirm", len(reservation_ids)))
+            return super().confirm_many(reservation_ids)
+
+    b = book(8)
+    coordinator = GangCoordinator({"n1": Counting(NodeAllocatorService(b, TOKEN), TOKEN)})
+    tenth = Claim((DeviceRequest("s", gpu_milli=100),))
+    out = coordinator.place("g", [MemberPlacement(f"ns/p{i}/c", "n1", tenth) for i in range(70)], 30)
+    assert out.committed and len(out.reservations) == 70
+    assert sizes == [("reserve", MAX_BATCH), ("reserve", 6), ("confirm", MAX_BATCH), ("confirm", 6)]
+    b.release(gang_id="g")
+    too_many = coordinator.place("h", [MemberPlacement(f"ns/q{i}/c", "n1", tenth) for i in range(90)], 30)
+    assert not too_many.committed and "ns/q80/c" in too_many.reason and b.live() == []
