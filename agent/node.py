@@ -86,6 +86,9 @@ class NodeConfig:
     # (agent.absent_arbiter); None: never
     arbiter_namespace: str | None = None
     absent_arbiter_period_s: float = 60.0
+    # --no-gpus: no gpu.nvidia.com (slices, kubelet plugin, MIG, reservations); GPUs are still discovered, for
+    # their fabric clique. Only with compute_domains.
+    gpus: bool = True
     # --compute-domains: also serve compute-domain.nvidia.com (IMEX channels, the domains' IMEX daemons)
     compute_domains: bool = False
     imex_address: str = ""  # where this node's IMEX daemons listen (the pod's IP): status.nodes[].ipAddress
@@ -233,6 +236,20 @@ class NodeAgent:
 
     def start(self) -> None:
         self._events = EventRecorder(self._rest, COMPONENT, self.config.node_name)  # before anything tells of claims
+        labels = self._start_gpu_driver() if self.config.gpus else None
+        if not self.config.gpus:
+            self._node.start()
+        if self.config.compute_domains:
+            self.compute_domains = self._compute_domain_plugin()
+            self.compute_domains.start(self._node_uid)
+        if self.config.gpus:
+            self._start_gpu_services(labels)
+        else:  # nothing else rediscovers: the fabric's state, which decides the channels, is read each interval
+            self._spawn("fabric-watch", self._fabric_watch_loop)
+
+    def _start_gpu_driver(self) -> dict[str, str] | None:
+        """gpu.nvidia.com up to serving the kubelet: checkpoint repaired, slices published, plugin registered.
+        The Node's labels as read at start (None: unread)."""
         if writable := self.driver.files.world_writable:
             self._notify(
                 None,
@@ -264,9 +281,10 @@ class NodeAgent:
             liveness_address=self.config.liveness_address,
         )
         self.plugin.start()
-        if self.config.compute_domains:
-            self.compute_domains = self._compute_domain_plugin()
-            self.compute_domains.start(self._node_uid)
+        return labels
+
+    def _start_gpu_services(self, labels: dict[str, str] | None) -> None:
+        """What follows the GPU driver's devices: reservations, resync, health, MPS daemons, MIG labels."""
         if self.config.reservation_address:
             # imported only when served: the allocator and its CEL library cost the daemon's start-up otherwise
             from agent.reservation.auth import TokenReviewer
@@ -328,7 +346,8 @@ class NodeAgent:
         self._health_changed.set()  # wakes the health-publish thread to see the stop
         self._publisher.wake()  # and the resync loop
         self._node.stop()
-        self._slice_watch.stop()
+        if self.config.gpus:
+            self._slice_watch.stop()
         if self._mig is not None:
             self._mig.wake_for_stop()
         if self._monitor is not None:
@@ -341,7 +360,8 @@ class NodeAgent:
             self.reservations.stop()
         for t in self._threads:
             t.join(timeout=5)
-        self._publisher.withdraw_ownerless()  # after the resync loop: no publish races the withdrawal
+        if self.config.gpus:  # after the resync loop: no publish races the withdrawal
+            self._publisher.withdraw_ownerless()
         log.info("node agent stopped")
 
     # --- internals -------------------------------------------------------------------------------------
@@ -363,6 +383,8 @@ class NodeAgent:
             dev_root=c.dev_root,
             proc_devices=c.proc_devices,
             channel_count=c.imex_channel_count,
+            # the GPU plugin's liveness endpoint, where there is no GPU plugin
+            liveness_address=None if c.gpus else c.liveness_address,
         )
         clique = node_clique([g.fabric for g in self._inventory.gpus])
         return ComputeDomainPlugin(settings, self._rest, clique, read_boot_id())
@@ -407,6 +429,10 @@ class NodeAgent:
 
                 self.compute_domains.set_clique(node_clique([g.fabric for g in inventory.gpus]))
         return inventory
+
+    def _fabric_watch_loop(self) -> None:
+        while not self._stop.wait(self.config.resync_interval_s):
+            self._refresh()
 
     def _on_inventory_changed(self) -> None:
         """Prepare created or destroyed a MIG device: later prepares see it at once, the slices soon."""

@@ -15,6 +15,8 @@ from agent.commands import preflight
 from agent.commands.options import SETTING_EXIT, STARTUP_EXIT, option, switch
 from agent.commands.preflight import StartupError
 from agent.commands.signals import stop_on_signals
+from agent.computedomain.daemon import IMEX, IMEX_CTL
+from agent.computedomain.model import DRIVER as COMPUTE_DOMAIN_DRIVER
 from agent.devices import shares
 from agent.driver.discovery import DriverVersionMismatch
 from agent.kube.errors import ApiError
@@ -36,6 +38,14 @@ log = logging.getLogger("agent.node")
 # and resets GPUs for a MIG mode switch; nvidia-cuda-mps-control runs MPS daemons. Sharing has no switch,
 # so both are always needed.
 DRIVER_BINARIES = (NVIDIA_SMI, MPS_CONTROL)
+# With the GPU driver off the node runs only the IMEX daemons: without them it could serve nothing. (With it on, a
+# driver without IMEX still serves GPUs, and a channel claim says why it cannot be prepared.)
+IMEX_BINARIES = (IMEX, IMEX_CTL)
+# Settings that only the GPU driver reads: given with --no-gpus they would silently do nothing.
+GPU_ONLY_SETTINGS = {
+    "reservation_addr": "--reservation-addr",
+    "partitionable_devices": "--partitionable-devices",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -184,6 +194,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     switch(
         p,
+        "--gpus",
+        env="GPUS",
+        default=True,
+        help="serve the GPU driver (--driver-name): GPU ResourceSlices, its kubelet plugin, MIG reconfiguration and "
+        "the arbiter's reservations; --no-gpus leaves the GPUs to another (the GPU Operator's device plugin) and "
+        "serves --compute-domains alone, as NVIDIA's chart with resources.gpus.enabled=false",
+    )
+    switch(
+        p,
         "--compute-domains",
         env="COMPUTE_DOMAINS",
         default=False,
@@ -224,6 +243,20 @@ def _xids(text: str) -> frozenset[int]:
     return xids
 
 
+def _compute_domains_alone(args: argparse.Namespace) -> None:
+    """--no-gpus: the compute-domain driver must be on, and no setting of the GPU driver given."""
+    if not args.compute_domains:
+        raise StartupError(
+            "--no-gpus needs --compute-domains (or COMPUTE_DOMAINS=true): with neither driver on the agent would "
+            "serve nothing"
+        )
+    given = [flag for attr, flag in GPU_ONLY_SETTINGS.items() if getattr(args, attr)]
+    if args.consumable_shares != "disabled":
+        given.append("--consumable-shares")
+    if given:
+        raise StartupError(f"{', '.join(given)} configure the GPU driver, which --no-gpus turns off")
+
+
 def _config(args: argparse.Namespace) -> NodeConfig:
     """Every flag checked, nothing touched yet."""
     if not args.node_name:
@@ -232,6 +265,8 @@ def _config(args: argparse.Namespace) -> NodeConfig:
     for flag, value in (("--metrics-addr", args.metrics_addr), ("--healthcheck-addr", args.healthcheck_addr)):
         if value:
             preflight.address(flag, value)
+    if not args.gpus:
+        _compute_domains_alone(args)
     if args.reservation_addr:
         from agent.reservation.node_service import split_address
 
@@ -254,7 +289,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
             "claims cannot also be carved into MIG devices at prepare (see DESIGN.md, consumable capacity)"
         )
     try:
-        mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure else None
+        mig_configs = load_mig_configs(args.mig_config_file) if args.mig_reconfigure and args.gpus else None
     except InvalidMigConfig as exc:
         raise StartupError(str(exc)) from None
     if args.compute_domains:
@@ -269,6 +304,7 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         if not 1 <= args.imex_channel_count <= 1 << 20:
             raise StartupError(f"--imex-channel-count must be between 1 and 1048576, not {args.imex_channel_count}")
     return NodeConfig(
+        gpus=args.gpus,
         compute_domains=args.compute_domains,
         imex_address=args.imex_address,
         proc_devices=Path(args.proc_devices),
@@ -285,7 +321,9 @@ def _config(args: argparse.Namespace) -> NodeConfig:
         liveness_address=args.healthcheck_addr or None,
         health_events=args.health_events,
         extra_ignored_xids=_xids(args.additional_xids_to_ignore),
-        driver_root=preflight.driver_binaries("--driver-root", Path(args.driver_root), DRIVER_BINARIES),
+        driver_root=preflight.driver_binaries(
+            "--driver-root", Path(args.driver_root), DRIVER_BINARIES if args.gpus else IMEX_BINARIES
+        ),
         dev_root=Path(args.dev_root),
         host_driver_root=preflight.absolute_path("--host-driver-root", args.host_driver_root),
         nvidia_cdi_hook_path=(
@@ -303,12 +341,19 @@ def _config(args: argparse.Namespace) -> NodeConfig:
 
 
 def _make_dirs(config: NodeConfig) -> NodeConfig:
-    """The directories, created with their modes and checked writable; the last step before the agent runs."""
+    """The directories, created with their modes and checked writable; the last step before the agent runs. The
+    kubelet's plugin directories of the drivers served, and only theirs."""
+    drivers = [config.driver_name] if config.gpus else []
+    if config.compute_domains:
+        drivers.append(COMPUTE_DOMAIN_DRIVER)
+    kubelet_root = config.kubelet_root
+    for driver in drivers:
+        kubelet_root = preflight.kubelet_sockets("--kubelet-root", config.kubelet_root, driver)
     return replace(
         config,
         state_dir=preflight.writable_dir("--state-dir", config.state_dir, preflight.STATE_DIR_MODE),
         cdi_root=preflight.writable_dir("--cdi-root", config.cdi_root, preflight.CDI_ROOT_MODE),
-        kubelet_root=preflight.kubelet_sockets("--kubelet-root", config.kubelet_root, config.driver_name),
+        kubelet_root=kubelet_root,
     )
 
 

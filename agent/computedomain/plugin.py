@@ -63,6 +63,7 @@ class ComputeDomainSettings:
     ready_wait_s: float = 20.0  # how long one prepare waits for the local daemon (the kubelet's call allows 45 s)
     check_interval_s: float = 1.0  # how often daemons are asked whether they are ready and peers are followed
     daemon_env: Mapping[str, str] | None = None  # added to the agent's environment for nvidia-imex(-ctl)
+    liveness_address: str | None = None  # the node agent's gRPC liveness endpoint, when the GPU plugin is off
 
 
 class ComputeDomainPlugin:
@@ -108,7 +109,9 @@ class ComputeDomainPlugin:
             self.publish(node_uid)
         except ApiError as exc:  # the supervisor publishes again; the kubelet is served meanwhile
             log.warning("publishing the compute-domain slice failed, retrying: %s", exc)
-        self.kubelet = KubeletPlugin(DRIVER, self.settings.kubelet_root, self)
+        self.kubelet = KubeletPlugin(
+            DRIVER, self.settings.kubelet_root, self, liveness_address=self.settings.liveness_address
+        )
         self.kubelet.start()
         self._thread = threading.Thread(target=self._supervise, name="imex-daemons", daemon=True)
         self._thread.start()

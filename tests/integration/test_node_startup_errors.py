@@ -398,3 +398,34 @@ def test_a_bad_consumable_shares_value_from_the_environment(
 ) -> None:
     result = start(root, server, env={"CONSUMABLE_SHARES": "half"})
     assert_refused(result, "--consumable-shares must be one of disabled, memory, unlimited", "'half'", code=2)
+
+
+# --- the GPU driver off (a ComputeDomains-only install) ---------------------------------------------------
+
+
+def test_neither_driver_on_is_refused(root: pathlib.Path, server: fakes.apiserver.ApiServer) -> None:
+    """Tried: --no-gpus without --compute-domains, and GPUS=false from the environment (the DaemonSet's way):
+    the agent would serve nothing, so it says so and exits 2 before making any directory."""
+    assert_refused(start(root, server, "--no-gpus"), "--no-gpus needs --compute-domains", code=2)
+    assert_refused(start(root, server, env={"GPUS": "false"}), "--no-gpus needs --compute-domains", code=2)
+    assert not (root / "state").exists() and not (root / "kubelet").exists()
+
+
+def test_gpu_settings_with_the_gpu_driver_off_are_refused(
+    root: pathlib.Path, server: fakes.apiserver.ApiServer
+) -> None:
+    """Tried: --no-gpus --compute-domains with settings only the GPU driver reads (the arbiter's reservation
+    address, consumable shares): refused by name instead of silently doing nothing."""
+    result = start(
+        root,
+        server,
+        "--no-gpus",
+        "--compute-domains",
+        "--imex-address",
+        "127.0.0.1",
+        "--reservation-addr",
+        "127.0.0.1:0",
+        "--consumable-shares",
+        "memory",
+    )
+    assert_refused(result, "--reservation-addr, --consumable-shares configure the GPU driver", code=2)
