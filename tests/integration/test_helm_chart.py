@@ -100,6 +100,10 @@ def test_the_chart_renders_the_base(helm: str, path: str) -> None:
         ("consumable-shares", ["--set", "consumableShares=memory"]),
         ("partitionable-devices", ["--set", "partitionableDevices=true"]),
         ("compute-domains", ["--set", "resources.computeDomains.enabled=true"]),
+        (
+            "compute-domains-only",
+            ["--set", "resources.gpus.enabled=false", "--set", "resources.computeDomains.enabled=true"],
+        ),
     ],
 )
 def test_the_chart_renders_each_overlay(helm: str, overlay: str, values: list[str]) -> None:
@@ -232,13 +236,67 @@ def test_compute_domains_take_the_image_namespace_and_controller_values(helm: st
     assert "COMPUTE_DOMAINS" not in yaml.safe_dump(off)
 
 
+def test_compute_domains_alone_install_the_node_agent_without_its_gpu_driver(helm: str) -> None:
+    """Tried: NVIDIA's ComputeDomains-only install (resources.gpus.enabled=false with computeDomains on) into
+    another namespace: the node DaemonSet with GPUS=false and no MIG configs, the ComputeDomain CRD, controller
+    and device classes, the node RBAC the compute-domain driver uses; no GPU or MIG device class, no policy on
+    GPU claim configs, no MIG ConfigMap, no arbiter Lease role."""
+    objects = _template(
+        helm,
+        "--namespace",
+        "gpus",
+        "--set",
+        "resources.gpus.enabled=false",
+        "--set",
+        "resources.computeDomains.enabled=true",
+    )
+    assert {k[2] for k in objects if k[0] == "DeviceClass"} == {
+        "compute-domain-daemon.nvidia.com",
+        "compute-domain-default-channel.nvidia.com",
+    }
+    for gone in (
+        ("ValidatingAdmissionPolicy", "", "gpu-dra-agent-claim-configs"),
+        ("ConfigMap", "gpus", "gpu-dra-agent-mig-parted-config"),
+        ("Role", "gpus", "gpu-dra-agent-node-leases"),
+    ):
+        assert gone not in objects, gone
+    for kept in (
+        ("CustomResourceDefinition", "", "computedomains.resource.nvidia.com"),
+        ("Deployment", "gpus", "gpu-dra-agent-compute-domains"),
+        ("ClusterRoleBinding", "", "gpu-dra-agent-node"),
+        ("ClusterRoleBinding", "", "gpu-dra-agent-node-compute-domains"),
+        ("ValidatingAdmissionPolicy", "", "gpu-dra-agent-own-node-slices"),
+    ):
+        assert kept in objects, kept
+    pod = objects[("DaemonSet", "gpus", "gpu-dra-agent-node")]["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["GPUS"] == "false" and env["COMPUTE_DOMAINS"] == "true" and "MIG_CONFIG_FILE" not in env
+    assert "mig-parted-config" not in {v["name"] for v in pod["volumes"]}
+    assert "mig-parted-config" not in {m["name"] for m in agent["volumeMounts"]}
+    # the default install keeps its GPU driver
+    (default_agent,) = _template(helm)[("DaemonSet", "default", "gpu-dra-agent-node")]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "GPUS" not in {e["name"] for e in default_agent["env"]}
+
+
 def test_values_the_chart_cannot_honour_together_are_refused(helm: str) -> None:
-    """Tried: ComputeDomains without the node agent (it serves both drivers), and the two agent modes that
-    exclude each other: helm says which, before anything is installed."""
+    """Tried: neither driver on, the arbiter or GPU-driver settings with the GPU driver off, and the two agent
+    modes that exclude each other: helm says which, before anything is installed."""
     refused = {
-        "resources.computeDomains.enabled needs resources.gpus.enabled": [
-            "resources.computeDomains.enabled=true",
+        "resources.gpus.enabled and resources.computeDomains.enabled are both false": [
             "resources.gpus.enabled=false",
+        ],
+        "arbiter.enabled needs resources.gpus.enabled": [
+            "resources.gpus.enabled=false",
+            "resources.computeDomains.enabled=true",
+            "arbiter.enabled=true",
+        ],
+        "consumableShares and partitionableDevices configure the GPU driver": [
+            "resources.gpus.enabled=false",
+            "resources.computeDomains.enabled=true",
+            "partitionableDevices=true",
         ],
         "consumableShares and partitionableDevices cannot be combined": [
             "consumableShares=memory",

@@ -43,6 +43,15 @@ container's env is merged by name: two of one name would be refused by server-si
 {{- $_ := set $pod "tolerations" $v.kubeletPlugin.tolerations -}}
 {{- with $v.imagePullSecrets }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
 {{- if $v.kubeletPlugin.hostNetwork }}{{ $_ := set $pod "hostNetwork" true }}{{ end -}}
+{{- if not $v.resources.gpus.enabled -}}
+{{- /* overlays/compute-domains-only: no MIG configs to mount */ -}}
+{{- $volumes := list -}}
+{{- range $pod.volumes }}{{ if ne .name "mig-parted-config" }}{{ $volumes = append $volumes . }}{{ end }}{{ end -}}
+{{- $_ := set $pod "volumes" $volumes -}}
+{{- $mounts := list -}}
+{{- range (index $pod.containers 0).volumeMounts }}{{ if ne .name "mig-parted-config" }}{{ $mounts = append $mounts . }}{{ end }}{{ end -}}
+{{- $_ := set (index $pod.containers 0) "volumeMounts" $mounts -}}
+{{- end -}}
 {{- $paths := include "gpu-dra-agent.nodePaths" $v | fromJson -}}
 {{- range $pod.volumes }}{{ if eq .name "driver-root" }}{{ $_ := set .hostPath "path" $v.nvidiaDriverRoot }}{{ end }}{{ end -}}
 {{- range $pod.volumes }}{{ if hasKey $paths .name }}{{ $_ := set .hostPath "path" (get $paths .name) }}{{ end }}{{ end -}}
@@ -68,8 +77,9 @@ container's env is merged by name: two of one name would be refused by server-si
 {{- if eq .name "STATE_DIR" }}{{ $_ := set . "value" $v.kubeletPlugin.stateDir }}{{ end -}}
 {{- if eq .name "METRICS_ADDR" }}{{ $_ := set . "value" (printf "0.0.0.0:%d" $metricsPort) }}{{ end -}}
 {{- if eq .name "HEALTHCHECK_ADDR" }}{{ $_ := set . "value" (printf "0.0.0.0:%d" $healthPort) }}{{ end -}}
-{{- $env = append $env . -}}
+{{- if or $v.resources.gpus.enabled (ne .name "MIG_CONFIG_FILE") }}{{ $env = append $env . }}{{ end -}}
 {{- end -}}
+{{- if not $v.resources.gpus.enabled }}{{ $env = append $env (dict "name" "GPUS" "value" "false") }}{{ end -}}
 {{- if ne $v.kubeletPlugin.devRoot "/" }}{{ $env = append $env (dict "name" "NVIDIA_DEV_ROOT" "value" $v.kubeletPlugin.devRoot) }}{{ end -}}
 {{- with $v.nvidiaCDIHookPath }}{{ $env = append $env (dict "name" "NVIDIA_CDI_HOOK_PATH" "value" .) }}{{ end -}}
 {{- with $v.consumableShares }}{{ $env = append $env (dict "name" "CONSUMABLE_SHARES" "value" .) }}{{ end -}}
