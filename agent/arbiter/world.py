@@ -666,8 +666,7 @@ class _GangRead:
     reads: tuple[_PodRead, ...]  # its pods' readings (none without a cache)
     going: tuple[str | None, ...]  # in_flight's node for each of its pods that is pending
     gang: Gang | None  # None: none of its pods holds or asks for anything
-    members: tuple[Member, ...]  # as first built: copied when put back (the weighing sets their choices)
-    statuses: tuple[PodStatus, ...]  # the members'
+    members: tuple[tuple[Member, PodStatus], ...]  # as first built: copied for each snapshot (choices are set)
     waiting: str | None
     unweighed: bool
     stranded: dict[str, int]  # a parent queue its pods name -> its pending pods there
@@ -676,15 +675,6 @@ class _GangRead:
     refused: dict[str, Unbindable]
     flying: bool
     inputs: tuple[Any, ...] | None = None  # _job_inputs' part read from the grouping alone (_weigh_gangs)
-
-
-@dataclass(slots=True)
-class _JobPods:
-    """One gang's pods in the order they come, as read (in columns: fewer objects for the collector)."""
-
-    keys: list[str]
-    pods: list[Json]
-    reads: list[_Pod]
 
 
 @dataclass(frozen=True)
@@ -729,7 +719,7 @@ def _group_gangs(
     out = _Gangs()
     rules = NodeRules(managed)
     seen: dict[str, _PodRead] = {}
-    by_job: dict[str, _JobPods] = {}  # in the order the pods come: gangs are in that order
+    by_job: dict[str, list[tuple[str, Json, _Pod]]] = {}  # in the order the pods come: gangs are in that order
     for pod in pods:
         try:
             key = pod_key(pod)
@@ -743,45 +733,37 @@ def _group_gangs(
         elif not isinstance(read, _Pod):
             out.other_pods.append(pod)
         else:
-            job_pods = by_job.get(read.job)
-            if job_pods is None:
-                job_pods = by_job[read.job] = _JobPods([], [], [])
-            job_pods.keys.append(key)
-            job_pods.pods.append(pod)
-            job_pods.reads.append(read)
+            by_job.setdefault(read.job, []).append((key, pod, read))
     context = _group_context(objects, managed, default_queue, refused_claims) if cache is not None else None
     reuse = cache is not None and cache.group_context == context
     grouped: dict[str, _GangRead] = {}
     for job, job_pods in by_job.items():
         going = tuple(
-            in_flight.get(key) if in_flight and read.status == "Pending" else None
-            for key, read in zip(job_pods.keys, job_pods.reads, strict=True)
+            in_flight.get(key) if in_flight and read.status == "Pending" else None for key, _, read in job_pods
         )
-        reads = tuple(seen[key] for key in job_pods.keys) if cache is not None else ()
+        reads = tuple(seen[key] for key, _, _ in job_pods) if cache is not None else ()
         hit = cache.gangs.get(job) if cache is not None and reuse else None
-        reused = hit is not None and hit.going == going and _same_objects(hit.reads, reads)
-        if hit is None or not reused:
+        if hit is None or hit.going != going or not _same_objects(hit.reads, reads):
             hit = _group_gang(
                 job, job_pods, going, reads=reads, objects=objects, rules=rules, refused_claims=refused_claims
             )
             if cache is not None:
                 cache.gangs_grouped += 1
         grouped[job] = hit
-        _put_gang(out, hit, reused=reused)
+        _put_gang(out, hit)
     if cache is not None:
         cache.pods, cache.gangs, cache.group_context = seen, grouped, context  # what is gone since is forgotten
     return out
 
 
-def _put_gang(out: _Gangs, read: _GangRead, *, reused: bool) -> None:
-    """A gang's grouping into the snapshot's; `reused`: grouped for an earlier snapshot, so put back with Gang and
-    Members of this snapshot's own (the weighing sets their choices)."""
+def _put_gang(out: _Gangs, read: _GangRead) -> None:
+    """A gang's grouping into the snapshot's, with Members of its own (the weighing sets their choices)."""
     if read.gang is None:
         return
     job, g = read.gang.name, read.gang
-    gang = out.gangs[job] = Gang(g.name, g.namespace, g.queue, g.pod_group, g.min_member) if reused else g
-    for m, status in zip(read.members, read.statuses, strict=True):
-        member = Member(m.key, m.pod, m.claims, m.node) if reused else m
+    gang = out.gangs[job] = Gang(g.name, g.namespace, g.queue, g.pod_group, g.min_member)
+    for m, status in read.members:
+        member = Member(m.key, m.pod, m.claims, m.node)
         gang.members[m.key] = out.members[m.key] = member
         out.statuses[m.key] = status
     if read.waiting is not None:
@@ -800,7 +782,7 @@ def _put_gang(out: _Gangs, read: _GangRead, *, reused: bool) -> None:
 
 def _group_gang(
     job: str,
-    job_pods: _JobPods,
+    job_pods: Sequence[tuple[str, Json, _Pod]],
     going: Sequence[str | None],
     *,
     reads: tuple[_PodRead, ...],
@@ -816,9 +798,8 @@ def _group_gang(
     holding: set[str] | None = None
     refused: dict[str, Unbindable] = {}
     gang: Gang | None = None
-    members: list[Member] = []
-    statuses: list[PodStatus] = []
-    for key, pod, as_read, node_going in zip(job_pods.keys, job_pods.pods, job_pods.reads, going, strict=True):
+    members: list[tuple[Member, PodStatus]] = []
+    for (key, pod, as_read), node_going in zip(job_pods, going, strict=True):
         read = as_read if node_going is None else replace(as_read, status="Running", node=node_going)
         if node_going is not None:
             flying = True
@@ -880,8 +861,7 @@ def _group_gang(
         member = Member(
             key, pod, [c for c in read.found if c is not None], read.node if read.status != "Pending" else None
         )
-        members.append(member)
-        statuses.append(read.status)
+        members.append((member, read.status))
         if read.status != "Pending":
             holding = holding if holding is not None else set()
             holding.update(f"{ns}/{n}" for n in read.facts.names)
@@ -893,7 +873,6 @@ def _group_gang(
         tuple(going),
         gang,
         tuple(members),
-        tuple(statuses),
         waiting.get(job),
         unweighed,
         stranded,
