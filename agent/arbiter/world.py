@@ -475,10 +475,7 @@ class _JobRead:
 class WorldCache:
     """What the last snapshot read from objects that have not changed since, for the next one: the informers
     replace an object when it changes, so an object that is still the same one (identity) reads the same. A pod
-    is read again only when it, its PodGroup or one of its claims is a new object; a gang is grouped again only
-    when one of its pods was read again, came or went, or went in flight or out, or when what every gang is
-    grouped from changed (_GroupContext: the served nodes, the invalid PodGroups and Queues, the queue tree, the
-    refused claims); a gang is weighed again only
+    is read again only when it, its PodGroup or one of its claims is a new object; a gang is weighed again only
     when something it was weighed from changed (its pods, claims, PodGroup, statuses and nodes, its queue's
     running sum before it, the published devices). Gangs whose weighing reads the cluster around them (a
     firstAvailable claim, a share of a GPU, a claim shared with another gang, an unreadable claim, no creation
@@ -498,10 +495,7 @@ class WorldCache:
             ]
             | None
         ) = None
-        self.gangs: dict[str, _GangRead] = {}  # by job: how its pods were grouped
-        self.group_context: _GroupContext | None = None  # what that grouping read besides the pods
         self.pods_read = 0  # pods read afresh by the last snapshot (tests, the benchmark)
-        self.gangs_grouped = 0  # gangs grouped afresh by the last snapshot
         self.jobs_weighed = 0  # gangs weighed afresh by the last snapshot
 
     def read_slices(self, slices: Sequence[Json]) -> None:
@@ -510,7 +504,7 @@ class WorldCache:
             self.slices_read, self.pools, self.devices, self.jobs = list(slices), None, None, {}
 
 
-def _same_objects(before: Sequence[object], now: Sequence[object]) -> bool:
+def _same_objects(before: Sequence[Json], now: Sequence[Json]) -> bool:
     return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
 
 
@@ -657,69 +651,19 @@ class _Gangs:
         }
 
 
-@dataclass(slots=True)
-class _GangRead:
-    """What one gang's pods put into the snapshot's grouping (_group_gang), with what it was read from: valid
-    while its pods read the same (the same _PodRead objects, in the same order), the same of them are in flight,
-    and the context (_GroupContext) is the same."""
-
-    reads: tuple[_PodRead, ...]  # its pods' readings (none without a cache)
-    going: tuple[str | None, ...]  # in_flight's node for each of its pods that is pending
-    gang: Gang | None  # None: none of its pods holds or asks for anything
-    members: tuple[tuple[Member, PodStatus], ...]  # as first built: copied for each snapshot (choices are set)
-    waiting: str | None
-    unweighed: bool
-    stranded: dict[str, int]  # a parent queue its pods name -> its pending pods there
-    allowed: dict[str, frozenset[str]]
-    holding: set[str] | None
-    refused: dict[str, Unbindable]
-    flying: bool
-    inputs: tuple[Any, ...] | None = None  # _job_inputs' part read from the grouping alone (_weigh_gangs)
-
-
-@dataclass(frozen=True)
-class _GroupContext:
-    """What grouping a gang reads besides its own pods: when any of it changes, every gang is grouped again."""
-
-    default_queue: str | None
-    managed: tuple[int, ...]  # the served nodes' ids (NodeRules reads them; kept alive by the cache)
-    bad_groups: tuple[tuple[str, str], ...]
-    bad_queues: tuple[tuple[str, str], ...]
-    queues: frozenset[str]
-    children: tuple[tuple[str, tuple[str, ...]], ...]
-    refused_claims: tuple[tuple[str, str], ...]
-
-
-def _group_context(
-    objects: _Objects, managed: Sequence[Json], default_queue: str | None, refused_claims: Mapping[str, str] | None
-) -> _GroupContext:
-    return _GroupContext(
-        default_queue,
-        tuple(id(n) for n in managed),
-        tuple(sorted(objects.bad_groups.items())),
-        tuple(sorted((name, bad.reason) for name, bad in objects.bad_queues.items())),
-        frozenset(objects.by_queue),
-        tuple((parent, tuple(names)) for parent, names in sorted(objects.children.items())),
-        tuple(sorted((refused_claims or {}).items())),
-    )
-
-
 def _group_gangs(
     pods: Iterable[Json],
     objects: _Objects,
-    managed: Sequence[Json],
+    rules: NodeRules,
     *,
     default_queue: str | None,
     in_flight: Mapping[str, str] | None,
     refused_claims: Mapping[str, str] | None,
     cache: WorldCache | None = None,
 ) -> _Gangs:
-    """The pods in their gangs. With a cache, a gang whose pods read as last time (and the context too) is put
-    back as it was grouped then; only the others are grouped again."""
     out = _Gangs()
-    rules = NodeRules(managed)
+    waiting, unweighed = out.waiting, out.unweighed
     seen: dict[str, _PodRead] = {}
-    by_job: dict[str, list[tuple[str, Json, _Pod]]] = {}  # in the order the pods come: gangs are in that order
     for pod in pods:
         try:
             key = pod_key(pod)
@@ -730,102 +674,37 @@ def _group_gangs(
             continue
         if read == RELEASE:
             out.release.append(pod)
-        elif not isinstance(read, _Pod):
+            continue
+        if not isinstance(read, _Pod):
             out.other_pods.append(pod)
-        else:
-            by_job.setdefault(read.job, []).append((key, pod, read))
-    context = _group_context(objects, managed, default_queue, refused_claims) if cache is not None else None
-    reuse = cache is not None and cache.group_context == context
-    grouped: dict[str, _GangRead] = {}
-    for job, job_pods in by_job.items():
-        going = tuple(
-            in_flight.get(key) if in_flight and read.status == "Pending" else None for key, _, read in job_pods
-        )
-        reads = tuple(seen[key] for key, _, _ in job_pods) if cache is not None else ()
-        hit = cache.gangs.get(job) if cache is not None and reuse else None
-        if hit is None or hit.going != going or not _same_objects(hit.reads, reads):
-            hit = _group_gang(
-                job, job_pods, going, reads=reads, objects=objects, rules=rules, refused_claims=refused_claims
-            )
-            if cache is not None:
-                cache.gangs_grouped += 1
-        grouped[job] = hit
-        _put_gang(out, hit)
-    if cache is not None:
-        cache.pods, cache.gangs, cache.group_context = seen, grouped, context  # what is gone since is forgotten
-    return out
-
-
-def _put_gang(out: _Gangs, read: _GangRead) -> None:
-    """A gang's grouping into the snapshot's, with Members of its own (the weighing sets their choices)."""
-    if read.gang is None:
-        return
-    job, g = read.gang.name, read.gang
-    gang = out.gangs[job] = Gang(g.name, g.namespace, g.queue, g.pod_group, g.min_member)
-    for m, status in read.members:
-        member = Member(m.key, m.pod, m.claims, m.node)
-        gang.members[m.key] = out.members[m.key] = member
-        out.statuses[m.key] = status
-    if read.waiting is not None:
-        out.waiting[job] = read.waiting
-    if read.unweighed:
-        out.unweighed.add(job)
-    for queue, count in read.stranded.items():
-        out.stranded[queue] = out.stranded.get(queue, 0) + count
-    out.allowed.update(read.allowed)
-    if read.holding is not None:
-        out.holding[job] = read.holding
-    out.refused.update(read.refused)
-    if read.flying:
-        out.flying.add(job)
-
-
-def _group_gang(
-    job: str,
-    job_pods: Sequence[tuple[str, Json, _Pod]],
-    going: Sequence[str | None],
-    *,
-    reads: tuple[_PodRead, ...],
-    objects: _Objects,
-    rules: NodeRules,
-    refused_claims: Mapping[str, str] | None,
-) -> _GangRead:
-    """One gang's pods grouped: its members, and why it waits or is left out."""
-    waiting: dict[str, str] = {}
-    unweighed = flying = False
-    stranded: dict[str, int] = {}
-    allowed: dict[str, frozenset[str]] = {}
-    holding: set[str] | None = None
-    refused: dict[str, Unbindable] = {}
-    gang: Gang | None = None
-    members: list[tuple[Member, PodStatus]] = []
-    for (key, pod, as_read), node_going in zip(job_pods, going, strict=True):
-        read = as_read if node_going is None else replace(as_read, status="Running", node=node_going)
-        if node_going is not None:
-            flying = True
+            continue
+        going = in_flight.get(key) if in_flight and read.status == "Pending" else None
+        if going is not None:
+            read = replace(read, status="Running", node=going)
+            out.flying.add(read.job)
         if read.status is None:
             continue  # gone for the arbiter: holds nothing
-        ns, group_name, group, queue = read.namespace, read.group_name, read.group, read.queue
+        job, ns, group_name, group, queue = read.job, read.namespace, read.group_name, read.group, read.queue
         name = meta(pod).get("name")
         if group_name and group is None and job not in waiting:
             waiting[job] = f"PodGroup {group_name} does not exist"
         if group_name and f"{ns}/{group_name}" in objects.bad_groups:
             waiting[job] = f"PodGroup {group_name} is invalid: {objects.bad_groups[f'{ns}/{group_name}']}"
-            unweighed = True
+            unweighed.add(job)
         if queue in objects.bad_queues:
             waiting[job] = f"queue {queue} is left out: {objects.bad_queues[queue].reason}"
-            unweighed = True
+            unweighed.add(job)
         elif queue not in objects.by_queue:
             waiting[job] = f"queue {queue} does not exist"
-            unweighed = True
+            unweighed.add(job)
         elif queue in objects.children:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
             waiting[job] = (
                 f"queue {queue} is a parent queue (of {', '.join(objects.children[queue])}); only leaf queues "
                 f"take pods: the gang waits until it names a leaf queue or {queue} has no child queue again"
             )
-            unweighed = True
+            unweighed.add(job)
             if read.status == "Pending":
-                stranded[str(queue)] = stranded.get(str(queue), 0) + 1
+                out.stranded[str(queue)] = out.stranded.get(str(queue), 0) + 1
         if read.status == "Pending":
             if read.facts.extended:
                 waiting[job] = (
@@ -849,38 +728,30 @@ def _group_gang(
             # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
             nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
             if nodes_allowed is not None:
-                allowed[key] = nodes_allowed
+                out.allowed[key] = nodes_allowed
             if why:
                 waiting.setdefault(job, f"no node may run {name}: {why}")
+        gang = out.gangs.get(job)
         if gang is None:
             min_count = 1
-            if group is not None and not unweighed:  # a valid PodGroup (pod_group_problem)
+            if group is not None and job not in unweighed:  # a valid PodGroup (pod_group_problem)
                 policy = (group.get("spec") or {}).get("schedulingPolicy") or {}
                 min_count = int((policy.get("gang") or {}).get("minCount") or 1)
-            gang = Gang(job, ns, str(queue), group_name, min_count)
+            gang = out.gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
         member = Member(
             key, pod, [c for c in read.found if c is not None], read.node if read.status != "Pending" else None
         )
-        members.append((member, read.status))
+        gang.members[member.key] = member
+        out.members[member.key] = member
+        out.statuses[member.key] = read.status
         if read.status != "Pending":
-            holding = holding if holding is not None else set()
-            holding.update(f"{ns}/{n}" for n in read.facts.names)
+            out.holding.setdefault(job, set()).update(f"{ns}/{n}" for n in read.facts.names)
             stuck = unbindable(pod, read.node) if read.status == "Running" and read.node else None
             if stuck is not None:
-                refused[member.key] = stuck
-    return _GangRead(
-        reads,
-        tuple(going),
-        gang,
-        tuple(members),
-        waiting.get(job),
-        unweighed,
-        stranded,
-        allowed,
-        holding,
-        refused,
-        flying,
-    )
+                out.refused[member.key] = stuck
+    if cache is not None:
+        cache.pods = seen  # pods gone since are forgotten
+    return out
 
 
 @dataclass
@@ -1046,9 +917,7 @@ def _weigh_gangs(
         inputs: tuple[Any, ...] = ()
         if cache is not None:
             before = exact.get(gang.queue, 0.0)
-            inputs = _job_inputs(
-                gang, cache.gangs[job], found, groups, known_nodes, whole_before=before.is_integer(), weighed=weighed
-            )
+            inputs = _job_inputs(gang, found, groups, known_nodes, whole_before=before.is_integer(), weighed=weighed)
             hit = cache.jobs.get(job)
             if (
                 hit is not None
@@ -1208,7 +1077,6 @@ def _weigh_gangs(
 
 def _job_inputs(
     gang: Gang,
-    grouped: _GangRead,
     found: _Gangs,
     groups: Mapping[str, Json],
     known_nodes: set[str],
@@ -1217,20 +1085,29 @@ def _job_inputs(
     weighed: Mapping[str, float] | None,
 ) -> tuple[Any, ...]:
     """What a gang is weighed from (WorldCache): objects by identity (_job_objects keeps them alive), the rest by
-    value. The part its grouping alone sets is kept with the grouping: a gang grouped as last time compares by
-    identity."""
-    if grouped.inputs is None:
-        group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
-        members = tuple(
-            (key, id(m.pod), found.statuses[key], m.node, tuple(id(c) for c in m.claims), found.allowed.get(key))
-            for key, m in sorted(gang.members.items())
+    value."""
+    group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
+    members = tuple(
+        (
+            key,
+            id(m.pod),
+            found.statuses[key],
+            m.node,
+            m.node in known_nodes,
+            tuple(id(c) for c in m.claims),
+            found.allowed.get(key),
         )
-        grouped.inputs = (gang.queue, gang.min_member, gang.pod_group, id(group), gang.name in found.flying, members)
+        for key, m in sorted(gang.members.items())
+    )
     return (
-        grouped.inputs,
-        tuple(m.node in known_nodes for m in gang.members.values()),
+        gang.queue,
+        gang.min_member,
+        gang.pod_group,
+        id(group),
         whole_before,
         (weighed or {}).get(gang.name),
+        gang.name in found.flying,
+        members,
     )
 
 
@@ -1265,12 +1142,12 @@ def build_world(
     objects = _read_objects(claims, pod_groups, queues, slices)
     if cache is not None:
         cache.read_slices(objects.slices)
-        cache.pods_read = cache.gangs_grouped = cache.jobs_weighed = 0
+        cache.pods_read = cache.jobs_weighed = 0
     served = _serve_nodes(nodes, objects.slices, driver, cache)
     found = _group_gangs(
         pods,
         objects,
-        served.managed,
+        NodeRules(served.managed),
         default_queue=default_queue,
         in_flight=in_flight,
         refused_claims=refused_claims,
