@@ -86,6 +86,11 @@ class Deployed:
         assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
         return done.stdout
 
+    def install(self, *values: Path) -> str:
+        """`helm install` of the chart into the namespace with the site's values, then `values` over them."""
+        files = [arg for path in (self.values, *values) for arg in ("-f", str(path))]
+        return self.run_helm("install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", *files)
+
     def agent_pods(self) -> list[dict[str, Any]]:
         return list(self.cp.request("GET", AGENT_PODS)["items"])
 
@@ -199,9 +204,7 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_helm_install_runs_the_agent_pod_which_publishes_the_node_and_serves_claims(deployed: Deployed) -> None:
     started = time.monotonic()
-    deployed.run_helm(
-        "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace", "-f", str(deployed.values)
-    )
+    deployed.install()
     image = _image_name(deployed.tags["current"])
     first_slice = wait_for(
         "the node's first slice", lambda: deployed.slices() or None, 240, deployed.node.check_running
@@ -394,18 +397,7 @@ def _leader(deployed: Deployed) -> tuple[str, str] | None:
 def test_the_arbiter_s_two_replicas_admit_a_gang_and_the_standby_takes_over(deployed: Deployed) -> None:
     site = deployed.site
     reservation_port = free_port()
-    deployed.run_helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        NS,
-        "--create-namespace",
-        "-f",
-        str(deployed.values),
-        "-f",
-        str(_arbiter_values(deployed, reservation_port)),
-    )
+    deployed.install(_arbiter_values(deployed, reservation_port))
     deployed.ready_agent(_image_name(deployed.tags["current"]))
     # A pod left from the uninstall test holds a GPU: the new agent unprepares it.
     with contextlib.suppress(urllib.error.HTTPError):
@@ -656,18 +648,7 @@ def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the
     GPUs; `helm uninstall` takes all of it away (pods, slices, CRD, device classes, RBAC)."""
     site = deployed.site
     started = time.monotonic()
-    deployed.run_helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        NS,
-        "--create-namespace",
-        "-f",
-        str(deployed.values),
-        "-f",
-        str(_compute_domain_values(deployed)),
-    )
+    deployed.install(_compute_domain_values(deployed))
     assert site.get(CD_CRD) is not None
 
     def channels() -> list[dict[str, Any]] | None:
