@@ -621,16 +621,16 @@ CD_CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/computedomains
 GB200_TRAY = "gb200-nvl72-node00"  # a compute tray of the fake NVL72 rack: its 4 GPUs in one fabric clique
 
 
-def _compute_domain_values(deployed: Deployed) -> Path:
-    """ComputeDomains on; the node's fake NVML a GB200 tray (the chart's NVML entry replaced); the controller on
-    the node's network (the API server at loopback, as the agent)."""
+def _compute_domain_values(deployed: Deployed, gpus: bool) -> Path:
+    """ComputeDomains on, GPUs on or off; the node's fake NVML a GB200 tray (the chart's NVML entry replaced); the
+    controller on the node's network (the API server at loopback, as the agent)."""
     base = yaml.safe_load(deployed.values.read_text())
     env = [e for e in base["kubeletPlugin"]["containers"]["gpus"]["env"] if e["name"] != "NVML"]
-    path = deployed.values.with_name("compute-domain-values.yaml")
+    path = deployed.values.with_name(f"compute-domain-values-{gpus}.yaml")
     path.write_text(
         yaml.safe_dump(
             {
-                "resources": {"computeDomains": {"enabled": True}},
+                "resources": {"gpus": {"enabled": gpus}, "computeDomains": {"enabled": True}},
                 "controller": {"hostNetwork": True},
                 "kubeletPlugin": {
                     "containers": {"gpus": {"env": [*env, {"name": "NVML", "value": f"fake:{GB200_TRAY}"}]}}
@@ -641,14 +641,18 @@ def _compute_domain_values(deployed: Deployed) -> Path:
     return path
 
 
-def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the_channels(deployed: Deployed) -> None:
+@pytest.mark.parametrize("gpus", [True, False], ids=["with-gpus", "alone"])
+def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the_channels(
+    deployed: Deployed, gpus: bool
+) -> None:
     """Tried: the chart with resources.computeDomains.enabled=true (NVIDIA's value) on a node whose GPUs are in a
-    fabric clique: the ComputeDomain CRD is served, the controller's replicas run Ready in the cluster and one
-    leads, the node agent's pod publishes the compute-domain.nvidia.com slice (channel-0, daemon-0) beside its
-    GPUs; `helm uninstall` takes all of it away (pods, slices, CRD, device classes, RBAC)."""
+    fabric clique, with resources.gpus.enabled true and false (GPUs left to a device plugin): the ComputeDomain
+    CRD is served, the controller's replicas run Ready in the cluster and one leads, the node agent's pod publishes
+    the compute-domain.nvidia.com slice (channel-0, daemon-0), beside its GPUs only with GPUs on (and only then
+    the GPU device classes); `helm uninstall` takes all of it away (pods, slices, CRD, device classes, RBAC)."""
     site = deployed.site
     started = time.monotonic()
-    deployed.install(_compute_domain_values(deployed))
+    deployed.install(_compute_domain_values(deployed, gpus))
     assert site.get(CD_CRD) is not None
 
     def channels() -> list[dict[str, Any]] | None:
@@ -661,7 +665,13 @@ def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the
     devices = {d["name"]: d["attributes"] for d in cd_slice["spec"]["devices"]}
     assert devices["channel-0"]["type"]["string"] == "channel"
     assert devices["daemon-0"]["type"]["string"] == "daemon"
-    assert {"gpu-0", "gpu-3"} <= set(site.devices())  # the GPUs too: one agent serves both drivers
+    classes = {c["metadata"]["name"] for c in site.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]}
+    assert {"compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com"} <= classes
+    if gpus:  # one agent serves both drivers
+        assert {"gpu-0", "gpu-3"} <= set(site.devices()) and "gpu.nvidia.com" in classes
+    else:  # the GPUs are the device plugin's: none published, no class for them
+        assert [s["spec"]["driver"] for s in deployed.slices()] == [CD_DRIVER]
+        assert "gpu.nvidia.com" not in classes and "mig.nvidia.com" not in classes
 
     def controllers_ready() -> list[dict[str, Any]] | None:
         pods = site.cp.request("GET", CD_CONTROLLER_PODS)["items"]
@@ -673,13 +683,20 @@ def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the
         return ready if len(ready) == 2 else None
 
     pods = wait_for("the controller's two replicas to be Ready", controllers_ready, 180, deployed.node.check_running)
-    holder = wait_for(
-        "a controller to lead", lambda: (site.get(CD_LEASE) or {}).get("spec", {}).get("holderIdentity"), 120
-    )
-    # the holder is one of these pods: it logs its identity when it runs
-    assert [p for p in pods if holder in deployed.pod_log(NS, p["metadata"]["name"])]
+
+    def leader() -> str | None:
+        """The Lease's holder once it is one of these pods (each logs its identity when it runs): a Lease left by
+        an earlier install's leader, whose RBAC went before it could release it, names it until it expires."""
+        holder = (site.get(CD_LEASE) or {}).get("spec", {}).get("holderIdentity")
+        ours = holder and any(holder in deployed.pod_log(NS, p["metadata"]["name"]) for p in pods)
+        return holder if ours else None
+
+    wait_for("one of them to lead", leader, 120)
     ready_s = time.monotonic() - started
-    print(f"helm install with ComputeDomains -> compute-domain slice {slice_s:.1f}s, controllers Ready {ready_s:.1f}s")
+    print(
+        f"helm install with ComputeDomains (GPUs {'on' if gpus else 'off'}) -> compute-domain slice {slice_s:.1f}s, "
+        f"controllers Ready {ready_s:.1f}s"
+    )
 
     started = time.monotonic()
     deployed.run_helm("uninstall", RELEASE, "--namespace", NS)
