@@ -67,9 +67,17 @@ def run_compute_domain_scene(say: Callable[..., None]) -> None:
             lambda: _status(rack) == "Ready" and rack.domain(NS, "train"), timeout=30, what="the domain to be Ready"
         )
         uid = domain["metadata"]["uid"]
+        members = {entry["name"] for entry in domain["status"]["nodes"]}
+        # Ready needs each daemon ready, not each daemon's peers: a node that joined early learns of the later
+        # ones when its agent next rewrites the nodes file and signals the daemon to reload it
+        rack.wait_for(
+            lambda: all(len(n.daemon_nodes().get(uid, [])) == 4 for n in rack.nodes if n.name in members),
+            timeout=30,
+            what="every IMEX daemon to load its four peers",
+        )
         say(
-            f"  workers    train-0..3, 4 GPUs and channel0 each: prepared, the domain Ready, after "
-            f"{time.monotonic() - t0:.1f}s"
+            f"  workers    train-0..3, 4 GPUs and channel0 each: prepared, the domain Ready, every daemon told its "
+            f"peers, after {time.monotonic() - t0:.1f}s"
         )
         for entry in sorted(domain["status"]["nodes"], key=lambda e: e["index"]):
             node = next(n for n in rack.nodes if n.name == entry["name"])
