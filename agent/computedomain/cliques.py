@@ -90,12 +90,17 @@ def domain_of(claim: Mapping[str, Any]) -> str | None:
 
 def fits(rooms: Mapping[str, NodeRoom], clique: str, num_nodes: int) -> bool:
     """Whether enough of the clique's nodes have a channel no other domain holds: it can take the domain now."""
-    return clique != NONE and sum(1 for r in rooms.values() if r.clique == clique and not r.taken) >= max(num_nodes, 1)
+    return _enough(rooms, clique, num_nodes, taken_too=False)
 
 
 def holds(rooms: Mapping[str, NodeRoom], clique: str, num_nodes: int) -> bool:
     """Whether the clique has enough nodes publishing a channel to take the domain once other domains end."""
-    return clique != NONE and sum(1 for r in rooms.values() if r.clique == clique) >= max(num_nodes, 1)
+    return _enough(rooms, clique, num_nodes, taken_too=True)
+
+
+def _enough(rooms: Mapping[str, NodeRoom], clique: str, num_nodes: int, *, taken_too: bool) -> bool:
+    counted = sum(1 for r in rooms.values() if r.clique == clique and (taken_too or not r.taken))
+    return clique != NONE and counted >= max(num_nodes, 1)
 
 
 def choose(rooms: Mapping[str, NodeRoom], num_nodes: int) -> Pick:

@@ -248,12 +248,11 @@ class Client:
         one attempt). A 429 or 5xx that names a Retry-After is tried again after that wait (with `retries`).
         Every request passes the rate limit, when one is set. Raises urllib3's HTTPError or OSError when the
         server cannot be reached."""
-        target = path + (f"?{urlencode(query)}" if query else "")
         limit = timeout or self.timeout
         for attempt in range(1, RETRY_AFTER_ATTEMPTS + 1):
             if self.rate_limit is not None:
                 self.rate_limit.wait()
-            sent = {"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()}
+            target, sent = self._target(path, query, headers)  # the credentials as they are now
             if self._keepalive is not None and isinstance(limit, tuple):
                 reply = self._keepalive.request(method, target, body=body, headers=sent, timeout=limit, retries=retries)
             else:  # through a proxy, or with one limit for the whole request: urllib3's pool does both
@@ -282,14 +281,20 @@ class Client:
     ) -> urllib3.BaseHTTPResponse:
         """A request whose body (a watch's events) is left unread for the caller, through urllib3's pool; no
         rate limit and no Retry-After wait (a watch's reflector starts over)."""
-        target = path + (f"?{urlencode(query)}" if query else "")
-        sent = {"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()}
+        target, sent = self._target(path, query, headers)
         response = self._open(
             method, target, body=None, headers=sent, limit=timeout or self.timeout, retries=retries, stream=True
         )
         if response.status == 401:
             self._auth.rejected()
         return response
+
+    def _target(
+        self, path: str, query: Mapping[str, str] | None, headers: Mapping[str, str] | None
+    ) -> tuple[str, dict[str, str]]:
+        """The request target (path and query) and the headers to send, the credentials' included."""
+        target = path + (f"?{urlencode(query)}" if query else "")
+        return target, {"User-Agent": USER_AGENT, **(headers or {}), **self._auth.headers()}
 
     def _open(
         self,

@@ -289,15 +289,10 @@ class ReservationBook:
     ) -> Reservation:
         """Hold devices for one gang member; raises NoFit when the node cannot take it, ValueError for a bad
         request (a selector included) and TimeoutError when its selectors outlast `timeout_s`."""
-        self._checked(gang_id, member, claim, ttl_seconds)
-        allocator = self._allocator_for(claim, timeout_s)
-        with self._lock:
-            self._expire()
-            fit = allocator.allocate(self._inventory(), self._usage_with_reservations(), claim)
-            r = Reservation(self._new_id(), gang_id, member, fit, self._clock() + ttl_seconds)
-            self._live[r.id] = r
-            self._changed()
-            return r
+        try:
+            return self.reserve_many(gang_id, [(member, claim)], ttl_seconds, timeout_s)[0]
+        except (MemberInvalid, MemberNoFit) as e:  # one member: the refusal as it was, not naming the member
+            raise e.__cause__ or e from None
 
     def reserve_many(
         self,
