@@ -82,7 +82,7 @@ class ArbiterConfig:
     period_s: float = 1.0  # a cycle at least this often; changes seen by the informers start one sooner
     # a cycle starts at least this long after the previous one started: under churn (pods ending, claims freed,
     # gangs arriving) the changes of a burst are decided in one cycle, not in one cycle each
-    cycle_gap_s: float = 0.5
+    cycle_gap_s: float = 1.0  # KAI's schedulePeriod
     actions: tuple[str, ...] = DEFAULT_ACTIONS
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes

@@ -134,7 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cycle-gap",
         env="CYCLE_GAP",
         type=float,
-        default=0.5,
+        default=ArbiterConfig.cycle_gap_s,
         metavar="SECONDS",
         help="least seconds from one cycle's start to the next: changes arriving meanwhile are decided together",
     )
