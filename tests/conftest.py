@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import time
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -39,6 +41,20 @@ NODE_BUILD_BUDGET_S = 20 * 60
 settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore", max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_as_found() -> Iterator[None]:
+    """A test that runs a command in-process (`main([...])`) has agent.logs.setup point the root logger at the
+    stderr pytest captured for that test; once that capture is closed, any later record (another test's thread)
+    would fail to print. Such a handler goes with its test."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if type(handler) is logging.StreamHandler and handler not in before:  # agent.logs.setup's kind
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
