@@ -258,7 +258,13 @@ class Arbiter:
         self.metrics = metrics
         self._recorder = recorder
         self._changed = threading.Event()
-        wake = self._changed.set
+
+        def wake() -> None:
+            # set() takes a lock and notifies on every event; the informer stored the change before this check,
+            # and the loop clears the flag before it reads the informers, so a skipped set loses nothing
+            if not self._changed.is_set():
+                self._changed.set()
+
         self.pods = Informer(rest, PODS, wake)
         self.claims = Informer(rest, RESOURCE_CLAIMS, wake)
         self.pod_groups = Informer(rest, POD_GROUPS, wake, optional=True)
