@@ -37,6 +37,14 @@ class _Pending(NamedTuple):
     message: str
     type_: str
 
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return self.obj.get("metadata") or {}
+
+    @property
+    def namespace(self) -> str:
+        return str(self.meta.get("namespace") or "default")
+
 
 class EventRecorder:
     def __init__(
@@ -85,8 +93,7 @@ class EventRecorder:
 
     def _write(self, item: _Pending) -> None:
         """Best effort: an Event that cannot be written is logged, never raised."""
-        meta = item.obj.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
+        meta, namespace = item.meta, item.namespace
         digest = hashlib.sha256(f"{meta.get('uid')}/{item.reason}/{item.message}".encode()).hexdigest()[:10]
         name = f"{meta.get('name')}.{digest}"
         now = rfc3339(self._clock())
@@ -112,8 +119,7 @@ class EventRecorder:
             log.debug("event %s/%s not written: %s", namespace, name, exc)
 
     def _create(self, item: _Pending, name: str, count: int, now: str) -> None:
-        meta = item.obj.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
+        meta, namespace = item.meta, item.namespace
         self._rest.create(
             EVENTS,
             namespace,

@@ -383,10 +383,12 @@ def _arbiters(deployed: Deployed) -> list[dict[str, Any]]:
     return [p for p in deployed.cp.request("GET", ARBITER_PODS)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
-def _leader(deployed: Deployed) -> tuple[str, str] | None:
-    """The Lease's holder and the arbiter pod it is (its identity is in its "arbiter running" log line)."""
-    holder = (deployed.cp.request("GET", LEASE).get("spec") or {}).get("holderIdentity")
-    for pod in _arbiters(deployed) if holder else ():
+def _leader(deployed: Deployed, lease: str = LEASE, pods: list[dict[str, Any]] | None = None) -> tuple[str, str] | None:
+    """The Lease's holder and which of `pods` (the arbiters by default) it is, each logging its identity when it
+    runs; None until one of them holds it (a Lease left by an earlier install's leader, whose RBAC went before it
+    could release it, names that leader until it expires)."""
+    holder = ((deployed.site.get(lease) or {}).get("spec") or {}).get("holderIdentity")
+    for pod in (_arbiters(deployed) if pods is None else pods) if holder else ():
         name = pod["metadata"]["name"]
         with contextlib.suppress(urllib.error.HTTPError):
             if holder in deployed.pod_log(NS, name):
@@ -683,15 +685,7 @@ def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the
         return ready if len(ready) == 2 else None
 
     pods = wait_for("the controller's two replicas to be Ready", controllers_ready, 180, deployed.node.check_running)
-
-    def leader() -> str | None:
-        """The Lease's holder once it is one of these pods (each logs its identity when it runs): a Lease left by
-        an earlier install's leader, whose RBAC went before it could release it, names it until it expires."""
-        holder = (site.get(CD_LEASE) or {}).get("spec", {}).get("holderIdentity")
-        ours = holder and any(holder in deployed.pod_log(NS, p["metadata"]["name"]) for p in pods)
-        return holder if ours else None
-
-    wait_for("one of them to lead", leader, 120)
+    wait_for("one of them to lead", lambda: _leader(deployed, CD_LEASE, pods), 120)
     ready_s = time.monotonic() - started
     print(
         f"helm install with ComputeDomains (GPUs {'on' if gpus else 'off'}) -> compute-domain slice {slice_s:.1f}s, "
