@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import urllib3
+from urllib3.util.wait import wait_for_read
 
 from agent.kube import writegate
 from agent.kube.keepalive import KeepAlive, Reply
@@ -323,3 +324,26 @@ class Client:
             retries=_RETRIES if retries else False,
             redirect=False,
         )
+
+
+def drained(response: urllib3.BaseHTTPResponse) -> bool:
+    """Whether nothing more of a streamed body can be read now without waiting for the server: the socket has
+    nothing, TLS holds no decrypted bytes, and the response's own buffer is empty. False when unsure (no socket
+    to look at). A watch lingers only then, so a burst already received is never held back."""
+    connection = response.connection
+    sock = getattr(connection, "sock", None)
+    buffered = getattr(getattr(response, "_fp", None), "fp", None)  # http.client's reader of the body
+    if sock is None or buffered is None:
+        return False
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return False
+    if wait_for_read(sock, 0.0):
+        return False
+    timeout = sock.gettimeout()
+    sock.settimeout(0.0)  # peek: the reader's buffered bytes, or one read that cannot block
+    try:
+        return not buffered.peek(1)
+    except (ssl.SSLWantReadError, BlockingIOError):
+        return True
+    finally:
+        sock.settimeout(timeout)

@@ -43,6 +43,7 @@ class Informer:
         optional: bool = False,
         indexers: Mapping[str, Callable[[Json], Iterable[str]]] | None = None,
         on_event: Callable[[str, Json], None] | None = None,
+        linger_s: float = 0.0,
     ) -> None:
         self.resource = resource
         self._indexers = dict(indexers or {})
@@ -62,6 +63,7 @@ class Informer:
             backoff=Backoff(0.1, max_backoff_s, jitter=SPREAD),
             optional=optional,
             on_unserved=self._unserved,
+            linger_s=linger_s,
         )
 
     # -- reading ----------------------------------------------------------------------------------------

@@ -46,8 +46,10 @@ class Reflector:
         backoff: Backoff | None = None,
         optional: bool = False,
         on_unserved: Callable[[], None] = lambda: None,
+        linger_s: float = 0.0,
     ) -> None:
         self.resource = resource
+        self._linger_s = linger_s  # agent.kube.rest.Rest.watch: reads gathered, not one wake-up an event
         self._rest = rest
         self._on_list = on_list
         self._on_event = on_event
@@ -133,6 +135,8 @@ class Reflector:
             timeout_seconds=self._timeout_s,
             field_selector=self._selector,
             opened=self._opened,
+            linger_s=self._linger_s,
+            pause=self._stop.wait,  # stop() ends a pause at once
         )
         try:
             for event in events:

@@ -9,6 +9,7 @@ raises agent.kube.errors: callers never see the network layer's exceptions.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from urllib3.exceptions import HTTPError
 
 from agent.jsontypes import Json
 from agent.kube import writegate
-from agent.kube.client import Client
+from agent.kube.client import Client, drained
 from agent.kube.errors import ApiError, Gone, NotFound, call, translate
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -230,10 +231,14 @@ class Rest:
         namespace: str | None = None,
         field_selector: str | None = None,
         opened: Callable[[Any], None] | None = None,
+        linger_s: float = 0.0,
+        pause: Callable[[float], object] = time.sleep,
     ) -> Iterator[WatchEvent]:
         """Events after `resource_version`, with bookmarks; raises Gone when that version is too old (HTTP
         410 or an ERROR event with code 410), ApiError on other failures. Ends when the server closes.
-        `opened(response)` gets the open stream, whose shutdown() ends a read blocked on a silent server."""
+        `opened(response)` gets the open stream, whose shutdown() ends a read blocked on a silent server.
+        `linger_s`: once every event received is handled, `pause(linger_s)` before waiting for more, so that
+        the events of that time are read at one wake-up, not one each (see `_lingering`)."""
         query = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -251,12 +256,26 @@ class Rest:
         if opened is not None:
             opened(response)
         try:
-            for line in _lines(response.stream(64 * 1024, decode_content=False)):
+            chunks = response.stream(64 * 1024, decode_content=False)
+            if linger_s > 0:
+                chunks = _lingering(chunks, lambda: drained(response), lambda: pause(linger_s))
+            for line in _lines(chunks):
                 yield _event(orjson.loads(line))
         except (OSError, HTTPError) as exc:
             raise ApiError(0, f"watch of {resource.plural} broke: {exc}") from exc
         finally:
             response.release_conn()
+
+
+def _lingering(chunks: Iterator[bytes], drained: Callable[[], bool], pause: Callable[[], object]) -> Iterator[bytes]:
+    """`chunks`, pausing before a read that would wait for the server. Each read that waits wakes a thread:
+    on a busy 2-core machine that costs the arbiter's informers about 70 us of CPU an event when every event
+    wakes them (issue 37), and a pause of 0.1 s halved their CPU per pod in the bench. The pause is taken only
+    when nothing is left to read, so a burst is read through at full speed."""
+    for chunk in chunks:
+        yield chunk
+        if drained():
+            pause()
 
 
 def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
