@@ -17,9 +17,10 @@ with its GPUs allocated. The rules, worded and counted as kube-scheduler reports
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from agent.arbiter.fit_error import fit_error
 
@@ -121,7 +122,9 @@ def rules_key(pod: Json) -> str:
     """The pod's node rules (nodeSelector, required node affinity, tolerations) as one string: pods with equal
     keys are allowed on the same nodes. A caller may keep it per version of the pod."""
     spec = pod.get("spec") or {}
-    return json.dumps((spec.get("nodeSelector"), _required_affinity(spec), spec.get("tolerations")), sort_keys=True)
+    rules = (spec.get("nodeSelector"), _required_affinity(spec), spec.get("tolerations"))
+    # orjson: the standard library's dumps was 7 % of the cycle thread's time in the bench (issue 37)
+    return orjson.dumps(rules, option=orjson.OPT_SORT_KEYS).decode()
 
 
 class NodeRules:
