@@ -7,6 +7,7 @@ client loads every typed model on import (the node agent's idle RSS was 99.9 MiB
 from __future__ import annotations
 
 import math
+import socket
 import ssl
 import threading
 import time
@@ -329,11 +330,11 @@ class Client:
 def drained(response: urllib3.BaseHTTPResponse) -> bool:
     """Whether nothing more of a streamed body can be read now without waiting for the server: the socket has
     nothing, TLS holds no decrypted bytes, and the response's own buffer is empty. False when unsure (no socket
-    to look at). A watch lingers only then, so a burst already received is never held back."""
-    connection = response.connection
-    sock = getattr(connection, "sock", None)
+    to look at, or TLS inside a proxy's TLS). A watch lingers only then, so a burst already received is never
+    held back."""
+    sock = getattr(response.connection, "sock", None)
     buffered = getattr(getattr(response, "_fp", None), "fp", None)  # http.client's reader of the body
-    if sock is None or buffered is None:
+    if not isinstance(sock, socket.socket) or buffered is None:
         return False
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return False
