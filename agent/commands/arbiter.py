@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import NoReturn, cast
 
-from agent import logs
+from agent import collector, logs
 from agent.arbiter.controller import Arbiter, ArbiterConfig
 from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
@@ -283,8 +283,11 @@ def run(args: argparse.Namespace) -> int:
     arbiter = Arbiter(rest, token, config, metrics=metrics, recorder=EventRecorder(rest, COMPONENT, identity))
     started: dict[str, float] = {}
     process_started = 0.0
+    collections = collector.CollectorTime()
     try:
         arbiter.start()
+        collector.settle(collector.YOUNG_THRESHOLD)
+        collections.install()
         started = thread_cpu_seconds()  # the summary counts from here: the informers' first lists are start-up
         process_started = _process_cpu_seconds()
         log.info("arbiter running", extra={"identity": identity})
@@ -296,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         threads = {k: v - started.get(k, 0.0) for k, v in thread_cpu_seconds().items()}
         # the whole process over the same span: what threads that ended meanwhile (gRPC's) used is the difference
         process = _process_cpu_seconds() - process_started if started else 0.0
+        collections.uninstall()
         arbiter.stop()
         # what an operator (or the benchmark) asks after a run: how much it decided and where the time went
         log.info(
@@ -305,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
                     k: round(v, 3) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.001
                 },
                 "process_cpu_seconds": round(process, 3),
+                "gc_cpu_seconds": [round(v, 3) for v in collections.seconds],  # by generation, youngest first
+                "gc_collections": collections.collections,
                 "cycles": arbiter.cycles,
                 "unchanged_cycles": arbiter.unchanged_cycles,
                 "evictions": dict(arbiter.evictions),

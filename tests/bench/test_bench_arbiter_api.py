@@ -311,6 +311,12 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
     )
     print(f"  {_cpu_parts(run, len(admitted_at))}")
     print(
+        f"  of which the garbage collector (agent.collector): {sum(run.gc_cpu_seconds) * 1000 / len(admitted_at):.2f}"
+        f" ms a pod, {sum(run.gc_cpu_seconds):.3f} s in {sum(run.gc_collections)} collections (by generation, "
+        f"youngest first: {' / '.join(f'{s:.3f} s' for s in run.gc_cpu_seconds)}; "
+        f"{' / '.join(str(n) for n in run.gc_collections)})"
+    )
+    print(
         "  commit steps (summed over parallel commits): "
         + ", ".join(f"{k} {v:.2f} s" for k, v in run.commit_seconds.items())
     )
@@ -405,6 +411,8 @@ class _Run:
     refused: dict[str, int]  # commits a node or the API refused, by reason (the gang waits for the next cycle)
     given_back: int  # reservations kube-scheduler took from admitted pods, which the arbiter put back
     unchanged: int = 0  # cycles started by the period alone, no change seen since the last one
+    gc_cpu_seconds: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0, 0.0])  # by generation
+    gc_collections: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0])
 
 
 _ADMITTED = re.compile(r"admitted gang (\S+) of queue")
@@ -450,6 +458,8 @@ def _read_log(path: Path) -> _Run:
         refused,
         given_back,
         summary.get("unchanged_cycles", 0),
+        summary.get("gc_cpu_seconds", [0.0, 0.0, 0.0]),
+        summary.get("gc_collections", [0, 0, 0]),
     )
 
 
