@@ -357,6 +357,9 @@ def test_kill_minus_nine_of_the_arbiter_loses_nothing(cluster: FakeCluster) -> N
             timeout=60,
             what="every pod admitted after the restart",
         )
+        # the first arbiter may have committed every gang before the kill landed, so the pods can all be bound
+        # while the second is still starting: it is given its second from when it runs
+        wait_for(lambda: "arbiter running" in log_path.read_text(), timeout=60, what="the restarted arbiter running")
         # the recovery alone may have finished every gang the first arbiter left half done; the cycle that
         # decides on the repaired state starts a cycle gap later
         time.sleep(1.0)
