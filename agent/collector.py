@@ -2,7 +2,7 @@
 
 An informer keeps the newest version of every object, so each watch event leaves behind a few dozen dicts and
 lists that live a second or two and die by reference counting. With the default threshold (a collection of
-the youngest generation every 700 allocations) each of them is traversed by the collector at least twice
+the youngest generation every 700 allocations) each of them is traversed by the collector once or twice
 before it dies, and a full collection traverses everything still held. In the arbiter's bench (1,000 pods on
 the real control plane) that was 0.36 s of CPU, a third of a millisecond per admitted pod; every 50,000
 allocations instead, 0.02 s. The objects that need the collector at all are few (the core's sessions hold
