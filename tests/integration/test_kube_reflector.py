@@ -110,8 +110,8 @@ def test_a_lingering_watch_reads_a_burst_through_and_pauses_only_when_drained() 
                 break
         assert seen == [f"n{i}" for i in range(300)]
         assert time.monotonic() - started < 10
-        assert len(pauses) <= 5, pauses
-        late = threading.Timer(0.1, lambda: rest.create(NODES, None, node("late")))
+        assert len(pauses) < 30, pauses  # only while the server was still writing the burst, not one per event
+        late = threading.Timer(0.5, lambda: rest.create(NODES, None, node("late")))
         late.start()
         assert next(events).object["metadata"]["name"] == "late"
         assert pauses[-1] == 300  # idle once the burst was read: it paused before reading on
