@@ -21,6 +21,7 @@ exactly the node its affinity (or the claims' nodeSelector) names.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -269,15 +270,15 @@ class Arbiter:
             if not self._changed.is_set():
                 self._changed.set()
 
-        linger = config.watch_linger_s
-        self.pods = Informer(rest, PODS, wake, linger_s=linger)
-        self.claims = Informer(rest, RESOURCE_CLAIMS, wake, linger_s=linger)
-        self.pod_groups = Informer(rest, POD_GROUPS, wake, optional=True, linger_s=linger)
-        self.queues = Informer(rest, QUEUES, wake, optional=True, linger_s=linger)
-        self.nodes = Informer(rest, NODES, wake, linger_s=linger)
-        self.slices = Informer(rest, RESOURCE_SLICES, wake, linger_s=linger)
-        self.classes = Informer(rest, DEVICE_CLASSES, wake, linger_s=linger)
-        self.taint_rules = Informer(rest, DEVICE_TAINT_RULES, wake, optional=True, linger_s=linger)  # from 1.37
+        watch = functools.partial(Informer, rest, on_change=wake, linger_s=config.watch_linger_s)
+        self.pods = watch(PODS)
+        self.claims = watch(RESOURCE_CLAIMS)
+        self.pod_groups = watch(POD_GROUPS, optional=True)
+        self.queues = watch(QUEUES, optional=True)
+        self.nodes = watch(NODES)
+        self.slices = watch(RESOURCE_SLICES)
+        self.classes = watch(DEVICE_CLASSES)
+        self.taint_rules = watch(DEVICE_TAINT_RULES, optional=True)  # served from 1.37
         self._informers = [
             self.pods,
             self.claims,

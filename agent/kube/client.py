@@ -334,8 +334,8 @@ def drained(response: urllib3.BaseHTTPResponse) -> bool:
     held back."""
     sock = getattr(response.connection, "sock", None)
     buffered = getattr(getattr(response, "_fp", None), "fp", None)  # http.client's reader of the body
-    if not isinstance(sock, socket.socket) or buffered is None or buffered.closed or sock.fileno() < 0:
-        return False  # the body ended (urllib3 let the connection go): the next read says so at once
+    if not isinstance(sock, socket.socket) or buffered is None:
+        return False
     try:
         if (isinstance(sock, ssl.SSLSocket) and sock.pending()) or wait_for_read(sock, 0.0):
             return False
@@ -343,9 +343,9 @@ def drained(response: urllib3.BaseHTTPResponse) -> bool:
         sock.settimeout(0.0)  # peek: the reader's buffered bytes, or one read that cannot block
         try:
             return not buffered.peek(1)
-        except (ssl.SSLWantReadError, BlockingIOError):
-            return True
         finally:
             sock.settimeout(timeout)
-    except (OSError, ValueError):  # closed under us: read on, and let the read report it
+    except (ssl.SSLWantReadError, BlockingIOError):  # nothing buffered, and a read would wait
+        return True
+    except (OSError, ValueError):  # the body ended or the socket closed under us: the next read says so
         return False
