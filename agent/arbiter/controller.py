@@ -87,10 +87,11 @@ class ArbiterConfig:
     actions: tuple[str, ...] = DEFAULT_ACTIONS
     sync_timeout_s: float = 60.0
     expectation_timeout_s: float = 5.0  # how long a cycle waits for the informers to show our last writes
-    # an informer that has read every event so far may wait this long before reading on: the events of that
-    # time then cost one wake-up, not one each (0.1 s halved the informers' CPU per pod in the bench). Off: with
-    # it, a test saw the claim informer stay without the arbiter's allocations for seconds (issue 37's note)
-    watch_linger_s: float = 0.0
+    # an informer that has read every event so far waits this long before reading on: the events of that time
+    # then cost one wake-up, not one each (0.1 s halved the informers' CPU per pod in the bench). The watches
+    # then trail each other by up to this much; a gang of ours bound before its claims show allocated still
+    # holds its GPUs (world._group_gangs)
+    watch_linger_s: float = 0.1
     commit_workers: int = 32  # gangs committed at once (each is all-or-nothing on its own; writes wait on the API)
     status_period_s: float = 1.0  # Queue status is written at most this often
     # time-aware fair share: past usage decays with this half-life (seconds); None: plain fair share

@@ -394,10 +394,17 @@ RELEASE = "release"  # _read_pod: a gated pod that is not the arbiter's, to be u
 
 
 def _read_pod(
-    pod: Json, groups: Mapping[str, Json], claims: Mapping[str, Json], default_queue: str | None
+    pod: Json,
+    groups: Mapping[str, Json],
+    claims: Mapping[str, Json],
+    default_queue: str | None,
+    *,
+    landing: bool = False,
 ) -> _Pod | str | None:
     """An arbiter pod as the snapshot sees it; None for a pod that is not the arbiter's (no queue, or ungated and
-    holding nothing: kube-scheduler's); RELEASE for a gated one that is not (its claims are other drivers')."""
+    holding nothing: kube-scheduler's); RELEASE for a gated one that is not (its claims are other drivers').
+    `landing`: a commit of ours placed it, so ungated and holding nothing it reads as Pending (the caller places
+    it where the commit sends it), not as kube-scheduler's."""
     m = meta(pod)
     spec = pod.get("spec") or {}
     ns = str(m.get("namespace"))
@@ -434,7 +441,7 @@ def _read_pod(
     status: PodStatus | None
     if deleting or phase in ("Succeeded", "Failed"):
         status = "Releasing" if held and node is not None else None
-    elif gated or caught:
+    elif gated or caught or (landing and not (held and node is not None)):
         status = "Pending"
     elif held and node is not None:
         status = "Running"
@@ -675,11 +682,15 @@ def _group_gangs(
         if read == RELEASE:
             out.release.append(pod)
             continue
+        going = in_flight.get(key) if in_flight else None
+        if read is None and going is not None:
+            # bound by our commit, its claims not yet shown allocated (the claim watch can trail the pod
+            # watch): not a stranger's pod holding nothing, but one of ours, on its way to `going`
+            read = _read_pod(pod, objects.groups, objects.claims, default_queue, landing=True)
         if not isinstance(read, _Pod):
             out.other_pods.append(pod)
             continue
-        going = in_flight.get(key) if in_flight and read.status == "Pending" else None
-        if going is not None:
+        if going is not None and read.status == "Pending":
             read = replace(read, status="Running", node=going)
             out.flying.add(read.job)
         if read.status is None:

@@ -9,6 +9,7 @@ import pytest
 
 from agent.arbiter.core.cycle import run_cycle
 from agent.arbiter.core.snapshot import go_duration as parse_duration
+from agent.arbiter.queue_usage import held
 from agent.arbiter.world import build_world
 from agent.names import ADDRESS_ANNOTATION, ADMITTED_ANNOTATION, FINGERPRINT_ANNOTATION, GATE, QUEUE_LABEL
 from agent.objects.write import Unsupported, allocation_status, reservation_claim
@@ -228,6 +229,42 @@ def test_a_gang_whose_commit_is_under_way_counts_as_placed_and_is_no_victim() ->
     assert {n.name: n.gpus for n in flying.snapshot.nodes} == {"n0": 8, "n1": 8}  # its claim counted once
     result = run_cycle(flying.snapshot)
     assert {d.action for d in result.pods.values()} == {"keep"} and not result.evictions
+
+
+def test_a_gang_our_commit_bound_holds_its_gpus_before_the_claim_watch_shows_them() -> None:
+    # the commit has allocated both claims and bound both pods, but the claim watch trails the pod watch: the
+    # informers show the pods bound and ungated, their claims unallocated. Read alone that is a pod of
+    # kube-scheduler's holding nothing; in flight it is ours, running where it went, its GPUs taken (a gang
+    # waiting for 8 GPUs gets none of them) and counted in its queue's usage
+    pods = [pod(f"w{i}", f"c{i}", group="train", gated=False, node_name=f"n{i}") for i in range(2)]
+    pods.append(pod("next", "c-next", queue_name="team-b"))
+    claims = [claim("c0", 8), claim("c1", 8), claim("c-next", 8)]
+    built = [node(f"n{i}") for i in range(2)]
+
+    def world_with(in_flight: dict[str, str] | None) -> Any:
+        return build_world(
+            pods=pods,
+            claims=claims,
+            pod_groups=[pod_group("train", 2)],
+            queues=[queue("root"), queue("team-a", "root", 8), queue("team-b", "root", 8)],
+            nodes=[n for n, _ in built],
+            slices=[s for _, s in built],
+            driver=DRIVER,
+            now=NOW,
+            in_flight=in_flight,
+        )
+
+    unseen = world_with(None)
+    assert [j.name for j in unseen.snapshot.jobs] == ["team-a/pod/next"]
+    assert run_cycle(unseen.snapshot, ["allocate"]).pods["team-a/next"].node is not None  # two claims, one GPU
+    landing = world_with({"team-a/w0": "n0", "team-a/w1": "n1"})
+    train = next(j for j in landing.snapshot.jobs if j.name == "team-a/train")
+    assert [(p.status, p.node) for p in train.pods] == [("Running", "n0"), ("Running", "n1")]
+    assert not train.preemptible
+    assert held(landing.snapshot)["team-a"][0] == 16 * 1000
+    result = run_cycle(landing.snapshot, ["allocate"])
+    assert result.pods["team-a/next"].node is None
+    assert {d.action for k, d in result.pods.items() if k != "team-a/next"} == {"keep"}
 
 
 @pytest.mark.parametrize(
