@@ -2,9 +2,9 @@
 
 1. Reserve: each member claim on the node the arbiter chose (the node's local allocator picks the devices).
 2. Write each claim as kube-scheduler's DRA plugin does in PreBind: first the finalizer
-   `resource.kubernetes.io/delete-protection` (metadata update), then `status.allocation` (results,
-   nodeSelector for that node) together with `reservedFor` (the pod), every write conditional on the
-   resourceVersion read.
+   `resource.kubernetes.io/delete-protection` (metadata update) unless the claim was created with it (the
+   arbiter overlay's claim-protection policy), then `status.allocation` (results, nodeSelector for that
+   node) together with `reservedFor` (the pod), every write conditional on the resourceVersion read.
 3. Confirm every reservation: a node that let one expire meanwhile may have given its devices away.
 4. Ungate each pod: its required node affinity narrowed to its node (the only change a gated pod's affinity
    allows), the arbiter's gate removed, the admission time annotated. Meanwhile mark the gang's PodGroup

@@ -1,11 +1,11 @@
 """`gpu-dra-agent arbiter --uninstall`: hand the pods that wait for the arbiter back to kube-scheduler.
 
 Removed, in the order that lets nothing put them back: the arbiter's Deployment (a running arbiter restores
-its fence), then, once no arbiter holds the Lease, the admission policy that gates new pods, the fence (the
-DeviceTaintRule), the scheduling gate of every waiting pod, and the Lease (the node agents then stop telling
-pods about an absent arbiter). The Queues, their CRD and the arbiter's RBAC stay: `kubectl apply -k
-daemonset/overlays/arbiter` installs it again with the same Queues. An arbiter that still holds the Lease after
-`wait_s` (one run outside the Deployment) stops it with nothing else removed.
+its fence), then, once no arbiter holds the Lease, the admission policies that gate new pods and protect new
+claims, the fence (the DeviceTaintRule), the scheduling gate of every waiting pod, and the Lease (the node
+agents then stop telling pods about an absent arbiter). The Queues, their CRD and the arbiter's RBAC stay:
+`kubectl apply -k daemonset/overlays/arbiter` installs it again with the same Queues. An arbiter that still
+holds the Lease after `wait_s` (one run outside the Deployment) stops it with nothing else removed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 DEPLOYMENT = "gpu-dra-agent-arbiter"  # daemonset/overlays/arbiter/arbiter.yaml
 GATE_POLICY = "gpu-dra-agent-arbiter-gate"  # daemonset/overlays/arbiter/admission-gate.yaml
+CLAIM_POLICY = "gpu-dra-agent-claim-protection"  # daemonset/overlays/arbiter/claim-protection.yaml
 DEPLOYMENTS = Resource("apps", "v1", "deployments", True)
 # v1 from Kubernetes 1.36; the README tells 1.34-1.35 users to apply the policy as v1beta1
 GATE_POLICIES = tuple(
@@ -107,9 +108,13 @@ def uninstall(
                 f"Deployment was deleted; stop it (it puts the fence back), then run --uninstall again"
             )
         sleep(1.0)
-    for kind, resource in GATE_POLICIES:
-        if _delete(rest, resource, None, GATE_POLICY):
-            say(f"deleted {kind} {GATE_POLICY} ({resource.api_version}): new pods are not gated")
+    for name, effect in (
+        (GATE_POLICY, "new pods are not gated"),
+        (CLAIM_POLICY, "new claims get their finalizer as kube-scheduler allocates them"),
+    ):
+        for kind, resource in GATE_POLICIES:
+            if _delete(rest, resource, None, name):
+                say(f"deleted {kind} {name} ({resource.api_version}): {effect}")
     if _delete(rest, DEVICE_TAINT_RULES, None, FENCE_RULE):
         say(f"deleted DeviceTaintRule {FENCE_RULE}: kube-scheduler allocates the driver's devices again")
     ungated = 0

@@ -17,7 +17,9 @@ from tests.integration.conftest import Cluster
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
 GATE_POLICY = Path(__file__).resolve().parents[2] / "daemonset" / "overlays" / "arbiter" / "admission-gate.yaml"
+CLAIM_POLICY = GATE_POLICY.with_name("claim-protection.yaml")
 GATE = "scheduling.gpu-dra-agent.io/arbiter"
+PROTECTION = "resource.kubernetes.io/delete-protection"
 QUEUE_LABEL = "scheduling.gpu-dra-agent.io/queue"
 
 
@@ -50,19 +52,76 @@ def _gates(pod: dict[str, Any]) -> list[str]:
     return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
 
 
-@needs_kubectl
-def test_the_arbiter_overlays_policy_gates_queue_pods(cluster: Cluster, tmp_path: Path) -> None:
+def _claim(*requests: dict[str, Any], finalizers: list[str] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"generateName": "c-", "namespace": "default"}
+    if finalizers:
+        metadata["finalizers"] = finalizers
+    spec = {"devices": {"requests": list(requests)}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": metadata, "spec": spec}
+
+
+def _apply(cluster: Cluster, tmp_path: Path, manifest: Path) -> None:
     assert KUBECTL is not None
-    needs_mutating_policies(cluster)
     config = cluster.write_kubeconfig(tmp_path / "kubeconfig")
     applied = subprocess.run(
-        [KUBECTL, f"--kubeconfig={config}", "apply", "-f", str(GATE_POLICY)],
+        [KUBECTL, f"--kubeconfig={config}", "apply", "-f", str(manifest)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert applied.returncode == 0, applied.stderr
+
+
+@needs_kubectl
+def test_the_arbiter_overlays_policy_protects_new_claims_of_the_drivers_classes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # the finalizer its allocator would add with a write of its own just before allocating is there from creation
+    needs_mutating_policies(cluster)
+    _apply(cluster, tmp_path, CLAIM_POLICY)
+
+    claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+    created: list[str] = []
+
+    def create(claim: dict[str, Any]) -> dict[str, Any]:
+        answer = cluster.raw("POST", claims, claim)
+        assert answer.status == 201, answer
+        created.append(answer.body["metadata"]["name"])
+        return answer.body  # type: ignore[no-any-return]
+
+    try:
+        _protected_claims(create)
+    finally:  # example.com/keep has no controller to remove it (the fake has none for either finalizer)
+        for name in created:
+            cluster.raw("PATCH", f"{claims}/{name}", {"metadata": {"finalizers": None}})
+
+
+def _protected_claims(create: Any) -> None:
+    gpu = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    first = _until(lambda: create(_claim(gpu)), lambda c: PROTECTION in (c["metadata"].get("finalizers") or []))
+    assert first["metadata"]["finalizers"] == [PROTECTION]
+    # a firstAvailable request any of whose choices is a MIG device, beside a request of another driver's
+    either = {
+        "name": "either",
+        "firstAvailable": [
+            {"name": "nic", "deviceClassName": "nic.example.com"},
+            {"name": "mig", "deviceClassName": "mig.nvidia.com"},
+        ],
+    }
+    nic = {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
+    assert create(_claim(nic, either))["metadata"]["finalizers"] == [PROTECTION]
+    # another driver's claim is left as it was; a claim that has finalizers keeps them and gets this one once
+    assert "finalizers" not in create(_claim(nic))["metadata"]
+    kept = create(_claim(gpu, finalizers=["example.com/keep"]))["metadata"]["finalizers"]
+    assert kept == ["example.com/keep", PROTECTION]
+    assert create(_claim(gpu, finalizers=[PROTECTION]))["metadata"]["finalizers"] == [PROTECTION]
+
+
+@needs_kubectl
+def test_the_arbiter_overlays_policy_gates_queue_pods(cluster: Cluster, tmp_path: Path) -> None:
+    needs_mutating_policies(cluster)
+    _apply(cluster, tmp_path, GATE_POLICY)
 
     def create() -> dict[str, Any]:
         answer = cluster.raw("POST", "/api/v1/namespaces/default/pods", _pod({QUEUE_LABEL: "team-a"}))

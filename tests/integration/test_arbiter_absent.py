@@ -189,8 +189,9 @@ def test_uninstall_hands_waiting_pods_to_kube_scheduler_and_the_next_overlay_has
         assert gates(cluster, "waits") == []  # kube-scheduler takes it
         assert cluster.raw("GET", rule).status == 404
         for kind in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"):
-            path = f"/apis/admissionregistration.k8s.io/v1/{kind}/gpu-dra-agent-arbiter-gate"
-            assert cluster.raw("GET", path).status == 404
+            for name in ("gpu-dra-agent-arbiter-gate", "gpu-dra-agent-claim-protection"):
+                path = f"/apis/admissionregistration.k8s.io/v1/{kind}/{name}"
+                assert cluster.raw("GET", path).status == 404
         # the switch: another overlay applied, no fence, and a new pod with a claim is not gated
         done = kubectl(config, "apply", "-k", str(DAEMONSET / "overlays" / "consumable-shares"))
         assert done.returncode == 0, done.stderr
