@@ -17,6 +17,7 @@ import contextlib
 import os
 import pathlib
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -270,6 +271,7 @@ class FakeCluster:
         if self._process is not None:
             self._process.terminate()
             self._process.wait(timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)  # its kubeconfig, token and logs: one per test otherwise
 
     def __enter__(self) -> FakeCluster:
         return self
