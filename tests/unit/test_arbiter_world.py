@@ -136,6 +136,7 @@ def world(
     nodes: int = 2,
     gpus: int = 8,
     built: list[tuple[dict[str, Any], dict[str, Any]]] | None = None,
+    in_flight: dict[str, str] | None = None,
 ) -> Any:
     """The world of these objects on `nodes` nodes of `gpus` GPUs, or on `built` (node(...)s changed first)."""
     built = built if built is not None else [node(f"n{i}", gpus) for i in range(nodes)]
@@ -148,6 +149,7 @@ def world(
         slices=[s for _, s in built],
         driver=DRIVER,
         now=NOW,
+        in_flight=in_flight,
     )
 
 
@@ -204,20 +206,9 @@ def test_a_gang_whose_commit_is_under_way_counts_as_placed_and_is_no_victim() ->
     # node a second time), and the cycle neither places it again nor takes it as a victim
     pods = [pod("w0", "c0", group="train"), pod("w1", "c1", group="train")]
     claims = [claim("c0", 4, "n0", ("gpu-0", "gpu-1", "gpu-2", "gpu-3"), "w0"), claim("c1", 4)]
-    built = [node(f"n{i}") for i in range(2)]
 
     def world_with(in_flight: dict[str, str] | None) -> Any:
-        return build_world(
-            pods=pods,
-            claims=claims,
-            pod_groups=[pod_group("train", 2)],
-            queues=[queue("root"), queue("team-a", "root", 8)],
-            nodes=[n for n, _ in built],
-            slices=[s for _, s in built],
-            driver=DRIVER,
-            now=NOW,
-            in_flight=in_flight,
-        )
+        return world(pods, claims, [pod_group("train", 2)], in_flight=in_flight)
 
     before = world_with(None)  # as the informers show it: a gated gang, half its devices held by "another"
     assert [p.status for j in before.snapshot.jobs for p in j.pods] == ["Pending", "Pending"]
@@ -239,24 +230,14 @@ def test_a_gang_our_commit_bound_holds_its_gpus_before_the_claim_watch_shows_the
     pods = [pod(f"w{i}", f"c{i}", group="train", gated=False, node_name=f"n{i}") for i in range(2)]
     pods.append(pod("next", "c-next", queue_name="team-b"))
     claims = [claim("c0", 8), claim("c1", 8), claim("c-next", 8)]
-    built = [node(f"n{i}") for i in range(2)]
+    queues = [queue("root"), queue("team-a", "root", 8), queue("team-b", "root", 8)]
 
     def world_with(in_flight: dict[str, str] | None) -> Any:
-        return build_world(
-            pods=pods,
-            claims=claims,
-            pod_groups=[pod_group("train", 2)],
-            queues=[queue("root"), queue("team-a", "root", 8), queue("team-b", "root", 8)],
-            nodes=[n for n, _ in built],
-            slices=[s for _, s in built],
-            driver=DRIVER,
-            now=NOW,
-            in_flight=in_flight,
-        )
+        return world(pods, claims, [pod_group("train", 2)], queues=queues, in_flight=in_flight)
 
     unseen = world_with(None)
     assert [j.name for j in unseen.snapshot.jobs] == ["team-a/pod/next"]
-    assert run_cycle(unseen.snapshot, ["allocate"]).pods["team-a/next"].node is not None  # two claims, one GPU
+    assert run_cycle(unseen.snapshot, ["allocate"]).pods["team-a/next"].node is not None  # the GPUs look free
     landing = world_with({"team-a/w0": "n0", "team-a/w1": "n1"})
     train = next(j for j in landing.snapshot.jobs if j.name == "team-a/train")
     assert [(p.status, p.node) for p in train.pods] == [("Running", "n0"), ("Running", "n1")]
