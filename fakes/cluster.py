@@ -72,7 +72,8 @@ def machine_inventory(machine: str) -> Inventory:
     return _inventories[machine]
 
 
-def _manifest(*names: str) -> list[dict[str, Any]]:
+def manifest(*names: str) -> list[dict[str, Any]]:
+    """The documents of the first of `names` found under daemonset/."""
     for name in names:
         found = sorted(DAEMONSET.rglob(name))
         if found:
@@ -144,13 +145,13 @@ class FakeCluster:
             self.server = apiserver.start(port=0)  # Kubernetes 1.37: PodGroups and a pod's schedulingGroup served
             self.server.write_kubeconfig(self.kubeconfig)
             self.rest = self.server.rest()
-        for crd in _manifest("queue-crd.yaml"):
+        for crd in manifest("queue-crd.yaml"):
             with contextlib.suppress(Conflict):  # a real server keeps it between tests
                 self.rest.create(CRDS, None, crd)
         wait_for(lambda: _served(self.rest, QUEUES), timeout=30, what="the Queue CRD to be served")
         self.rest.list(POD_GROUPS)  # served: fail here, not in the first gang
         self.rotate_token()
-        for klass in _manifest("deviceclasses.yaml"):
+        for klass in manifest("deviceclasses.yaml"):
             with contextlib.suppress(Conflict):
                 self.rest.create(DEVICE_CLASSES, None, klass)
         self.inventory = machine_inventory(machine)

@@ -27,8 +27,8 @@ DEPLOYMENT = "gpu-dra-agent-arbiter"  # daemonset/overlays/arbiter/arbiter.yaml
 GATE_POLICY = "gpu-dra-agent-arbiter-gate"  # daemonset/overlays/arbiter/admission-gate.yaml
 CLAIM_POLICY = "gpu-dra-agent-claim-protection"  # daemonset/overlays/arbiter/claim-protection.yaml
 DEPLOYMENTS = Resource("apps", "v1", "deployments", True)
-# v1 from Kubernetes 1.36; the README tells 1.34-1.35 users to apply the policy as v1beta1
-GATE_POLICIES = tuple(
+# v1 from Kubernetes 1.36; the README tells 1.34-1.35 users to apply the policies as v1beta1
+POLICY_RESOURCES = tuple(
     (kind, Resource("admissionregistration.k8s.io", version, plural, False))
     for version in ("v1", "v1beta1")
     for kind, plural in (
@@ -112,7 +112,7 @@ def uninstall(
         (GATE_POLICY, "new pods are not gated"),
         (CLAIM_POLICY, "new claims get their finalizer as kube-scheduler allocates them"),
     ):
-        for kind, resource in GATE_POLICIES:
+        for kind, resource in POLICY_RESOURCES:
             if _delete(rest, resource, None, name):
                 say(f"deleted {kind} {name} ({resource.api_version}): {effect}")
     if _delete(rest, DEVICE_TAINT_RULES, None, FENCE_RULE):

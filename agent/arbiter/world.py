@@ -403,8 +403,8 @@ def _read_pod(
 ) -> _Pod | str | None:
     """An arbiter pod as the snapshot sees it; None for a pod that is not the arbiter's (no queue, or ungated and
     holding nothing: kube-scheduler's); RELEASE for a gated one that is not (its claims are other drivers').
-    `landing`: a commit of ours placed it, so ungated and holding nothing it reads as Pending (the caller places
-    it where the commit sends it), not as kube-scheduler's."""
+    `landing`: a commit of ours placed it (the caller asks only when the plain reading is None), so ungated and
+    holding nothing it reads as Pending, placed by the caller where the commit sends it, not as kube-scheduler's."""
     m = meta(pod)
     spec = pod.get("spec") or {}
     ns = str(m.get("namespace"))
@@ -441,7 +441,7 @@ def _read_pod(
     status: PodStatus | None
     if deleting or phase in ("Succeeded", "Failed"):
         status = "Releasing" if held and node is not None else None
-    elif gated or caught or (landing and not (held and node is not None)):
+    elif gated or caught or landing:
         status = "Pending"
     elif held and node is not None:
         status = "Running"

@@ -35,23 +35,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.arbiter.controller import ArbiterConfig
-from agent.arbiter.uninstall import GATE_POLICIES
+from agent.arbiter.uninstall import POLICY_RESOURCES
 from agent.kube.errors import ApiError, NotFound
 from agent.kube.informer import Informer, start_all
 from agent.kube.rest import DEVICE_TAINT_RULES, PODS, RESOURCE_CLAIMS
 from agent.names import ADMITTED_ANNOTATION, DELETE_PROTECTION, FENCE_RULE
 from agent.objects.read import allocated_devices, claim_names
-from fakes.cluster import FakeCluster, wait_for
+from fakes.cluster import FakeCluster, manifest, wait_for
 from tests.bench.test_bench_node_prepare import percentile
 
 PODS_TOTAL = 1000
 QUEUES = 4
 
 
-CLAIM_POLICY = Path(__file__).resolve().parents[2] / "daemonset" / "overlays" / "arbiter" / "claim-protection.yaml"
 HOLD_GATE = "bench.gpu-dra-agent.io/hold"  # keeps the kube-scheduler case's pods back until their claims exist
 CLIENT_QPS = 500
 PERIOD_S = 0.05  # the arbiter's --period: its longest wait for a cycle (a change seen starts one sooner)
@@ -246,8 +244,8 @@ def _p(samples: list[float], q: float) -> float:
 def _claim_protection(cluster: FakeCluster) -> Iterator[None]:
     """The arbiter overlay's claim policy, as installed: new claims of our classes are made with their finalizer,
     so the arbiter does not write it. Yields once the server applies it (a real one does a moment after)."""
-    docs = [d for d in yaml.safe_load_all(CLAIM_POLICY.read_text()) if d]
-    resources = {kind: r for kind, r in GATE_POLICIES if r.version == "v1"}
+    docs = manifest("claim-protection.yaml")
+    resources = {kind: r for kind, r in POLICY_RESOURCES if r.version == "v1"}
     for doc in docs:
         cluster.rest.create(resources[doc["kind"]], None, doc)
     cluster.namespace("probe")
