@@ -6,6 +6,11 @@ Each cycle: wait until the informers show the previous cycle's writes; build the
 grace period applies; the core spares victims inside their queue's min-runtime); commit each gang the core
 bound (agent.arbiter.commit); say with Events why gangs wait; write Queue status; record metrics.
 
+A cycle runs when an informer shows a change or a commit lands. With nothing changed it would decide what the
+last one did, so the run loop waits until something falls due: the clock's next say in the decisions (a
+protection or a preemption delay ending: agent.arbiter.core.due), a retry, or `resync_s`. An idle arbiter then
+costs nothing per period, however large the cluster.
+
 The arbiter is the only allocator of its driver's devices: it keeps the DeviceTaintRule of agent.arbiter.fence
 in place (kube-scheduler allocates no tainted device) and commits only once that rule has been in force for
 `fence_settle_s`, so an allocation kube-scheduler decided before it saw the rule is in the API first. A
@@ -37,6 +42,7 @@ from agent.allocation.allocator import Claim
 from agent.allocation.capacity import CapacitySummary
 from agent.arbiter.commit import Committer, InvalidClaim, Outcome, Write
 from agent.arbiter.core.cycle import DEFAULT_ACTIONS, CycleResult
+from agent.arbiter.core.due import next_due
 from agent.arbiter.core.incremental import CycleCache
 from agent.arbiter.core.model import Fairness, Placement, Snapshot, Vector
 from agent.arbiter.core.usage import Accumulator
@@ -80,7 +86,10 @@ _API_VERSIONS = {
 class ArbiterConfig:
     driver: str = "gpu.nvidia.com"
     ttl_seconds: float = 30.0  # how long a node holds a reservation the arbiter has not confirmed
-    period_s: float = 1.0  # a cycle at least this often; changes seen by the informers start one sooner
+    # how often the run loop looks when no change was seen: it cycles only once something falls due (the clock's
+    # next say in the decisions, a retry, work under way), or `resync_s` after the last cycle
+    period_s: float = 1.0
+    resync_s: float = 60.0  # a cycle at least this often, whatever changed (a safety net, as an informer's resync)
     # a cycle starts at least this long after the previous one started: under churn (pods ending, claims freed,
     # gangs arriving) the changes of a burst are decided in one cycle, not in one cycle each
     cycle_gap_s: float = 1.0  # KAI's schedulePeriod
@@ -315,6 +324,7 @@ class Arbiter:
         self._refused_claims: dict[str, tuple[str, str, str]] = {}
         self._queue_status: dict[str, Any] = {}
         self._status_written = -math.inf
+        self._status_held = False  # a cycle's Queue status not written: the last write was too recent
         self._usage: dict[str, Accumulator] = {}  # per queue, advanced every cycle
         self._usage_state: dict[str, dict[str, Any]] = {}  # per queue, as last persisted in its status
         self._fence_served = True  # the API serves DeviceTaintRules (1.37+); checked at start
@@ -325,6 +335,9 @@ class Arbiter:
         self.unbindable: dict[str, str] = {}  # admitted pods kube-scheduler refuses -> its message, as last told
         self.cycles = 0
         self.unchanged_cycles = 0  # cycles the run loop started with no change seen since the last one
+        self.skipped_looks = 0  # looks of the run loop that found no change and nothing due: no cycle
+        self._due = -math.inf  # when the run loop cycles with no change seen (_next_due); -inf: at its next look
+        self._again = False  # something this cycle did failed and is tried again: the next look cycles
         self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
         self.cpu_timings: dict[str, float] = {}  # CPU seconds of the cycle's own thread per phase (wall time
@@ -370,6 +383,9 @@ class Arbiter:
             if stop.wait(started + self.config.cycle_gap_s - time.monotonic()):
                 return
             if not (changed or self._changed.is_set()):
+                if self._clock() < self._due:
+                    self.skipped_looks += 1  # nothing it reads changed, nothing fell due: the cycle would repeat
+                    continue
                 self.unchanged_cycles += 1  # woken by the period alone: only the clock moved
             self._changed.clear()
             started = time.monotonic()
@@ -390,6 +406,7 @@ class Arbiter:
         while they are under way, counting them as placed, and reports those that have landed; otherwise it
         returns once they have."""
         report = CycleReport()
+        self._due, self._again = -math.inf, False  # a cycle that raises or returns early is followed by another
         self._land(report, wait=False)
         with self._timed("wait for informers"):
             self._await_expectations()
@@ -434,7 +451,36 @@ class Arbiter:
             self._write_queue_status(snapshot, result, now, world)
         if self.metrics is not None:
             self.metrics.record(cycle_values(result, now, decided.seconds))
+        self._due = self._next_due(now, snapshot, world)
         return report
+
+    def _next_due(self, now: float, snapshot: Snapshot, world: World) -> float:
+        """When the next cycle is due if nothing the arbiter reads changes meanwhile: the clock's next say in
+        the decisions (core.due), an unbindable pod's report, the fence's settling, and `resync_s` at the
+        latest. Anything in motion or to be tried again keeps the period's pace: commits under way, writes and
+        evictions not yet seen, a failed write, a missing fence or default Queue, a deferred Queue status, and
+        time-aware fair share, whose usage moves with the clock."""
+        in_motion = self._flights or self._landed or self._expected or self._terminating
+        queue = self.config.default_queue
+        if (
+            in_motion
+            or self._again
+            or self.config.usage_half_life_s is not None
+            or (queue and self.queues.get("", queue) is None)
+            or (self._fence_served and self._fenced_since is None)
+        ):
+            return now
+        due = min(next_due(snapshot), now + self.config.resync_s)
+        if self._fence_served and self._fenced_since is not None:
+            settled = self._fenced_since + self.config.fence_settle_s
+            if settled > now:
+                due = min(due, settled)
+        if self._status_held:
+            due = min(due, self._status_written + self.config.status_period_s)
+        for u in world.unbindable.values():
+            if u.since is not None and u.since + self.config.unbindable_after_s > now:
+                due = min(due, u.since + self.config.unbindable_after_s)
+        return due
 
     @contextlib.contextmanager
     def _timed(self, phase: str) -> Iterator[_Took]:
@@ -625,6 +671,7 @@ class Arbiter:
                 continue
             except ApiError as e:  # e.g. a PodDisruptionBudget says not now: the next cycle decides again
                 log.warning("evicting %s failed: %s", name, e)
+                self._again = True
                 continue
             report.evicted.append(name)
             self.evictions[decision.cause] = self.evictions.get(decision.cause, 0) + 1
@@ -836,8 +883,9 @@ class Arbiter:
         # at most once a second, as KAI's queue controller does it periodically: a busy cycle changes every
         # queue's numbers, and a status write per queue per cycle would compete with the admissions
         if 0 <= now - self._status_written < self.config.status_period_s:
+            self._status_held = True  # written by a cycle once the period is over (_next_due)
             return
-        self._status_written = now
+        self._status_written, self._status_held = now, False
         statuses: dict[str, dict[str, Any]] = {
             name: {**status, "conditions": [self._valid_condition(name, None, now)]}
             for name, status in queue_statuses(snapshot, result).items()
@@ -868,6 +916,7 @@ class Arbiter:
                 self._queue_status[name] = status
             except ApiError as e:
                 log.debug("queue %s status not written: %s", name, e)
+                self._changed.set()  # written again by the next cycle, which this wakes
 
     def _valid_condition(self, name: str, problem: str | None, now: float) -> dict[str, str]:
         """The Queue's `Valid` condition."""

@@ -127,7 +127,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="seconds between cycles when nothing changes",
+        help="seconds between looks when nothing changed: a cycle runs once something falls due",
     )
     option(
         p,

@@ -282,6 +282,33 @@ def test_min_runtime_spares_a_victim(cluster: FakeCluster) -> None:
     assert {t[:3] for t in told} <= {("Warning", "PodGroup", "train"), ("Normal", "PodGroup", "train")}
 
 
+def test_an_idle_arbiter_cycles_again_only_when_a_protection_ends(cluster: FakeCluster) -> None:
+    # as above, team-b waits behind victims protected for 1 h; with nothing changing, the arbiter looks every
+    # 0.05 s and runs no cycle (it would decide the same); the clock passing the protection's end, with no
+    # change in the cluster, starts the cycle that reclaims
+    cluster.rest.patch(QUEUES, None, "team-a", {"spec": {"reclaimMinRuntime": "1h"}})
+    for i in range(4):
+        cluster.gang(NS, f"burst{i}", "team-a", pods=1, gpus=4)
+    later = [0.0]  # seconds the arbiter's clock runs ahead
+    arbiter = cluster.arbiter(ArbiterConfig(period_s=0.05, cycle_gap_s=0.1), clock=lambda: time.time() + later[0])
+    wait_for(lambda: len(running(cluster, "burst")) == 4, what="burst")
+    cluster.gang("team-b", "train", "team-b", pods=2, gpus=4)
+    wait_for(
+        lambda: any(e["reason"] == "Waiting" for e in cluster.rest.list(EVENTS, "team-b")["items"]), what="team-b waits"
+    )
+
+    def quiet_second() -> bool:  # its own last writes (Queue status) seen, a second with looks and no cycle
+        cycles, looks = arbiter.cycles, arbiter.skipped_looks
+        time.sleep(1.0)
+        return arbiter.cycles == cycles and arbiter.skipped_looks >= looks + 10
+
+    wait_for(quiet_second, timeout=20, what="an idle arbiter that cycles no more")
+    assert running(cluster, "train-") == []
+    later[0] = 3601.0
+    wait_for(lambda: len(running(cluster, "train-")) == 2, what="the reclaim once the protection ended")
+    assert len(running(cluster, "burst")) == 2
+
+
 class _Crash(Exception):
     pass
 

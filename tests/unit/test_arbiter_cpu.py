@@ -86,7 +86,8 @@ def test_objects_are_copied_before_they_are_edited_for_a_write() -> None:
 
 
 def test_cycles_started_by_the_period_alone_are_counted() -> None:
-    """What a cycle that wakes only on change would spare: the run loop counts the cycles no change started."""
+    """The run loop counts the cycles no change started: those the clock alone made due (a cycle that has not
+    said when it is due next, as this stand-in, is due at the next look)."""
     from agent.arbiter.controller import Arbiter, ArbiterConfig
 
     arbiter = Arbiter(rest=None, token="t", config=ArbiterConfig(period_s=0.01, cycle_gap_s=0.0))  # type: ignore[arg-type]
