@@ -74,6 +74,9 @@ from agent.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 WAIT_REFRESH_S = 30.0  # a wait reason whose numbers changed is told again at most this often
+# time-aware fair share with nothing changed: cycled again once a hundredth of the usage's half-life has passed,
+# when past usage has moved by under 0.7 % (a cycle at every look would cost a whole cycle a period)
+USAGE_STEP = 0.01
 # the apiVersion of each kind the snapshot may leave out (a Pod's is v1)
 _API_VERSIONS = {
     "Queue": QUEUES.api_version,
@@ -456,21 +459,22 @@ class Arbiter:
 
     def _next_due(self, now: float, snapshot: Snapshot, world: World) -> float:
         """When the next cycle is due if nothing the arbiter reads changes meanwhile: the clock's next say in
-        the decisions (core.due), an unbindable pod's report, the fence's settling, and `resync_s` at the
-        latest. Anything in motion or to be tried again keeps the period's pace: commits under way, writes and
-        evictions not yet seen, a failed write, a missing fence or default Queue, a deferred Queue status, and
-        time-aware fair share, whose usage moves with the clock."""
+        the decisions (core.due), time-aware usage's drift, a deferred Queue status, an unbindable pod's report,
+        the fence's settling, and `resync_s` at the latest. Anything in motion or to be tried again keeps the
+        period's pace: commits under way, writes and evictions not yet seen, a failed eviction, a missing fence
+        rule or default Queue."""
         in_motion = self._flights or self._landed or self._expected or self._terminating
         queue = self.config.default_queue
         if (
             in_motion
             or self._again
-            or self.config.usage_half_life_s is not None
             or (queue and self.queues.get("", queue) is None)
             or (self._fence_served and self._fenced_since is None)
         ):
             return now
         due = min(next_due(snapshot), now + self.config.resync_s)
+        if self.config.usage_half_life_s is not None:
+            due = min(due, now + max(self.config.period_s, self.config.usage_half_life_s * USAGE_STEP))
         if self._fence_served and self._fenced_since is not None:
             settled = self._fenced_since + self.config.fence_settle_s
             if settled > now:

@@ -123,5 +123,63 @@ def test_between_now_and_the_next_due_moment_a_cycle_decides_the_same(
     assert due > now
     end = min(due, now + 7200.0)
     decided: CycleResult = run_cycle(snapshot, list(DEFAULT_ACTIONS))
-    for later in (now + where * (end - now), end - 0.001):  # anywhere before it, and the last moment
+    last = end - 0.001  # the last moment before it (a millisecond: at 1.7e9 s a float's step is 0.24 us)
+    for later in (min(now + where * (end - now), last), last):  # anywhere before it, and the last moment
         _same(run_cycle(_at(snapshot, later), list(DEFAULT_ACTIONS)), decided)
+
+
+# -- the controller's own timers (Arbiter._next_due, at the end of each cycle) ------------------------------
+
+
+def _arbiter(**config: Any) -> Any:
+    from agent.arbiter.controller import Arbiter, ArbiterConfig
+
+    arbiter = Arbiter(rest=None, token="t", config=ArbiterConfig(default_queue=None, **config))  # type: ignore[arg-type]
+    arbiter._fence_served = False  # an API before 1.37: no fence to settle
+    return arbiter
+
+
+def _due(arbiter: Any, now: float, unbindable: dict[str, Any] | None = None) -> float:
+    from types import SimpleNamespace
+
+    from agent.arbiter.core.model import Snapshot
+
+    world = SimpleNamespace(unbindable=unbindable or {})
+    due: float = arbiter._next_due(now, Snapshot(nodes=(), queues=(), jobs=(), now=now), world)
+    return due
+
+
+def test_an_idle_arbiter_is_next_due_at_its_resync_unless_a_timer_of_its_own_comes_first() -> None:
+    from agent.arbiter.world import Unbindable
+
+    now = 1.7e9
+    assert _due(_arbiter(resync_s=60.0), now) == now + 60.0
+    assert _due(_arbiter(resync_s=0.0), now) == now  # resync 0: a cycle at every look, as before
+    # a pod kube-scheduler refused to bind 10 s ago is reported 30 s after the refusal
+    refused = {"ns/p": Unbindable("n1", "0/1 nodes are available", now - 10.0)}
+    assert _due(_arbiter(unbindable_after_s=30.0), now, refused) == now + 20.0
+    # a Queue status held back by its period is written once the period is over
+    held = _arbiter(status_period_s=1.0)
+    held._status_written, held._status_held = now - 0.25, True
+    assert _due(held, now) == now + 0.75
+    # time-aware fair share: usage moves with the clock, by under 0.7 % in a hundredth of its half-life
+    assert _due(_arbiter(usage_half_life_s=3600.0), now) == now + 36.0
+    assert _due(_arbiter(usage_half_life_s=10.0, period_s=1.0), now) == now + 1.0  # never more often than it looks
+
+
+def test_work_in_motion_or_to_be_tried_again_keeps_the_periods_pace() -> None:
+    now = 1.7e9
+    expecting = _arbiter()
+    expecting._expected.append(("pods", "ns", "p", "7"))  # a write the informers do not show yet
+    assert _due(expecting, now) == now
+    evicted = _arbiter()
+    evicted._terminating["ns/p"] = "uid-1"  # evicted, not yet seen terminating
+    assert _due(evicted, now) == now
+    failed = _arbiter()
+    failed._again = True  # an eviction the API refused (a PodDisruptionBudget): tried again
+    assert _due(failed, now) == now
+    unfenced = _arbiter()
+    unfenced._fence_served = True  # the fence rule is not in force yet: put in place, then settling
+    assert _due(unfenced, now) == now
+    unfenced._fenced_since = now - 0.5
+    assert _due(unfenced, now) == now + 1.5  # fence_settle_s 2
