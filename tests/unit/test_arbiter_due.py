@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 from hypothesis import given, settings
@@ -107,12 +108,12 @@ def test_between_now_and_the_next_due_moment_a_cycle_decides_the_same(
     jobs = tuple(
         dataclasses.replace(
             j,
-            started_at=None if started[i] is None else now + started[i],
-            preemption_delay=delays[i],
+            started_at=None if at is None else now + at,
+            preemption_delay=delay,
             pending_since=now - 300.0,
             weighed_since=now - 300.0,  # a victim started since then is in its burst for SAME_BURST_S
         )
-        for i, j in enumerate(snapshot.jobs)
+        for j, at, delay in zip(snapshot.jobs, started, delays, strict=False)
     )
     queues = tuple(
         dataclasses.replace(q, preempt_min_runtime=runtimes[0], reclaim_min_runtime=runtimes[1])
@@ -183,3 +184,41 @@ def test_work_in_motion_or_to_be_tried_again_keeps_the_periods_pace() -> None:
     assert _due(unfenced, now) == now
     unfenced._fenced_since = now - 0.5
     assert _due(unfenced, now) == now + 1.5  # fence_settle_s 2
+
+
+def test_the_run_loop_cycles_on_a_change_or_once_due_and_otherwise_only_looks() -> None:
+    import threading
+
+    clock = [1.7e9]
+    arbiter = _arbiter(period_s=0.01, cycle_gap_s=0.0)
+    arbiter._clock = lambda: clock[0]
+    stop = threading.Event()
+    ran: list[str] = []
+
+    def cycle(*, pipelined: bool = False) -> None:  # a quiet cycle: due in 10 s
+        ran.append("cycle")
+        arbiter._due = clock[0] + 10.0
+
+    arbiter.cycle = cycle
+    loop = threading.Thread(target=arbiter.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        _until(lambda: len(ran) == 1)  # the first look: never cycled, so due
+        looks = arbiter.skipped_looks
+        _until(lambda: arbiter.skipped_looks >= looks + 20)
+        assert len(ran) == 1  # twenty looks, nothing changed, nothing due: no cycle
+        arbiter._changed.set()  # an informer's change
+        _until(lambda: len(ran) == 2)
+        clock[0] += 10.0  # the moment named by the last cycle
+        _until(lambda: len(ran) == 3)
+        assert arbiter.unchanged_cycles == 2  # the first look's and the clock's: no change started them
+    finally:
+        stop.set()
+        loop.join(timeout=5)
+
+
+def _until(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
