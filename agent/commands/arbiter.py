@@ -313,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
                 "gc_collections": collections.collections,
                 "cycles": arbiter.cycles,
                 "unchanged_cycles": arbiter.unchanged_cycles,
+                "skipped_looks": arbiter.skipped_looks,  # nothing changed, nothing due: no cycle
                 "evictions": dict(arbiter.evictions),
                 "seconds": {k: round(v, 3) for k, v in arbiter.timings.items()},
                 "cpu_seconds": {k: round(v, 3) for k, v in arbiter.cpu_timings.items()},
