@@ -18,6 +18,7 @@ from agent.arbiter.core.model import Snapshot
 from agent.arbiter.core.snapshot import parse_snapshot
 from agent.times import parse_rfc3339
 from tests.unit.test_arbiter_cycle_cache import _same
+from tests.unit.test_arbiter_kai_rules import inherited_protection
 from tests.unit.test_arbiter_properties import snapshots
 from tests.unit.test_arbiter_support import doc, gang, node, queue
 
@@ -42,12 +43,7 @@ def _epoch(text: str) -> float:
 def test_a_victim_protected_by_its_queues_min_runtime_is_taken_at_the_moment_it_names() -> None:
     # low started 11:30 under a dept whose preemptMinRuntime is 1 h: protected until 12:30, when high, waiting
     # beside it, may preempt it; its same-burst window (30 s after its start) is long past
-    queues = [queue("dept", preemptMinRuntime="1h"), queue("team", parent="dept")]
-    low = gang("low", "team", 2, node="n", priority=10)
-    low["startedAt"] = "2025-01-01T11:30:00Z"
-    document = doc([node("n", 2)], queues, [low, gang("high", "team", 2, priority=60, created=NOW)])
-    document["now"] = NOW
-    snapshot = parse_snapshot(document)
+    snapshot = parse_snapshot(inherited_protection(NOW))
     due = next_due(snapshot)
     assert due == _epoch("2025-01-01T12:30:00Z")
     assert _evicted(snapshot) == [] and _evicted(_at(snapshot, due - 0.001)) == []

@@ -255,13 +255,19 @@ def test_a_protected_elastic_job_gives_only_its_pods_above_min_member() -> None:
     assert len(_evicted(result)) == 2 and len(placed(result, "want", "pipeline")) == 2
 
 
-def test_preempt_min_runtime_is_inherited_from_the_parent_queue() -> None:
+def inherited_protection(high_created: str) -> dict[str, Any]:
+    """low (priority 10) started 11:30 in team, under a dept whose preemptMinRuntime is 1 h; high (60), created
+    at `high_created`, waits beside it; the clock reads NOW (12:00)."""
     queues = [queue("dept", preemptMinRuntime="1h"), queue("team", parent="dept")]
     low = gang("low", "team", 2, node="n", priority=10)
     low["startedAt"] = "2025-01-01T11:30:00Z"
-    document = doc([node("n", 2)], queues, [low, gang("high", "team", 2, priority=60, created=LATER)])
+    document = doc([node("n", 2)], queues, [low, gang("high", "team", 2, priority=60, created=high_created)])
     document["now"] = NOW
-    assert _evicted(cycle(document, "preempt")) == []
+    return document
+
+
+def test_preempt_min_runtime_is_inherited_from_the_parent_queue() -> None:
+    assert _evicted(cycle(inherited_protection(LATER), "preempt")) == []
 
 
 def test_a_pending_job_within_its_preemption_delay_evicts_no_one() -> None:
