@@ -92,7 +92,9 @@ class ArbiterConfig:
     # how often the run loop looks when no change was seen: it cycles only once something falls due (the clock's
     # next say in the decisions, a retry, work under way), or `resync_s` after the last cycle
     period_s: float = 1.0
-    resync_s: float = 60.0  # a cycle at least this often, whatever changed (a safety net, as an informer's resync)
+    # a cycle at least this often (on the monotonic clock), whatever changed: a safety net, as an informer's
+    # resync; 0: a cycle at every look
+    resync_s: float = 60.0
     # a cycle starts at least this long after the previous one started: under churn (pods ending, claims freed,
     # gangs arriving) the changes of a burst are decided in one cycle, not in one cycle each
     cycle_gap_s: float = 1.0  # KAI's schedulePeriod
@@ -340,6 +342,7 @@ class Arbiter:
         self.unchanged_cycles = 0  # cycles the run loop started with no change seen since the last one
         self.skipped_looks = 0  # looks of the run loop that found no change and nothing due: no cycle
         self._due = -math.inf  # when the run loop cycles with no change seen (_next_due); -inf: at its next look
+        self._resync_at = math.inf  # monotonic: when the run loop cycles whatever it sees (resync_s after one)
         self._again = False  # something this cycle did failed and is tried again: the next look cycles
         self.evictions: dict[str, int] = {}  # cause -> pods evicted through the Eviction API since start
         self.timings: dict[str, float] = {}  # seconds spent per phase, over all cycles (logs, the benchmark)
@@ -386,12 +389,14 @@ class Arbiter:
             if stop.wait(started + self.config.cycle_gap_s - time.monotonic()):
                 return
             if not (changed or self._changed.is_set()):
-                if self._clock() < self._due:
+                # the resync on the monotonic clock: a wall clock set back cannot hold off cycles for longer
+                if self._clock() < self._due and time.monotonic() < self._resync_at:
                     self.skipped_looks += 1  # nothing it reads changed, nothing fell due: the cycle would repeat
                     continue
                 self.unchanged_cycles += 1  # woken by the period alone: only the clock moved
             self._changed.clear()
             started = time.monotonic()
+            self._resync_at = started + self.config.resync_s
             try:
                 self.cycle(pipelined=True)
             except Exception:  # one bad cycle must not stop the arbiter: the next one starts from the API
@@ -458,11 +463,11 @@ class Arbiter:
         return report
 
     def _next_due(self, now: float, snapshot: Snapshot, world: World) -> float:
-        """When the next cycle is due if nothing the arbiter reads changes meanwhile: the clock's next say in
-        the decisions (core.due), time-aware usage's drift, a deferred Queue status, an unbindable pod's report,
-        the fence's settling, and `resync_s` at the latest. Anything in motion or to be tried again keeps the
-        period's pace: commits under way, writes and evictions not yet seen, a failed eviction, a missing fence
-        rule or default Queue."""
+        """When the next cycle is due if nothing the arbiter reads changes meanwhile (math.inf: never; the run
+        loop still cycles `resync_s` after the last cycle): the clock's next say in the decisions (core.due),
+        time-aware usage's drift, a deferred Queue status, an unbindable pod's report, the fence's settling.
+        Anything in motion or to be tried again keeps the period's pace: commits under way, writes and evictions
+        not yet seen, a failed eviction, a missing fence rule or default Queue."""
         in_motion = self._flights or self._landed or self._expected or self._terminating
         queue = self.config.default_queue
         if (
@@ -472,7 +477,7 @@ class Arbiter:
             or (self._fence_served and self._fenced_since is None)
         ):
             return now
-        due = min(next_due(snapshot), now + self.config.resync_s)
+        due = next_due(snapshot)
         if self.config.usage_half_life_s is not None:
             due = min(due, now + max(self.config.period_s, self.config.usage_half_life_s * USAGE_STEP))
         if self._fence_served and self._fenced_since is not None:

@@ -146,12 +146,11 @@ def _due(arbiter: Any, now: float, unbindable: dict[str, Any] | None = None) -> 
     return due
 
 
-def test_an_idle_arbiter_is_next_due_at_its_resync_unless_a_timer_of_its_own_comes_first() -> None:
+def test_an_idle_arbiter_is_due_only_when_a_timer_of_its_own_runs_out() -> None:
     from agent.arbiter.world import Unbindable
 
     now = 1.7e9
-    assert _due(_arbiter(resync_s=60.0), now) == now + 60.0
-    assert _due(_arbiter(resync_s=0.0), now) == now  # resync 0: a cycle at every look, as before
+    assert _due(_arbiter(), now) == math.inf  # nothing ahead: the run loop's resync alone
     # a pod kube-scheduler refused to bind 10 s ago is reported 30 s after the refusal
     refused = {"ns/p": Unbindable("n1", "0/1 nodes are available", now - 10.0)}
     assert _due(_arbiter(unbindable_after_s=30.0), now, refused) == now + 20.0
@@ -218,3 +217,31 @@ def _until(check: Any, timeout: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+def test_a_wall_clock_set_back_holds_off_cycles_no_longer_than_the_resync() -> None:
+    import itertools
+    import threading
+
+    clock = [1.7e9]
+    arbiter = _arbiter(period_s=0.01, cycle_gap_s=0.0, resync_s=0.3)
+    arbiter._clock = lambda: clock[0]
+    stop = threading.Event()
+    ran: list[float] = []
+
+    def cycle(*, pipelined: bool = False) -> None:  # due in 10 s; then the wall clock is set back an hour
+        ran.append(time.monotonic())
+        arbiter._due = clock[0] + 10.0
+        clock[0] -= 3600.0
+
+    arbiter.cycle = cycle
+    loop = threading.Thread(target=arbiter.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        _until(lambda: len(ran) >= 4)
+    finally:
+        stop.set()
+        loop.join(timeout=5)
+    gaps = [b - a for a, b in itertools.pairwise(ran)]
+    assert all(0.29 <= g < 2.0 for g in gaps), gaps  # the resync, on the monotonic clock, and no sooner
+    assert arbiter.skipped_looks > 0
