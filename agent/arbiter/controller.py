@@ -477,19 +477,15 @@ class Arbiter:
             or (self._fence_served and self._fenced_since is None)
         ):
             return now
-        due = next_due(snapshot)
+        moments = [next_due(snapshot)]
         if self.config.usage_half_life_s is not None:
-            due = min(due, now + max(self.config.period_s, self.config.usage_half_life_s * USAGE_STEP))
-        if self._fence_served and self._fenced_since is not None:
-            settled = self._fenced_since + self.config.fence_settle_s
-            if settled > now:
-                due = min(due, settled)
+            moments.append(now + max(self.config.period_s, self.config.usage_half_life_s * USAGE_STEP))
+        if self._fenced_since is not None:  # served and in force (else returned above)
+            moments.append(self._fenced_since + self.config.fence_settle_s)
         if self._status_held:
-            due = min(due, self._status_written + self.config.status_period_s)
-        for u in world.unbindable.values():
-            if u.since is not None and u.since + self.config.unbindable_after_s > now:
-                due = min(due, u.since + self.config.unbindable_after_s)
-        return due
+            moments.append(self._status_written + self.config.status_period_s)
+        moments += [u.since + self.config.unbindable_after_s for u in world.unbindable.values() if u.since is not None]
+        return min((at for at in moments if at > now), default=math.inf)  # those past have had their cycle
 
     @contextlib.contextmanager
     def _timed(self, phase: str) -> Iterator[_Took]:

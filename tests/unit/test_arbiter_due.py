@@ -3,9 +3,13 @@ so a moment it misses is a decision made late, and a cycle it skips must be one 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import math
+import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hypothesis import given, settings
@@ -182,22 +186,15 @@ def test_work_in_motion_or_to_be_tried_again_keeps_the_periods_pace() -> None:
 
 
 def test_the_run_loop_cycles_on_a_change_or_once_due_and_otherwise_only_looks() -> None:
-    import threading
-
     clock = [1.7e9]
     arbiter = _arbiter(period_s=0.01, cycle_gap_s=0.0)
-    arbiter._clock = lambda: clock[0]
-    stop = threading.Event()
     ran: list[str] = []
 
-    def cycle(*, pipelined: bool = False) -> None:  # a quiet cycle: due in 10 s
+    def cycle() -> None:  # a quiet cycle: due in 10 s
         ran.append("cycle")
         arbiter._due = clock[0] + 10.0
 
-    arbiter.cycle = cycle
-    loop = threading.Thread(target=arbiter.run, args=(stop,), daemon=True)
-    loop.start()
-    try:
+    with _running(arbiter, clock, cycle):
         _until(lambda: len(ran) == 1)  # the first look: never cycled, so due
         looks = arbiter.skipped_looks
         _until(lambda: arbiter.skipped_looks >= looks + 20)
@@ -207,6 +204,22 @@ def test_the_run_loop_cycles_on_a_change_or_once_due_and_otherwise_only_looks() 
         clock[0] += 10.0  # the moment named by the last cycle
         _until(lambda: len(ran) == 3)
         assert arbiter.unchanged_cycles == 2  # the first look's and the clock's: no change started them
+
+
+@contextlib.contextmanager
+def _running(arbiter: Any, clock: list[float], cycle: Callable[[], None]) -> Iterator[None]:
+    """The arbiter's run loop in a thread, on the wall clock `clock[0]`, with `cycle` standing in for a cycle."""
+    stop = threading.Event()
+    arbiter._clock = lambda: clock[0]
+
+    def stand_in(*, pipelined: bool = False) -> None:
+        cycle()
+
+    arbiter.cycle = stand_in
+    loop = threading.Thread(target=arbiter.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        yield
     finally:
         stop.set()
         loop.join(timeout=5)
@@ -220,28 +233,17 @@ def _until(check: Any, timeout: float = 10.0) -> None:
 
 
 def test_a_wall_clock_set_back_holds_off_cycles_no_longer_than_the_resync() -> None:
-    import itertools
-    import threading
-
     clock = [1.7e9]
     arbiter = _arbiter(period_s=0.01, cycle_gap_s=0.0, resync_s=0.3)
-    arbiter._clock = lambda: clock[0]
-    stop = threading.Event()
     ran: list[float] = []
 
-    def cycle(*, pipelined: bool = False) -> None:  # due in 10 s; then the wall clock is set back an hour
+    def cycle() -> None:  # due in 10 s; then the wall clock is set back an hour
         ran.append(time.monotonic())
         arbiter._due = clock[0] + 10.0
         clock[0] -= 3600.0
 
-    arbiter.cycle = cycle
-    loop = threading.Thread(target=arbiter.run, args=(stop,), daemon=True)
-    loop.start()
-    try:
+    with _running(arbiter, clock, cycle):
         _until(lambda: len(ran) >= 4)
-    finally:
-        stop.set()
-        loop.join(timeout=5)
     gaps = [b - a for a, b in itertools.pairwise(ran)]
     assert all(0.29 <= g < 2.0 for g in gaps), gaps  # the resync, on the monotonic clock, and no sooner
     assert arbiter.skipped_looks > 0
