@@ -53,28 +53,44 @@ class Pick:
     now: bool  # the clique can take the domain now (else its pods wait for room there)
 
 
-def node_rooms(
-    slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], domain_uid: str, gpu_driver: str
-) -> dict[str, NodeRoom]:
-    """node -> its room, for every node that publishes a channel."""
-    slices, claims = list(slices), list(claims)
+@dataclass(frozen=True)
+class Fabric:
+    """One pass's reading of the slices and claims, shared by every domain's pick: read once, not once a domain."""
+
+    cliques: Mapping[str, str]  # node -> its clique, for every node that publishes a channel
+    holders: Mapping[str, frozenset[str | None]]  # node -> the domains whose claims hold its channel
+    free_gpus: Mapping[str, int]  # node -> its GPUs no claim holds
+
+    def rooms(self, domain_uid: str) -> dict[str, NodeRoom]:
+        """node -> its room as `domain_uid` sees it (its own claims take nothing from it)."""
+        return {
+            node: NodeRoom(
+                clique, bool(self.holders.get(node, frozenset()) - {domain_uid}), self.free_gpus.get(node, 0)
+            )
+            for node, clique in self.cliques.items()
+        }
+
+
+def read_fabric(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], gpu_driver: str) -> Fabric:
+    slices = list(slices)
     cliques: dict[str, str] = {}
     for spec, _key, device in published_devices(slices, DRIVER):
         clique = ((device.get("attributes") or {}).get(CLIQUE_ATTRIBUTE) or {}).get("string")
         if spec.get("nodeName") and device_type(device) == CHANNEL and clique:
             cliques[str(spec["nodeName"])] = str(clique)
-    taken: set[str] = set()
+    holders: dict[str, set[str | None]] = {}
     used_gpus: set[tuple[str, str]] = set()
     for claim in claims:
         used_gpus.update(allocated_devices(claim, gpu_driver))
-        if domain_of(claim) != domain_uid:
-            taken.update(pool for pool, device in allocated_devices(claim, DRIVER) if device.startswith(CHANNEL))
+        for pool, name in allocated_devices(claim, DRIVER):
+            if name.startswith(CHANNEL):
+                holders.setdefault(pool, set()).add(domain_of(claim))
     free: dict[str, int] = {}
     for spec, key, device in published_devices(slices, gpu_driver):
         node = spec.get("nodeName")
         if node in cliques and device_type(device) == "gpu" and key not in used_gpus:
             free[str(node)] = free.get(str(node), 0) + 1
-    return {node: NodeRoom(clique, node in taken, free.get(node, 0)) for node, clique in cliques.items()}
+    return Fabric(cliques, {node: frozenset(held) for node, held in holders.items()}, free)
 
 
 def domain_of(claim: Mapping[str, Any]) -> str | None:

@@ -14,12 +14,15 @@ A name already taken by a template of something else is left alone and told in a
 
 It runs as its own Deployment (`gpu-dra-agent compute-domain-controller`), not inside the arbiter: ComputeDomains
 must work for pods that kube-scheduler places, with or without the arbiter installed, and NVIDIA's controller is a
-component of its own too. It keeps no state: everything is read again from the API on each pass.
+component of its own too. It keeps no state: each pass reads the domains, their templates, the slices and the
+claims from its informers (the clique's inputs once for all domains), and reads the API itself only before it
+remakes a template, where a claim the informer has not seen yet must not be split from its domain.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 
@@ -64,14 +67,16 @@ class ComputeDomainController:
         # often to wake on (the period catches a channel another domain let go)
         self.slices = Informer(rest, RESOURCE_SLICES, self._wake.set)
         self.claims = Informer(rest, RESOURCE_CLAIMS)
+        self.templates = Informer(rest, RESOURCE_CLAIM_TEMPLATES)  # a template changed or gone: the period sees it
+        self._informers = (self.domains, self.slices, self.claims, self.templates)
 
     def start(self) -> ComputeDomainController:
-        for informer in (self.domains, self.slices, self.claims):
+        for informer in self._informers:
             informer.start()
         return self
 
     def stop(self) -> None:
-        for informer in (self.domains, self.slices, self.claims):
+        for informer in self._informers:
             informer.stop()
         self._wake.set()
 
@@ -83,18 +88,26 @@ class ComputeDomainController:
             self._wake.wait(self._period_s)
 
     def reconcile_all(self) -> None:
-        for obj in self.domains.items():
-            meta = obj.get("metadata") or {}
+        domains = self.domains.items()
+        if not domains:
+            return
+        # a pick from half-listed slices could pin a worse clique, or none: the next pass picks
+        synced = all(informer.wait_synced(0) for informer in (self.slices, self.claims, self.templates))
+        fabric = cliques.read_fabric(self.slices.items(), self.claims.items(), self._gpu_driver) if synced else None
+        for shared in domains:
+            meta = shared.get("metadata") or {}
             try:
-                self.reconcile(str(meta.get("namespace")), str(meta.get("name")))
+                self.reconcile(copy.deepcopy(shared), fabric)  # the informer's object is shared: edited on a copy
+            except NotFound:
+                continue  # deleted meanwhile: nothing left to do for it
+            except Conflict as exc:  # the informer's copy was behind: it brings the newer one and wakes a pass
+                log.info("ComputeDomain %s/%s changed meanwhile: %s", meta.get("namespace"), meta.get("name"), exc)
             except ApiError as exc:  # the next pass tries again; one domain never stops the others
                 log.warning("ComputeDomain %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
 
-    def reconcile(self, namespace: str, name: str) -> None:
-        try:
-            obj = self._rest.get(COMPUTE_DOMAINS, namespace, name)
-        except NotFound:
-            return
+    def reconcile(self, obj: Json, fabric: cliques.Fabric | None) -> None:
+        """One domain, as the informer holds it (the caller's copy); `fabric`: None until the informers the clique's
+        pick reads have listed."""
         try:
             domain = model.parse(obj)
         except InvalidComputeDomain as exc:
@@ -106,18 +119,16 @@ class ComputeDomainController:
         if FINALIZER not in domain.finalizers:
             obj["metadata"]["finalizers"] = [*domain.finalizers, FINALIZER]
             obj = self._rest.replace(COMPUTE_DOMAINS, obj)
-        self._ensure_template(obj, domain)
+        if fabric is not None:
+            self._ensure_template(obj, domain, fabric)
         self._update_status(obj)
 
     # --- the parts ---------------------------------------------------------------------------------------
 
-    def _ensure_template(self, obj: Json, domain: ComputeDomain) -> None:
-        if not (self.slices.wait_synced(0) and self.claims.wait_synced(0)):
-            return  # a pick from half-listed slices could pin a worse clique, or none: the next pass picks
-        rooms = cliques.node_rooms(self.slices.items(), self.claims.items(), domain.uid, self._gpu_driver)
-        try:
-            existing = self._rest.get(RESOURCE_CLAIM_TEMPLATES, domain.namespace, domain.template_name)
-        except NotFound:
+    def _ensure_template(self, obj: Json, domain: ComputeDomain, fabric: cliques.Fabric) -> None:
+        rooms = fabric.rooms(domain.uid)
+        existing = self.templates.get(domain.namespace, domain.template_name)
+        if existing is None:  # made already and not seen yet: the create is refused (Conflict), the next pass sees it
             self._create_template(obj, domain, cliques.choose(rooms, domain.num_nodes))
             return
         if not templates.belongs_to(existing, domain.uid):
@@ -225,9 +236,10 @@ class ComputeDomainController:
 
 
 def _drop_finalizer(rest: Rest, resource: Resource, obj: Json) -> None:
-    finalizers = list((obj.get("metadata") or {}).get("finalizers") or [])
+    """Our finalizer off `obj` (left as it is: it may be an informer's)."""
+    meta = obj.get("metadata") or {}
+    finalizers = list(meta.get("finalizers") or [])
     if FINALIZER not in finalizers:
         return
-    obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
     with contextlib.suppress(NotFound):
-        rest.replace(resource, obj)
+        rest.replace(resource, {**obj, "metadata": {**meta, "finalizers": [f for f in finalizers if f != FINALIZER]}})

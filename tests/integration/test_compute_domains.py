@@ -5,6 +5,7 @@ sockets and runs one IMEX daemon per domain (the fake nvidia-imex), and status.n
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import pynvml as N
 import pytest
@@ -278,3 +279,50 @@ def test_a_template_name_taken_by_something_else_is_left_alone_and_told(rack: Nv
 def _not_ready(rack: NvlRack, name: str):
     domain = rack.domain(NS, name)
     return domain if (domain.get("status") or {}).get("status") == "NotReady" else None
+
+
+class _Reads:
+    """The controller's API client, counting what it reads from the API server itself (its informers aside)."""
+
+    def __init__(self, rest: Any) -> None:
+        self._rest, self.reads = rest, 0
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        return self._rest.get(*args, **kwargs)
+
+    def list(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        return self._rest.list(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rest, name)
+
+
+def test_passes_over_settled_domains_read_from_the_informers_alone(rack: NvlRack) -> None:
+    """Tried: three domains settled (their templates made, one Ready with its pods), then twenty passes with nothing
+    changed: the controller reads each domain, its template, the slices and the claims from its informers, so the
+    passes make no request of the API server (before, each pass made two GETs a domain); and they change nothing."""
+    rack.apply([domain_doc(f"quiet-{i}", 1, f"quiet-{i}-channel") for i in range(3)], NS)
+    rack.apply([worker("quiet-pod", "quiet-0-channel", 4)], NS)
+    rack.wait_for(lambda: _ready(rack, "quiet-0"), timeout=90, what="the first domain to be Ready")
+    for i in range(3):
+        rack.wait_for(
+            lambda i=i: rack.controller.templates.get(NS, f"quiet-{i}-channel"), timeout=30, what="templates seen"
+        )
+    templates_before = {t["metadata"]["name"]: t["metadata"]["resourceVersion"] for t in _templates(rack)}
+    spy = _Reads(rack.controller._rest)
+    rack.controller._rest = spy  # type: ignore[assignment]
+    try:
+        for _ in range(20):
+            rack.controller.reconcile_all()
+    finally:
+        rack.controller._rest = spy._rest
+    assert spy.reads == 0
+    assert {t["metadata"]["name"]: t["metadata"]["resourceVersion"] for t in _templates(rack)} == templates_before
+
+
+def _templates(rack: NvlRack) -> list[dict]:
+    return [
+        t for t in rack.rest.list(RESOURCE_CLAIM_TEMPLATES, NS)["items"] if t["metadata"]["name"].startswith("quiet")
+    ]

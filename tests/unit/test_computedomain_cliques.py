@@ -55,7 +55,7 @@ def rack(cliques_: dict[str, int], gpus: int = 4) -> list[dict[str, Any]]:
 
 
 def pick(slices: list[dict[str, Any]], claims: list[dict[str, Any]], num_nodes: int) -> cliques.Pick:
-    return cliques.choose(cliques.node_rooms(slices, claims, UID, GPU_DRIVER), num_nodes)
+    return cliques.choose(cliques.read_fabric(slices, claims, GPU_DRIVER).rooms(UID), num_nodes)
 
 
 def test_the_smallest_clique_that_holds_the_domain_is_picked() -> None:
@@ -124,7 +124,7 @@ def test_cliques_held_by_other_domains_pin_the_one_that_frees_first() -> None:
         "clique c (4 node(s) with a channel) is pinned: other domains hold 1 of its channels; "
         "its pods wait until they end"
     )
-    rooms = cliques.node_rooms(rack({"a": 2, "b": 4, "c": 4}), held, UID, GPU_DRIVER)
+    rooms = cliques.read_fabric(rack({"a": 2, "b": 4, "c": 4}), held, GPU_DRIVER).rooms(UID)
     assert cliques.holds(rooms, "c", 4) and not cliques.fits(rooms, "c", 4) and not cliques.holds(rooms, "a", 4)
 
 
@@ -135,9 +135,20 @@ def test_no_channel_anywhere_says_so() -> None:
 
 
 def test_fits_follows_the_cliques_free_channels() -> None:
-    rooms = cliques.node_rooms(rack({"b": 4}), [claim("other", [(DRIVER, "b-3", "channel-0")])], UID, GPU_DRIVER)
+    rooms = cliques.read_fabric(rack({"b": 4}), [claim("other", [(DRIVER, "b-3", "channel-0")])], GPU_DRIVER).rooms(UID)
     assert cliques.fits(rooms, "b", 3) and not cliques.fits(rooms, "b", 4)
     assert not cliques.fits(rooms, cliques.NONE, 0)
+
+
+def test_one_reading_of_the_fabric_serves_every_domain() -> None:
+    """Read once a pass for all domains: a channel held by a domain's own claim is room for that domain and taken
+    for every other; a GPU any claim holds is not free for either."""
+    held = [claim(UID, [(DRIVER, "b-3", "channel-0"), (GPU_DRIVER, "b-3", "gpu-0")])]
+    fabric = cliques.read_fabric(rack({"b": 4}), held, GPU_DRIVER)
+    own, other = fabric.rooms(UID), fabric.rooms("another-domain")
+    assert cliques.fits(own, "b", 4) and not own["b-3"].taken
+    assert other["b-3"].taken and not cliques.fits(other, "b", 4) and cliques.fits(other, "b", 3)
+    assert own["b-3"].free_gpus == other["b-3"].free_gpus == 3
 
 
 def test_the_templates_selector_matches_the_picked_cliques_channels_only() -> None:
