@@ -225,7 +225,8 @@ class Committer:
             return Outcome(False, f"unsupported claim: {e}")
         t = time.perf_counter()
         clients = self._clients()
-        coordinator = GangCoordinator({node: _ClaimErrors(node, c) for node, c in clients.items()})
+        nodes = {p.node for p in placements} & clients.keys()  # a node without a client: refused as unknown
+        coordinator = GangCoordinator({node: _ClaimErrors(node, clients[node]) for node in nodes})
         try:
             held, refused = coordinator.reserve_all(gang_id, placements, self._ttl)
             if refused is not None and refused.kind == "no-fit":

@@ -198,6 +198,24 @@ class PinnedClient:
         return self._connect().capacity()
 
 
+class _NodeClients(Mapping[str, NodeClient]):
+    """Every addressed node's client, each made when asked for: a commit asks for its gang's nodes alone, and making
+    them all (a fingerprint read from the Node informer each) cost more than a gang's own calls did."""
+
+    def __init__(self, directory: NodeDirectory, addresses: Mapping[str, str]) -> None:
+        self._directory, self._addresses = directory, addresses
+
+    def __getitem__(self, node: str) -> NodeClient:
+        address = self._addresses[node]
+        return PinnedClient(self._directory, node, address, self._directory.fingerprint(node))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._addresses)
+
+    def __len__(self) -> int:
+        return len(self._addresses)
+
+
 class NodeDirectory:
     """gRPC clients to the nodes' reservation APIs over TLS, one channel per advertised address and published
     certificate fingerprint (`fingerprint(node)`, from the Node's annotation): a restarted agent has a new
@@ -215,7 +233,7 @@ class NodeDirectory:
         self._token = token
         self._write_gate = write_gate
         self._timeout = timeout_s
-        self._fingerprint = fingerprint
+        self.fingerprint = fingerprint  # node -> the certificate fingerprint its Node publishes
         self._channels: dict[tuple[str, str, str], grpc.Channel] = {}
         self._clients: dict[tuple[str, str, str], GrpcNodeClient] = {}
         self._lock = threading.Lock()  # commit workers connect at once
@@ -229,10 +247,8 @@ class NodeDirectory:
             except ApiError as e:
                 raise NodeUnavailable(e.reason) from e
 
-    def clients(self) -> dict[str, NodeClient]:
-        return {
-            node: PinnedClient(self, node, address, self._fingerprint(node)) for node, address in self.addresses.items()
-        }
+    def clients(self) -> Mapping[str, NodeClient]:
+        return _NodeClients(self, self.addresses)
 
     def client(self, node: str, address: str, fingerprint: str) -> GrpcNodeClient:
         """The client over the channel for this node, address and fingerprint, connecting first if needed."""
