@@ -29,6 +29,8 @@ What an object says is agent.objects.read's; a claim's reservation request is ag
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -486,8 +488,9 @@ class WorldCache:
     when something it was weighed from changed (its pods, claims, PodGroup, statuses and nodes, its queue's
     running sum before it, the published devices). Gangs whose weighing reads the cluster around them (a
     firstAvailable claim, a share of a GPU, a claim shared with another gang, an unreadable claim, no creation
-    time) are weighed afresh every time. A snapshot built with a cache is the one built without
-    (tests/unit/test_arbiter_incremental.py)."""
+    time) are weighed afresh every time. The pods' grouping into gangs is kept too (`grouping`, _Grouping): only
+    the pods that changed, and their jobs, are grouped again. A snapshot built with a cache is the one built
+    without (tests/unit/test_arbiter_incremental.py)."""
 
     def __init__(self) -> None:
         self.pods: dict[str, _PodRead] = {}
@@ -502,6 +505,7 @@ class WorldCache:
             ]
             | None
         ) = None
+        self.grouping = _Grouping()
         self.pods_read = 0  # pods read afresh by the last snapshot (tests, the benchmark)
         self.jobs_weighed = 0  # gangs weighed afresh by the last snapshot
 
@@ -658,111 +662,376 @@ class _Gangs:
         }
 
 
+@dataclass(slots=True)
+class _PodPlace:
+    """Where one pod goes in _Gangs: a member of its job (`read`), or `other` (not the arbiter's), `release`d, or
+    `invalid`; or nowhere (gone for the arbiter). `seq`: its place in the informers' order."""
+
+    seq: int
+    key: str
+    pod: Json
+    read: _Pod | None = None
+    flying: bool = False  # its gang's commit is under way
+    other: bool = False
+    release: bool = False
+    invalid: Invalid | None = None
+    # what its reading read besides the pod (WorldCache): its change places the pod again
+    claim_keys: tuple[str, ...] = ()
+    group_key: str | None = None
+
+
+@dataclass(slots=True)
+class _JobGroup:
+    """One job's part of _Gangs, from its members in the informers' order."""
+
+    first: int  # its first member's seq: the jobs' order
+    gang: Gang
+    statuses: dict[str, PodStatus]
+    waiting: str | None
+    unweighed: bool
+    stranded: dict[str, int]  # parent queue -> its pending pods that name it
+    holding: set[str] | None
+    allowed: dict[str, frozenset[str]]
+    refused: dict[str, Unbindable]
+    flying: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Around:
+    """What a pod's place, and its job's group, are read against besides the pods."""
+
+    objects: _Objects
+    rules: NodeRules
+    default_queue: str | None
+    in_flight: Mapping[str, str]
+    refused_claims: Mapping[str, str]
+
+
+def _place_pod(
+    pod: Json, key: str, seq: int, around: _Around, *, cache: WorldCache | None, seen: dict[str, _PodRead]
+) -> _PodPlace:
+    objects, default_queue = around.objects, around.default_queue
+    try:
+        read = _read_pod_cached(pod, key, objects.groups, objects.claims, default_queue, cache=cache, seen=seen)
+    except (AttributeError, TypeError, ValueError) as e:  # a malformed object: reported, never fatal
+        return _PodPlace(seq, key, pod, invalid=Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}"))
+    if read == RELEASE:
+        return _PodPlace(seq, key, pod, release=True)
+    going = around.in_flight.get(key)
+    if read is None and going is not None:
+        # bound by our commit, its claims not yet shown allocated (the claim watch can trail the pod
+        # watch): not a stranger's pod holding nothing, but one of ours, on its way to `going`
+        read = _read_pod(pod, objects.groups, objects.claims, default_queue, landing=True)
+    if not isinstance(read, _Pod):
+        return _PodPlace(seq, key, pod, other=True)
+    flying = going is not None and read.status == "Pending"
+    if flying:
+        read = replace(read, status="Running", node=going)
+    if read.status is None:
+        return _PodPlace(seq, key, pod)  # gone for the arbiter: holds nothing
+    return _PodPlace(seq, key, pod, read, flying)
+
+
+def _group_job(job: str, places: Sequence[_PodPlace], around: _Around) -> _JobGroup:
+    """The job's part of _Gangs from its members in the informers' order (each pod read as _group_gangs always
+    read it: its own queue and PodGroup checked, the gang made at its first pod)."""
+    objects, rules, refused_claims = around.objects, around.rules, around.refused_claims
+    gang: Gang | None = None
+    waiting: str | None = None
+    unweighed = False
+    stranded: dict[str, int] = {}
+    statuses: dict[str, PodStatus] = {}
+    holding: set[str] | None = None
+    allowed: dict[str, frozenset[str]] = {}
+    refused: dict[str, Unbindable] = {}
+    for place in places:
+        read, pod = place.read, place.pod
+        assert read is not None and read.status is not None
+        key, ns, group_name, group, queue = place.key, read.namespace, read.group_name, read.group, read.queue
+        name = meta(pod).get("name")
+        if group_name and group is None and waiting is None:
+            waiting = f"PodGroup {group_name} does not exist"
+        if group_name and f"{ns}/{group_name}" in objects.bad_groups:
+            waiting = f"PodGroup {group_name} is invalid: {objects.bad_groups[f'{ns}/{group_name}']}"
+            unweighed = True
+        if queue in objects.bad_queues:
+            waiting = f"queue {queue} is left out: {objects.bad_queues[queue].reason}"
+            unweighed = True
+        elif queue not in objects.by_queue:
+            waiting = f"queue {queue} does not exist"
+            unweighed = True
+        elif queue in objects.children:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
+            waiting = (
+                f"queue {queue} is a parent queue (of {', '.join(objects.children[queue])}); only leaf queues "
+                f"take pods: the gang waits until it names a leaf queue or {queue} has no child queue again"
+            )
+            unweighed = True
+            if read.status == "Pending":
+                stranded[str(queue)] = stranded.get(str(queue), 0) + 1
+        if read.status == "Pending":
+            if read.facts.extended:
+                waiting = (
+                    f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
+                    f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})"
+                )
+            elif read.facts.missing and waiting is None:
+                waiting = (
+                    f"waiting for the ResourceClaims of {name} "
+                    f"({', '.join(read.facts.missing)}) to be created from their templates"
+                )
+            elif any(c is None for c in read.found) and waiting is None:
+                waiting = f"ResourceClaim of {name} not found"
+            for c in read.found:
+                problem = None if c is None else refused_claims.get(f"{ns}/{meta(c).get('name')}")
+                if c is not None and problem is not None and waiting is None:  # the claim's error: it waits
+                    waiting = f"ResourceClaim {meta(c).get('name')} of {name} was refused as written: {problem}"
+            # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
+            nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
+            if nodes_allowed is not None:
+                allowed[key] = nodes_allowed
+            if why and waiting is None:
+                waiting = f"no node may run {name}: {why}"
+        if gang is None:
+            min_count = 1
+            if group is not None and not unweighed:  # a valid PodGroup (pod_group_problem)
+                policy = (group.get("spec") or {}).get("schedulingPolicy") or {}
+                min_count = int((policy.get("gang") or {}).get("minCount") or 1)
+            gang = Gang(job, ns, str(queue), group_name, min_count)
+        gang.members[key] = Member(
+            key, pod, [c for c in read.found if c is not None], read.node if read.status != "Pending" else None
+        )
+        statuses[key] = read.status
+        if read.status != "Pending":
+            holding = holding if holding is not None else set()
+            holding.update(f"{ns}/{n}" for n in read.facts.names)
+            stuck = unbindable(pod, read.node) if read.status == "Running" and read.node else None
+            if stuck is not None:
+                refused[key] = stuck
+    assert gang is not None
+    flying = any(p.flying for p in places)
+    return _JobGroup(places[0].seq, gang, statuses, waiting, unweighed, stranded, holding, allowed, refused, flying)
+
+
+@dataclass(frozen=True, slots=True)
+class _Changes:
+    changed: dict[str, Json]  # pod key -> the new object
+    gone: set[str]  # pod keys no longer held
+    gone_ids: set[int]  # the ids of the objects no longer held (gone or replaced)
+    stale: set[str]  # pods to place again: what they read changed (a claim, their PodGroup, a commit, a refusal)
+
+
+class _Grouping:
+    """The pods grouped into gangs, kept between snapshots (WorldCache.grouping): only the pods that changed (new
+    objects, by identity), or whose claims, PodGroup, commit or refusal changed, are placed again, and only their
+    jobs grouped again; the informers' order is kept by each pod's `seq` (a modified pod keeps its place, a new one
+    comes last, as in the informer's store; any other order is grouped afresh). The managed nodes changed: the
+    pending pods (their rules read against them). The queues or the default queue changed, or nothing kept:
+    everything afresh."""
+
+    def __init__(self) -> None:
+        self.context: tuple[Any, ...] | None = None
+        self.pods: list[Json] = []  # the pods last grouped, kept so that no id below is reused
+        self.claims: list[Json] = []
+        self.groups: list[Json] = []
+        self.managed: list[Json] = []
+        self.key_by_id: dict[int, str] = {}
+        self.seq_by_id: dict[int, int] = {}
+        self.claim_ids: dict[int, str] = {}
+        self.group_ids: dict[int, str] = {}
+        self.places: dict[str, _PodPlace] = {}
+        self.by_job: dict[str, set[str]] = {}  # job -> its members' keys
+        self.by_claim: dict[str, set[str]] = {}  # claim key -> the pods that name it
+        self.by_group: dict[str, set[str]] = {}  # PodGroup key -> the pods that name it
+        self.pending: set[str] = set()  # the pods whose node rules are read (against the managed nodes)
+        self.jobs: dict[str, _JobGroup] = {}
+        self.in_flight: dict[str, str] = {}
+        self.refused: dict[str, str] = {}
+        self.next_seq = 0
+
+    def group(self, pods: list[Json], managed: list[Json], around: _Around, cache: WorldCache | None) -> _Gangs:
+        """`managed`: the nodes `around.rules` were made from."""
+        objects = around.objects
+        context = (around.default_queue, objects.queues, {k: bad.reason for k, bad in objects.bad_queues.items()})
+        changes = None
+        if cache is not None and context == self.context:
+            changes = self._changes(pods, around, nodes_changed=not _same_objects(self.managed, managed))
+        if changes is None or not self._apply(changes, pods, around, cache):
+            self._afresh(pods, around, cache)
+        self.context = context if cache is not None else None
+        self.pods, self.managed = pods, list(managed)
+        self.claims, self.groups = list(objects.claims.values()), list(objects.groups.values())
+        self.claim_ids = dict(zip(map(id, self.claims), objects.claims, strict=True))
+        self.group_ids = dict(zip(map(id, self.groups), objects.groups, strict=True))
+        self.in_flight, self.refused = dict(around.in_flight), dict(around.refused_claims)
+        return self._assemble()
+
+    def _afresh(self, pods: list[Json], around: _Around, cache: WorldCache | None) -> None:
+        self.places, self.by_job, self.by_claim, self.by_group, self.pending = {}, {}, {}, {}, set()
+        self.key_by_id, self.seq_by_id = {}, {}
+        seen: dict[str, _PodRead] = {}
+        for seq, pod in enumerate(pods):
+            try:
+                key = pod_key(pod)
+            except (AttributeError, TypeError, ValueError) as e:  # no key: reported, and kept out of the cache
+                bad = Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}")
+                self.places[f"#{seq}"] = _PodPlace(seq, f"#{seq}", pod, invalid=bad)
+                continue
+            self._remember(key, _place_pod(pod, key, seq, around, cache=cache, seen=seen), seen.get(key))
+            self.key_by_id[id(pod)], self.seq_by_id[id(pod)] = key, seq
+        self.next_seq = len(pods)
+        if cache is not None:
+            cache.pods = seen  # pods gone since are forgotten
+        self.jobs = {}
+        for job in self.by_job:
+            self._regroup(job, around)
+
+    def _changes(self, pods: list[Json], around: _Around, *, nodes_changed: bool) -> _Changes | None:
+        """What changed since the pods were last grouped; None when a new pod has no key (it is reported as
+        invalid by grouping afresh)."""
+        now = dict(zip(map(id, pods), pods, strict=True))
+        changed: dict[str, Json] = {}
+        for i in now.keys() - self.key_by_id.keys():
+            try:
+                changed[pod_key(now[i])] = now[i]
+            except (AttributeError, TypeError, ValueError):
+                return None
+        gone_ids = self.key_by_id.keys() - now.keys()
+        gone = {self.key_by_id[i] for i in gone_ids} - changed.keys()
+        stale: set[str] = set()
+        objects, in_flight, refused_claims = around.objects, around.in_flight, around.refused_claims
+        claims = dict(zip(map(id, objects.claims.values()), objects.claims, strict=True))
+        for key in {claims[i] for i in claims.keys() - self.claim_ids.keys()} | {
+            self.claim_ids[i] for i in self.claim_ids.keys() - claims.keys()
+        }:
+            stale |= self.by_claim.get(key, set())
+        groups = dict(zip(map(id, objects.groups.values()), objects.groups, strict=True))
+        for key in {groups[i] for i in groups.keys() - self.group_ids.keys()} | {
+            self.group_ids[i] for i in self.group_ids.keys() - groups.keys()
+        }:
+            stale |= self.by_group.get(key, set())
+        stale.update(key for key, _ in in_flight.items() ^ self.in_flight.items())
+        for claim, _ in refused_claims.items() ^ self.refused.items():
+            stale |= self.by_claim.get(claim, set())
+        if nodes_changed:  # which nodes a pending pod's rules allow
+            stale |= self.pending
+        return _Changes(changed, gone, gone_ids, stale - gone - changed.keys())
+
+    def _apply(self, changes: _Changes, pods: list[Json], around: _Around, cache: WorldCache | None) -> bool:
+        """Place the changed pods again and group their jobs again; False (what is kept is then stale) when the
+        informers' order is not the one kept (a pod deleted and made again under its name comes last)."""
+        assert cache is not None
+        jobs: set[str] = set()
+        for key in changes.gone:
+            jobs.add(self._forget(key))
+            cache.pods.pop(key, None)
+        for i in changes.gone_ids:
+            del self.key_by_id[i], self.seq_by_id[i]
+        for key in changes.changed.keys() | changes.stale:
+            old = self.places.get(key)
+            pod = changes.changed.get(key) or (old.pod if old is not None else None)
+            if pod is None:
+                continue  # a commit's pod the informers do not hold (yet, or any more)
+            if old is not None:
+                jobs.add(self._forget(key))
+                seq = old.seq
+            else:
+                seq, self.next_seq = self.next_seq, self.next_seq + 1
+            place = _place_pod(pod, key, seq, around, cache=cache, seen=cache.pods)
+            self._remember(key, place, cache.pods.get(key))
+            self.key_by_id[id(pod)], self.seq_by_id[id(pod)] = key, seq
+            if place.read is not None:
+                jobs.add(place.read.job)
+        order = list(map(self.seq_by_id.__getitem__, map(id, pods)))
+        if not all(map(operator.lt, order, itertools.islice(order, 1, None))):
+            return False
+        for job in jobs:
+            self._regroup(job, around)
+        return True
+
+    def _remember(self, key: str, place: _PodPlace, reading: _PodRead | None) -> None:
+        self.places[key] = place
+        if reading is not None:
+            place.claim_keys, place.group_key = reading.claim_keys, reading.group_key
+        for claim in place.claim_keys:
+            self.by_claim.setdefault(claim, set()).add(key)
+        if place.group_key is not None:
+            self.by_group.setdefault(place.group_key, set()).add(key)
+        if place.read is not None:
+            self.by_job.setdefault(place.read.job, set()).add(key)
+            if place.read.status == "Pending":
+                self.pending.add(key)
+
+    def _forget(self, key: str) -> str:
+        """Drop the pod's place; returns its job ("" for none)."""
+        place = self.places.pop(key, None)
+        if place is None:
+            return ""
+        for claim in place.claim_keys:
+            _discard(self.by_claim, claim, key)
+        if place.group_key is not None:
+            _discard(self.by_group, place.group_key, key)
+        if place.read is None:
+            return ""
+        _discard(self.by_job, place.read.job, key)
+        self.pending.discard(key)
+        return place.read.job
+
+    def _regroup(self, job: str, around: _Around) -> None:
+        keys = self.by_job.get(job)
+        if not job or not keys:
+            self.jobs.pop(job, None)
+            return
+        places = sorted((self.places[k] for k in keys), key=lambda p: p.seq)
+        self.jobs[job] = _group_job(job, places, around)
+
+    def _assemble(self) -> _Gangs:
+        out = _Gangs()
+        for job, group in sorted(self.jobs.items(), key=lambda item: item[1].first):
+            out.gangs[job] = group.gang
+            out.members.update(group.gang.members)
+            out.statuses.update(group.statuses)
+            if group.waiting is not None:
+                out.waiting[job] = group.waiting
+            if group.unweighed:
+                out.unweighed.add(job)
+            if group.holding is not None:
+                out.holding[job] = group.holding
+            out.allowed.update(group.allowed)
+            out.refused.update(group.refused)
+            for queue, count in group.stranded.items():
+                out.stranded[queue] = out.stranded.get(queue, 0) + count
+            if group.flying:
+                out.flying.add(job)
+        for place in sorted((p for p in self.places.values() if p.read is None), key=lambda p: p.seq):
+            if place.invalid is not None:
+                out.invalid[place.invalid.key] = place.invalid
+            elif place.release:
+                out.release.append(place.pod)
+            elif place.other:
+                out.other_pods.append(place.pod)
+        return out
+
+
+def _discard(index: dict[str, set[str]], key: str, value: str) -> None:
+    values = index.get(key)
+    if values is not None:
+        values.discard(value)
+        if not values:
+            del index[key]
+
+
 def _group_gangs(
     pods: Iterable[Json],
     objects: _Objects,
-    rules: NodeRules,
+    managed: list[Json],
     *,
     default_queue: str | None,
     in_flight: Mapping[str, str] | None,
     refused_claims: Mapping[str, str] | None,
     cache: WorldCache | None = None,
 ) -> _Gangs:
-    out = _Gangs()
-    waiting, unweighed = out.waiting, out.unweighed
-    seen: dict[str, _PodRead] = {}
-    for pod in pods:
-        try:
-            key = pod_key(pod)
-            read = _read_pod_cached(pod, key, objects.groups, objects.claims, default_queue, cache=cache, seen=seen)
-        except (AttributeError, TypeError, ValueError) as e:  # a malformed object: reported, never fatal
-            bad = Invalid("Pod", pod, f"the arbiter cannot read this pod: {e}")
-            out.invalid[bad.key] = bad
-            continue
-        if read == RELEASE:
-            out.release.append(pod)
-            continue
-        going = in_flight.get(key) if in_flight else None
-        if read is None and going is not None:
-            # bound by our commit, its claims not yet shown allocated (the claim watch can trail the pod
-            # watch): not a stranger's pod holding nothing, but one of ours, on its way to `going`
-            read = _read_pod(pod, objects.groups, objects.claims, default_queue, landing=True)
-        if not isinstance(read, _Pod):
-            out.other_pods.append(pod)
-            continue
-        if going is not None and read.status == "Pending":
-            read = replace(read, status="Running", node=going)
-            out.flying.add(read.job)
-        if read.status is None:
-            continue  # gone for the arbiter: holds nothing
-        job, ns, group_name, group, queue = read.job, read.namespace, read.group_name, read.group, read.queue
-        name = meta(pod).get("name")
-        if group_name and group is None and job not in waiting:
-            waiting[job] = f"PodGroup {group_name} does not exist"
-        if group_name and f"{ns}/{group_name}" in objects.bad_groups:
-            waiting[job] = f"PodGroup {group_name} is invalid: {objects.bad_groups[f'{ns}/{group_name}']}"
-            unweighed.add(job)
-        if queue in objects.bad_queues:
-            waiting[job] = f"queue {queue} is left out: {objects.bad_queues[queue].reason}"
-            unweighed.add(job)
-        elif queue not in objects.by_queue:
-            waiting[job] = f"queue {queue} does not exist"
-            unweighed.add(job)
-        elif queue in objects.children:  # KAI skips such jobs too (JobsOrderByQueues: only leaf queues' jobs)
-            waiting[job] = (
-                f"queue {queue} is a parent queue (of {', '.join(objects.children[queue])}); only leaf queues "
-                f"take pods: the gang waits until it names a leaf queue or {queue} has no child queue again"
-            )
-            unweighed.add(job)
-            if read.status == "Pending":
-                out.stranded[str(queue)] = out.stranded.get(str(queue), 0) + 1
-        if read.status == "Pending":
-            if read.facts.extended:
-                waiting[job] = (
-                    f"{name} asks for {EXTENDED_RESOURCE} as an extended resource; the arbiter "
-                    f"allocates GPUs only through ResourceClaims (class {GPU_CLASS})"
-                )
-            elif read.facts.missing:
-                waiting.setdefault(
-                    job,
-                    f"waiting for the ResourceClaims of {name} "
-                    f"({', '.join(read.facts.missing)}) to be created from their templates",
-                )
-            elif any(c is None for c in read.found):
-                waiting.setdefault(job, f"ResourceClaim of {name} not found")
-            for c in read.found:
-                problem = None if c is None else (refused_claims or {}).get(f"{ns}/{meta(c).get('name')}")
-                if c is not None and problem is not None:  # the claim's error: it waits until the claim changes
-                    waiting.setdefault(
-                        job, f"ResourceClaim {meta(c).get('name')} of {name} was refused as written: {problem}"
-                    )
-            # only where kube-scheduler will bind it: the arbiter narrows the pod's affinity to the node it picks
-            nodes_allowed, why = rules.allowed(pod, read.facts.node_rules)
-            if nodes_allowed is not None:
-                out.allowed[key] = nodes_allowed
-            if why:
-                waiting.setdefault(job, f"no node may run {name}: {why}")
-        gang = out.gangs.get(job)
-        if gang is None:
-            min_count = 1
-            if group is not None and job not in unweighed:  # a valid PodGroup (pod_group_problem)
-                policy = (group.get("spec") or {}).get("schedulingPolicy") or {}
-                min_count = int((policy.get("gang") or {}).get("minCount") or 1)
-            gang = out.gangs[job] = Gang(job, ns, str(queue), group_name, min_count)
-        member = Member(
-            key, pod, [c for c in read.found if c is not None], read.node if read.status != "Pending" else None
-        )
-        gang.members[member.key] = member
-        out.members[member.key] = member
-        out.statuses[member.key] = read.status
-        if read.status != "Pending":
-            out.holding.setdefault(job, set()).update(f"{ns}/{n}" for n in read.facts.names)
-            stuck = unbindable(pod, read.node) if read.status == "Running" and read.node else None
-            if stuck is not None:
-                out.refused[member.key] = stuck
-    if cache is not None:
-        cache.pods = seen  # pods gone since are forgotten
-    return out
+    around = _Around(objects, NodeRules(managed), default_queue, in_flight or {}, refused_claims or {})
+    return (cache.grouping if cache is not None else _Grouping()).group(list(pods), managed, around, cache)
 
 
 @dataclass
@@ -987,8 +1256,11 @@ def _weigh_gangs(
                             volatile = True
                             nodes_now, nodes_ever = rooms(allowed.get(key))
                             choice = choose(c, nodes_now, nodes_ever)
+                            # a member is kept between snapshots while its pod and claims are: chosen anew
                             if choice is not None:
                                 member.choices[str(meta(c).get("name"))] = choice
+                            else:
+                                member.choices.pop(str(meta(c).get("name")), None)
                         gpus += claim_gpus(c, driver, worth, capacities, shareable, choice=choice)
             except Unsupported as e:
                 unsupported = f"{key}: {e}"
@@ -1158,7 +1430,7 @@ def build_world(
     found = _group_gangs(
         pods,
         objects,
-        NodeRules(served.managed),
+        served.managed,
         default_queue=default_queue,
         in_flight=in_flight,
         refused_claims=refused_claims,

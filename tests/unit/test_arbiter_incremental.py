@@ -2,13 +2,14 @@
 built from scratch, and so are the cycle's decisions, over random sequences of what informers see.
 
 What changes here as the informers would change it: an object that changes is a new object with a new
-resourceVersion, the others stay the same objects. Covered: pods added, gated, ungated, bound, terminating and
-deleted; claims made, allocated (on a node, by devices) and freed while their pods stay as they were; a claim
-shared by pods of two gangs; a firstAvailable claim; PodGroups made, changed and deleted; a Queue's quota; a
-node's slice republished; a node cordoned and uncordoned; gangs whose commit is under way (in_flight); the
-clock; MIG devices, each worth a fraction of a GPU, whose milli-GPUs round against their queue's running sum.
-Not covered: consumable-capacity shares (the cache weighs a gang holding one afresh every time, as it does a
-firstAvailable claim)."""
+resourceVersion, the others stay the same objects, in the informer's order (a changed object keeps its place, a
+new one comes last). Covered: pods added, gated, ungated, bound, terminating, deleted, and deleted and made again
+under their name (last in the order now); claims made, allocated (on a node, by devices) and freed while their
+pods stay as they were; a claim shared by pods of two gangs; a firstAvailable claim; PodGroups made, changed and
+deleted; a Queue's quota; a node's slice republished; a node cordoned and uncordoned; gangs whose commit is under
+way (in_flight); claims a node refused as written; the clock; MIG devices, each worth a fraction of a GPU, whose
+milli-GPUs round against their queue's running sum. Not covered: consumable-capacity shares (the cache weighs a
+gang holding one afresh every time, as it does a firstAvailable claim)."""
 
 from __future__ import annotations
 
@@ -226,6 +227,9 @@ class Cluster:
             if i % 3:
                 pod["spec"]["nodeName"] = claim["status"]["allocation"]["devices"]["results"][0]["pool"]
             self.pods[name] = pod
+        elif kind == "readd":  # deleted and made again under its name: the informer's store has it last now
+            name = pods[j % len(pods)]
+            self.pods[name] = _new(self.pods.pop(name))
         elif kind == "touch":  # a change the snapshot does not read: a new object all the same
             name = pods[j % len(pods)]
             pod = _new(self.pods[name])
@@ -265,7 +269,13 @@ class Cluster:
             free = self.free_migs if r["device"].startswith("mig-") else self.free
             free[r["pool"]].append(r["device"])
 
-    def build(self, cache: WorldCache | None, weighed: dict[str, float], in_flight: dict[str, str]) -> World:
+    def build(
+        self,
+        cache: WorldCache | None,
+        weighed: dict[str, float],
+        in_flight: dict[str, str],
+        refused: dict[str, str] | None = None,
+    ) -> World:
         return build_world(
             pods=list(self.pods.values()),
             claims=list(self.claims.values()),
@@ -277,6 +287,7 @@ class Cluster:
             now=self.now,
             in_flight=in_flight,
             weighed=weighed,
+            refused_claims=refused,
             cache=cache,
         )
 
@@ -311,6 +322,7 @@ EVENTS = st.tuples(
             "ungate",
             "free",
             "touch",
+            "readd",
             "end",
             "group",
             "group",
@@ -326,17 +338,22 @@ EVENTS = st.tuples(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(EVENTS, st.integers(0, 3)), min_size=1, max_size=40))
-def test_a_snapshot_built_incrementally_is_the_one_built_from_scratch(steps: list[tuple[Any, int]]) -> None:
+@given(st.lists(st.tuples(EVENTS, st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=40))
+def test_a_snapshot_built_incrementally_is_the_one_built_from_scratch(steps: list[tuple[Any, int, int]]) -> None:
     cluster, cache = Cluster(), WorldCache()
     weighed: dict[str, float] = {}
-    for event, flying in steps:
+    for event, flying, refusals in steps:
         cluster.apply(event)
-        # a few pending pods whose gang's commit is under way, as the controller passes them
+        # a few pending pods whose gang's commit is under way, as the controller passes them, and a few whose
+        # claim a node refused as written
         gated = [k for k, p in sorted(cluster.pods.items()) if p["spec"].get("schedulingGates")]
         in_flight = {f"ns/{k}": NODES[n % 2] for n, k in enumerate(gated[:flying])}
-        fresh = cluster.build(None, weighed, in_flight)
-        cached = cluster.build(cache, weighed, in_flight)
+        refused = {
+            f"ns/{cluster.pods[k]['spec']['resourceClaims'][0]['resourceClaimName']}": "refused as written"
+            for k in gated[len(gated) - refusals :]
+        }
+        fresh = cluster.build(None, weighed, in_flight, refused)
+        cached = cluster.build(cache, weighed, in_flight, refused)
         _same(fresh, cached)
         weighed = fresh.weighed
 
