@@ -4,6 +4,7 @@ whichever command fails (2: a setting or input that cannot work; 1: a failure at
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from importlib.metadata import version
 
@@ -42,3 +43,21 @@ def test_a_failure_at_start_up_is_one_line_and_exit_1(capsys: pytest.CaptureFixt
     assert main(["inventory", "--nvml", "fake:no-such-machine"]) in (1, 2)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gpu-dra-agent inventory: ")
+
+
+@pytest.mark.parametrize(
+    ("command", "before", "after"),
+    [
+        ("arbiter", {}, {"GRPC_EXPERIMENTS": "-event_engine_client"}),  # its node calls in gRPC's older poller
+        ("arbiter", {"GRPC_EXPERIMENTS": "-mine"}, {"GRPC_EXPERIMENTS": "-mine"}),  # the operator's setting stays
+        ("node", {}, {}),
+    ],
+)
+def test_a_command_loads_grpc_with_its_own_settings_unless_the_operator_set_them(
+    command: str, before: dict[str, str], after: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    environ = dict(before)
+    monkeypatch.setattr(os, "environ", environ)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert environ == after
