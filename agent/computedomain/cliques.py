@@ -72,6 +72,7 @@ class Fabric:
 
 
 def read_fabric(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], gpu_driver: str) -> Fabric:
+    """Each channel-publishing node's clique, the domains holding its channel and its free GPUs."""
     slices = list(slices)
     cliques: dict[str, str] = {}
     for spec, _key, device in published_devices(slices, DRIVER):
