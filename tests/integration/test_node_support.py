@@ -179,9 +179,14 @@ class Daemon:
         return "\n".join(text.splitlines()[-lines:])
 
     def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM, and its exit code once it has shut down; killed, and its log's tail said, past `timeout`."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running {timeout:g} s after SIGTERM; its log ends:\n{self.tail(40)}") from None
 
     def kill(self) -> None:
         """kill -9: no handler runs, sockets and any half-written state stay behind."""
