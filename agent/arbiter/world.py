@@ -831,8 +831,8 @@ class _Grouping:
     def __init__(self) -> None:
         self.context: tuple[Any, ...] | None = None
         self.pods: list[Json] = []  # the pods last grouped, kept so that no id below is reused
-        self.claims: list[Json] = []
-        self.groups: list[Json] = []
+        self.claims: Mapping[str, Json] = {}  # kept, as the pods are
+        self.groups: Mapping[str, Json] = {}
         self.managed: list[Json] = []
         self.key_by_id: dict[int, str] = {}
         self.seq_by_id: dict[int, int] = {}
@@ -852,16 +852,17 @@ class _Grouping:
         """`managed`: the nodes `around.rules` were made from."""
         objects = around.objects
         context = (around.default_queue, objects.queues, {k: bad.reason for k, bad in objects.bad_queues.items()})
+        claim_ids, group_ids = _keys_by_id(objects.claims), _keys_by_id(objects.groups)
         changes = None
         if cache is not None and context == self.context:
-            changes = self._changes(pods, around, nodes_changed=not _same_objects(self.managed, managed))
+            nodes_changed = not _same_objects(self.managed, managed)
+            changes = self._changes(pods, around, claim_ids, group_ids, nodes_changed=nodes_changed)
         if changes is None or not self._apply(changes, pods, around, cache):
             self._afresh(pods, around, cache)
         self.context = context if cache is not None else None
         self.pods, self.managed = pods, list(managed)
-        self.claims, self.groups = list(objects.claims.values()), list(objects.groups.values())
-        self.claim_ids = dict(zip(map(id, self.claims), objects.claims, strict=True))
-        self.group_ids = dict(zip(map(id, self.groups), objects.groups, strict=True))
+        self.claims, self.groups = objects.claims, objects.groups
+        self.claim_ids, self.group_ids = claim_ids, group_ids
         self.in_flight, self.refused = dict(around.in_flight), dict(around.refused_claims)
         return self._assemble()
 
@@ -885,7 +886,15 @@ class _Grouping:
         for job in self.by_job:
             self._regroup(job, around)
 
-    def _changes(self, pods: list[Json], around: _Around, *, nodes_changed: bool) -> _Changes | None:
+    def _changes(
+        self,
+        pods: list[Json],
+        around: _Around,
+        claim_ids: dict[int, str],
+        group_ids: dict[int, str],
+        *,
+        nodes_changed: bool,
+    ) -> _Changes | None:
         """What changed since the pods were last grouped; None when a new pod has no key (it is reported as
         invalid by grouping afresh)."""
         now = dict(zip(map(id, pods), pods, strict=True))
@@ -898,16 +907,10 @@ class _Grouping:
         gone_ids = self.key_by_id.keys() - now.keys()
         gone = {self.key_by_id[i] for i in gone_ids} - changed.keys()
         stale: set[str] = set()
-        objects, in_flight, refused_claims = around.objects, around.in_flight, around.refused_claims
-        claims = dict(zip(map(id, objects.claims.values()), objects.claims, strict=True))
-        for key in {claims[i] for i in claims.keys() - self.claim_ids.keys()} | {
-            self.claim_ids[i] for i in self.claim_ids.keys() - claims.keys()
-        }:
+        in_flight, refused_claims = around.in_flight, around.refused_claims
+        for key in _changed_keys(claim_ids, self.claim_ids):
             stale |= self.by_claim.get(key, set())
-        groups = dict(zip(map(id, objects.groups.values()), objects.groups, strict=True))
-        for key in {groups[i] for i in groups.keys() - self.group_ids.keys()} | {
-            self.group_ids[i] for i in self.group_ids.keys() - groups.keys()
-        }:
+        for key in _changed_keys(group_ids, self.group_ids):
             stale |= self.by_group.get(key, set())
         stale.update(key for key, _ in in_flight.items() ^ self.in_flight.items())
         for claim, _ in refused_claims.items() ^ self.refused.items():
@@ -1010,6 +1013,16 @@ class _Grouping:
             elif place.other:
                 out.other_pods.append(place.pod)
         return out
+
+
+def _keys_by_id(objects: Mapping[str, Json]) -> dict[int, str]:
+    """id -> key of each object (in C: no Python loop over them)."""
+    return dict(zip(map(id, objects.values()), objects, strict=True))
+
+
+def _changed_keys(now: Mapping[int, str], before: Mapping[int, str]) -> set[str]:
+    """The keys whose object is new, replaced or gone between two _keys_by_id."""
+    return {now[i] for i in now.keys() - before.keys()} | {before[i] for i in before.keys() - now.keys()}
 
 
 def _discard(index: dict[str, set[str]], key: str, value: str) -> None:
