@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.kube.leader import HolderClock
 from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, Resource, Rest
+from agent.kube.uninstall import delete, stop_controller
 from agent.names import COMPONENT, FENCE_RULE, GATE
 from agent.objects.read import is_gated, meta, pod_key
 
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 DEPLOYMENT = "gpu-dra-agent-arbiter"  # daemonset/overlays/arbiter/arbiter.yaml
 GATE_POLICY = "gpu-dra-agent-arbiter-gate"  # daemonset/overlays/arbiter/admission-gate.yaml
 CLAIM_POLICY = "gpu-dra-agent-claim-protection"  # daemonset/overlays/arbiter/claim-protection.yaml
-DEPLOYMENTS = Resource("apps", "v1", "deployments", True)
 # v1 from Kubernetes 1.36; the README tells 1.34-1.35 users to apply the policies as v1beta1
 POLICY_RESOURCES = tuple(
     (kind, Resource("admissionregistration.k8s.io", version, plural, False))
@@ -36,19 +35,6 @@ POLICY_RESOURCES = tuple(
         ("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
     )
 )
-
-
-class StillRunning(Exception):
-    """An arbiter still holds the Lease: removing the fence now would only see it put back."""
-
-
-def _delete(rest: Rest, resource: Resource, namespace: str | None, name: str) -> bool:
-    """True when it was there; a resource the server does not serve is not there."""
-    try:
-        rest.delete(resource, namespace, name)
-    except NotFound:
-        return False
-    return True
 
 
 def _ungate(rest: Rest, pod: Json) -> bool:
@@ -88,41 +74,25 @@ def uninstall(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Remove the arbiter's hold on pods (module doc); says each step; returns the number of pods ungated.
-    Raises StillRunning when an arbiter keeps the Lease, ApiError when the API server refuses a step (each step
-    can be run again: --uninstall is idempotent)."""
-    if _delete(rest, DEPLOYMENTS, namespace, DEPLOYMENT):
-        say(f"deleted Deployment {namespace}/{DEPLOYMENT}")
-    lease_holder = HolderClock()
-    deadline = clock() + wait_s
-    while True:
-        try:
-            lease: Json | None = rest.get(LEASES, namespace, COMPONENT)
-        except NotFound:
-            lease = None
-        holder = lease_holder.holding((lease or {}).get("spec") or {}, clock())
-        if holder is None:
-            break
-        if clock() >= deadline:
-            raise StillRunning(
-                f"an arbiter ({holder}) still holds the Lease {namespace}/{COMPONENT} {wait_s:g} s after its "
-                f"Deployment was deleted; stop it (it puts the fence back), then run --uninstall again"
-            )
-        sleep(1.0)
+    Raises StillRunning (agent.kube.uninstall) when an arbiter keeps the Lease, ApiError when the API server
+    refuses a step (each step can be run again: --uninstall is idempotent)."""
+    # an arbiter still running would put the fence back (StillRunning says so)
+    stop_controller(rest, namespace, DEPLOYMENT, COMPONENT, wait_s=wait_s, say=say, clock=clock, sleep=sleep)
     for name, effect in (
         (GATE_POLICY, "new pods are not gated"),
         (CLAIM_POLICY, "new claims get their finalizer as kube-scheduler allocates them"),
     ):
         for kind, resource in POLICY_RESOURCES:
-            if _delete(rest, resource, None, name):
+            if delete(rest, resource, None, name):
                 say(f"deleted {kind} {name} ({resource.api_version}): {effect}")
-    if _delete(rest, DEVICE_TAINT_RULES, None, FENCE_RULE):
+    if delete(rest, DEVICE_TAINT_RULES, None, FENCE_RULE):
         say(f"deleted DeviceTaintRule {FENCE_RULE}: kube-scheduler allocates the driver's devices again")
     ungated = 0
     for pod in rest.list(PODS).get("items") or []:
         if _ungate(rest, pod):
             ungated += 1
             say(f"ungated pod {pod_key(pod)}")
-    if _delete(rest, LEASES, namespace, COMPONENT):
+    if delete(rest, LEASES, namespace, COMPONENT):
         say(f"deleted Lease {namespace}/{COMPONENT}")
     say(
         f"{ungated} pod(s) handed to kube-scheduler; the Queues and the arbiter's RBAC stay "

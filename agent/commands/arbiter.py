@@ -23,6 +23,7 @@ from agent.arbiter.core.model import GPU_POLICIES, GpuPolicy, Placement
 from agent.arbiter.metrics import ArbiterMetrics
 from agent.commands.options import SettingError, StartupFailure, option, switch
 from agent.commands.signals import stop_on_signals
+from agent.commands.uninstall import run_uninstall
 from agent.kube.client import RateLimiter
 from agent.kube.errors import ApiError
 from agent.kube.events import EventRecorder
@@ -206,7 +207,9 @@ def _fail(message: str) -> NoReturn:
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     if args.uninstall:
-        return _uninstall(args)
+        from agent.arbiter.uninstall import uninstall
+
+        return run_uninstall(args, uninstall)
     if not args.reservation_token_file:
         return _fail("--reservation-token-file is required: node agents refuse anonymous reservations")
     for flag, value in (("--reservation-ttl", args.reservation_ttl), ("--period", args.period)):
@@ -356,17 +359,3 @@ def thread_cpu_seconds() -> dict[str, float]:
         name = re.sub(r"[_-]\d+$", "", name)
         out[name] = out.get(name, 0.0) + seconds
     return out
-
-
-def _uninstall(args: argparse.Namespace) -> int:
-    from agent.arbiter.uninstall import StillRunning, uninstall
-
-    try:
-        rest = connect(args.kubeconfig)
-    except KubeconfigError as exc:
-        raise SettingError(str(exc)) from exc
-    try:
-        uninstall(rest, args.leader_elect_namespace)
-    except (StillRunning, ApiError) as exc:
-        raise StartupFailure(str(exc)) from exc
-    return 0

@@ -16,6 +16,7 @@ import uuid
 from agent import logs
 from agent.commands.options import SettingError, StartupFailure, option, switch
 from agent.commands.signals import stop_on_signals
+from agent.commands.uninstall import run_uninstall
 from agent.computedomain.controller import COMPONENT, ComputeDomainController
 from agent.kube.errors import ApiError
 from agent.kube.events import EventRecorder
@@ -23,7 +24,6 @@ from agent.kube.kubeconfig import KubeconfigError, connect
 from agent.kube.leader import LeaderElector
 
 log = logging.getLogger("agent.compute_domain_controller")
-LEASE = "gpu-dra-compute-domains"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,11 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="only the holder of the Lease gpu-dra-compute-domains writes (run two replicas)",
     )
     option(p, "--leader-elect-namespace", env="POD_NAMESPACE", default="gpu-dra-agent", help="namespace of the Lease")
+    switch(
+        p,
+        "--uninstall",
+        env="UNINSTALL",
+        default=False,
+        help="take the controller away, then exit: delete its Deployment, wait until no replica holds its Lease, "
+        "remove its finalizer from every ComputeDomain and the ResourceClaimTemplates it made, delete the Lease "
+        "(helm uninstall runs this first); run with an admin --kubeconfig",
+    )
     option(p, "--log-format", env="LOG_FORMAT", default="text", choices=logs.FORMATS, help="json or text")
 
 
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
+    if args.uninstall:
+        from agent.computedomain.uninstall import uninstall
+
+        return run_uninstall(args, uninstall)
     if not (math.isfinite(args.period) and args.period > 0):
         raise SettingError(f"--period must be a positive number of seconds, not {args.period}")
     try:
@@ -61,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     elector = None
     if args.leader_elect:
-        elector = LeaderElector(rest, args.leader_elect_namespace, LEASE, identity)
+        elector = LeaderElector(rest, args.leader_elect_namespace, COMPONENT, identity)
         rest = rest.gated(elector.check_leading)  # no write leaves a process that may have lost the Lease
         if not elector.lead(stop):
             return 0

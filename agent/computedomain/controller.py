@@ -44,7 +44,7 @@ from agent.slices.build import DEFAULT_DRIVER
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "gpu-dra-compute-domains"
+COMPONENT = "gpu-dra-compute-domains"  # also its Lease: only the holder writes (--leader-elect)
 
 
 class ComputeDomainController:

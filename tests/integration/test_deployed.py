@@ -620,6 +620,8 @@ CD_CONTROLLER_PODS = (
 )
 CD_LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/gpu-dra-compute-domains"
 CD_CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/computedomains.resource.nvidia.com"
+CD_DOMAINS = "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains"
+CD_FINALIZER = "resource.nvidia.com/computeDomain"
 GB200_TRAY = "gb200-nvl72-node00"  # a compute tray of the fake NVL72 rack: its 4 GPUs in one fabric clique
 
 
@@ -643,6 +645,15 @@ def _compute_domain_values(deployed: Deployed, gpus: bool) -> Path:
     return path
 
 
+def _compute_domain(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}},
+    }
+
+
 @pytest.mark.parametrize("gpus", [True, False], ids=["with-gpus", "alone"])
 def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the_channels(
     deployed: Deployed, gpus: bool
@@ -651,7 +662,8 @@ def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the
     fabric clique, with resources.gpus.enabled true and false (GPUs left to a device plugin): the ComputeDomain
     CRD is served, the controller's replicas run Ready in the cluster and one leads, the node agent's pod publishes
     the compute-domain.nvidia.com slice (channel-0, daemon-0), beside its GPUs only with GPUs on (and only then
-    the GPU device classes); `helm uninstall` takes all of it away (pods, slices, CRD, device classes, RBAC)."""
+    the GPU device classes); `helm uninstall` takes all of it away (pods, slices, CRD, device classes, RBAC), a
+    ComputeDomain the controller held included, and frees the controller's Lease."""
     site = deployed.site
     started = time.monotonic()
     deployed.install(_compute_domain_values(deployed, gpus))
@@ -691,6 +703,14 @@ def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the
         f"helm install with ComputeDomains (GPUs {'on' if gpus else 'off'}) -> compute-domain slice {slice_s:.1f}s, "
         f"controllers Ready {ready_s:.1f}s"
     )
+    # a domain the controller holds by its finalizer: without the uninstall hook the CRD's deletion waited on it
+    site.cp.request("POST", CD_DOMAINS, _compute_domain("outlives-uninstall"))
+
+    def finalized() -> bool | None:
+        domain = site.get(f"{CD_DOMAINS}/outlives-uninstall") or {}
+        return True if CD_FINALIZER in (domain.get("metadata") or {}).get("finalizers", []) else None
+
+    wait_for("the controller's finalizer on the domain", finalized, 60)
 
     started = time.monotonic()
     deployed.run_helm("uninstall", RELEASE, "--namespace", NS)
@@ -703,6 +723,7 @@ def test_helm_install_with_compute_domains_runs_the_controller_and_publishes_the
     wait_for("the node's slices to be withdrawn", lambda: None if deployed.slices() else True, 180)
     wait_for("the ComputeDomain CRD to go", lambda: None if site.get(CD_CRD) else True, 60)
     print(f"helm uninstall with ComputeDomains -> all gone {time.monotonic() - started:.1f}s")
+    assert site.get(CD_LEASE) is None  # released by the hook: the next install leads at once
     names = [c["metadata"]["name"] for c in site.cp.request("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]]
     assert not [n for n in names if n.endswith("nvidia.com")]
     roles = site.cp.request(

@@ -107,7 +107,7 @@ def test_the_chart_renders_the_base(helm: str, path: str) -> None:
     ],
 )
 def test_the_chart_renders_each_overlay(helm: str, overlay: str, values: list[str]) -> None:
-    # the chart's hooks aside (the arbiter's uninstall Job, below), which kustomize has no place for
+    # the chart's hooks aside (the controllers' uninstall Jobs, below), which kustomize has no place for
     _assert_same(_template(helm, "--no-hooks", *MATCH_BASE, *values), _kustomize(f"daemonset/overlays/{overlay}"))
 
 
@@ -162,21 +162,39 @@ def test_values_named_as_nvidias_chart_change_what_they_say(helm: str) -> None:
     assert "system:serviceaccount:gpus:gpu-dra-agent-node" in yaml.safe_dump(policies)
 
 
-def test_helm_uninstall_with_the_arbiter_runs_its_uninstall_first(helm: str) -> None:
-    """A pre-delete hook Job, `gpu-dra-agent arbiter --uninstall`, with an account allowed just that (the
-    test on the real node: test_deployed.py); no hook without the arbiter."""
+@pytest.mark.parametrize(
+    ("component", "command", "values", "resources"),
+    [
+        ("arbiter", "arbiter", ["arbiter.enabled=true", "arbiter.hostNetwork=true"], "devicetaintrules"),
+        (
+            "compute-domains",
+            "compute-domain-controller",
+            ["resources.computeDomains.enabled=true", "controller.hostNetwork=true"],
+            "computedomains",
+        ),
+    ],
+)
+def test_helm_uninstall_runs_each_controllers_uninstall_first(
+    helm: str, component: str, command: str, values: list[str], resources: str
+) -> None:
+    """A pre-delete hook Job per leader-elected controller installed, `gpu-dra-agent <controller> --uninstall`,
+    with an account allowed just that, on the controller's network (the test on the real node:
+    test_deployed.py); no hook without the controller."""
+    name = f"gpu-dra-agent-{component}-uninstall"
     assert not [k for k in _template(helm, *MATCH_BASE) if "uninstall" in k[2]]
-    objects = _template(helm, *MATCH_BASE, "--set", "arbiter.enabled=true", "--set", "arbiter.hostNetwork=true")
-    job = objects[("Job", NS, "gpu-dra-agent-arbiter-uninstall")]
+    objects = _template(helm, *MATCH_BASE, *(a for v in values for a in ("--set", v)))
+    assert [k[2] for k in objects if k[0] == "Job"] == [name]
+    job = objects[("Job", NS, name)]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     pod = job["spec"]["template"]["spec"]
-    assert pod["containers"][0]["command"] == ["gpu-dra-agent", "arbiter", "--uninstall"]
-    assert pod["hostNetwork"] is True and pod["serviceAccountName"] == "gpu-dra-agent-arbiter-uninstall"
-    role = objects[("ClusterRole", "", "gpu-dra-agent-arbiter-uninstall")]
-    assert {"devicetaintrules"} in [set(r["resources"]) for r in role["rules"]]
+    assert pod["containers"][0]["command"] == ["gpu-dra-agent", command, "--uninstall"]
+    assert pod["hostNetwork"] is True and pod["serviceAccountName"] == name
+    role = objects[("ClusterRole", "", name)]
+    assert {"leases"} in [set(r["resources"]) for r in role["rules"]]
+    assert {resources} in [set(r["resources"]) for r in role["rules"]]
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):  # made before the Job, gone with it
-        key = next(k for k in objects if k[0] == kind and k[2] == "gpu-dra-agent-arbiter-uninstall")
-        assert objects[key]["metadata"]["annotations"]["helm.sh/hook-weight"] == "-10"
+        made = objects[(kind, NS if kind == "ServiceAccount" else "", name)]
+        assert made["metadata"]["annotations"]["helm.sh/hook-weight"] == "-10"
 
 
 def test_arbiter_metrics_port_0_turns_its_metrics_endpoint_off(helm: str) -> None:
