@@ -25,6 +25,7 @@ import contextlib
 import copy
 import logging
 import threading
+from collections.abc import Mapping
 
 from agent.computedomain import cliques, model, templates
 from agent.computedomain.model import FINALIZER, ComputeDomain, InvalidComputeDomain
@@ -147,16 +148,11 @@ class ComputeDomainController:
             self._tell(obj, "NoCliqueFits", pick.why)
             return
         if self._has_claims(domain):  # claims copied the template: a new pin would split the domain
-            if have is not None and not cliques.holds(rooms, have, domain.num_nodes):
-                was = f"clique {have} can no longer take this domain" if have else "no clique fitted this domain"
-                self._tell(
-                    obj,
-                    "CliqueLost" if have else "NoCliqueFits",
-                    f"{was} when ResourceClaimTemplate {domain.template_name} was made, and its pods' claims copy "
-                    "it; delete those pods (their claims go with them) for the template to be remade: "
-                    f"{pick.why}",
-                )
+            self._tell_claims_hold(obj, domain, rooms, have, pick)
             return  # its clique still holds the domain: the pods wait for room there
+        # Deleted before it is looked at again: kube-controller-manager makes a pod's claim only from a template
+        # that exists (as its informer last saw it), so a claim made from the old pin after the look above is
+        # seen by the second look; then the template is made again as it was, and the domain stays in one clique.
         if (existing.get("metadata") or {}).get("deletionTimestamp") is None:
             self._rest.delete(
                 RESOURCE_CLAIM_TEMPLATES,
@@ -167,15 +163,37 @@ class ComputeDomainController:
             with contextlib.suppress(NotFound):
                 existing = self._rest.get(RESOURCE_CLAIM_TEMPLATES, domain.namespace, domain.template_name)
         _drop_finalizer(self._rest, RESOURCE_CLAIM_TEMPLATES, existing)
+        if self._has_claims(domain):
+            log.info(
+                "ComputeDomain %s/%s: a claim was made from its template meanwhile: kept", domain.namespace, domain.name
+            )
+            self._create(domain, have)
+            self._tell_claims_hold(obj, domain, rooms, have, pick)
+            return
         log.info("ComputeDomain %s/%s: remaking its template (clique %r)", domain.namespace, domain.name, have)
         self._create_template(obj, domain, pick)
 
+    def _tell_claims_hold(
+        self,
+        obj: Json,
+        domain: ComputeDomain,
+        rooms: Mapping[str, cliques.NodeRoom],
+        have: str | None,
+        pick: cliques.Pick,
+    ) -> None:
+        """Claims of the domain copied its template's pin (`have`): say so when that clique cannot hold it."""
+        if have is not None and cliques.holds(rooms, have, domain.num_nodes):
+            return
+        was = f"clique {have} can no longer take this domain" if have else "no clique fitted this domain"
+        self._tell(
+            obj,
+            "CliqueLost" if have else "NoCliqueFits",
+            f"{was} when ResourceClaimTemplate {domain.template_name} was made, and its pods' claims copy "
+            f"it; delete those pods (their claims go with them) for the template to be remade: {pick.why}",
+        )
+
     def _create_template(self, obj: Json, domain: ComputeDomain, pick: cliques.Pick) -> None:
-        try:
-            self._rest.create(
-                RESOURCE_CLAIM_TEMPLATES, domain.namespace, templates.channel_template(domain, pick.clique)
-            )
-        except Conflict:
+        if not self._create(domain, pick.clique):
             return  # made meanwhile, or the old one not gone yet: checked on the next pass
         log.info(
             "ComputeDomain %s/%s: created ResourceClaimTemplate %s (%s)",
@@ -188,6 +206,13 @@ class ComputeDomainController:
             self._tell(obj, "CliquePicked", pick.why, type_="Normal")
         else:
             self._tell(obj, "NoCliqueFits", pick.why)
+
+    def _create(self, domain: ComputeDomain, clique: str | None) -> bool:
+        try:
+            self._rest.create(RESOURCE_CLAIM_TEMPLATES, domain.namespace, templates.channel_template(domain, clique))
+        except Conflict:
+            return False
+        return True
 
     def _has_claims(self, domain: ComputeDomain) -> bool:
         """Read now, not from the informer: a claim it has not seen yet must not be split from its domain."""

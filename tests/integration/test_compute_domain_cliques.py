@@ -16,7 +16,7 @@ from agent.computedomain import cliques, templates
 from agent.computedomain.channels import node_clique
 from agent.computedomain.model import ComputeDomain
 from agent.kube.errors import NotFound
-from agent.kube.rest import COMPUTE_DOMAINS, EVENTS, PODS, RESOURCE_CLAIM_TEMPLATES
+from agent.kube.rest import COMPUTE_DOMAINS, EVENTS, PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from fakes.cluster import wait_for
 from fakes.computedomains import NvlRack, RackNode
 from tests.controlplane.cluster import reset
@@ -108,6 +108,39 @@ def test_a_pinned_clique_that_breaks_before_any_claim_is_remade_and_not_after() 
         assert lost["message"].startswith(f"clique {small} can no longer take this domain")
         kept = _template(rack, "train-channel")
         assert kept is not None and kept["metadata"]["uid"] == again["metadata"]["uid"]
+
+
+def test_a_claim_made_from_the_old_pin_while_the_template_is_remade_keeps_the_pin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tried: the race of a remake. A 2-node domain pins clique 1 (03-04, the smallest that fits); node 03's fabric
+    breaks, so clique 2 (00-02) fits and the template is remade. A pod's claim is made from the old template after
+    the controller looked for claims and before it deleted the template (kube-controller-manager's stand-in,
+    injected at the delete). Before, the new template pinned clique 2 and the domain's pods split across two
+    cliques; now the controller looks again after the delete, makes the template again on clique 1 and says the
+    claims hold it."""
+    with short_tmpdir("nvlc-") as root, NvlRack(root, nodes=5, cliques=SMALL) as rack:
+        old = _clique_of(rack.nodes[3])
+        rack.apply([domain_doc("train", 2, "train-channel")], NS)
+        first = rack.wait_for(lambda: _template(rack, "train-channel"), what="the template")
+        assert cliques.pinned(first) == old
+        rest = rack.controller._rest
+        delete = rest.delete
+
+        def claim_made_first(resource: Any, namespace: str | None, name: str, **options: Any) -> None:
+            if resource is RESOURCE_CLAIM_TEMPLATES and name == "train-channel":
+                seen = rest.get(RESOURCE_CLAIM_TEMPLATES, NS, name)  # as kube-controller-manager's informer has it
+                claim = {"metadata": {"name": "train-0-channel"}, "spec": seen["spec"]["spec"]}
+                rest.create(RESOURCE_CLAIMS, NS, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim})
+            delete(resource, namespace, name, **options)
+
+        monkeypatch.setattr(rest, "delete", claim_made_first)
+        _set_fabric(rack.nodes[3], N.NVML_GPU_FABRIC_STATE_NOT_STARTED)
+        (lost,) = rack.wait_for(lambda: _events(rack, "train", "CliqueLost"), timeout=30, what="the Warning")
+        assert lost["message"].startswith(f"clique {old} can no longer take this domain")
+        again = _template(rack, "train-channel")
+        assert again is not None and again["metadata"]["uid"] != first["metadata"]["uid"]  # deleted, made again
+        assert cliques.pinned(again) == old and again["spec"] == first["spec"]
 
 
 def _pending_reason(rest: Any, name: str) -> str:
