@@ -14,6 +14,7 @@ from agent.commands import preflight
 from agent.commands.options import SETTING_EXIT, STARTUP_EXIT, option, switch
 from agent.commands.preflight import StartupError
 from agent.commands.signals import stop_on_signals
+from agent.computedomain.checkpoint import CheckpointCorrupt as DomainCheckpointCorrupt
 from agent.computedomain.daemon import IMEX, IMEX_CTL
 from agent.computedomain.model import DRIVER as COMPUTE_DOMAIN_DRIVER
 from agent.devices import shares
@@ -385,7 +386,7 @@ def _serve(config: NodeConfig, metrics_addr: str, nvml_spec: str) -> None:
 # Failures an operator causes and can fix: the message is the whole story. Settings that cannot work (exit 2)
 # and failures at start-up (exit 1).
 _SETTING_ERRORS = (StartupError, KubeconfigError, InvalidNvmlSpec, DriverVersionMismatch)
-_STARTUP_FAILURES = (NvmlError, CheckpointCorrupt, ApiError, SocketError)
+_STARTUP_FAILURES = (NvmlError, CheckpointCorrupt, DomainCheckpointCorrupt, ApiError, SocketError)
 PREFIX = "gpu-dra-agent node"
 
 

@@ -53,7 +53,7 @@ def uninstall(
                 say(f"removed finalizer {FINALIZER} from {kind} {meta(obj).get('namespace')}/{meta(obj).get('name')}")
     if delete(rest, LEASES, namespace, COMPONENT):
         say(f"deleted Lease {namespace}/{COMPONENT}")
-    say(f"{released} object(s) released; the ComputeDomains stay until their CRD or they are deleted")
+    say(f"{released} object(s) released; the ComputeDomains stay until they (or their CRD) are deleted")
     return released
 
 

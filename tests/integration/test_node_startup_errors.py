@@ -429,3 +429,20 @@ def test_gpu_settings_with_the_gpu_driver_off_are_refused(
         "memory",
     )
     assert_refused(result, "--reservation-addr, --consumable-shares configure the GPU driver", code=2)
+
+
+def test_an_unreadable_compute_domain_checkpoint_is_a_startup_failure_it_names(
+    root: pathlib.Path, server: fakes.apiserver.ApiServer
+) -> None:
+    """Tried: the compute-domain plugin's checkpoint garbled (a disk error, a hand edit). Before, the agent said it
+    as a bug of its own ("failed: CheckpointCorrupt: ...", the traceback at debug level); now, as for the GPU
+    claims' checkpoint, it stops what it started and its last line, a critical one, says which file and what to
+    do."""
+    checkpoint = root / "state" / "compute-domains" / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text("{not json")
+    result = start(root, server, "--compute-domains", "--imex-address", "127.0.0.1")
+    assert result.code == 1 and "Traceback" not in result.stderr, result.stderr
+    last = json.loads(result.lines[-1])  # the GPU driver started first, and was stopped again
+    assert last["level"] == "critical" and last["msg"].startswith(f"gpu-dra-agent node: {checkpoint} cannot be read")
+    assert "restart the agent" in last["msg"]
