@@ -5,19 +5,18 @@ its fence), then, once no arbiter holds the Lease, the admission policies that g
 claims, the fence (the DeviceTaintRule), the scheduling gate of every waiting pod, and the Lease (the node
 agents then stop telling pods about an absent arbiter). The Queues, their CRD and the arbiter's RBAC stay:
 `kubectl apply -k daemonset/overlays/arbiter` installs it again with the same Queues. An arbiter that still
-holds the Lease after `wait_s` (one run outside the Deployment) stops it with nothing else removed.
+holds the Lease (one run outside the Deployment) stops it with nothing else removed (agent.kube.uninstall).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from agent.jsontypes import Json
 from agent.kube.errors import ApiError, Conflict, NotFound
-from agent.kube.rest import DEVICE_TAINT_RULES, LEASES, PODS, Resource, Rest
-from agent.kube.uninstall import delete, stop_controller
+from agent.kube.rest import DEVICE_TAINT_RULES, PODS, Resource, Rest
+from agent.kube.uninstall import Controller, delete
 from agent.names import COMPONENT, FENCE_RULE, GATE
 from agent.objects.read import is_gated, meta, pod_key
 
@@ -64,20 +63,8 @@ def _ungate(rest: Rest, pod: Json) -> bool:
     raise ApiError(409, f"pod {namespace}/{name} kept changing; run --uninstall again")
 
 
-def uninstall(
-    rest: Rest,
-    namespace: str,
-    *,
-    wait_s: float = 60.0,
-    say: Callable[[str], None] = print,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> int:
-    """Remove the arbiter's hold on pods (module doc); says each step; returns the number of pods ungated.
-    Raises StillRunning (agent.kube.uninstall) when an arbiter keeps the Lease, ApiError when the API server
-    refuses a step (each step can be run again: --uninstall is idempotent)."""
-    # an arbiter still running would put the fence back (StillRunning says so)
-    stop_controller(rest, namespace, DEPLOYMENT, COMPONENT, wait_s=wait_s, say=say, clock=clock, sleep=sleep)
+def _release(rest: Rest, say: Callable[[str], None]) -> str:
+    """The arbiter's hold on pods, let go once no arbiter runs (one still running would put the fence back)."""
     for name, effect in (
         (GATE_POLICY, "new pods are not gated"),
         (CLAIM_POLICY, "new claims get their finalizer as kube-scheduler allocates them"),
@@ -92,10 +79,10 @@ def uninstall(
         if _ungate(rest, pod):
             ungated += 1
             say(f"ungated pod {pod_key(pod)}")
-    if delete(rest, LEASES, namespace, COMPONENT):
-        say(f"deleted Lease {namespace}/{COMPONENT}")
-    say(
+    return (
         f"{ungated} pod(s) handed to kube-scheduler; the Queues and the arbiter's RBAC stay "
         f"(kubectl apply -k daemonset/overlays/arbiter installs the arbiter again)"
     )
-    return ungated
+
+
+ARBITER = Controller(DEPLOYMENT, COMPONENT, _release)  # agent.kube.uninstall runs it

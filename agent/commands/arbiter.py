@@ -207,9 +207,9 @@ def _fail(message: str) -> NoReturn:
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     if args.uninstall:
-        from agent.arbiter.uninstall import uninstall
+        from agent.arbiter.uninstall import ARBITER
 
-        return run_uninstall(args, uninstall)
+        return run_uninstall(args, ARBITER)
     if not args.reservation_token_file:
         return _fail("--reservation-token-file is required: node agents refuse anonymous reservations")
     for flag, value in (("--reservation-ttl", args.reservation_ttl), ("--period", args.period)):

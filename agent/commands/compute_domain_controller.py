@@ -60,9 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_format)
     if args.uninstall:
-        from agent.computedomain.uninstall import uninstall
+        from agent.computedomain.uninstall import COMPUTE_DOMAIN_CONTROLLER
 
-        return run_uninstall(args, uninstall)
+        return run_uninstall(args, COMPUTE_DOMAIN_CONTROLLER)
     if not (math.isfinite(args.period) and args.period > 0):
         raise SettingError(f"--period must be a positive number of seconds, not {args.period}")
     try:

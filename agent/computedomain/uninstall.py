@@ -11,33 +11,21 @@ domains, are then collected with them. The domains themselves are left to whoeve
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from agent.computedomain.controller import COMPONENT
 from agent.computedomain.model import FINALIZER, LABEL
 from agent.jsontypes import Json
 from agent.kube.errors import Conflict, NotFound
-from agent.kube.rest import COMPUTE_DOMAINS, LEASES, RESOURCE_CLAIM_TEMPLATES, Resource, Rest
-from agent.kube.uninstall import delete, stop_controller
+from agent.kube.rest import COMPUTE_DOMAINS, RESOURCE_CLAIM_TEMPLATES, Resource, Rest
+from agent.kube.uninstall import Controller
 from agent.objects.read import meta
 
 DEPLOYMENT = "gpu-dra-agent-compute-domains"  # daemonset/overlays/compute-domains/controller.yaml
 
 
-def uninstall(
-    rest: Rest,
-    namespace: str,
-    *,
-    wait_s: float = 60.0,
-    say: Callable[[str], None] = print,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> int:
-    """The steps of the module doc, each said; returns how many objects lost our finalizer. Raises StillRunning
-    (agent.kube.uninstall) when a replica keeps the Lease, ApiError when the API server refuses a step; every
-    step can be run again."""
-    stop_controller(rest, namespace, DEPLOYMENT, COMPONENT, wait_s=wait_s, say=say, clock=clock, sleep=sleep)
+def _release(rest: Rest, say: Callable[[str], None]) -> str:
+    """Our finalizer off every ComputeDomain and every template the controller made, once no replica runs."""
     released = 0
     for resource, kind, selector in (
         (COMPUTE_DOMAINS, "ComputeDomain", None),
@@ -51,10 +39,10 @@ def uninstall(
             if _unfinalize(rest, resource, obj):
                 released += 1
                 say(f"removed finalizer {FINALIZER} from {kind} {meta(obj).get('namespace')}/{meta(obj).get('name')}")
-    if delete(rest, LEASES, namespace, COMPONENT):
-        say(f"deleted Lease {namespace}/{COMPONENT}")
-    say(f"{released} object(s) released; the ComputeDomains stay until they (or their CRD) are deleted")
-    return released
+    return f"{released} object(s) released; the ComputeDomains stay until they (or their CRD) are deleted"
+
+
+COMPUTE_DOMAIN_CONTROLLER = Controller(DEPLOYMENT, COMPONENT, _release)  # agent.kube.uninstall runs it
 
 
 def _unfinalize(rest: Rest, resource: Resource, obj: Json) -> bool:

@@ -21,10 +21,10 @@ import yaml
 import fakes.apiserver
 from agent.computedomain.controller import COMPONENT
 from agent.computedomain.model import FINALIZER
-from agent.computedomain.uninstall import DEPLOYMENT, uninstall
+from agent.computedomain.uninstall import COMPUTE_DOMAIN_CONTROLLER, DEPLOYMENT
 from agent.kube.errors import Conflict, NotFound
 from agent.kube.rest import COMPUTE_DOMAINS, LEASES, RESOURCE_CLAIM_TEMPLATES, Resource, Rest
-from agent.kube.uninstall import DEPLOYMENTS, StillRunning
+from agent.kube.uninstall import DEPLOYMENTS, StillRunning, uninstall
 from fakes.cluster import CRDS, _served, wait_for
 
 NS, WORK = "gpu-dra-agent", "mnnvl"
@@ -178,7 +178,7 @@ def test_a_replica_that_keeps_the_lease_stops_the_uninstall_with_nothing_removed
 
     said: list[str] = []
     with pytest.raises(StillRunning, match=f"elsewhere_1 still holds the Lease {NS}/{COMPONENT} 60 s"):
-        uninstall(rest, NS, say=said.append, clock=lambda: now[0], sleep=sleep)
+        uninstall(rest, NS, COMPUTE_DOMAIN_CONTROLLER, say=said.append, clock=lambda: now[0], sleep=sleep)
     assert said == [f"deleted Deployment {NS}/{DEPLOYMENT}"]
     assert _finalizers(rest, COMPUTE_DOMAINS, "train") == [FINALIZER]
     assert rest.get(LEASES, NS, COMPONENT)["spec"]["holderIdentity"] == "elsewhere_1"
