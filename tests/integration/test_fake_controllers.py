@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.kube.errors import NotFound
+from agent.kube.errors import Conflict, NotFound
 from agent.kube.rest import PODS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from agent.names import DELETE_PROTECTION
 from fakes.cluster import FakeCluster, wait_for
@@ -32,8 +32,13 @@ def claim_of(cluster: FakeCluster, pod: str) -> dict[str, Any] | None:
 
 def ungated_pod(cluster: FakeCluster, name: str, gpus: int) -> dict[str, Any]:
     pod = cluster.pod(NS, name, "none", gpus)
-    pod["spec"].pop("schedulingGates")
-    return cluster.rest.replace(PODS, pod)
+    for _ in range(5):
+        pod["spec"].pop("schedulingGates", None)
+        try:
+            return cluster.rest.replace(PODS, pod)
+        except Conflict:  # the claim controller's stand-in wrote the pod's claim statuses meanwhile (seen once)
+            pod = cluster.rest.get(PODS, NS, name)
+    raise AssertionError(f"pod {name} kept changing")
 
 
 def test_a_claim_is_generated_from_the_template_owned_by_the_pod(cluster: FakeCluster) -> None:
