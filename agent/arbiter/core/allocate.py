@@ -15,7 +15,7 @@ def allocate(session: Session) -> None:
     waiting = [j for j in session.jobs if j.chunk() is not None]
     order = JobOrder(session, waiting)
     failed: set[tuple[tuple[object, ...], ...]] = set()
-    smallest = min((p.spec.gpu_milli for j in waiting for p in j.pending()), default=0)
+    smallest = min((j.least_pending_gpu() for j in waiting), default=0)
     while (job := order.pop()) is not None:
         if session.cluster.gpu_after_free < smallest:
             break  # every pending pod needs more GPU than is left anywhere: nothing more can fit

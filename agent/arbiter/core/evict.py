@@ -68,7 +68,9 @@ def _run(session: Session, cause: Cause) -> None:
     for jobs in by_queue.values():
         jobs.sort(key=lambda j: (j.spec.priority, -j.spec.created_at, -j.index))
     hopeless: set[tuple[object, ...]] = set()  # chunk shapes that found no victims in their queue
-    while (job := order.pop()) is not None:
+    able = _Able(session, cause, by_queue)
+    while able.leaves and (job := order.pop()) is not None:
+        able.popped(job.queue)
         chunk = job.chunk()
         if chunk is None or not session.may_evict_for(job):
             continue
@@ -91,8 +93,41 @@ def _run(session: Session, cause: Cause) -> None:
         if _solve(session, job, chunk, victims, cause=cause, valid=valid):
             if job.chunk() is not None:
                 order.push(job)
+            able.judge()
         else:
             hopeless.add(attempt)
+
+
+class _Able:
+    """The leaf queues some waiting job of which may still evict, judged by what every such job needs: for
+    reclaim, a leaf within its fair share (a job that keeps it there adds to it); for preempt, a job of higher
+    priority than the cheapest victim its queue had when the action began (the heap's top is its highest).
+    While nothing is evicted the allocations stand still, so once no leaf is able every later pop would be
+    passed over, and the action ends without them."""
+
+    def __init__(self, session: Session, cause: Cause, by_queue: dict[Queue, list[Job]]) -> None:
+        self._cause = cause
+        self._by_queue = by_queue
+        self._all = [q for q in session.queues if not q.children]
+        self.leaves: set[Queue] = set()
+        self.judge()
+
+    def judge(self) -> None:
+        """All leaves again: a scenario was taken, moving allocations (and maybe pushing its job back)."""
+        self.leaves = {q for q in self._all if self._able(q)}
+
+    def popped(self, q: Queue) -> None:
+        if not self._able(q):
+            self.leaves.discard(q)
+
+    def _able(self, q: Queue) -> bool:
+        if not q.heap:
+            return False
+        if self._cause == "preempt":
+            victims = self._by_queue.get(q)
+            return victims is not None and victims[0].spec.priority < -q.heap[0][0]
+        alloc, fair = q.alloc, q.fair
+        return alloc[0] <= fair[0] + EPS and alloc[1] <= fair[1] + EPS and alloc[2] <= fair[2] + EPS
 
 
 Check = Callable[[Session, Job, Sequence[float], Sequence[Unit]], bool]

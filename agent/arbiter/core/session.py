@@ -79,6 +79,7 @@ class Job:
         "_chunk",
         "_chunk_active",
         "_chunk_request",
+        "_least_gpu",
         "_pending",
         "active",
         "gained",
@@ -104,6 +105,7 @@ class Job:
         # caches, dropped whenever a pod leaves or re-enters pending (see `Session`); the chunk also depends on
         # `active`, so it is kept with the value it was computed for (-1: none)
         self._pending: list[Pod] | None = None
+        self._least_gpu = -1  # the least GPU a pending pod asks for (-1: not known)
         self._chunk: list[Pod] | None = None
         self._chunk_request: Vector = (0.0, 0.0, 0.0)
         self._chunk_active = -1
@@ -120,6 +122,13 @@ class Job:
             self._pending = [p for p in self.pods if p.state == "pending"]
         return self._pending
 
+    def least_pending_gpu(self) -> int:
+        """The least GPU any pending pod asks for, in milli-GPUs (0 with none pending). Kept across cycles of a
+        reused session, where most jobs' pending pods do not change."""
+        if self._least_gpu < 0:
+            self._least_gpu = min((p.spec.gpu_milli for p in self.pending()), default=0)
+        return self._least_gpu
+
     def chunk(self) -> list[Pod] | None:
         """The pods to place next: the missing part of the gang, or one pod of elastic growth."""
         if self._chunk_active != self.active:
@@ -134,6 +143,7 @@ class Job:
 
     def pending_changed(self) -> None:
         self._pending = None
+        self._least_gpu = -1
         self._chunk_active = -1
 
     def _next(self) -> None:
