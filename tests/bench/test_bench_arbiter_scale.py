@@ -145,20 +145,24 @@ def _cycle(snapshot: Snapshot) -> dict[str, float]:
     for _ in range(REST_ROUNDS - 1):
         rest = run_cycle(rest).next
     steady = _arrival(rest)
+    # each side three times in turn, the least kept: a single cycle of a process that has run many varies by half
+    full: list[tuple[float, float]] = []
+    reused_cpu: list[tuple[float, float]] = []
     with _actions_timed() as actions:
-        gc.collect()
-        cpu = time.thread_time()
-        whole = run_cycle(steady)
-        times["at rest, then one pod: run_cycle, CPU"] = time.thread_time() - cpu
-        times["  its actions, CPU"] = actions.pop()
-        cache.run(rest)
-        actions.pop()
-        gc.collect()
-        cpu = time.thread_time()
-        reused = cache.run(steady)
-        times["at rest, then one pod: incremental, CPU"] = time.thread_time() - cpu
-        times["  its actions, CPU "] = actions.pop()
-    assert not cache.rebuilt and reused.pods == whole.pods and reused.evictions == whole.evictions
+        for _ in range(3):
+            gc.collect()
+            cpu = time.thread_time()
+            whole = run_cycle(steady)
+            full.append((time.thread_time() - cpu, actions.pop()))
+            cache.run(rest)
+            actions.pop()
+            gc.collect()
+            cpu = time.thread_time()
+            reused = cache.run(steady)
+            reused_cpu.append((time.thread_time() - cpu, actions.pop()))
+            assert not cache.rebuilt and reused.pods == whole.pods and reused.evictions == whole.evictions
+    times["at rest, then one pod: run_cycle, CPU"], times["  its actions (run_cycle), CPU"] = min(full)
+    times["at rest, then one pod: incremental, CPU"], times["  its actions (incremental), CPU"] = min(reused_cpu)
     times["at rest, then one pod: incremental / full"] = (
         times["at rest, then one pod: incremental, CPU"] / times["at rest, then one pod: run_cycle, CPU"]
     )
