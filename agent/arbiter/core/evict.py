@@ -93,16 +93,16 @@ def _run(session: Session, cause: Cause) -> None:
         if _solve(session, job, chunk, victims, cause=cause, valid=valid):
             if job.chunk() is not None:
                 order.push(job)
-            able.judge()
         else:
             hopeless.add(attempt)
+        able.judge()
 
 
 class _Able:
     """The leaf queues some waiting job of which may still evict, judged by what every such job needs: for
     reclaim, a leaf within its fair share (a job that keeps it there adds to it); for preempt, a job of higher
     priority than the cheapest victim its queue had when the action began (the heap's top is its highest).
-    While nothing is evicted the allocations stand still, so once no leaf is able every later pop would be
+    Between two scenarios tried the allocations stand still, so once no leaf is able every later pop would be
     passed over, and the action ends without them."""
 
     def __init__(self, session: Session, cause: Cause, by_queue: dict[Queue, list[Job]]) -> None:
@@ -113,7 +113,8 @@ class _Able:
         self.judge()
 
     def judge(self) -> None:
-        """All leaves again: a scenario was taken, moving allocations (and maybe pushing its job back)."""
+        """All leaves again, after a scenario was tried: taken, it moved allocations (and may have pushed its job
+        back); rolled back, it restored them by arithmetic, which may differ in the last bit."""
         self.leaves = {q for q in self._all if self._able(q)}
 
     def popped(self, q: Queue) -> None:
