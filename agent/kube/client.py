@@ -255,9 +255,9 @@ class Client:
             if self.rate_limit is not None:
                 self.rate_limit.wait()
             target, sent = self._target(path, query, headers)  # the credentials as they are now
-            if self._keepalive is not None and isinstance(limit, tuple):
+            if self._keepalive is not None:
                 reply = self._keepalive.request(method, target, body=body, headers=sent, timeout=limit, retries=retries)
-            else:  # through a proxy, or with one limit for the whole request: urllib3's pool does both
+            else:  # through a proxy: urllib3's pool
                 response = self._open(
                     method, target, body=body, headers=sent, limit=limit, retries=retries, stream=False
                 )

@@ -13,6 +13,7 @@ import http.client
 import socket
 import ssl
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,11 +82,13 @@ class KeepAlive:
         *,
         body: bytes | None,
         headers: dict[str, str],
-        timeout: tuple[float, float],
+        timeout: tuple[float, float] | float,
         retries: bool = True,
     ) -> Reply:
-        """`target`: the path and query. `timeout`: (connect, read) seconds. Raises OSError (TimeoutError past
-        a limit) when the server cannot be reached, or urllib3's ProtocolError when it breaks the exchange off."""
+        """`target`: the path and query. `timeout`: (connect, read) seconds, or one number for connecting and
+        reading together (each attempt: the read waits what the connect left, at every wait for the server, as
+        urllib3's total does). Raises OSError (TimeoutError past a limit) when the server cannot be reached, or
+        urllib3's ProtocolError when it breaks the exchange off."""
         head = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
         head.extend(f"{k}: {v}" for k, v in headers.items())
         if body is not None or method in ("POST", "PUT", "PATCH"):
@@ -93,9 +96,11 @@ class KeepAlive:
         message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
         attempts = ATTEMPTS if retries else 1
         for attempt in range(1, attempts + 1):
-            connection = self._connection(timeout[0], attempts)
+            started = time.monotonic()
+            connection = self._connection(timeout[0] if isinstance(timeout, tuple) else timeout, attempts)
+            read_s = timeout[1] if isinstance(timeout, tuple) else max(0.001, started + timeout - time.monotonic())
             try:
-                return self._exchange(connection, method, message, timeout[1])
+                return self._exchange(connection, method, message, read_s)
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 self._local.connection = None

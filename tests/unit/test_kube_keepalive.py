@@ -167,3 +167,16 @@ def test_what_is_no_whole_response_raises(raw: bytes, error: type[Exception]) ->
     turns into a failed request (and a retry where the method allows one)."""
     with pytest.raises(error):
         read_reply(io.BytesIO(raw), "GET")
+
+
+def test_one_limit_for_the_whole_request_goes_over_the_threads_connection(
+    server: http.server.ThreadingHTTPServer,
+) -> None:
+    """GETs bounded by one number (connect and read together, as a prepare reads its claim within the kubelet's
+    deadline) and GETs with the client's (connect, read) pair: all over the thread's one connection."""
+    rest = _rest(server)
+    for _ in range(3):
+        assert rest.get(PODS, "ns", "p", timeout=5.0)["metadata"]["name"] == "p"
+        assert rest.get(PODS, "ns", "p")["metadata"]["name"] == "p"
+    assert len(_Counting.requests) == 6
+    assert len(_Counting.connections) == 1
