@@ -95,12 +95,13 @@ class KeepAlive:
             head.append(f"Content-Length: {len(body or b'')}")
         message = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
         attempts = ATTEMPTS if retries else 1
+        connect_s, read_s = timeout if isinstance(timeout, tuple) else (timeout, None)  # None: what connect left
         for attempt in range(1, attempts + 1):
             started = time.monotonic()
-            connection = self._connection(timeout[0] if isinstance(timeout, tuple) else timeout, attempts)
-            read_s = timeout[1] if isinstance(timeout, tuple) else max(0.001, started + timeout - time.monotonic())
+            connection = self._connection(connect_s, attempts)
+            wait_s = read_s if read_s is not None else max(0.001, started + connect_s - time.monotonic())
             try:
-                return self._exchange(connection, method, message, read_s)
+                return self._exchange(connection, method, message, wait_s)
             except (OSError, http.client.HTTPException) as exc:
                 connection.close()
                 self._local.connection = None

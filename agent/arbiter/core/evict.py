@@ -124,11 +124,10 @@ class _Able:
     def _able(self, q: Queue) -> bool:
         if not q.heap:
             return False
+        top = q.heap[0][4]  # the leaf's waiting job of the highest priority
         if self._cause == "preempt":
-            victims = self._by_queue.get(q)
-            return victims is not None and victims[0].spec.priority < -q.heap[0][0]
-        alloc, fair = q.alloc, q.fair
-        return alloc[0] <= fair[0] + EPS and alloc[1] <= fair[1] + EPS and alloc[2] <= fair[2] + EPS
+            return _has_lower_priority(top, self._by_queue)
+        return may_reclaim(top, _ZERO)  # any job's request only adds to its leaf's allocation
 
 
 Check = Callable[[Session, Job, Sequence[float], Sequence[Unit]], bool]
