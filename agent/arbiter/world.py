@@ -471,6 +471,10 @@ class _JobRead:
 
     inputs: tuple[Any, ...]
     objects: tuple[Any, ...]  # the objects whose ids `inputs` holds, kept so that no id is reused meanwhile
+    # the Gang it was weighed as: the grouping keeps a gang none of whose pods, claims, PodGroup, node rules or
+    # commit changed, so the same Gang (with the same served nodes) means the same `inputs` but for `context`
+    gang: Gang
+    context: tuple[Any, ...]  # _job_context
     job: JobSpec
     exact_before: float  # its queue's running sum (exact) before it
     exact_after: float  # and after it
@@ -506,6 +510,7 @@ class WorldCache:
             | None
         ) = None
         self.grouping = _Grouping()
+        self.served: frozenset[str] = frozenset()  # the served nodes the last snapshot weighed the gangs against
         self.pods_read = 0  # pods read afresh by the last snapshot (tests, the benchmark)
         self.jobs_weighed = 0  # gangs weighed afresh by the last snapshot
 
@@ -1188,6 +1193,7 @@ def _weigh_gangs(
         if cache is not None:
             cache.devices = (worth, shareable, capacities)
     cached_jobs: dict[str, _JobRead] = {}
+    same_nodes = cache is not None and cache.served == known_nodes  # frozenset == set compares the members
     reach_by_selectors: dict[tuple[str, ...], frozenset[str]] = {}  # channel selectors -> nodes they accept
     counted: set[str] = set()  # claims already counted: a claim shared by several pods counts once
     seated: dict[tuple[str, int], int] = {}  # (node, GPU index) -> milli-GPUs of the shares seated there
@@ -1208,12 +1214,18 @@ def _weigh_gangs(
         if job in found.left_out:
             continue
         inputs: tuple[Any, ...] = ()
+        context: tuple[Any, ...] = ()
         if cache is not None:
             before = exact.get(gang.queue, 0.0)
-            inputs = _job_inputs(gang, found, groups, known_nodes, whole_before=before.is_integer(), weighed=weighed)
+            context = _job_context(gang, found, whole_before=before.is_integer(), weighed=weighed)
             hit = cache.jobs.get(job)
+            if hit is not None and hit.context == context and hit.gang is gang and same_nodes:
+                inputs = hit.inputs  # kept by the grouping: walking its members would find them unchanged
+            else:
+                inputs = _job_inputs(gang, found, groups, known_nodes)
             if (
                 hit is not None
+                and hit.context == context
                 and hit.inputs == inputs
                 and counted.isdisjoint(hit.claims)
                 and (not hit.fractional or hit.exact_before == before)
@@ -1223,6 +1235,7 @@ def _weigh_gangs(
                 counted.update(hit.claims)
                 if hit.first_seen is not None:
                     first_seen[job] = hit.first_seen
+                hit.gang = gang  # the same inputs: the grouping's gang now, so that the next look is short
                 cached_jobs[job] = hit
                 continue
             cache.jobs_weighed += 1
@@ -1359,6 +1372,8 @@ def _weigh_gangs(
             cached_jobs[job] = _JobRead(
                 inputs,
                 _job_objects(gang, groups),
+                gang,
+                context,
                 spec,
                 exact_before,
                 exact.get(gang.queue, 0.0),
@@ -1368,20 +1383,20 @@ def _weigh_gangs(
             )
     if cache is not None:
         cache.jobs = cached_jobs  # gangs gone, or weighed from more than their inputs, are forgotten
+        cache.served = frozenset(known_nodes)
     return _Jobs(jobs, shareable, first_seen, waiting, invalid)
 
 
-def _job_inputs(
-    gang: Gang,
-    found: _Gangs,
-    groups: Mapping[str, Json],
-    known_nodes: set[str],
-    *,
-    whole_before: bool,
-    weighed: Mapping[str, float] | None,
+def _job_context(
+    gang: Gang, found: _Gangs, *, whole_before: bool, weighed: Mapping[str, float] | None
 ) -> tuple[Any, ...]:
-    """What a gang is weighed from (WorldCache): objects by identity (_job_objects keeps them alive), the rest by
-    value."""
+    """What a gang is weighed from (WorldCache) besides its own objects (_job_inputs)."""
+    return (whole_before, (weighed or {}).get(gang.name), gang.name in found.flying)
+
+
+def _job_inputs(gang: Gang, found: _Gangs, groups: Mapping[str, Json], known_nodes: set[str]) -> tuple[Any, ...]:
+    """What a gang is weighed from (WorldCache) of its own: objects by identity (_job_objects keeps them alive),
+    the rest by value."""
     group = groups.get(f"{gang.namespace}/{gang.pod_group}") if gang.pod_group else None
     members = tuple(
         (
@@ -1395,16 +1410,7 @@ def _job_inputs(
         )
         for key, m in sorted(gang.members.items())
     )
-    return (
-        gang.queue,
-        gang.min_member,
-        gang.pod_group,
-        id(group),
-        whole_before,
-        (weighed or {}).get(gang.name),
-        gang.name in found.flying,
-        members,
-    )
+    return (gang.queue, gang.min_member, gang.pod_group, id(group), members)
 
 
 def _job_objects(gang: Gang, groups: Mapping[str, Json]) -> tuple[Any, ...]:

@@ -391,3 +391,23 @@ def test_a_pod_groups_change_alone_is_seen() -> None:
     fresh = cluster.build(None, weighed, {})
     assert [j.priority for j in fresh.snapshot.jobs] == [0]
     _same(fresh, cluster.build(cache, weighed, {}))
+
+
+def test_a_running_gang_unchanged_is_weighed_again_when_its_node_is_no_longer_served() -> None:
+    """A gang whose objects did not change is kept whole by the grouping, and its weighing too; but whether its
+    running pod's node is served is read from the nodes, not from its objects: cordoned, the pod is no longer
+    counted in its job (its devices are not the arbiter's to count), as from scratch."""
+    cluster, cache = Cluster(), WorldCache()
+    cluster.apply(("add", 1, 0))  # p100: a gang of one, one GPU
+    cluster.apply(("alloc", 0, 0))  # allocated on NODES[0]
+    cluster.apply(("ungate", 1, 0))  # ungated and bound there: running
+    weighed: dict[str, float] = {}
+    for _ in range(3):  # until the gang is remembered
+        _same(cluster.build(None, weighed, {}), cluster.build(cache, weighed, {}))
+        weighed = cluster.build(None, weighed, {}).weighed
+    assert cache.jobs_weighed == 0
+    assert [p.status for j in cluster.build(None, weighed, {}).snapshot.jobs for p in j.pods] == ["Running"]
+    cluster.apply(("node", 0, 0))  # NODES[0] cordoned
+    fresh = cluster.build(None, weighed, {})
+    assert fresh.snapshot.jobs == ()
+    _same(fresh, cluster.build(cache, weighed, {}))
