@@ -168,6 +168,9 @@ class Committer:
         self._clients = clients
         self._ttl = ttl_seconds
         self._clock = clock
+        # the gangs the last recovery found nothing to do for: the same Gang object (the snapshot keeps a gang none
+        # of whose pods and claims changed) needs nothing again, and a cycle need not walk every pod of the cluster
+        self._settled: dict[str, Gang] = {}
         self.timings: dict[str, float] = {}  # seconds per step over all commits (summed over parallel commits)
         self._io = futures.ThreadPoolExecutor(64, thread_name_prefix="commit-io")  # a gang's writes at once
         self._timings_lock = threading.Lock()
@@ -457,26 +460,11 @@ class Committer:
 
     # -- recovery -------------------------------------------------------------------------------------
 
-    def _reserve_again(self, member: Member) -> list[Write]:
-        """Put an admitted pod back in `reservedFor` of its claims when kube-scheduler took it out. After a
-        failed binding attempt kube-scheduler's DRA Unreserve removes the pod from every allocated claim
-        reserved for it, ours included; 1.37 fails such attempts on its own when it tries a PodGroup before all
-        its pods are ungated, and its next attempt was seen refused writing the reservation back (from a stale
-        copy), the devices allocated to no one. So an admitted pod, ungated, unbound, not terminating, whose
-        allocated claims are reserved for no one, gets the reservation its PreBind would write."""
+    def _reserve_again(self, member: Member, claims: Sequence[Json]) -> list[Write]:
+        """Put an admitted pod back in `reservedFor` of its claims that lost it (_unreserved)."""
         pod = member.pod
-        m = meta(pod)
-        if (
-            is_gated(pod)
-            or (pod.get("spec") or {}).get("nodeName")
-            or m.get("deletionTimestamp")
-            or ADMITTED_ANNOTATION not in (m.get("annotations") or {})
-        ):
-            return []
         given = Outcome(True)
-        for claim in member.claims:
-            if not is_allocated(claim) or (claim.get("status") or {}).get("reservedFor"):
-                continue
+        for claim in claims:
             try:
                 self._write_claim(claim, pod, {}, given)
             except ApiError as e:  # changed meanwhile, or gone: the next cycle looks again
@@ -498,13 +486,21 @@ class Committer:
         (`_reserve_again`)."""
         writes: list[Write] = []
         completed: list[str] = []
+        settled: dict[str, Gang] = {}
         for gang in gangs:
-            for member in gang.members.values():
-                writes.extend(self._reserve_again(member))
+            if self._settled.get(gang.name) is gang:
+                settled[gang.name] = gang
+                continue
+            lost = [(member, _unreserved(member)) for member in gang.members.values()]
+            for member, claims in lost:
+                if claims:
+                    writes.extend(self._reserve_again(member, claims))
             gated = [m for m in gang.members.values() if is_gated(m.pod) and not meta(m.pod).get("deletionTimestamp")]
             holding = [(m, [c for c in m.claims if is_allocated(c) and reserved_for(c, m.pod)]) for m in gated]
             holding = [(m, held) for m, held in holding if held]
             if not holding:
+                if not any(claims for _, claims in lost):
+                    settled[gang.name] = gang
                 continue
             committed = [
                 (m, held) for m, held in holding if len(held) == sum(1 for c in m.claims if not is_channel_claim(c))
@@ -522,7 +518,27 @@ class Committer:
             log.info("rolling back the interrupted commit of %s", gang.name)
             for m, held in holding:
                 writes.extend(self.deallocate(held, [m.pod]))
+        self._settled = settled
         return writes, completed
+
+
+def _unreserved(member: Member) -> list[Json]:
+    """The allocated claims of an admitted pod that kube-scheduler took it out of. After a failed binding attempt
+    kube-scheduler's DRA Unreserve removes the pod from every allocated claim reserved for it, ours included;
+    1.37 fails such attempts on its own when it tries a PodGroup before all its pods are ungated, and its next
+    attempt was seen refused writing the reservation back (from a stale copy), the devices allocated to no one.
+    So an admitted pod, ungated, unbound, not terminating, whose allocated claims are reserved for no one, gets
+    the reservation its PreBind would write (Committer._reserve_again)."""
+    pod = member.pod
+    m = meta(pod)
+    if (
+        is_gated(pod)
+        or (pod.get("spec") or {}).get("nodeName")
+        or m.get("deletionTimestamp")
+        or ADMITTED_ANNOTATION not in (m.get("annotations") or {})
+    ):
+        return []
+    return [c for c in member.claims if is_allocated(c) and not (c.get("status") or {}).get("reservedFor")]
 
 
 def scheduled_condition(pod_group: Json) -> Json | None:
