@@ -4,7 +4,9 @@
 request may then wait (the rate limiter, a Retry-After, the GIL behind the other threads) long enough for a
 paused leader to lose its Lease meanwhile. So the gate is checked again on every send of the request's bytes,
 right before the socket call, and a refused send closes the connection: the server never gets a whole
-request. What is left is a pause between that check and the socket call, a few bytecodes wide.
+request. What is left is a pause between the clock's read in that check and the socket call: a few bytecodes,
+and at most one point where the thread may wait for the GIL (after the clock's read itself), which a pause
+landing there widens. Only a fence the server enforces would close it; the API has none for a Lease.
 """
 
 from __future__ import annotations
@@ -47,19 +49,19 @@ class Connection(Protocol):
 def gated_send(connection: Connection, data: Any, send: Callable[[Any], None]) -> None:
     """`send(data)` on `connection` once this thread's gate (if any) passes; a refusal closes the connection."""
     gate: Callable[[], None] | None = getattr(_local, "gate", None)
-    sock = connection.sock
     if gate is None:
         send(data)
         return
+    sock = connection.sock
+    # chosen before the check: a call between the check and the socket call is a point where this thread can
+    # wait for the GIL, and a pause there (SIGSTOP, a VM frozen) sends after the Lease is lost
+    raw = sock.sendall if sock is not None and isinstance(data, bytes | bytearray | memoryview) else send
     try:
         gate()
     except BaseException:
         connection.close()  # whatever part of the request went out stays incomplete: the server drops it
         raise
-    if sock is not None and isinstance(data, bytes | bytearray | memoryview):
-        sock.sendall(data)  # nothing between the check and the socket call
-    else:
-        send(data)
+    raw(data)  # nothing between the check and the socket call
 
 
 class _GatedHTTPConnection(HTTPConnection):
