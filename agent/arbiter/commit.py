@@ -491,15 +491,17 @@ class Committer:
             if self._settled.get(gang.name) is gang:
                 settled[gang.name] = gang
                 continue
-            lost = [(member, _unreserved(member)) for member in gang.members.values()]
-            for member, claims in lost:
-                if claims:
-                    writes.extend(self._reserve_again(member, claims))
+            due = False  # a reservation to give back: looked at again next cycle, whatever this one wrote
+            for member in gang.members.values():
+                lost = _unreserved(member)
+                if lost:
+                    due = True
+                    writes.extend(self._reserve_again(member, lost))
             gated = [m for m in gang.members.values() if is_gated(m.pod) and not meta(m.pod).get("deletionTimestamp")]
             holding = [(m, [c for c in m.claims if is_allocated(c) and reserved_for(c, m.pod)]) for m in gated]
             holding = [(m, held) for m, held in holding if held]
             if not holding:
-                if not any(claims for _, claims in lost):
+                if not due:
                     settled[gang.name] = gang
                 continue
             committed = [

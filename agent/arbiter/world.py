@@ -1219,13 +1219,14 @@ def _weigh_gangs(
             before = exact.get(gang.queue, 0.0)
             context = _job_context(gang, found, whole_before=before.is_integer(), weighed=weighed)
             hit = cache.jobs.get(job)
-            if hit is not None and hit.context == context and hit.gang is gang and same_nodes:
+            if hit is not None and hit.context != context:
+                hit = None
+            if hit is not None and hit.gang is gang and same_nodes:
                 inputs = hit.inputs  # kept by the grouping: walking its members would find them unchanged
             else:
                 inputs = _job_inputs(gang, found, groups, known_nodes)
             if (
                 hit is not None
-                and hit.context == context
                 and hit.inputs == inputs
                 and counted.isdisjoint(hit.claims)
                 and (not hit.fractional or hit.exact_before == before)
