@@ -58,6 +58,7 @@ from agent.times import rfc3339
 log = logging.getLogger(__name__)
 
 Write = tuple[Resource, str, str, str]  # what was written: (resource, namespace, name, resourceVersion)
+_Mark = tuple[float, float]  # (time.perf_counter(), time.thread_time()): a step's start
 
 SCHEDULED = "PodGroupInitiallyScheduled"  # kube-scheduler's PodGroup condition, True once the group was placed
 
@@ -172,16 +173,21 @@ class Committer:
         # of whose pods and claims changed) needs nothing again, and a cycle need not walk every pod of the cluster
         self._settled: dict[str, Gang] = {}
         self.timings: dict[str, float] = {}  # seconds per step over all commits (summed over parallel commits)
+        # CPU seconds per step: a commit's own thread's (with the writes it makes itself), and the I/O threads'
+        # writes as steps of their own ("... (I/O threads)"); together the commits' whole CPU, none counted twice
+        self.cpu_timings: dict[str, float] = {}
         self._io = futures.ThreadPoolExecutor(64, thread_name_prefix="commit-io")  # a gang's writes at once
         self._timings_lock = threading.Lock()
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
 
-    def _add(self, step: str, since: float) -> float:
-        now = time.perf_counter()
+    def _add(self, step: str, since: _Mark) -> _Mark:
+        """Book the wall time and this thread's CPU since `since` to `step`; returns the mark of now."""
+        now = _mark()
         with self._timings_lock:
-            self.timings[step] = self.timings.get(step, 0.0) + now - since
+            self.timings[step] = self.timings.get(step, 0.0) + now[0] - since[0]
+            self.cpu_timings[step] = self.cpu_timings.get(step, 0.0) + now[1] - since[1]
         return now
 
     # -- commit ---------------------------------------------------------------------------------------
@@ -226,7 +232,7 @@ class Committer:
                     to_write[name] = (member, claim, node)
         except Unsupported as e:
             return Outcome(False, f"unsupported claim: {e}")
-        t = time.perf_counter()
+        t = _mark()
         clients = self._clients()
         nodes = {p.node for p in placements} & clients.keys()  # a node without a client: refused as unknown
         coordinator = GangCoordinator({node: _ClaimErrors(node, clients[node]) for node in nodes})
@@ -283,7 +289,9 @@ class Committer:
 
         # the members' claims at once (each claim's two writes stay in order): a gang's commit then takes the
         # time of one claim's writes, not of all of them in a row
-        written, error = self._each(write, list(to_write), distinct=[_claim_key(c) for _, c, _ in to_write.values()])
+        written, error = self._each(
+            write, list(to_write), distinct=[_claim_key(c) for _, c, _ in to_write.values()], step="write claims"
+        )
         try:
             if error is not None:
                 raise error
@@ -305,7 +313,10 @@ class Committer:
         # mark is there before it takes the group up, as a rule (if not, it writes the mark itself)
         marking = self._io.submit(self.mark_scheduled, pod_group) if pod_group is not None and gated else None
         ungated, error = self._each(
-            lambda mn: self.ungate(mn[0].pod, mn[1], decided_at), gated, distinct=[m.key for m, _ in gated]
+            lambda mn: self.ungate(mn[0].pod, mn[1], decided_at),
+            gated,
+            distinct=[m.key for m, _ in gated],
+            step="ungate",
         )
         if marking is not None:
             marking.result()
@@ -349,17 +360,24 @@ class Committer:
             )
 
     def _each(
-        self, fn: Callable[[Any], Any], items: Sequence[Any], *, distinct: Sequence[str]
+        self, fn: Callable[[Any], Any], items: Sequence[Any], *, distinct: Sequence[str], step: str
     ) -> tuple[list[Any], ApiError | None]:
-        """`fn` on every item, at once when the items touch distinct objects (else in order); the results of
-        those that succeeded and the first ApiError."""
+        """`fn` on every item, at once when the items touch distinct objects (else in order, on this thread); the
+        results of those that succeeded and the first ApiError. The I/O threads' time is booked to `step`."""
         if len(items) < 2 or len(set(distinct)) < len(distinct):
             calls = [_call(fn, item) for item in items]
         else:
-            calls = list(self._io.map(lambda item: _call(fn, item), items))
+            calls = list(self._io.map(lambda item: self._booked(f"{step} (I/O threads)", fn, item), items))
         results = [r for r, e in calls if e is None]
         errors = [e for _, e in calls if e is not None]
         return results, (errors[0] if errors else None)
+
+    def _booked(self, step: str, fn: Callable[[Any], Any], item: Any) -> tuple[Any, ApiError | None]:
+        since = _mark()
+        try:
+            return _call(fn, item)
+        finally:
+            self._add(step, since)
 
     def _write_claim(self, claim: Json, pod: Json, status: Json, outcome: Outcome) -> Json:
         """Finalizer, then allocation (when given) and reservedFor the pod; returns the claim as written."""
@@ -548,6 +566,10 @@ def scheduled_condition(pod_group: Json) -> Json | None:
     return next(
         (c for c in (pod_group.get("status") or {}).get("conditions") or () if c.get("type") == SCHEDULED), None
     )
+
+
+def _mark() -> _Mark:
+    return time.perf_counter(), time.thread_time()
 
 
 def _call(fn: Callable[[Any], Any], item: Any) -> tuple[Any, ApiError | None]:

@@ -390,6 +390,10 @@ class Arbiter:
         """Seconds per commit step (reserve, write claims, confirm, ungate), summed over parallel commits."""
         return dict(self._committer.timings)
 
+    def commit_cpu_timings(self) -> dict[str, float]:
+        """CPU seconds per commit step: the commits' own threads' and, as steps of their own, the I/O threads'."""
+        return dict(self._committer.cpu_timings)
+
     def stop(self) -> None:
         for inf in self._informers:
             inf.stop()

@@ -321,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
                 "seconds": {k: round(v, 3) for k, v in arbiter.timings.items()},
                 "cpu_seconds": {k: round(v, 3) for k, v in arbiter.cpu_timings.items()},
                 "commit_seconds": {k: round(v, 3) for k, v in arbiter.commit_timings().items()},
+                "commit_cpu_seconds": {k: round(v, 3) for k, v in arbiter.commit_cpu_timings().items()},
             },
         )
         if elector is not None and not elector.lost.is_set():

@@ -352,6 +352,10 @@ def _arbiter_run(cluster: FakeCluster, label: str, period_s: float, timed: _Time
         + ", ".join(f"{k} {v:.2f} s" for k, v in run.commit_seconds.items())
     )
     print(
+        "  their CPU a pod (the commits' own threads, the I/O threads' writes apart): "
+        + ", ".join(f"{k} {v * 1000 / len(admitted_at):.2f} ms" for k, v in run.commit_cpu_seconds.items())
+    )
+    print(
         f"  commits refused {sum(run.refused.values())}"
         + "".join(f"\n    {n} x {reason}" for reason, n in sorted(run.refused.items(), key=lambda kv: -kv[1]))
     )
@@ -436,6 +440,7 @@ class _Run:
     seconds: dict[str, float]
     cpu_seconds: dict[str, float]  # the cycle thread's own CPU per phase
     commit_seconds: dict[str, float]
+    commit_cpu_seconds: dict[str, float]  # CPU per step: the commits' threads', and the I/O threads' writes
     thread_cpu_seconds: dict[str, float]  # the arbiter's CPU by thread (commit workers summed), once running
     process_cpu_seconds: float  # the arbiter's whole CPU over the same span
     thrash: int
@@ -483,6 +488,7 @@ def _read_log(path: Path) -> _Run:
         summary["seconds"],
         summary["cpu_seconds"],
         summary["commit_seconds"],
+        summary.get("commit_cpu_seconds", {}),
         summary.get("thread_cpu_seconds", {}),
         summary.get("process_cpu_seconds", 0.0),
         thrash,
