@@ -174,7 +174,7 @@ class Committer:
         self._settled: dict[str, Gang] = {}
         self.timings: dict[str, float] = {}  # seconds per step over all commits (summed over parallel commits)
         # CPU seconds per step: a commit's own thread's (with the writes it makes itself), and the I/O threads'
-        # writes as steps of their own ("... (I/O threads)"); together the commits' whole CPU, none counted twice
+        # writes as steps of their own ("... (I/O threads)"), so that none is counted twice
         self.cpu_timings: dict[str, float] = {}
         self._io = futures.ThreadPoolExecutor(64, thread_name_prefix="commit-io")  # a gang's writes at once
         self._timings_lock = threading.Lock()
@@ -311,7 +311,11 @@ class Committer:
         gated = [(member, node) for member, node in members if is_gated(member.pod)]
         # the PodGroup marked while its pods are ungated: kube-scheduler's informers lag the writes, so the
         # mark is there before it takes the group up, as a rule (if not, it writes the mark itself)
-        marking = self._io.submit(self.mark_scheduled, pod_group) if pod_group is not None and gated else None
+        marking = (
+            self._io.submit(self._booked, "mark scheduled (I/O threads)", self.mark_scheduled, pod_group)
+            if pod_group is not None and gated
+            else None
+        )
         ungated, error = self._each(
             lambda mn: self.ungate(mn[0].pod, mn[1], decided_at),
             gated,
