@@ -5,6 +5,7 @@ I/O threads, and a gang of one, whose writes its commit's thread makes itself.""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,11 +34,14 @@ class Api:
 
     def __init__(self) -> None:
         self.writes = 0
+        self._lock = threading.Lock()  # written from the I/O threads at once
 
     def replace(self, resource: Any, body: Json, subresource: str = "") -> Json:
         _burn(BURN_S)
-        self.writes += 1
-        return {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.writes)}}
+        with self._lock:
+            self.writes += 1
+            version = str(self.writes)
+        return {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
 
 
 class Node:
