@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 Write = tuple[Resource, str, str, str]  # what was written: (resource, namespace, name, resourceVersion)
 _Mark = tuple[float, float]  # (time.perf_counter(), time.thread_time()): a step's start
+T = TypeVar("T")
 
 SCHEDULED = "PodGroupInitiallyScheduled"  # kube-scheduler's PodGroup condition, True once the group was placed
 
@@ -371,15 +372,16 @@ class Committer:
         if len(items) < 2 or len(set(distinct)) < len(distinct):
             calls = [_call(fn, item) for item in items]
         else:
-            calls = list(self._io.map(lambda item: self._booked(f"{step} (I/O threads)", fn, item), items))
+            calls = list(self._io.map(lambda item: self._booked(f"{step} (I/O threads)", _call, fn, item), items))
         results = [r for r, e in calls if e is None]
         errors = [e for _, e in calls if e is not None]
         return results, (errors[0] if errors else None)
 
-    def _booked(self, step: str, fn: Callable[[Any], Any], item: Any) -> tuple[Any, ApiError | None]:
+    def _booked(self, step: str, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)`, its wall time and this thread's CPU booked to `step` (_add)."""
         since = _mark()
         try:
-            return _call(fn, item)
+            return fn(*args)
         finally:
             self._add(step, since)
 

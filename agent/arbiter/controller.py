@@ -387,7 +387,8 @@ class Arbiter:
         return self._recorder.flush(timeout) if self._recorder is not None else True
 
     def commit_timings(self) -> dict[str, float]:
-        """Seconds per commit step (reserve, write claims, confirm, ungate), summed over parallel commits."""
+        """Seconds per commit step (reserve, write claims, confirm, ungate, and the I/O threads' writes as steps of
+        their own), summed over parallel commits."""
         return dict(self._committer.timings)
 
     def commit_cpu_timings(self) -> dict[str, float]:
